@@ -1,0 +1,3 @@
+from hrm_deploy.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""ACT unrolling and ONNX export (FP32, dynamic batch, parity-checked)."""

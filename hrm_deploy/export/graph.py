@@ -1,0 +1,149 @@
+"""ONNX graph assembly and structural checks.
+
+The exporter traces two small graphs once (embedding + init, and one ACT segment) and
+builds the unrolled graph here by copying the segment's nodes ``steps`` times with
+renamed intermediate tensors. Initializers are shared by all copies, so the weights
+are stored once and tracing cost does not grow with the number of steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import onnx
+from onnx import TensorProto, helper
+
+from hrm_deploy.errors import ExportError
+
+
+@dataclass
+class GraphBuilder:
+    """Accumulates nodes and initializers of a graph under construction."""
+
+    nodes: list[onnx.NodeProto]
+    initializers: dict[str, TensorProto]
+
+    @classmethod
+    def empty(cls) -> "GraphBuilder":
+        return cls([], {})
+
+    def add_initializers(self, tensors: Iterable[TensorProto], prefix: str) -> dict[str, str]:
+        """Add a sub-graph's initializers under ``prefix``; returns old -> new names."""
+        mapping = {}
+        for t in tensors:
+            new = prefix + t.name
+            if new not in self.initializers:
+                copy = TensorProto()
+                copy.CopyFrom(t)
+                copy.name = new
+                self.initializers[new] = copy
+            mapping[t.name] = new
+        return mapping
+
+    def constant(self, name: str, values: Sequence[int]) -> str:
+        if name not in self.initializers:
+            self.initializers[name] = helper.make_tensor(name, TensorProto.INT64, [len(values)], list(values))
+        return name
+
+    def node(self, op: str, inputs: Sequence[str], outputs: Sequence[str], name: str, **attrs) -> None:
+        self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=name, **attrs))
+
+    def inline(self, graph: onnx.GraphProto, prefix: str, inputs: Mapping[str, str],
+               initializer_names: Mapping[str, str]) -> dict[str, str]:
+        """Copy ``graph``'s nodes into this graph.
+
+        ``inputs`` maps the sub-graph's input names to tensors of this graph;
+        ``initializer_names`` maps its initializers to shared names. Every other tensor
+        and every node gets ``prefix``. Returns the sub-graph's output names mapped to
+        their names here.
+        """
+        rename = dict(initializer_names)
+        rename.update(inputs)
+
+        def name_of(tensor: str) -> str:
+            if not tensor:  # optional input left empty
+                return tensor
+            if tensor not in rename:
+                rename[tensor] = prefix + tensor
+            return rename[tensor]
+
+        for src in graph.node:
+            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in src.attribute):
+                raise ExportError(f"node {src.name} ({src.op_type}) has a sub-graph; the traced step must be flat")
+            node = onnx.NodeProto()
+            node.CopyFrom(src)
+            node.name = prefix + (src.name or f"{src.op_type}_{len(self.nodes)}")
+            node.input[:] = [name_of(t) for t in src.input]
+            node.output[:] = [name_of(t) for t in src.output]
+            self.nodes.append(node)
+        return {o.name: name_of(o.name) for o in graph.output}
+
+
+def prune_dead_nodes(nodes: list[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
+    """Drop nodes none of whose outputs reach a graph output (e.g. unused per-step logits)."""
+    needed = set(outputs)
+    kept = []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+    kept.reverse()
+    return kept
+
+
+def value_info(name: str, elem_type: int, shape: Sequence[int | str]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem_type, list(shape))
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    total = 0
+    for t in model.graph.initializer:
+        if t.raw_data:
+            total += len(t.raw_data)
+        else:
+            count = 1
+            for d in t.dims:
+                count *= d
+            total += count * 4
+    return total
+
+
+FORBIDDEN_OPS = ("Loop", "If", "Scan")
+
+
+def check_structure(model: onnx.ModelProto, expected_io: Mapping[str, Mapping[str, tuple[int, tuple]]],
+                    path: str | None = None) -> onnx.ModelProto:
+    """Checker, shape inference, no control flow, and the documented I/O contract.
+
+    ``expected_io`` is ``{"inputs": {name: (elem_type, shape)}, "outputs": {...}}`` where a
+    string dimension means symbolic (dynamic). Returns the shape-inferred model.
+    """
+    try:
+        onnx.checker.check_model(path if path else model, full_check=False)
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"onnx.checker rejected the graph: {str(exc).splitlines()[0]}") from None
+    bad = sorted({n.op_type for n in model.graph.node if n.op_type in FORBIDDEN_OPS})
+    if bad:
+        raise ExportError(f"the graph contains control-flow ops {bad}; the unroll must be flat for TensorRT")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True) if not path else model
+    except onnx.shape_inference.InferenceError as exc:
+        raise ExportError(f"ONNX shape inference failed: {str(exc).splitlines()[0]}") from None
+    for kind, values in (("inputs", inferred.graph.input), ("outputs", inferred.graph.output)):
+        actual = {v.name: v for v in values}
+        expected = expected_io[kind]
+        if list(actual) != list(expected):
+            raise ExportError(f"graph {kind} are {list(actual)}, expected {list(expected)}")
+        for name, (elem_type, shape) in expected.items():
+            t = actual[name].type.tensor_type
+            dims = tuple(d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim)
+            if t.elem_type != elem_type or len(dims) != len(shape) or any(
+                (isinstance(e, int) and a != e) or (isinstance(e, str) and not isinstance(a, str))
+                for a, e in zip(dims, shape)
+            ):
+                raise ExportError(
+                    f"{kind[:-1]} {name} is {onnx.TensorProto.DataType.Name(t.elem_type)}{list(dims)}, "
+                    f"expected {onnx.TensorProto.DataType.Name(elem_type)}{list(shape)}"
+                )
+    return inferred

@@ -1,0 +1,137 @@
+"""ACT unrolling: fixed-step modules with no data-dependent control flow.
+
+Upstream evaluation always runs exactly ``halt_max_steps`` ACT segments (rows only
+halt early in training), so a fixed unroll from the initial state reproduces it.
+
+* :class:`FixedStepHRM` runs all segments: (inputs, puzzle_identifiers) -> final logits,
+  per-step q_halt / q_continue logits, optionally per-step predictions.
+* :class:`SingleStepHRM` runs one segment with the carry in and out, for a stepwise
+  runtime (host loop of ``halt_max_steps`` iterations, carry kept on the device).
+* :class:`EmbedInit` and :class:`StepCore` are the two pieces the ONNX exporter traces
+  once and then replicates at graph level (see ``onnx_export``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hrm_deploy.model.hrm import Carry, HRMACT, HRMCore
+
+# The I/O contract of exported graphs (names are part of the public interface).
+UNROLLED_INPUTS = ("inputs", "puzzle_identifiers")
+UNROLLED_OUTPUTS = ("logits", "q_halt_logits", "q_continue_logits")
+STEP_PREDICTIONS = "step_predictions"
+STEP_INPUTS = ("inputs", "puzzle_identifiers", "z_H", "z_L", "reset")
+STEP_OUTPUTS = ("z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits")
+
+
+def _core(model: HRMACT | HRMCore) -> HRMCore:
+    return model.inner if isinstance(model, HRMACT) else model
+
+
+class EmbedInit(nn.Module):
+    """(inputs, puzzle_identifiers) -> (input embeddings [B,T,D], z_H0, z_L0)."""
+
+    def __init__(self, core: HRMCore):
+        super().__init__()
+        self.core = core
+
+    def forward(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor):
+        x = self.core.input_embeddings(inputs, puzzle_identifiers)
+        init = self.core.initial_state(1, x.device)
+        return x, init.z_H.expand(x.shape), init.z_L.expand(x.shape)
+
+
+class StepCore(nn.Module):
+    """(z_H, z_L, x) -> (z_H', z_L', logits, q_halt, q_continue): one segment, embeddings given."""
+
+    def __init__(self, core: HRMCore):
+        super().__init__()
+        self.core = core
+
+    def forward(self, z_H: torch.Tensor, z_L: torch.Tensor, x: torch.Tensor):
+        carry = self.core.recur(Carry(z_H, z_L), x)
+        logits, q_halt, q_continue = self.core.heads(carry.z_H)
+        return carry.z_H, carry.z_L, logits, q_halt, q_continue
+
+
+class FixedStepHRM(nn.Module):
+    """All ACT segments unrolled: returns final logits [B,S,V], q_halt and q_continue
+    logits [B,steps] and, with ``step_predictions``, per-step argmax [B,steps,S] (int32)."""
+
+    def __init__(self, model: HRMACT | HRMCore, steps: int | None = None, step_predictions: bool = False):
+        super().__init__()
+        core = _core(model)
+        self.embed_init = EmbedInit(core)
+        self.step = StepCore(core)
+        self.steps = int(steps if steps is not None else core.config.halt_max_steps)
+        if self.steps < 1:
+            raise ValueError("steps must be >= 1")
+        self.step_predictions = step_predictions
+
+    @property
+    def config(self):
+        return self.step.core.config
+
+    def forward(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor):
+        x, z_H, z_L = self.embed_init(inputs, puzzle_identifiers)
+        q_halts, q_continues, predictions = [], [], []
+        logits = x.new_empty(0)
+        for _ in range(self.steps):
+            z_H, z_L, logits, q_halt, q_continue = self.step(z_H, z_L, x)
+            q_halts.append(q_halt)
+            q_continues.append(q_continue)
+            if self.step_predictions:
+                predictions.append(logits.argmax(-1).to(torch.int32))
+        outputs = (logits, torch.stack(q_halts, 1), torch.stack(q_continues, 1))
+        if self.step_predictions:
+            outputs += (torch.stack(predictions, 1),)
+        return outputs
+
+
+class SingleStepHRM(nn.Module):
+    """One ACT segment, carry in and out. Rows with ``reset`` True start from H_init/L_init
+    (upstream's ``reset_carry``): the first call of a host loop passes reset=True."""
+
+    def __init__(self, model: HRMACT | HRMCore):
+        super().__init__()
+        core = _core(model)
+        self.embed_init = EmbedInit(core)
+        self.step = StepCore(core)
+
+    def forward(self, inputs, puzzle_identifiers, z_H, z_L, reset):
+        x, z_H0, z_L0 = self.embed_init(inputs, puzzle_identifiers)
+        mask = reset.view(-1, 1, 1)
+        return self.step(torch.where(mask, z_H0, z_H), torch.where(mask, z_L0, z_L), x)
+
+
+def unroll(model: HRMACT | HRMCore, steps: int | None = None, step_predictions: bool = False) -> FixedStepHRM:
+    """Unroll ``model`` to exactly ``steps`` (default ``halt_max_steps``) ACT segments."""
+    return FixedStepHRM(model, steps, step_predictions).eval()
+
+
+def single_step(model: HRMACT | HRMCore) -> SingleStepHRM:
+    """The one-segment module (carry in, carry out) for a stepwise runtime."""
+    return SingleStepHRM(model).eval()
+
+
+@torch.inference_mode()
+def upstream_evaluate(model: HRMACT, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Upstream's evaluation loop: ``initial_carry``, call until every row halted, keep the
+    last outputs. The semantics reference for :func:`unroll` (one host sync per step)."""
+    batch = {"inputs": inputs, "puzzle_identifiers": puzzle_identifiers}
+    carry = model.initial_carry(batch)
+    q_halts, q_continues = [], []
+    while True:
+        carry, outputs = model(carry, batch)
+        q_halts.append(outputs["q_halt_logits"])
+        q_continues.append(outputs["q_continue_logits"])
+        if bool(carry.halted.all()):
+            break
+    return {
+        "logits": outputs["logits"],
+        "q_halt_logits": torch.stack(q_halts, 1),
+        "q_continue_logits": torch.stack(q_continues, 1),
+        "steps": carry.steps,
+    }

@@ -1,0 +1,334 @@
+"""Checkpoint loading (upstream ``step_N`` + ``all_config.yaml``, or ours) and saving (ours).
+
+Upstream files are bare state dicts whose keys start with ``_orig_mod.model.inner.``
+(compiled), ``model.inner.`` (``DISABLE_COMPILE``) or ``inner.``; the architecture is in
+``all_config.yaml`` beside them and ``seq_len``/``vocab_size``/``num_puzzle_identifiers``
+in ``<data_path>/{train,test}/dataset.json``. Our own checkpoints are self-describing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hrm_deploy.errors import CheckpointError, ConfigError
+from hrm_deploy.model.config import HRMConfig
+
+CHECKPOINT_FORMAT = "hrm-deploy-checkpoint"
+UPSTREAM_PREFIXES = ("_orig_mod.model.inner.", "model.inner.", "inner.")
+DATASET_FIELDS = ("seq_len", "vocab_size", "num_puzzle_identifiers")
+# Architecture fields the weights cannot tell and a config file must.
+NOT_IN_WEIGHTS = ("num_heads", "H_cycles", "L_cycles", "halt_max_steps")
+
+
+@dataclass
+class CheckpointContents:
+    """What a checkpoint file holds, before a model is built from it."""
+
+    path: Path
+    kind: str  # "upstream" or "hrm-deploy"
+    config: HRMConfig
+    state_dict: dict[str, Any]  # keys without prefix, as HRMCore names them
+    prefix: str = ""
+    step: int | None = None
+    train_config: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # optimizer states etc. (ours only)
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": str(self.path), "kind": self.kind, "prefix": self.prefix, "step": self.step}
+
+
+# --------------------------------------------------------------------------------- reading
+def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
+    """A file as given, or in a folder the upstream ``step_N`` with the highest N
+    (or our single ``*.pt``)."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} does not exist; pass the path of a step_N or .pt file")
+    if p.is_file():
+        return p
+    steps = [(int(m.group(1)), c) for c in p.iterdir() if (m := re.fullmatch(r"step_(\d+)", c.name)) and c.is_file()]
+    if steps:
+        return max(steps)[1]
+    ours = sorted(p.glob("*.pt"))
+    if len(ours) == 1:
+        return ours[0]
+    raise CheckpointError(
+        f"folder {p} holds no step_N file and {len(ours)} .pt files; pass the checkpoint file itself"
+    )
+
+
+def _torch_load(path: Path) -> Any:
+    import pickle
+
+    import torch
+
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes); the file was not written completely")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if not zipfile.is_zipfile(path):
+            raise CheckpointError(
+                f"{path} is not a PyTorch checkpoint (not a torch.save zip archive); "
+                "pass the step_N or .pt file written by the trainer"
+            ) from None
+        raise CheckpointError(
+            f"{path} contains Python objects that safe loading (weights_only=True) refuses: "
+            f"{str(exc).splitlines()[0][:200]}; re-save it as a plain state dict"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{path} cannot be read as a PyTorch checkpoint ({first}); "
+            "the file is truncated or is not a checkpoint: copy it again or pick another step"
+        ) from None
+
+
+def _strip_prefix(state: dict[str, Any], path: Path) -> tuple[dict[str, Any], str]:
+    for prefix in UPSTREAM_PREFIXES:
+        if all(k.startswith(prefix) for k in state):
+            return {k[len(prefix):]: v for k, v in state.items()}, prefix
+    if "H_init" in state or "embed_tokens.embedding_weight" in state:
+        return dict(state), ""
+    sample = sorted(state)[:3]
+    raise CheckpointError(
+        f"{path}: state-dict keys {sample} do not start with any HRM prefix {list(UPSTREAM_PREFIXES)}; "
+        "this is not an HRM checkpoint (or it mixes prefixes)"
+    )
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid YAML ({str(exc).splitlines()[0]}); fix or remove it") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} does not hold a mapping; expected upstream's all_config.yaml")
+    return data
+
+
+def _find_dataset_json(data_path: str, ckpt_dir: Path) -> Path | None:
+    """Upstream's data_path is relative to the directory training ran in; try it as given,
+    then relative to the checkpoint folder and its ancestors."""
+    candidates = [Path(data_path)]
+    if not Path(data_path).is_absolute():
+        candidates += [parent / data_path for parent in [ckpt_dir, *ckpt_dir.parents][:6]]
+    for base in candidates:
+        for split in ("train", "test"):
+            meta = base / split / "dataset.json"
+            if meta.is_file():
+                return meta
+    return None
+
+
+def _infer_from_weights(state: dict[str, Any]) -> dict[str, Any]:
+    """Sizes the weight shapes determine (seq_len only for learned positions)."""
+    found: dict[str, Any] = {}
+    emb = state.get("embed_tokens.embedding_weight")
+    if emb is not None:
+        found["vocab_size"], found["hidden_size"] = int(emb.shape[0]), int(emb.shape[1])
+    for level, key in (("H", "H_layers"), ("L", "L_layers")):
+        idx = {int(m.group(1)) for k in state if (m := re.match(rf"{level}_level\.layers\.(\d+)\.", k))}
+        if idx:
+            found[key] = max(idx) + 1
+    gate_up = state.get("H_level.layers.0.mlp.gate_up_proj.weight")
+    puzzle = state.get("puzzle_emb.weights")
+    if puzzle is not None:
+        found["num_puzzle_identifiers"], found["puzzle_emb_ndim"] = int(puzzle.shape[0]), int(puzzle.shape[1])
+    else:
+        found["puzzle_emb_ndim"] = 0
+    if "embed_pos.embedding_weight" in state:
+        found["pos_encodings"] = "learned"
+        if "hidden_size" in found:
+            p_len = -(found["puzzle_emb_ndim"] // -found["hidden_size"])
+            found["seq_len"] = int(state["embed_pos.embedding_weight"].shape[0]) - p_len
+    else:
+        found["pos_encodings"] = "rope"
+    if gate_up is not None:
+        found["_intermediate_size"] = int(gate_up.shape[0]) // 2
+    return found
+
+
+def _upstream_config(path: Path, state: dict[str, Any], overrides: dict[str, Any]) -> tuple[HRMConfig, dict]:
+    cfg_file = path.parent / "all_config.yaml"
+    train_cfg: dict[str, Any] = _read_yaml(cfg_file) if cfg_file.is_file() else {}
+    arch = dict(train_cfg.get("arch") or {})
+    fields: dict[str, Any] = {}
+    inferred = _infer_from_weights(state)
+    intermediate = inferred.pop("_intermediate_size", None)
+    fields.update(inferred)  # weights are the truth for sizes...
+    fields.update({k: v for k, v in arch.items() if k not in ("name", "loss")})  # ...config for the rest
+    if "data_path" in overrides or train_cfg.get("data_path"):
+        data_path = str(overrides.get("data_path") or train_cfg["data_path"])
+        meta = _find_dataset_json(data_path, path.parent)
+        if meta is not None:
+            try:
+                info = json.loads(meta.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise ConfigError(f"{meta} is not valid JSON; rebuild the dataset") from None
+            fields.update({k: info[k] for k in DATASET_FIELDS if k in info})
+    fields.update({k: v for k, v in overrides.items() if k != "data_path"})
+    fields.setdefault("forward_dtype", "float32")
+    if "forward_dtype" not in overrides:
+        fields["forward_dtype"] = "float32"  # upstream trains in bf16; we load for float32 export
+
+    missing = [k for k in ("seq_len", "vocab_size") if k not in fields]
+    if missing:
+        where = f"{cfg_file.parent}/all_config.yaml's data_path" if train_cfg else "all_config.yaml (absent)"
+        options = " ".join(f"--{k.replace('_', '-')} N" for k in missing)
+        raise ConfigError(
+            f"{path}: cannot determine {', '.join(missing)}: no dataset.json found via {where} and the weights "
+            f"do not determine it; pass {options} (or --data-path pointing at the dataset folder)"
+        )
+    if not train_cfg:
+        absent = [k for k in NOT_IN_WEIGHTS if k not in fields]
+        if absent:
+            options = " ".join(f"--{k.replace('_', '-')} N" for k in absent)
+            raise ConfigError(
+                f"{path}: no all_config.yaml beside the checkpoint and {', '.join(absent)} are not stored in "
+                f"the weights; copy all_config.yaml next to it or pass {options}"
+            )
+    config = HRMConfig.from_dict(fields)
+    if intermediate is not None and intermediate != config.intermediate_size:
+        raise CheckpointError(
+            f"{path}: MLP width {intermediate} in the weights does not match expansion {config.expansion} "
+            f"(gives {config.intermediate_size}); fix arch.expansion in all_config.yaml"
+        )
+    return config, train_cfg
+
+
+def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointContents:
+    """Read a checkpoint (file or folder) and work out its :class:`HRMConfig`.
+
+    ``overrides`` set config fields (``seq_len=81``, ``num_heads=8``, ``forward_dtype=...``)
+    or ``data_path`` (where upstream's dataset.json lives). ``None`` values are ignored.
+    """
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    file = resolve_checkpoint_path(path)
+    obj = _torch_load(file)
+    if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
+        try:
+            cfg_fields = {**obj["model_config"], **{k: v for k, v in overrides.items() if k != "data_path"}}
+            config = HRMConfig.from_dict(cfg_fields)
+            state = obj["model_state"]
+        except KeyError as exc:
+            raise CheckpointError(f"{file}: hrm-deploy checkpoint lacks {exc}; the file is damaged") from None
+        extra = {k: v for k, v in obj.items() if k not in ("format", "model_config", "model_state", "train_config", "step")}
+        return CheckpointContents(file, "hrm-deploy", config, dict(state), "", obj.get("step"),
+                                  dict(obj.get("train_config") or {}), extra)
+    if not isinstance(obj, dict) or not obj or not all(hasattr(v, "shape") for v in obj.values()):
+        raise CheckpointError(
+            f"{file} holds a {type(obj).__name__}, not a state dict of tensors; "
+            "pass an upstream step_N file or a checkpoint written by hrm-deploy train"
+        )
+    state, prefix = _strip_prefix(obj, file)
+    if not any(k.startswith("H_level.") for k in state) and any(k.startswith("L_level.") for k in state):
+        raise CheckpointError(
+            f"{file} has L_level but no H_level weights: this looks like a TRM (TinyRecursiveModels) "
+            "checkpoint, which hrm-deploy does not load yet"
+        )
+    config, train_cfg = _upstream_config(file, state, overrides)
+    step = int(m.group(1)) if (m := re.fullmatch(r"step_(\d+)", file.name)) else None
+    return CheckpointContents(file, "upstream", config, state, prefix, step, train_cfg)
+
+
+def check_state_dict(expected: dict[str, Any], given: dict[str, Any], source: Path) -> None:
+    """Strict key and shape check with one actionable error line."""
+    missing = sorted(set(expected) - set(given))
+    unexpected = sorted(set(given) - set(expected))
+    shapes = sorted(k for k in set(expected) & set(given) if tuple(expected[k].shape) != tuple(given[k].shape))
+
+    def names(keys: list[str]) -> str:
+        return ", ".join(keys[:4]) + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else "")
+
+    problems = []
+    if missing:
+        problems.append(f"missing keys {names(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {names(unexpected)}")
+    if shapes:
+        detail = ", ".join(f"{k} {tuple(given[k].shape)} vs {tuple(expected[k].shape)}" for k in shapes[:3])
+        problems.append(f"mis-shaped {detail}")
+    if problems:
+        raise CheckpointError(
+            f"{source} does not match the HRM config: {'; '.join(problems)}. Likely cause: a wrong "
+            "all_config.yaml / dataset (seq_len, vocab, layers, puzzle_emb_ndim, pos_encodings) or a different model family"
+        )
+
+
+def load_checkpoint(path: str | os.PathLike, **overrides: Any):
+    """Load a checkpoint into the reference model: returns ``(model, HRMConfig)``.
+
+    ``model`` is an :class:`~hrm_deploy.model.hrm.HRMACT` in eval mode with float32
+    master weights, computing in ``config.forward_dtype`` (float32 unless overridden).
+    The loaded file's description is on ``model.checkpoint_info``.
+    """
+    contents = read_checkpoint(path, **overrides)
+    return model_from_contents(contents), contents.config
+
+
+def model_from_contents(contents: CheckpointContents):
+    import torch
+
+    from hrm_deploy.model.hrm import HRMACT
+
+    with torch.device("cpu"):
+        model = HRMACT(contents.config)
+    core = model.inner
+    expected = core.state_dict()
+    check_state_dict(expected, contents.state_dict, contents.path)
+    state = {k: v.to(expected[k].dtype) for k, v in contents.state_dict.items()}
+    core.load_state_dict(state, strict=True)
+    model.eval()
+    model.checkpoint_info = contents.describe()
+    return model
+
+
+# --------------------------------------------------------------------------------- writing
+def save_checkpoint(path: str | os.PathLike, model, *, step: int = 0,
+                    train_config: dict[str, Any] | None = None, **extra: Any) -> Path:
+    """Write our self-describing checkpoint atomically (temp file, then rename)."""
+    import torch
+
+    from hrm_deploy.io import atomic_path
+
+    core = getattr(model, "inner", model)
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "model_config": core.config.to_dict(),
+        "model_state": {k: v.detach().cpu() for k, v in core.state_dict().items()},
+        "train_config": dict(train_config or {}),
+        "step": int(step),
+        **extra,
+    }
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+    return Path(path)
+
+
+def upstream_state_dict(model, prefix: str = "_orig_mod.model.inner.") -> dict[str, Any]:
+    """State dict in upstream's layout: prefixed keys, bf16 H_init/L_init, as upstream saves."""
+    import torch
+
+    core = getattr(model, "inner", model)
+    out = {}
+    for k, v in core.state_dict().items():
+        v = v.detach().cpu()
+        if k in ("H_init", "L_init"):
+            v = v.to(torch.bfloat16)
+        out[prefix + k] = v
+    return out
+
+
+def config_overrides_fields() -> tuple[str, ...]:
+    """HRMConfig fields a user may override when loading."""
+    return tuple(f.name for f in dataclasses.fields(HRMConfig) if f.name != "version")
