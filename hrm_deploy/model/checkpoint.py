@@ -73,21 +73,21 @@ def _torch_load(path: Path) -> Any:
         raise CheckpointError(f"{path} is empty (0 bytes); the file was not written completely")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
+    except Exception as exc:  # noqa: BLE001 - torch raises many unrelated types for bad files
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         if not zipfile.is_zipfile(path):
             raise CheckpointError(
-                f"{path} is not a PyTorch checkpoint (not a torch.save zip archive); "
-                "pass the step_N or .pt file written by the trainer"
+                f"{path} is not a PyTorch checkpoint (not a complete torch.save zip archive: {first}); "
+                "the file is truncated or of another kind: pass the step_N or .pt file written by the trainer"
+            ) from None
+        if isinstance(exc, pickle.UnpicklingError):
+            raise CheckpointError(
+                f"{path} contains Python objects that safe loading (weights_only=True) refuses: "
+                f"{first}; re-save it as a plain state dict"
             ) from None
         raise CheckpointError(
-            f"{path} contains Python objects that safe loading (weights_only=True) refuses: "
-            f"{str(exc).splitlines()[0][:200]}; re-save it as a plain state dict"
-        ) from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
             f"{path} cannot be read as a PyTorch checkpoint ({first}); "
-            "the file is truncated or is not a checkpoint: copy it again or pick another step"
+            "the file is truncated or damaged: copy it again or pick another step"
         ) from None
 
 

@@ -82,9 +82,10 @@ class HRMCore(nn.Module):
 
         self.H_level = level(config.H_layers)
         self.L_level = level(config.L_layers)
-        # Upstream keeps the initial states in the forward dtype (bf16 in its checkpoints).
-        self.register_buffer("H_init", trunc_normal_(torch.empty(d), std=1.0))
-        self.register_buffer("L_init", trunc_normal_(torch.empty(d), std=1.0))
+        # Upstream keeps the initial states in bf16 (its forward dtype). Ours are float32
+        # buffers holding bf16-representable values, so both checkpoint formats are lossless.
+        self.register_buffer("H_init", trunc_normal_(torch.empty(d), std=1.0).bfloat16().float())
+        self.register_buffer("L_init", trunc_normal_(torch.empty(d), std=1.0).bfloat16().float())
         with torch.no_grad():  # Q head starts at "never halt": weight 0, bias -5.
             self.q_head.weight.zero_()
             self.q_head.bias.fill_(-5.0)

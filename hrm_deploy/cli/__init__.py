@@ -1,0 +1,40 @@
+"""The ``hrm-deploy`` command line: one Typer command per file, each a thin wrapper
+that parses options and calls one public library function."""
+
+from __future__ import annotations
+
+import typer
+
+from hrm_deploy import __version__
+
+app = typer.Typer(
+    name="hrm-deploy",
+    help="Take trained HRM checkpoints to ONNX and TensorRT edge inference.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"hrm-deploy {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """checkpoint -> export (ONNX) -> build-engine (TensorRT) -> verify / bench."""
+
+
+def _register() -> None:
+    # Command modules import only typer and light helpers at module level.
+    from hrm_deploy.cli import data, doctor, export, inspect, train  # noqa: F401
+
+
+_register()
+
+
+def main() -> None:
+    app()

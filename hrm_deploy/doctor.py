@@ -1,0 +1,116 @@
+"""``diagnose``: what this machine can do, checked by doing it (not by trusting lists)."""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _version(module: str) -> str | None:
+    """Version of an importable module; None when absent, broken, or only a namespace
+    left behind by type stubs (``tensorrt-stubs`` makes ``import tensorrt`` succeed)."""
+    try:
+        found = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - a broken install must not stop the doctor
+        return None
+    version = getattr(found, "__version__", None)
+    return str(version) if version else None
+
+
+def jetson_model() -> str | None:
+    """The Jetson model string when running on one (L4T release file or device-tree model)."""
+    model_file = Path("/proc/device-tree/model")
+    if model_file.is_file():
+        text = model_file.read_bytes().decode(errors="ignore").strip("\x00\n ")
+        if "jetson" in text.lower() or "orin" in text.lower():
+            return text
+    release = Path("/etc/nv_tegra_release")
+    if release.is_file():
+        return release.read_text().splitlines()[0].strip() or "Jetson (L4T)"
+    return None
+
+
+def working_ort_providers() -> tuple[list[str], dict[str, str]]:
+    """Providers that really run a graph: build a tiny session per provider and check
+    which provider the session ended up with."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    import onnxruntime as ort
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    blob = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    onnx.checker.check_model(onnx.load_from_string(blob))
+    working, failed = [], {}
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    for provider in ort.get_available_providers():
+        try:
+            session = ort.InferenceSession(blob, options, providers=[provider])
+            if session.get_providers()[0] == provider:
+                working.append(provider)
+            else:
+                failed[provider] = f"fell back to {session.get_providers()[0]}"
+        except Exception as exc:  # noqa: BLE001
+            failed[provider] = str(exc).splitlines()[0][:120]
+    return working, failed
+
+
+def diagnose() -> list[Check]:
+    """Run every capability check; never raises."""
+    checks = [Check("python", True, f"{platform.python_version()} on {platform.machine()} {platform.system()}")]
+    torch_v = _version("torch")
+    if torch_v:
+        import torch
+
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name(0)
+            cc = ".".join(map(str, torch.cuda.get_device_capability(0)))
+            checks.append(Check("torch", True, f"{torch_v}, CUDA {torch.version.cuda}: {name} (sm {cc})"))
+        else:
+            checks.append(Check("torch", True, f"{torch_v}, no CUDA device (CPU only)",
+                                "for GPU reference/bench runs install a CUDA build of torch"))
+    else:
+        checks.append(Check("torch", False, "not installed", "pip install 'hrm-deploy[torch]' (export, verify, train)"))
+    if _version("onnx"):
+        checks.append(Check("onnx", True, _version("onnx") or ""))
+    else:
+        checks.append(Check("onnx", False, "not installed", "pip install 'hrm-deploy[onnx]'"))
+    if _version("onnxruntime"):
+        try:
+            working, failed = working_ort_providers()
+            detail = f"{_version('onnxruntime')}; working providers: {', '.join(working) or 'none'}"
+            if failed:
+                detail += "; not working: " + "; ".join(f"{k} ({v})" for k, v in failed.items())
+            checks.append(Check("onnxruntime", bool(working), detail,
+                                "" if "CUDAExecutionProvider" in working else "GPU runs: pip install onnxruntime-gpu"))
+        except Exception as exc:  # noqa: BLE001
+            checks.append(Check("onnxruntime", False, f"probe failed: {exc}", "reinstall onnxruntime"))
+    else:
+        checks.append(Check("onnxruntime", False, "not installed", "pip install 'hrm-deploy[onnx]'"))
+    for module, extra, what in (("tensorrt", "trt", "TensorRT (desktop/datacenter; JetPack on Jetson)"),
+                                ("tensorrt_rtx", "rtx", "TensorRT-RTX (desktop RTX GPUs)")):
+        v = _version(module)
+        checks.append(Check(module, v is not None, v or "not importable",
+                            "" if v else f"{what}: pip install 'hrm-deploy[{extra}]'"))
+    jetson = jetson_model()
+    checks.append(Check("jetson", jetson is not None, jetson or "not a Jetson",
+                        "" if not jetson else "use JetPack's TensorRT: see jetson/README.md"))
+    return checks
+
+
+def python_executable() -> str:
+    return sys.executable

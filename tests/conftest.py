@@ -1,0 +1,75 @@
+"""Shared fixtures: a tiny seeded HRM and upstream-format checkpoint folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+TINY = dict(seq_len=81, vocab_size=11, num_puzzle_identifiers=1, hidden_size=64, num_heads=4,
+            H_layers=2, L_layers=2, H_cycles=2, L_cycles=2, halt_max_steps=4, expansion=4.0,
+            puzzle_emb_ndim=64, pos_encodings="rope")
+
+
+@pytest.fixture
+def tiny_config():
+    from hrm_deploy.model.config import HRMConfig
+
+    return HRMConfig(**TINY)
+
+
+@pytest.fixture
+def tiny_model(tiny_config):
+    """A seeded random tiny HRM with a non-zero Q head (upstream inits it to zero)."""
+    import torch
+
+    from hrm_deploy.model.hrm import build_model
+
+    model = build_model(tiny_config, seed=0).eval()
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(1)
+        model.inner.q_head.weight.normal_(0, 0.05)
+        model.inner.puzzle_emb.weights.normal_(0, 0.5)
+    return model
+
+
+def write_upstream_run(folder: Path, model, prefix: str = "_orig_mod.model.inner.", step: int = 100,
+                       with_config: bool = True, with_dataset: bool = True, data_rel: str = "data/sudoku-tiny") -> Path:
+    """Write an upstream-style run: <folder>/checkpoints/<run>/step_N + all_config.yaml, dataset.json
+    under <folder>/<data_rel>; data_path in the YAML is relative, as upstream writes it."""
+    import torch
+    import yaml
+
+    from hrm_deploy.model.checkpoint import upstream_state_dict
+
+    cfg = model.inner.config
+    run = folder / "checkpoints" / "Sudoku-tiny ACT-torch" / "HierarchicalReasoningModel_ACTV1 brave-otter"
+    run.mkdir(parents=True, exist_ok=True)
+    torch.save(upstream_state_dict(model, prefix), run / f"step_{step}")
+    if with_config:
+        arch = {"name": "hrm.hrm_act_v1@HierarchicalReasoningModel_ACTV1",
+                "loss": {"name": "losses@ACTLossHead", "loss_type": "stablemax_cross_entropy"},
+                **{k: getattr(cfg, k) for k in ("halt_exploration_prob", "halt_max_steps", "H_cycles", "L_cycles",
+                                                "H_layers", "L_layers", "hidden_size", "num_heads", "expansion",
+                                                "puzzle_emb_ndim", "pos_encodings")}}
+        all_config = {"arch": arch, "data_path": data_rel, "global_batch_size": 768, "epochs": 20000, "lr": 1e-4,
+                      "lr_min_ratio": 1.0, "lr_warmup_steps": 2000, "weight_decay": 0.1, "beta1": 0.9,
+                      "beta2": 0.95, "puzzle_emb_lr": 1e-2, "puzzle_emb_weight_decay": 0.1,
+                      "project_name": "Sudoku-tiny ACT-torch", "run_name": "brave-otter", "checkpoint_path": str(run),
+                      "seed": 0, "checkpoint_every_eval": True, "eval_interval": 2000, "eval_save_outputs": []}
+        (run / "all_config.yaml").write_text(yaml.dump(all_config))
+    if with_dataset:
+        meta_dir = folder / data_rel / "train"
+        meta_dir.mkdir(parents=True, exist_ok=True)
+        (meta_dir / "dataset.json").write_text(json.dumps({
+            "pad_id": 0, "ignore_label_id": 0, "blank_identifier_id": 0, "vocab_size": cfg.vocab_size,
+            "seq_len": cfg.seq_len, "num_puzzle_identifiers": cfg.num_puzzle_identifiers, "total_groups": 10,
+            "mean_puzzle_examples": 1.0, "sets": ["all"]}))
+    return run / f"step_{step}"
+
+
+@pytest.fixture
+def upstream_run(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # upstream's data_path is relative to where training ran
+    return write_upstream_run(tmp_path, tiny_model)

@@ -1,0 +1,117 @@
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from hrm_deploy.errors import ConfigError, ParityError
+from hrm_deploy.export import parity as parity_mod
+from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+from hrm_deploy.export.parity import ort_session, run_stepwise, sample_inputs
+from hrm_deploy.export.unroll import unroll
+from hrm_deploy.manifest import read_manifest
+
+
+def test_unrolled_export_contract_and_parity(tmp_path, tiny_model):
+    out = tmp_path / "tiny.onnx"
+    result = export_onnx(tiny_model, out, ExportConfig(step_predictions=True, max_batch=8), quiet=True)
+    model = onnx.load(out)
+    names = [i.name for i in model.graph.input], [o.name for o in model.graph.output]
+    assert names == (["inputs", "puzzle_identifiers"],
+                     ["logits", "q_halt_logits", "q_continue_logits", "step_predictions"])
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT32
+    assert not {n.op_type for n in model.graph.node} & {"Loop", "If", "Scan"}
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["hrm_deploy.steps"] == "4" and json.loads(meta["hrm_deploy.config"])["hidden_size"] == 64
+    # Weights are stored once, not once per step.
+    qkv = [i for i in model.graph.initializer if list(i.dims) == [64, 192]]
+    assert len(qkv) == 4
+    assert result.parity and all(b["logits"]["argmax_agreement"] == 1.0 for b in result.parity["batches"].values())
+    manifest = read_manifest(out)
+    assert manifest["stage"] == "export" and manifest["unroll"]["steps"] == 4
+    assert manifest["io"]["outputs"]["logits"][0] == "FLOAT" and manifest["parity"]["segment"]["z_H"]["max_abs"] < 1e-4
+
+
+def test_onnx_matches_pytorch_at_any_batch(tmp_path, tiny_model):
+    out = tmp_path / "tiny.onnx"
+    export_onnx(tiny_model, out, ExportConfig(parity=False), quiet=True)
+    session = ort_session(str(out))
+    for batch in (1, 5):
+        feeds = sample_inputs(tiny_model.config, batch, seed=11)
+        got = session.run(None, feeds)
+        with torch.inference_mode():
+            ref = unroll(tiny_model)(torch.from_numpy(feeds["inputs"]), torch.from_numpy(feeds["puzzle_identifiers"]))
+        np.testing.assert_allclose(got[0], ref[0].numpy(), atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(got[1], ref[1].numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_step_export_loop_matches_unroll(tmp_path, tiny_model):
+    out = tmp_path / "tiny.step.onnx"
+    export_onnx(tiny_model, out, ExportConfig(mode="step"), quiet=True)
+    names = [i.name for i in onnx.load(out).graph.input]
+    assert names == ["inputs", "puzzle_identifiers", "z_H", "z_L", "reset"]
+    feeds = sample_inputs(tiny_model.config, 2, seed=5)
+    got = run_stepwise(ort_session(str(out)), feeds, tiny_model.config, 4)
+    with torch.inference_mode():
+        ref = unroll(tiny_model)(torch.from_numpy(feeds["inputs"]), torch.from_numpy(feeds["puzzle_identifiers"]))
+    np.testing.assert_allclose(got["logits"], ref[0].numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(got["q_halt_logits"], ref[1].numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_external_data_export(tmp_path, tiny_model):
+    out = tmp_path / "ext.onnx"
+    export_onnx(tiny_model, out, ExportConfig(external_data=True, parity_batches=(2,)), quiet=True)
+    assert (tmp_path / "ext.onnx.data").is_file()
+    assert read_manifest(out)["external_data"] is True
+    assert ort_session(str(out)).run(None, sample_inputs(tiny_model.config, 1, 0))[0].shape == (1, 81, 11)
+
+
+def test_large_puzzle_table_is_traced_small_and_restored(tmp_path, tiny_config, monkeypatch):
+    from hrm_deploy.export import onnx_export
+    from hrm_deploy.model.hrm import build_model
+
+    monkeypatch.setattr(onnx_export, "TRACE_TABLE_BYTES", 1000)  # force the swap on a small table
+    model = build_model(tiny_config.replace(num_puzzle_identifiers=50), seed=0).eval()
+    with torch.no_grad():
+        model.inner.puzzle_emb.weights.normal_()
+    out = tmp_path / "arcish.onnx"
+    export_onnx(model, out, ExportConfig(parity_batches=(1, 4)), quiet=True)
+    tables = [i for i in onnx.load(out).graph.initializer if i.name.endswith("puzzle_emb.weights")]
+    assert len(tables) == 1 and list(tables[0].dims) == [50, 64]
+    assert model.inner.puzzle_emb.weights.shape == (50, 64)
+
+
+def test_parity_failure_is_an_error_with_numbers_and_writes_nothing(tmp_path, tiny_model, monkeypatch):
+    real = parity_mod.run_stepwise
+
+    def broken_session(path, threads=None):
+        class Wrong:
+            def run(self, names, feeds):
+                out = ort_session(path).run(names, feeds)
+                out[0] = out[0] + 0.5  # a wrong graph
+                return out
+        return Wrong()
+
+    monkeypatch.setattr(parity_mod, "ort_session", broken_session)
+    out = tmp_path / "bad.onnx"
+    with pytest.raises(ParityError, match=r"max abs"):
+        export_onnx(tiny_model, out, ExportConfig(), quiet=True)
+    assert not out.exists() and not list(tmp_path.glob("*.manifest.json"))
+    assert real is parity_mod.run_stepwise
+
+
+def test_export_from_upstream_checkpoint_default_name(upstream_run, tmp_path):
+    result = export_onnx(upstream_run, None, ExportConfig(parity_batches=(1, 2)), quiet=True)
+    assert result.path.parent.name == "export"
+    assert result.path.name == "HierarchicalReasoningModel_ACTV1-brave-otter-step_100.onnx"
+    assert read_manifest(result.path)["parent"]["sha256"]
+
+
+def test_bad_export_options():
+    with pytest.raises(ConfigError, match="opset"):
+        ExportConfig(opset=13)
+    with pytest.raises(ConfigError, match="mode"):
+        ExportConfig(mode="loop")

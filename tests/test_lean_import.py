@@ -1,0 +1,35 @@
+"""`import hrm_deploy` and `hrm-deploy --help` must not pull heavy libraries."""
+
+import subprocess
+import sys
+
+HEAVY = ("torch", "onnx", "onnxruntime", "tensorrt", "tensorrt_rtx")
+
+PROBE = """
+import sys
+{body}
+heavy = [m for m in {heavy!r} if m in sys.modules]
+print(",".join(heavy))
+"""
+
+
+def _loaded_after(body: str) -> str:
+    code = PROBE.format(body=body, heavy=HEAVY)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_import_package_is_lean():
+    assert _loaded_after("import hrm_deploy, hrm_deploy.model, hrm_deploy.errors, hrm_deploy.manifest") == ""
+
+
+def test_cli_help_is_lean():
+    body = ("from typer.testing import CliRunner\nfrom hrm_deploy.cli import app\n"
+            "r = CliRunner().invoke(app, ['--help'])\nassert r.exit_code == 0, r.output\n"
+            "for c in ('export', 'inspect', 'doctor', 'train', 'data'):\n"
+            "    assert CliRunner().invoke(app, [c, '--help']).exit_code == 0, c")
+    assert _loaded_after(body) == ""
+
+
+def test_console_script_help_runs():
+    out = subprocess.run([sys.executable, "-m", "hrm_deploy", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "export" in out.stdout
