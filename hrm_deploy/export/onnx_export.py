@@ -44,7 +44,7 @@ class ExportConfig:
     opset: int = 18
     step_predictions: bool = False
     parity: bool = True
-    parity_batches: tuple[int, ...] = (1, 3)
+    parity_batches: tuple[int, ...] = (1, 2)
     external_data: bool | None = None  # None: automatic above ~1.5 GB of weights
 
     def __post_init__(self) -> None:

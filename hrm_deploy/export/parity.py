@@ -3,7 +3,8 @@
 Recurrence amplifies rounding: an untrained HRM is chaotic over 16 steps, so two
 float32 implementations of it legitimately disagree. The check therefore measures the
 model's own float32 noise floor (PyTorch float32 vs float64) and requires ONNX Runtime
-to stay within it, plus a tight check of one traced ACT segment where no amplification
+to stay within it (computed only when ORT is not already within 1e-4 of PyTorch
+float32), plus a tight check of one traced ACT segment where no amplification
 happens. For a trained model the noise floor is tiny and the check is strict.
 """
 
@@ -132,29 +133,38 @@ def check_parity(path: str, reference_module, config: HRMConfig, steps: int, bat
     from hrm_deploy.export.unroll import FixedStepHRM
 
     session = ort_session(path)
-    twin = FixedStepHRM(float64_twin(reference_module.step.core), steps).eval()
+    twin = None  # the float64 reference is built only when the cheap strict check is not enough
     report = ParityReport(passed=True)
     failures = []
+    names = ("logits", "q_halt_logits", "q_continue_logits")
     for batch in batches:
         feeds = sample_inputs(config, batch, seed + batch)
         if stepwise:
             got = run_stepwise(session, feeds, config, steps)
         else:
-            got = dict(zip(("logits", "q_halt_logits", "q_continue_logits"), session.run(None, feeds)))
+            got = dict(zip(names, session.run(None, feeds)))
         ref32 = _torch_outputs(reference_module, feeds)
-        ref64 = _torch_outputs(twin, feeds)
+        diffs = {n: TensorDiff.of(got[n], ref32[n], argmax=n == "logits") for n in names}
+        scales = {n: max(1.0, float(np.abs(ref32[n]).max(initial=0.0))) for n in names}
+        strict_ok = all(diffs[n].max_abs <= ABS_FLOOR * scales[n] for n in names)
+        ref64 = None
+        if not strict_ok:
+            if twin is None:
+                twin = FixedStepHRM(float64_twin(reference_module.step.core), steps).eval()
+            ref64 = _torch_outputs(twin, feeds)
         entry = {}
-        for name in ("logits", "q_halt_logits", "q_continue_logits"):
-            vs32 = TensorDiff.of(got[name], ref32[name], argmax=name == "logits")
+        for name in names:
+            entry[name] = {**asdict(diffs[name]), "strict_limit": ABS_FLOOR * scales[name]}
+            if ref64 is None:
+                entry[name]["passed"] = True
+                continue
             vs64 = TensorDiff.of(got[name], ref64[name]).max_abs
             noise = TensorDiff.of(ref32[name], ref64[name]).max_abs
-            scale = max(1.0, float(np.abs(ref64[name]).max(initial=0.0)))
-            limit = NOISE_FACTOR * noise + ABS_FLOOR * scale
+            limit = NOISE_FACTOR * noise + ABS_FLOOR * scales[name]
             ok = vs64 <= limit
-            entry[name] = {**asdict(vs32), "max_abs_vs_float64": vs64, "torch_float32_noise": noise,
-                           "limit": limit, "passed": ok}
+            entry[name].update(max_abs_vs_float64=vs64, torch_float32_noise=noise, limit=limit, passed=ok)
             if not ok:
-                failures.append(f"batch {batch} {name}: max abs {vs32.max_abs:.3g} vs PyTorch "
+                failures.append(f"batch {batch} {name}: max abs {diffs[name].max_abs:.3g} vs PyTorch "
                                 f"(vs float64 {vs64:.3g} > limit {limit:.3g})")
         report.batches[str(batch)] = entry
     if failures:

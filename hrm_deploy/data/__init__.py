@@ -1,0 +1,1 @@
+"""Datasets in upstream HRM's on-disk format, and generators (Sudoku)."""

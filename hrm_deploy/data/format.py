@@ -1,0 +1,149 @@
+"""Upstream HRM's dataset format, read and written exactly.
+
+    <root>/identifiers.json                      id -> name (list)
+    <root>/{train,test}/dataset.json             PuzzleDatasetMetadata
+    <root>/{train,test}/<set>__<field>.npy       inputs, labels [N_ex, seq_len] (uint8 as upstream writes),
+                                                 puzzle_identifiers [N_puz] int32,
+                                                 puzzle_indices [N_puz+1], group_indices [N_grp+1] int32
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.errors import DataError
+
+FIELDS = ("inputs", "labels", "puzzle_identifiers", "puzzle_indices", "group_indices")
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class DatasetMetadata:
+    """Upstream ``PuzzleDatasetMetadata`` (dataset.json)."""
+
+    seq_len: int
+    vocab_size: int
+    pad_id: int = 0
+    ignore_label_id: int | None = 0
+    blank_identifier_id: int = 0
+    num_puzzle_identifiers: int = 1
+    total_groups: int = 0
+    mean_puzzle_examples: float = 1.0
+    sets: list[str] = field(default_factory=lambda: ["all"])
+
+    @classmethod
+    def from_json(cls, path: Path) -> "DatasetMetadata":
+        try:
+            data = json.loads(path.read_text())
+            known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+            return cls(**known)
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
+            raise DataError(f"{path} is not a valid dataset.json ({exc}); rebuild the dataset") from None
+
+
+@dataclass
+class Split:
+    """One split's arrays for one set."""
+
+    metadata: DatasetMetadata
+    inputs: np.ndarray
+    labels: np.ndarray
+    puzzle_identifiers: np.ndarray
+    puzzle_indices: np.ndarray
+    group_indices: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+    def example_puzzle_ids(self) -> np.ndarray:
+        """Puzzle identifier of every example (expands puzzle_indices)."""
+        counts = np.diff(self.puzzle_indices)
+        return np.repeat(self.puzzle_identifiers, counts).astype(np.int32)
+
+    def validate(self, where: str) -> None:
+        m = self.metadata
+        if self.inputs.ndim != 2 or self.inputs.shape[1] != m.seq_len:
+            raise DataError(f"{where}: inputs have shape {self.inputs.shape}, expected [N, {m.seq_len}] (dataset.json seq_len)")
+        if self.labels.shape != self.inputs.shape:
+            raise DataError(f"{where}: labels shape {self.labels.shape} differs from inputs {self.inputs.shape}")
+        if int(self.inputs.max(initial=0)) >= m.vocab_size:
+            raise DataError(f"{where}: token id {int(self.inputs.max())} >= vocab_size {m.vocab_size}")
+        if self.puzzle_indices.shape[0] != self.puzzle_identifiers.shape[0] + 1 or \
+                int(self.puzzle_indices[-1]) != len(self):
+            raise DataError(f"{where}: puzzle_indices do not cover the {len(self)} examples; the dataset is damaged")
+        if self.puzzle_identifiers.size and int(self.puzzle_identifiers.max()) >= m.num_puzzle_identifiers:
+            raise DataError(f"{where}: puzzle identifier >= num_puzzle_identifiers {m.num_puzzle_identifiers}")
+
+
+def load_split(root: str | Path, split: str = "test", set_name: str | None = None, mmap: bool = True) -> Split:
+    """Load ``<root>/<split>`` (one set; the first listed if not named)."""
+    folder = Path(root) / split
+    meta_path = folder / "dataset.json"
+    if not meta_path.is_file():
+        raise DataError(f"{meta_path} not found; pass the dataset folder that holds train/ and test/ "
+                        "(built by upstream's dataset scripts or `hrm-deploy data`)")
+    meta = DatasetMetadata.from_json(meta_path)
+    set_name = set_name or meta.sets[0]
+    arrays = {}
+    for name in FIELDS:
+        path = folder / f"{set_name}__{name}.npy"
+        if not path.is_file():
+            raise DataError(f"{path} is missing; the dataset is incomplete, rebuild it")
+        try:
+            arrays[name] = np.load(path, mmap_mode="r" if mmap else None)
+        except (ValueError, OSError) as exc:
+            raise DataError(f"{path} is not a readable .npy file ({exc}); rebuild the dataset") from None
+    result = Split(meta, **arrays)
+    result.validate(str(folder))
+    return result
+
+
+def save_dataset(root: str | Path, splits: dict[str, Split], identifiers: list[str]) -> Path:
+    """Write a dataset atomically: built in a temp folder beside ``root``, then renamed."""
+    root = Path(root)
+    if root.exists() and any(root.iterdir()):
+        raise DataError(f"{root} already exists and is not empty; choose another --output or delete it")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        for split_name, split in splits.items():
+            split.validate(f"{split_name} split")
+            folder = staging / split_name
+            folder.mkdir()
+            set_name = split.metadata.sets[0]
+            for name in FIELDS:
+                np.save(folder / f"{set_name}__{name}.npy", np.asarray(getattr(split, name)))
+            (folder / "dataset.json").write_text(json.dumps(asdict(split.metadata)))
+        (staging / "identifiers.json").write_text(json.dumps(identifiers))
+        if root.exists():
+            root.rmdir()
+        staging.rename(root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return root
+
+
+def select_examples(split: Split, k: int, seed: int = 0) -> np.ndarray:
+    """Deterministic choice of ``k`` example indices (sorted), for calibration and verify subsets."""
+    n = len(split)
+    if k >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+
+
+def check_fits_model(meta: DatasetMetadata, config: Any, where: str) -> None:
+    """A dataset must match the model's seq_len / vocab / puzzle ids."""
+    for name, model_value in (("seq_len", config.seq_len), ("vocab_size", config.vocab_size)):
+        if getattr(meta, name) != model_value:
+            raise DataError(f"{where}: dataset {name} {getattr(meta, name)} != model {name} {model_value}; "
+                            "use the dataset the model was trained on")
+    if meta.num_puzzle_identifiers > config.num_puzzle_identifiers:
+        raise DataError(f"{where}: dataset has {meta.num_puzzle_identifiers} puzzle identifiers, "
+                        f"model only {config.num_puzzle_identifiers}")

@@ -1,0 +1,177 @@
+"""Sudoku generator in upstream's encoding (0 pad, 1 blank, 2..10 digits 1..9).
+
+Puzzles have a unique solution (checked by an exact solver) and a chosen number of
+blanks; train puzzles get upstream's augmentations (digit permutation, transpose,
+band/row and stack/column shuffles), each original puzzle forming one group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hrm_deploy.data.format import DatasetMetadata, Split, save_dataset
+from hrm_deploy.errors import ConfigError
+
+_BOX = [(r // 3) * 3 + c // 3 for r in range(9) for c in range(9)]
+_FULL = 0x3FE  # bits 1..9
+
+
+def count_solutions(grid: list[int], limit: int = 2) -> tuple[int, int]:
+    """Number of solutions of ``grid`` (81 ints, 0 = blank) up to ``limit``, and the
+    number of search nodes visited (the difficulty rating by solver effort)."""
+    rows, cols, boxes = [0] * 9, [0] * 9, [0] * 9
+    blanks = []
+    for i, v in enumerate(grid):
+        if v:
+            bit = 1 << v
+            r, c, b = i // 9, i % 9, _BOX[i]
+            if rows[r] & bit or cols[c] & bit or boxes[b] & bit:
+                return 0, 0
+            rows[r] |= bit
+            cols[c] |= bit
+            boxes[b] |= bit
+        else:
+            blanks.append(i)
+    found = 0
+    nodes = 0
+
+    def search() -> None:
+        nonlocal found, nodes
+        nodes += 1
+        best, best_options, best_count = -1, 0, 10
+        for i in blanks:  # most-constrained cell first
+            if grid[i]:
+                continue
+            options = _FULL & ~(rows[i // 9] | cols[i % 9] | boxes[_BOX[i]])
+            count = bin(options).count("1")
+            if count < best_count:
+                best, best_options, best_count = i, options, count
+                if count <= 1:
+                    break
+        if best < 0:
+            found += 1
+            return
+        r, c, b = best // 9, best % 9, _BOX[best]
+        while best_options and found < limit:
+            bit = best_options & -best_options
+            best_options ^= bit
+            grid[best] = bit.bit_length() - 1
+            rows[r] |= bit
+            cols[c] |= bit
+            boxes[b] |= bit
+            search()
+            rows[r] ^= bit
+            cols[c] ^= bit
+            boxes[b] ^= bit
+            grid[best] = 0
+
+    search()
+    return found, nodes
+
+
+def random_solution(rng: np.random.Generator) -> np.ndarray:
+    """A uniformly shuffled valid grid: base pattern under the Sudoku symmetry group."""
+    base = np.array([[(r * 3 + r // 3 + c) % 9 + 1 for c in range(9)] for r in range(9)], dtype=np.uint8)
+    return shuffle_sudoku(base, base, rng)[1]
+
+
+def shuffle_sudoku(board: np.ndarray, solution: np.ndarray, rng: np.random.Generator):
+    """Upstream's augmentation: digit permutation, optional transpose, band/row and stack/column shuffles."""
+    digit_map = np.pad(rng.permutation(np.arange(1, 10)), (1, 0)).astype(np.uint8)  # blank 0 stays 0
+    transpose = rng.random() < 0.5
+    bands = rng.permutation(3)
+    row_perm = np.concatenate([b * 3 + rng.permutation(3) for b in bands])
+    stacks = rng.permutation(3)
+    col_perm = np.concatenate([s * 3 + rng.permutation(3) for s in stacks])
+    mapping = np.array([row_perm[i // 9] * 9 + col_perm[i % 9] for i in range(81)])
+
+    def apply(x: np.ndarray) -> np.ndarray:
+        if transpose:
+            x = x.T
+        return digit_map[x.flatten()[mapping].reshape(9, 9)]
+
+    return apply(board), apply(solution)
+
+
+@dataclass(frozen=True)
+class SudokuSpec:
+    """What to generate. ``blanks`` is a (min, max) range of empty cells per puzzle."""
+
+    train: int = 1000
+    test: int = 200
+    blanks: tuple[int, int] = (10, 20)
+    augment: int = 0  # augmented variants per train puzzle (upstream's --num-aug)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        lo, hi = self.blanks
+        if not 1 <= lo <= hi <= 64:
+            raise ConfigError(f"blanks {self.blanks} must satisfy 1 <= min <= max <= 64 "
+                              "(a unique Sudoku has at least 17 givens)")
+        if self.train < 0 or self.test < 0 or self.augment < 0:
+            raise ConfigError("counts must be >= 0")
+
+
+def make_puzzle(rng: np.random.Generator, blanks: int, max_tries: int = 50) -> tuple[np.ndarray, np.ndarray, int]:
+    """(board with ``blanks`` zeros, solution, solver nodes) with a unique solution.
+
+    Cells are emptied one at a time in random order, keeping a removal only while the
+    solution stays unique; a grid that runs out of removable cells is replaced."""
+    for _ in range(max_tries):
+        solution = random_solution(rng)
+        board = solution.flatten().tolist()
+        removed = 0
+        for cell in rng.permutation(81):
+            board[cell] = 0
+            if count_solutions(list(board))[0] == 1:
+                removed += 1
+                if removed == blanks:
+                    nodes = count_solutions(list(board))[1]
+                    return np.array(board, dtype=np.uint8).reshape(9, 9), solution, nodes
+            else:
+                board[cell] = int(solution.flat[cell])
+    raise ConfigError(f"could not make a unique puzzle with {blanks} blanks in {max_tries} tries; use fewer blanks")
+
+
+def _split(boards: list[list[np.ndarray]], solutions: list[list[np.ndarray]]) -> Split:
+    """Pack groups of (variants of) puzzles into upstream's arrays; +1 shifts to the token encoding."""
+    inputs, labels, puzzle_indices, group_indices = [], [], [0], [0]
+    for group_boards, group_solutions in zip(boards, solutions):
+        for b, s in zip(group_boards, group_solutions):
+            inputs.append(b.flatten() + 1)
+            labels.append(s.flatten() + 1)
+            puzzle_indices.append(len(inputs))
+        group_indices.append(len(puzzle_indices) - 1)
+    n_puz = len(puzzle_indices) - 1
+    meta = DatasetMetadata(seq_len=81, vocab_size=11, pad_id=0, ignore_label_id=0, blank_identifier_id=0,
+                           num_puzzle_identifiers=1, total_groups=len(group_indices) - 1,
+                           mean_puzzle_examples=1.0, sets=["all"])
+    return Split(meta, np.array(inputs, dtype=np.uint8).reshape(-1, 81), np.array(labels, dtype=np.uint8).reshape(-1, 81),
+                 np.zeros(n_puz, dtype=np.int32), np.array(puzzle_indices, dtype=np.int32),
+                 np.array(group_indices, dtype=np.int32))
+
+
+def generate_sudoku(spec: SudokuSpec, output: str | None = None, progress=None) -> dict[str, Split]:
+    """Generate train/test splits (and write them to ``output`` in upstream's format if given)."""
+    rng = np.random.default_rng(spec.seed)
+    lo, hi = spec.blanks
+    splits = {}
+    for name, count in (("train", spec.train), ("test", spec.test)):
+        boards, solutions = [], []
+        for _ in range(count):
+            board, solution, _ = make_puzzle(rng, int(rng.integers(lo, hi + 1)))
+            group_b, group_s = [board], [solution]
+            for _ in range(spec.augment if name == "train" else 0):
+                b, s = shuffle_sudoku(board, solution, rng)
+                group_b.append(b)
+                group_s.append(s)
+            boards.append(group_b)
+            solutions.append(group_s)
+            if progress:
+                progress(1)
+        splits[name] = _split(boards, solutions)
+    if output:
+        save_dataset(output, splits, ["<blank>"])
+    return splits
