@@ -25,7 +25,7 @@ def test_import_package_is_lean():
 def test_cli_help_is_lean():
     body = ("from typer.testing import CliRunner\nfrom hrm_deploy.cli import app\n"
             "r = CliRunner().invoke(app, ['--help'])\nassert r.exit_code == 0, r.output\n"
-            "for c in ('export', 'inspect', 'doctor'):\n"
+            "for c in ('export', 'inspect', 'doctor', 'data', 'train'):\n"
             "    assert CliRunner().invoke(app, [c, '--help']).exit_code == 0, c")
     assert _loaded_after(body) == ""
 

@@ -1,0 +1,46 @@
+"""``hrm-deploy train``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hrm_deploy.cli import app
+from hrm_deploy.cli.common import user_errors
+
+
+@app.command()
+@user_errors
+def train(
+    data: Path = typer.Option(..., "--data", help="Dataset folder in upstream's format (train/ and test/)."),
+    preset: str = typer.Option("sudoku-tiny", help="sudoku-tiny (CPU), sudoku or maze (upstream's GPU settings)."),
+    out: Path = typer.Option(Path("runs/hrm"), "--out", help="Run folder: last.pt, step_N.pt, metrics.jsonl."),
+    steps: Optional[int] = typer.Option(
+        None, help="Optimizer steps. One step = one ACT segment on one global batch; an example stays "
+                   "up to halt_max_steps steps, so steps x batch / halt_max_steps ~ examples seen."),
+    batch_size: Optional[int] = typer.Option(None, help="Global batch size."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
+    optimizer: Optional[str] = typer.Option(None, help="adam_atan2 (upstream's, pure PyTorch) or adamw."),
+    seed: Optional[int] = typer.Option(None, help="Random seed."),
+    resume: Optional[Path] = typer.Option(None, help="Continue from a checkpoint written by this trainer."),
+    checkpoint_every: Optional[int] = typer.Option(None, help="Write step_N.pt every N steps (0: only at the end)."),
+) -> None:
+    """Train HRM with upstream's semantics (persistent ACT carry, Q-learning halting)."""
+    from hrm_deploy.data.format import load_split
+    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.train.loop import TrainConfig, train as run_training
+    from hrm_deploy.train.presets import preset as get_preset
+
+    chosen = get_preset(preset)
+    meta = load_split(data, "train").metadata
+    model_config = HRMConfig(seq_len=meta.seq_len, vocab_size=meta.vocab_size,
+                             num_puzzle_identifiers=meta.num_puzzle_identifiers, **chosen["model"])
+    overrides = dict(steps=steps, global_batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed,
+                     checkpoint_every=checkpoint_every)
+    config = TrainConfig(data_path=str(data), out_dir=str(out),
+                         **{**chosen["train"], **{k: v for k, v in overrides.items() if v is not None}})
+    result = run_training(model_config, config, resume=str(resume) if resume else None)
+    final = result.metrics.get("eval", {})
+    typer.echo(f"wrote {result.checkpoint}; test exact accuracy {final.get('exact_accuracy', float('nan')):.3f}")

@@ -1,0 +1,52 @@
+"""The CLI end to end: one-line errors, export of the bundled default, inspect."""
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from hrm_deploy.cli import app
+
+runner = CliRunner()
+
+
+def test_bad_checkpoint_is_one_line_no_traceback(tmp_path):
+    bad = tmp_path / "step_3"
+    bad.write_bytes(b"\x00" * 10)
+    result = subprocess.run([sys.executable, "-m", "hrm_deploy", "export", str(bad), "-q"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_export_bundled_default_then_inspect(tmp_path):
+    out = tmp_path / "tiny.onnx"
+    result = runner.invoke(app, ["export", "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert "parity vs PyTorch" in result.output and out.is_file()
+    info = runner.invoke(app, ["inspect", str(out)])
+    data = json.loads(info.stdout)
+    assert data["kind"] == "onnx" and data["inputs"]["inputs"].startswith("INT32")
+    assert data["manifest"]["stage"] == "export"
+    ckpt = json.loads(runner.invoke(app, ["inspect", str(tmp_path / "tiny.onnx.manifest.json")]).stdout)
+    assert ckpt["kind"] == "manifest"
+
+
+def test_inspect_checkpoint(upstream_run):
+    data = json.loads(runner.invoke(app, ["inspect", str(upstream_run.parent)]).stdout)
+    assert data["kind"] == "checkpoint (upstream)" and data["parameters"] > 0 and data["config"]["seq_len"] == 81
+
+
+def test_data_and_train_commands(tmp_path):
+    data = tmp_path / "d"
+    r = runner.invoke(app, ["data", "sudoku", "-o", str(data), "--train", "20", "--test", "4", "--max-blanks", "6",
+                            "--min-blanks", "4"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--steps", "2",
+                            "--batch-size", "8"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "run" / "last.pt").is_file()
+    r = runner.invoke(app, ["train", "--data", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "dataset.json" in r.output

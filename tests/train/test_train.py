@@ -1,0 +1,62 @@
+import json
+
+import pytest
+import torch
+
+from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+from hrm_deploy.model.checkpoint import load_checkpoint
+from hrm_deploy.model.config import HRMConfig
+from hrm_deploy.train.loop import TrainConfig, lr_at, train
+from hrm_deploy.train.optim import AdamATan2
+
+MICRO = HRMConfig(seq_len=81, vocab_size=11, hidden_size=32, num_heads=2, H_layers=1, L_layers=1, H_cycles=1,
+                  L_cycles=1, halt_max_steps=3, puzzle_emb_ndim=32)
+
+
+@pytest.fixture(scope="module")
+def micro_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data") / "sudoku"
+    generate_sudoku(SudokuSpec(train=40, test=8, blanks=(4, 8), seed=0), str(root))
+    return str(root)
+
+
+def _cfg(data, out, **kw):
+    return TrainConfig(data_path=data, out_dir=str(out), steps=6, global_batch_size=8, lr=1e-3,
+                       lr_warmup_steps=2, eval_samples=8, **kw)
+
+
+def test_resume_reaches_the_same_weights(micro_data, tmp_path):
+    full = train(MICRO, _cfg(micro_data, tmp_path / "full"), progress=False)
+    part = train(MICRO, _cfg(micro_data, tmp_path / "part"), stop_after=3, progress=False)
+    resumed = train(MICRO, _cfg(micro_data, tmp_path / "part"), resume=str(part.checkpoint), progress=False)
+    a, _ = load_checkpoint(full.checkpoint)
+    b, _ = load_checkpoint(resumed.checkpoint)
+    for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(va, vb), k
+    lines = [json.loads(l) for l in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["final"]["eval"]["count"] == 8 and "samples_per_s" in lines[0]
+
+
+def test_trained_checkpoint_exports(micro_data, tmp_path):
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+
+    result = train(MICRO, _cfg(micro_data, tmp_path / "run"), progress=False)
+    exported = export_onnx(str(result.checkpoint), tmp_path / "m.onnx", ExportConfig(), quiet=True)
+    assert exported.path.is_file()
+
+
+def test_adam_atan2_matches_formula_and_accepts_zero_lr():
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = AdamATan2([p], lr=0.0, betas=(0.9, 0.95), weight_decay=0.1)
+    opt.param_groups[0]["lr"] = 0.01
+    p.grad = torch.tensor([0.5, -0.25])
+    opt.step()
+    m, v = 0.1 * p.grad, 0.05 * p.grad ** 2
+    expected = torch.tensor([1.0, -2.0]) * (1 - 0.01 * 0.1) - (0.01 / 0.1) * torch.atan2(m, v.sqrt() / 0.05 ** 0.5)
+    torch.testing.assert_close(p.detach(), expected)
+
+
+def test_schedule_warmup_then_cosine():
+    assert lr_at(0, 1.0, 10, 100, 0.1) == 0.0 and lr_at(5, 1.0, 10, 100, 0.1) == 0.5
+    assert lr_at(10, 1.0, 10, 100, 0.1) == pytest.approx(1.0)
+    assert lr_at(100, 1.0, 10, 100, 0.1) == pytest.approx(0.1)
