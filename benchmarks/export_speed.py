@@ -57,6 +57,10 @@ def main() -> None:
         res = export_onnx(model, out, ExportConfig(steps=args.steps), quiet=True)
         results["export_seconds_total"] = round(time.perf_counter() - start, 2)
         results["export_stage_seconds"] = res.timings
+        results["export_seconds_without_parity"] = round(sum(
+            v for k, v in res.timings.items() if not k.startswith("parity")), 2)
+        results["parity_note"] = ("random weights are chaotic over 16 steps, so parity needs the float64 "
+                                  "noise-floor reference; on trained weights the cheap strict check suffices")
         results["onnx_nodes"] = res.nodes
         results["onnx_mb"] = round(out.stat().st_size / 1e6, 1)
 

@@ -78,6 +78,7 @@ class EpochSampler:
     def __init__(self, split: Split, batch: int, seed: int):
         self.split, self.batch, self.seed = split, batch, seed
         self.groups = len(split.group_indices) - 1
+        self._cached: tuple[int, np.ndarray] | None = None  # (epoch, example order)
         if self.groups < batch:
             raise DataError(f"the train split has {self.groups} puzzle groups, fewer than the global batch "
                             f"{batch}; lower --batch-size or generate more puzzles")
@@ -95,14 +96,17 @@ class EpochSampler:
     def batch_at(self, position: int) -> np.ndarray:
         per_epoch = self.groups // self.batch  # the partial last batch is dropped, as upstream
         epoch, index = divmod(position, per_epoch)
-        return self.epoch_examples(epoch)[index * self.batch:(index + 1) * self.batch]
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, self.epoch_examples(epoch))
+        return self._cached[1][index * self.batch:(index + 1) * self.batch]
 
 
-def to_batch(split: Split, idx: np.ndarray, ignore_label_id: int | None) -> dict[str, torch.Tensor]:
+def to_batch(split: Split, idx: np.ndarray, ignore_label_id: int | None,
+             example_pids: np.ndarray | None = None) -> dict[str, torch.Tensor]:
     labels = torch.from_numpy(np.asarray(split.labels[idx]).astype(np.int64))
     if ignore_label_id is not None:
         labels = torch.where(labels == ignore_label_id, IGNORE_LABEL_ID, labels)
-    pids = split.example_puzzle_ids()[idx]
+    pids = (example_pids if example_pids is not None else split.example_puzzle_ids())[idx]
     return {"inputs": torch.from_numpy(np.asarray(split.inputs[idx]).astype(np.int64)),
             "labels": labels, "puzzle_identifiers": torch.from_numpy(pids.astype(np.int64))}
 
@@ -174,6 +178,7 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
     test_split = load_split(config.data_path, "test")
     check_fits_model(train_split.metadata, model_config, config.data_path)
     sampler = EpochSampler(train_split, config.global_batch_size, config.seed)
+    example_pids = train_split.example_puzzle_ids()
 
     position, carry_state = 0, None
     if resume:
@@ -227,7 +232,7 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
     try:
         while position < end:
             t0 = time.perf_counter()
-            batch = to_batch(train_split, sampler.batch_at(position), train_split.metadata.ignore_label_id)
+            batch = to_batch(train_split, sampler.batch_at(position), train_split.metadata.ignore_label_id, example_pids)
             t1 = time.perf_counter()
             if carry is None:
                 carry = model.initial_carry(batch)
