@@ -52,6 +52,7 @@ class TrainConfig:
     eval_every: int = 0  # 0: only at the end
     eval_samples: int = 200  # fast evaluation subset of the test split
     threads: int = 0  # torch CPU threads (0: torch's default)
+    device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
     version: int = 1
 
     def __post_init__(self) -> None:
@@ -101,14 +102,23 @@ class EpochSampler:
         return self._cached[1][index * self.batch:(index + 1) * self.batch]
 
 
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} asked for but torch sees no CUDA GPU; use --device cpu")
+    return torch.device(name)
+
+
 def to_batch(split: Split, idx: np.ndarray, ignore_label_id: int | None,
-             example_pids: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+             example_pids: np.ndarray | None = None, device: torch.device | None = None) -> dict[str, torch.Tensor]:
     labels = torch.from_numpy(np.asarray(split.labels[idx]).astype(np.int64))
     if ignore_label_id is not None:
         labels = torch.where(labels == ignore_label_id, IGNORE_LABEL_ID, labels)
     pids = (example_pids if example_pids is not None else split.example_puzzle_ids())[idx]
-    return {"inputs": torch.from_numpy(np.asarray(split.inputs[idx]).astype(np.int64)),
-            "labels": labels, "puzzle_identifiers": torch.from_numpy(pids.astype(np.int64))}
+    batch = {"inputs": torch.from_numpy(np.asarray(split.inputs[idx]).astype(np.int64)),
+             "labels": labels, "puzzle_identifiers": torch.from_numpy(pids.astype(np.int64))}
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()} if device is not None else batch
 
 
 @torch.inference_mode()
@@ -120,9 +130,10 @@ def evaluate(model: HRMACT, split: Split, samples: int | None = None, batch: int
     model.eval()
     fixed = unroll(model)
     idx = select_examples(split, samples, seed=0) if samples else np.arange(len(split))
+    device = next(model.parameters()).device
     exact = tokens = count = 0.0
     for start in range(0, len(idx), batch):
-        b = to_batch(split, idx[start:start + batch], split.metadata.ignore_label_id)
+        b = to_batch(split, idx[start:start + batch], split.metadata.ignore_label_id, device=device)
         logits = fixed(b["inputs"], b["puzzle_identifiers"])[0]
         mask = b["labels"] != IGNORE_LABEL_ID
         correct = (logits.argmax(-1) == b["labels"]) & mask
@@ -137,13 +148,16 @@ def _rng_state() -> dict[str, Any]:
     np_state = np.random.get_state()
     return {"python": list(random.getstate()[1]), "python_pos": random.getstate()[2],
             "numpy": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2]),
-            "torch": torch.get_rng_state()}
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((3, tuple(state["python"]), state["python_pos"]))
     np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
     torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _carry_state(carry: ACTCarry | None) -> dict[str, Any] | None:
@@ -153,9 +167,10 @@ def _carry_state(carry: ACTCarry | None) -> dict[str, Any] | None:
             **{f"data.{k}": v for k, v in carry.current_data.items()}}
 
 
-def _carry_from(state: dict[str, Any] | None) -> ACTCarry | None:
+def _carry_from(state: dict[str, Any] | None, device: torch.device) -> ACTCarry | None:
     if state is None:
         return None
+    state = {k: v.to(device) for k, v in state.items()}
     data = {k[5:]: v for k, v in state.items() if k.startswith("data.")}
     return ACTCarry(Carry(state["z_H"], state["z_L"]), state["steps"], state["halted"], data)
 
@@ -193,7 +208,8 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
         random.seed(config.seed)
         np.random.seed(config.seed)
         model = build_model(model_config, seed=config.seed)
-    model.train()
+    device = resolve_device(config.device)
+    model.to(device).train()
     params = list(model.parameters())
     if config.optimizer == "adamw":
         optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=0.0, betas=(config.beta1, config.beta2),
@@ -208,7 +224,7 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
         if emb_opt is not None and contents.extra.get("puzzle_emb_optimizer"):
             emb_opt.load_state_dict(contents.extra["puzzle_emb_optimizer"])
         _set_rng_state(contents.extra["rng"])
-    carry = _carry_from(carry_state)
+    carry = _carry_from(carry_state, device)
 
     def save(path: Path, metrics: dict | None = None) -> Path:
         return save_checkpoint(path, model, step=position, train_config=dataclasses.asdict(config),
@@ -232,7 +248,7 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
     try:
         while position < end:
             t0 = time.perf_counter()
-            batch = to_batch(train_split, sampler.batch_at(position), train_split.metadata.ignore_label_id, example_pids)
+            batch = to_batch(train_split, sampler.batch_at(position), train_split.metadata.ignore_label_id, example_pids, device)
             t1 = time.perf_counter()
             if carry is None:
                 carry = model.initial_carry(batch)
@@ -250,6 +266,8 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
             if emb_opt:
                 emb_opt.step()
             position += 1
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # honest compute time per step
             t2 = time.perf_counter()
             data_time += t1 - t0
             compute_time += t2 - t1
