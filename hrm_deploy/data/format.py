@@ -105,11 +105,17 @@ def load_split(root: str | Path, split: str = "test", set_name: str | None = Non
     return result
 
 
+def ensure_new_folder(root: str | Path) -> None:
+    """Datasets are never written over: an existing non-empty folder is an error."""
+    root = Path(root)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise DataError(f"{root} already exists and is not empty; choose another --output or delete it")
+
+
 def save_dataset(root: str | Path, splits: dict[str, Split], identifiers: list[str]) -> Path:
     """Write a dataset atomically: built in a temp folder beside ``root``, then renamed."""
     root = Path(root)
-    if root.exists() and any(root.iterdir()):
-        raise DataError(f"{root} already exists and is not empty; choose another --output or delete it")
+    ensure_new_folder(root)
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hrm_deploy.data.format import DatasetMetadata, Split, save_dataset
+from hrm_deploy.data.format import DatasetMetadata, Split, ensure_new_folder, save_dataset
 from hrm_deploy.errors import ConfigError
 
 _BOX = [(r // 3) * 3 + c // 3 for r in range(9) for c in range(9)]
@@ -155,6 +155,8 @@ def _split(boards: list[list[np.ndarray]], solutions: list[list[np.ndarray]]) ->
 
 def generate_sudoku(spec: SudokuSpec, output: str | None = None, progress=None) -> dict[str, Split]:
     """Generate train/test splits (and write them to ``output`` in upstream's format if given)."""
+    if output:
+        ensure_new_folder(output)  # fail before the work, not after it
     rng = np.random.default_rng(spec.seed)
     lo, hi = spec.blanks
     splits = {}
