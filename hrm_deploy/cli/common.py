@@ -39,4 +39,4 @@ def bundled_checkpoint() -> str:
     """Path of the small trained checkpoint shipped with the package (the embedded default)."""
     from importlib import resources
 
-    return str(resources.files("hrm_deploy") / "assets" / "sudoku-tiny.pt")
+    return str(resources.files("hrm_deploy") / "train" / "presets" / "sudoku-tiny.pt")
