@@ -15,7 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx

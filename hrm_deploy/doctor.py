@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import platform
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,7 +109,3 @@ def diagnose() -> list[Check]:
     checks.append(Check("jetson", jetson is not None, jetson or "not a Jetson",
                         "" if not jetson else "use JetPack's TensorRT: see jetson/README.md"))
     return checks
-
-
-def python_executable() -> str:
-    return sys.executable

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import typer
 
 from hrm_deploy.cli import app
 from hrm_deploy.cli.common import user_errors

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.errors import ConfigError, ExportError, ParityError, require
-from hrm_deploy.export.unroll import (STEP_INPUTS, STEP_OUTPUTS, STEP_PREDICTIONS, UNROLLED_INPUTS,
-                                      UNROLLED_OUTPUTS, EmbedInit, FixedStepHRM, StepCore)
+from hrm_deploy.export.unroll import (STEP_PREDICTIONS, UNROLLED_INPUTS,
+                                      EmbedInit, FixedStepHRM, StepCore)
 from hrm_deploy.manifest import write_manifest
 from hrm_deploy.progress import Stages
 
@@ -230,27 +230,16 @@ def _resolve_source(model_or_ckpt, overrides):
     return model_or_ckpt, None
 
 
-def _save_atomically(model, out: Path, external: bool) -> None:
-    """Write ``out`` (and ``out.data`` for external weights) so that a crash leaves nothing half-written."""
+def _save(model, path: Path, external: bool) -> None:
+    """Write ``path`` (and ``path.data`` with external weights). Callers write into a
+    staging folder and rename into place, so nothing half-written is ever visible."""
     import onnx
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        staged = staging / out.name
-        data_name = out.name + ".data"
-        if external:
-            onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=1024)
-            os.replace(staging / data_name, out.parent / data_name)
-        else:
-            onnx.save_model(model, staged)
-            stale = out.parent / data_name
-            if stale.exists():
-                stale.unlink()
-        os.replace(staged, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    if external:
+        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, path)
 
 
 def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config: ExportConfig = ExportConfig(),
@@ -300,7 +289,7 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
     try:
         with stages.stage("structural checks (checker, shape inference, I/O contract)"):
             staged = staging / out.name
-            _save_atomically(graph, staged, external)
+            _save(graph, staged, external)
             check_structure(onnx.load(staged, load_external_data=False) if external else graph, io_spec,
                             path=str(staged) if external else None)
         parity = None
@@ -316,8 +305,11 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
                 raise ParityError(f"ONNX Runtime output differs from PyTorch: {report.message}")
         with stages.stage(f"writing {out}"):
             out.parent.mkdir(parents=True, exist_ok=True)
+            data_file = out.parent / (out.name + ".data")
             if external:
-                os.replace(staging / (out.name + ".data"), out.parent / (out.name + ".data"))
+                os.replace(staging / data_file.name, data_file)
+            elif data_file.exists():  # weights of an earlier external-data export of this name
+                data_file.unlink()
             os.replace(staged, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -8,7 +8,6 @@ in ``<data_path>/{train,test}/dataset.json``. Our own checkpoints are self-descr
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -177,9 +176,8 @@ def _upstream_config(path: Path, state: dict[str, Any], overrides: dict[str, Any
                 raise ConfigError(f"{meta} is not valid JSON; rebuild the dataset") from None
             fields.update({k: info[k] for k in DATASET_FIELDS if k in info})
     fields.update({k: v for k, v in overrides.items() if k != "data_path"})
-    fields.setdefault("forward_dtype", "float32")
-    if "forward_dtype" not in overrides:
-        fields["forward_dtype"] = "float32"  # upstream trains in bf16; we load for float32 export
+    # Upstream computes in bf16; we load for float32 export unless the caller asks otherwise.
+    fields["forward_dtype"] = overrides.get("forward_dtype", "float32")
 
     missing = [k for k in ("seq_len", "vocab_size") if k not in fields]
     if missing:
@@ -327,8 +325,3 @@ def upstream_state_dict(model, prefix: str = "_orig_mod.model.inner.") -> dict[s
             v = v.to(torch.bfloat16)
         out[prefix + k] = v
     return out
-
-
-def config_overrides_fields() -> tuple[str, ...]:
-    """HRMConfig fields a user may override when loading."""
-    return tuple(f.name for f in dataclasses.fields(HRMConfig) if f.name != "version")

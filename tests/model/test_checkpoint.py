@@ -1,5 +1,4 @@
 import pickle
-from pathlib import Path
 
 import pytest
 import torch

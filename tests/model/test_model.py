@@ -1,6 +1,5 @@
 import math
 
-import pytest
 import torch
 
 from hrm_deploy.model.hrm import build_model
