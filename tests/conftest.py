@@ -38,27 +38,21 @@ def write_upstream_run(folder: Path, model, prefix: str = "_orig_mod.model.inner
                        with_config: bool = True, with_dataset: bool = True, data_rel: str = "data/sudoku-tiny") -> Path:
     """Write an upstream-style run: <folder>/checkpoints/<run>/step_N + all_config.yaml, dataset.json
     under <folder>/<data_rel>; data_path in the YAML is relative, as upstream writes it."""
-    import torch
-    import yaml
-
-    from hrm_deploy.model.checkpoint import upstream_state_dict
+    from hrm_deploy.model.checkpoint import upstream_state_dict, write_upstream_run
 
     cfg = model.inner.config
     run = folder / "checkpoints" / "Sudoku-tiny ACT-torch" / "HierarchicalReasoningModel_ACTV1 brave-otter"
-    run.mkdir(parents=True, exist_ok=True)
-    torch.save(upstream_state_dict(model, prefix), run / f"step_{step}")
+    hyper = {"global_batch_size": 768, "epochs": 20000, "lr": 1e-4, "lr_min_ratio": 1.0, "lr_warmup_steps": 2000,
+             "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "puzzle_emb_lr": 1e-2, "puzzle_emb_weight_decay": 0.1,
+             "project_name": "Sudoku-tiny ACT-torch", "run_name": "brave-otter", "seed": 0,
+             "checkpoint_every_eval": True, "eval_interval": 2000, "eval_save_outputs": []}
     if with_config:
-        arch = {"name": "hrm.hrm_act_v1@HierarchicalReasoningModel_ACTV1",
-                "loss": {"name": "losses@ACTLossHead", "loss_type": "stablemax_cross_entropy"},
-                **{k: getattr(cfg, k) for k in ("halt_exploration_prob", "halt_max_steps", "H_cycles", "L_cycles",
-                                                "H_layers", "L_layers", "hidden_size", "num_heads", "expansion",
-                                                "puzzle_emb_ndim", "pos_encodings")}}
-        all_config = {"arch": arch, "data_path": data_rel, "global_batch_size": 768, "epochs": 20000, "lr": 1e-4,
-                      "lr_min_ratio": 1.0, "lr_warmup_steps": 2000, "weight_decay": 0.1, "beta1": 0.9,
-                      "beta2": 0.95, "puzzle_emb_lr": 1e-2, "puzzle_emb_weight_decay": 0.1,
-                      "project_name": "Sudoku-tiny ACT-torch", "run_name": "brave-otter", "checkpoint_path": str(run),
-                      "seed": 0, "checkpoint_every_eval": True, "eval_interval": 2000, "eval_save_outputs": []}
-        (run / "all_config.yaml").write_text(yaml.dump(all_config))
+        write_upstream_run(run, model, step=step, data_path=data_rel, train_config=hyper, prefix=prefix)
+    else:
+        import torch
+
+        run.mkdir(parents=True, exist_ok=True)
+        torch.save(upstream_state_dict(model, prefix), run / f"step_{step}")
     if with_dataset:
         meta_dir = folder / data_rel / "train"
         meta_dir.mkdir(parents=True, exist_ok=True)
@@ -73,3 +67,20 @@ def write_upstream_run(folder: Path, model, prefix: str = "_orig_mod.model.inner
 def upstream_run(tmp_path, tiny_model, monkeypatch):
     monkeypatch.chdir(tmp_path)  # upstream's data_path is relative to where training ran
     return write_upstream_run(tmp_path, tiny_model)
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory):
+    """The trained fixture: the bundled sudoku-tiny checkpoint (the preset's training run,
+    cached in the package by scripts/refresh_bundled_checkpoint.py) and 200 held-out puzzles
+    of the preset's difficulty from a seed its training data did not use."""
+    from types import SimpleNamespace
+
+    from hrm_deploy.cli.common import bundled_checkpoint
+    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+    from hrm_deploy.train.presets import preset
+
+    spec = preset("sudoku-tiny")["data"]
+    data = tmp_path_factory.mktemp("heldout") / "sudoku-tiny-heldout"
+    generate_sudoku(SudokuSpec(train=0, test=200, blanks=spec["blanks"], seed=12345), str(data))
+    return SimpleNamespace(checkpoint=bundled_checkpoint(), data=str(data))

@@ -26,8 +26,18 @@ def train(
     seed: Optional[int] = typer.Option(None, help="Random seed."),
     resume: Optional[Path] = typer.Option(None, help="Continue from a checkpoint written by this trainer."),
     checkpoint_every: Optional[int] = typer.Option(None, help="Write step_N.pt every N steps (0: only at the end)."),
+    device: str = typer.Option("auto", help="auto (CUDA when available), cpu, cuda or cuda:N. Under torchrun "
+                                            "each process takes GPU LOCAL_RANK."),
+    compile: bool = typer.Option(False, "--compile", help="torch.compile the model (GPU; compiles for minutes first)."),
+    threads: int = typer.Option(0, help="CPU threads for torch (0: torch's default)."),
+    export_upstream: bool = typer.Option(False, "--export-upstream",
+                                         help="Also write upstream's step_N + all_config.yaml under OUT/upstream."),
 ) -> None:
-    """Train HRM with upstream's semantics (persistent ACT carry, Q-learning halting)."""
+    """Train HRM with upstream's semantics (persistent ACT carry, Q-learning halting).
+
+    sudoku-tiny reaches >= 90% exact accuracy in about 3 minutes on 2 CPU cores on data from
+    `hrm-deploy data sudoku --train 5000 --test 300 --min-blanks 3 --max-blanks 6`.
+    Multi-GPU: `torchrun --nproc-per-node N -m hrm_deploy train ...` (DDP)."""
     from hrm_deploy.data.format import load_split
     from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.train.loop import TrainConfig, train as run_training
@@ -39,7 +49,8 @@ def train(
                              num_puzzle_identifiers=meta.num_puzzle_identifiers, **chosen["model"])
     overrides = dict(steps=steps, global_batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed,
                      checkpoint_every=checkpoint_every)
-    config = TrainConfig(data_path=str(data), out_dir=str(out),
+    config = TrainConfig(data_path=str(data), out_dir=str(out), device=device, compile=compile, threads=threads,
+                         export_upstream=export_upstream,
                          **{**chosen["train"], **{k: v for k, v in overrides.items() if v is not None}})
     result = run_training(model_config, config, resume=str(resume) if resume else None)
     final = result.metrics.get("eval", {})

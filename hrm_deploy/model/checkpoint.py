@@ -325,3 +325,34 @@ def upstream_state_dict(model, prefix: str = "_orig_mod.model.inner.") -> dict[s
             v = v.to(torch.bfloat16)
         out[prefix + k] = v
     return out
+
+
+UPSTREAM_ARCH_FIELDS = ("halt_exploration_prob", "halt_max_steps", "H_cycles", "L_cycles", "H_layers", "L_layers",
+                        "hidden_size", "num_heads", "expansion", "puzzle_emb_ndim", "pos_encodings", "rope_theta",
+                        "rms_norm_eps")
+
+
+def write_upstream_run(run_dir: str | os.PathLike, model, *, step: int, data_path: str,
+                       train_config: dict[str, Any] | None = None, loss_type: str = "stablemax_cross_entropy",
+                       prefix: str = "_orig_mod.model.inner.") -> Path:
+    """Write upstream's checkpoint layout: ``<run_dir>/step_N`` (a bare state dict with
+    upstream's key prefix) and ``all_config.yaml`` (arch + data_path + hyper-parameters),
+    so upstream's ``evaluate.py`` and this toolkit's loader both read it. Returns step_N."""
+    import torch
+    import yaml
+
+    from hrm_deploy.io import atomic_path
+
+    cfg = getattr(model, "inner", model).config
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    arch = {"name": "hrm.hrm_act_v1@HierarchicalReasoningModel_ACTV1",
+            "loss": {"name": "losses@ACTLossHead", "loss_type": loss_type},
+            **{k: getattr(cfg, k) for k in UPSTREAM_ARCH_FIELDS}}
+    all_config = {"arch": arch, "data_path": data_path, "checkpoint_path": str(run), **(train_config or {})}
+    target = run / f"step_{step}"
+    with atomic_path(target) as tmp:
+        torch.save(upstream_state_dict(model, prefix), tmp)
+    with atomic_path(run / "all_config.yaml") as tmp:
+        Path(tmp).write_text(yaml.safe_dump(all_config, sort_keys=False))
+    return target

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import torch
 
 from hrm_deploy.data.format import Split, check_fits_model, load_split, select_examples
 from hrm_deploy.errors import ConfigError, DataError
-from hrm_deploy.model.checkpoint import read_checkpoint, save_checkpoint, model_from_contents
+from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint, save_checkpoint, write_upstream_run
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.hrm import ACTCarry, Carry, HRMACT, build_model
 from hrm_deploy.train.losses import IGNORE_LABEL_ID, act_loss
@@ -53,6 +54,9 @@ class TrainConfig:
     eval_samples: int = 200  # fast evaluation subset of the test split
     threads: int = 0  # torch CPU threads (0: torch's default)
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
+    compile: bool = False  # torch.compile the model core (GPU; minutes of warm-up)
+    tf32: bool = True  # TF32 matmuls on CUDA (Ampere and newer)
+    export_upstream: bool = False  # also write upstream's step_N + all_config.yaml under <out_dir>/upstream
     version: int = 1
 
     def __post_init__(self) -> None:
@@ -102,12 +106,55 @@ class EpochSampler:
         return self._cached[1][index * self.batch:(index + 1) * self.batch]
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto``: CUDA when available. Under torchrun each rank takes GPU ``LOCAL_RANK``."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {name!r} asked for but torch sees no CUDA GPU; use --device cpu")
+    if name == "cuda":
+        return torch.device("cuda", local_rank)
     return torch.device(name)
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place in a torchrun job (rank 0 of 1 without torchrun)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_name: str) -> Distributed:
+    """Join the process group torchrun describes in the environment (NCCL on GPUs, gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Distributed()
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        use_cuda = device_name != "cpu" and torch.cuda.is_available()
+        if use_cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return Distributed(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def _gather_rows(t: torch.Tensor, dist_info: Distributed) -> torch.Tensor:
+    """Concatenate every rank's rows (rank order) so the saved carry is the global batch's."""
+    if dist_info.world == 1:
+        return t
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(t) for _ in range(dist_info.world)]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts)
 
 
 def to_batch(split: Split, idx: np.ndarray, ignore_label_id: int | None,
@@ -160,17 +207,20 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _carry_state(carry: ACTCarry | None) -> dict[str, Any] | None:
+def _carry_state(carry: ACTCarry | None, dist_info: Distributed) -> dict[str, Any] | None:
     if carry is None:
         return None
-    return {"z_H": carry.inner.z_H, "z_L": carry.inner.z_L, "steps": carry.steps, "halted": carry.halted,
-            **{f"data.{k}": v for k, v in carry.current_data.items()}}
+    state = {"z_H": carry.inner.z_H, "z_L": carry.inner.z_L, "steps": carry.steps, "halted": carry.halted,
+             **{f"data.{k}": v for k, v in carry.current_data.items()}}
+    return {k: _gather_rows(v, dist_info).cpu() for k, v in state.items()}
 
 
-def _carry_from(state: dict[str, Any] | None, device: torch.device) -> ACTCarry | None:
+def _carry_from(state: dict[str, Any] | None, device: torch.device, dist_info: Distributed) -> ACTCarry | None:
+    """This rank's rows of a saved global-batch carry."""
     if state is None:
         return None
-    state = {k: v.to(device) for k, v in state.items()}
+    rows = len(state["steps"]) // dist_info.world
+    state = {k: v[dist_info.rank * rows:(dist_info.rank + 1) * rows].to(device) for k, v in state.items()}
     data = {k[5:]: v for k, v in state.items() if k.startswith("data.")}
     return ACTCarry(Carry(state["z_H"], state["z_L"]), state["steps"], state["halted"], data)
 
@@ -181,13 +231,91 @@ class TrainResult:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def _build_optimizers(model: HRMACT, config: TrainConfig, fused: bool):
+    params = list(model.parameters())
+    betas = (config.beta1, config.beta2)
+    if config.optimizer == "adamw":
+        optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=0.0, betas=betas,
+                                                             weight_decay=config.weight_decay,
+                                                             **({"fused": True} if fused else {}))
+    else:
+        optimizer = AdamATan2(params, lr=0.0, betas=betas, weight_decay=config.weight_decay)
+    emb_opt = None
+    if model.inner.config.puzzle_emb_ndim > 0:
+        emb_opt = PuzzleEmbeddingSignSGD(model.inner.puzzle_emb, 0.0, config.puzzle_emb_weight_decay)
+    return optimizer, emb_opt
+
+
+def _set_lrs(position: int, config: TrainConfig, optimizer, emb_opt) -> float:
+    lr = lr_at(position, config.lr, config.lr_warmup_steps, config.steps, config.lr_min_ratio)
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    if emb_opt:
+        emb_opt.param_groups[0]["lr"] = lr_at(position, config.puzzle_emb_lr, config.lr_warmup_steps,
+                                              config.steps, config.lr_min_ratio)
+    return lr
+
+
+def _reduce_metrics(metrics: dict[str, torch.Tensor], dist_info: Distributed) -> dict[str, float]:
+    keys = ("count", "accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
+    stacked = torch.stack([metrics[k].detach().float() for k in keys])
+    if dist_info.world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(stacked)
+    return dict(zip(keys, stacked.tolist()))
+
+
+class _ProgressBar:
+    """Rich progress bar with samples/s, data-wait vs compute split and ETA (rank 0 only)."""
+
+    def __init__(self, enabled: bool, total: int, completed: int):
+        self.bar = None
+        if not enabled:
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                            TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+        self.bar.start()
+        self.task = self.bar.add_task("train", total=total, completed=completed, info="")
+
+    def update(self, row: dict[str, Any]) -> None:
+        if self.bar is None:
+            return
+        info = (f"loss {row['loss']:.3f} acc {row['accuracy']:.3f} {row['samples_per_s']:.0f} samples/s "
+                f"(data {row['data_s']:.0f}s, compute {row['compute_s']:.0f}s)")
+        if "eval" in row:
+            info += f" eval exact {row['eval']['exact_accuracy']:.3f}"
+        self.bar.update(self.task, completed=row["step"], info=info)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _out_of_memory(config: TrainConfig, dist_info: Distributed, out: Path) -> ConfigError:
+    smaller = max(dist_info.world, config.global_batch_size // 2)
+    return ConfigError(f"out of GPU memory at global batch {config.global_batch_size}; retry with --batch-size "
+                       f"{smaller} (and --resume {out / 'last.pt'} if it exists), or a smaller model")
+
+
 def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = None,
           stop_after: int | None = None, progress: bool = True) -> TrainResult:
     """Train (or resume) and write ``<out_dir>/last.pt`` (+ ``step_N.pt`` every
     ``checkpoint_every``) and ``metrics.jsonl``. ``stop_after`` ends early (as if
-    interrupted) after that many steps, still writing a resumable checkpoint."""
+    interrupted) after that many steps, still writing a resumable checkpoint.
+
+    Under ``torchrun`` each rank trains its slice of every global batch in a
+    DistributedDataParallel model (gradients all-reduced; the sparse puzzle-embedding
+    update gathers all ranks' rows, as upstream); rank 0 writes files."""
     if config.threads:
         torch.set_num_threads(config.threads)
+    dist_info = init_distributed(config.device)
+    if config.global_batch_size % dist_info.world:
+        raise ConfigError(f"global batch {config.global_batch_size} does not split over {dist_info.world} "
+                          "processes; choose a multiple of the process count")
+    rows = config.global_batch_size // dist_info.world
     out = Path(config.out_dir)
     train_split = load_split(config.data_path, "train")
     test_split = load_split(config.data_path, "test")
@@ -204,97 +332,102 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
         position = int(contents.step or 0)
         carry_state = contents.extra.get("carry")
     else:
-        torch.manual_seed(config.seed)
+        model = build_model(model_config, seed=config.seed)
         random.seed(config.seed)
         np.random.seed(config.seed)
-        model = build_model(model_config, seed=config.seed)
-    device = resolve_device(config.device)
+        torch.manual_seed(config.seed + dist_info.rank)  # exploration draws differ per rank
+    device = resolve_device(config.device, dist_info.local_rank)
+    if device.type == "cuda" and config.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     model.to(device).train()
-    params = list(model.parameters())
-    if config.optimizer == "adamw":
-        optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=0.0, betas=(config.beta1, config.beta2),
-                                                             weight_decay=config.weight_decay)
-    else:
-        optimizer = AdamATan2(params, lr=0.0, betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
-    emb_opt = None
-    if model_config.puzzle_emb_ndim > 0:
-        emb_opt = PuzzleEmbeddingSignSGD(model.inner.puzzle_emb, 0.0, config.puzzle_emb_weight_decay)
+    optimizer, emb_opt = _build_optimizers(model, config, fused=device.type == "cuda")
     if resume:
         optimizer.load_state_dict(contents.extra["optimizer"])
         if emb_opt is not None and contents.extra.get("puzzle_emb_optimizer"):
             emb_opt.load_state_dict(contents.extra["puzzle_emb_optimizer"])
         _set_rng_state(contents.extra["rng"])
-    carry = _carry_from(carry_state, device)
+    carry = _carry_from(carry_state, device, dist_info)
+    if config.compile:
+        model.inner.compile()  # in place: state-dict keys stay upstream's
+    step_model: torch.nn.Module = model
+    if dist_info.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     def save(path: Path, metrics: dict | None = None) -> Path:
-        return save_checkpoint(path, model, step=position, train_config=dataclasses.asdict(config),
-                               optimizer=optimizer.state_dict(),
-                               puzzle_emb_optimizer=emb_opt.state_dict() if emb_opt else None,
-                               rng=_rng_state(), carry=_carry_state(carry), metrics=metrics or {})
+        carry_saved = _carry_state(carry, dist_info)  # collective: every rank takes part
+        if dist_info.main:
+            save_checkpoint(path, model, step=position, train_config=dataclasses.asdict(config),
+                            optimizer=optimizer.state_dict(),
+                            puzzle_emb_optimizer=emb_opt.state_dict() if emb_opt else None,
+                            rng=_rng_state(), carry=carry_saved, metrics=metrics or {},
+                            world_size=dist_info.world)
+            if config.export_upstream:
+                write_upstream_run(out / "upstream", model, step=position, data_path=str(config.data_path),
+                                   train_config=dataclasses.asdict(config), loss_type=config.loss_type)
+        return path
+
+    def run_eval(samples: int | None) -> dict[str, float]:
+        result = evaluate(model, test_split, samples) if dist_info.main else {}
+        if dist_info.world > 1:
+            torch.distributed.barrier()
+        return result
 
     out.mkdir(parents=True, exist_ok=True)
-    log = (out / "metrics.jsonl").open("a")
+    log = (out / "metrics.jsonl").open("a") if dist_info.main else None
     end = config.steps if stop_after is None else min(config.steps, position + stop_after)
-    bar = None
-    if progress:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        bar = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                       TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
-        bar.start()
-        task = bar.add_task("train", total=config.steps, completed=position, info="")
+    bar = _ProgressBar(progress and dist_info.main, config.steps, position)
     data_time = compute_time = 0.0
     last_metrics: dict[str, Any] = {}
+    # Under DDP the averaged gradient is (1/world) sum over ranks; scaling by world / global
+    # batch gives upstream's sum of per-example losses over the global batch.
+    loss_scale = dist_info.world / config.global_batch_size
     try:
         while position < end:
             t0 = time.perf_counter()
-            batch = to_batch(train_split, sampler.batch_at(position), train_split.metadata.ignore_label_id, example_pids, device)
+            idx = sampler.batch_at(position)[dist_info.rank * rows:(dist_info.rank + 1) * rows]
+            batch = to_batch(train_split, idx, train_split.metadata.ignore_label_id, example_pids, device)
             t1 = time.perf_counter()
             if carry is None:
                 carry = model.initial_carry(batch)
-            lr = lr_at(position, config.lr, config.lr_warmup_steps, config.steps, config.lr_min_ratio)
-            for g in optimizer.param_groups:
-                g["lr"] = lr
-            if emb_opt:
-                emb_opt.param_groups[0]["lr"] = lr_at(position, config.puzzle_emb_lr, config.lr_warmup_steps,
-                                                      config.steps, config.lr_min_ratio)
-            carry, outputs = model(carry, batch)
+            lr = _set_lrs(position, config, optimizer, emb_opt)
+            carry, outputs = step_model(carry, batch)
             loss, metrics = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps, config.loss_type)
             optimizer.zero_grad(set_to_none=True)
-            (loss / config.global_batch_size).backward()
+            (loss * loss_scale).backward()
             optimizer.step()
             if emb_opt:
                 emb_opt.step()
             position += 1
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # honest compute time per step
+            sums = _reduce_metrics(metrics, dist_info)  # also the per-step host sync for honest timing
             t2 = time.perf_counter()
             data_time += t1 - t0
             compute_time += t2 - t1
-            count = max(1, int(metrics["count"]))
-            last_metrics = {"step": position, "lr": lr, "loss": float(loss.detach()) / config.global_batch_size,
-                            "count": int(metrics["count"]),
-                            **{k: float(metrics[k]) / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")},
+            count = max(1.0, sums["count"])
+            last_metrics = {"step": position, "lr": lr, "loss": float(loss.detach()) / rows,
+                            "count": int(sums["count"]),
+                            **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")},
                             "samples_per_s": config.global_batch_size / max(t2 - t0, 1e-9),
                             "data_s": round(data_time, 3), "compute_s": round(compute_time, 3)}
             if config.eval_every and position % config.eval_every == 0 and position < config.steps:
-                last_metrics["eval"] = evaluate(model, test_split, config.eval_samples)
-            log.write(json.dumps(last_metrics) + "\n")
-            if bar:
-                info = f"loss {last_metrics['loss']:.3f} acc {last_metrics['accuracy']:.3f} " \
-                       f"{last_metrics['samples_per_s']:.0f} samples/s"
-                if "eval" in last_metrics:
-                    info += f" eval exact {last_metrics['eval']['exact_accuracy']:.3f}"
-                bar.update(task, completed=position, info=info)
+                last_metrics["eval"] = run_eval(config.eval_samples)
+            if log:
+                log.write(json.dumps(last_metrics) + "\n")
+            bar.update(last_metrics)
             if config.checkpoint_every and position % config.checkpoint_every == 0:
                 save(out / f"step_{position}.pt", last_metrics)
+    except torch.cuda.OutOfMemoryError:
+        raise _out_of_memory(config, dist_info, out) from None
     finally:
-        if bar:
-            bar.stop()
-        log.close()
+        bar.stop()
+        if log:
+            log.close()
     if position >= config.steps:
-        last_metrics["eval"] = evaluate(model, test_split)  # full evaluation at the end
+        last_metrics["eval"] = run_eval(None)  # full evaluation at the end
         last_metrics["timing"] = {"data_s": data_time, "compute_s": compute_time}
-        with (out / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps({"final": last_metrics}) + "\n")
+        if dist_info.main:
+            with (out / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps({"final": last_metrics}) + "\n")
     return TrainResult(save(out / "last.pt", last_metrics), last_metrics)

@@ -60,3 +60,55 @@ def test_schedule_warmup_then_cosine():
     assert lr_at(0, 1.0, 10, 100, 0.1) == 0.0 and lr_at(5, 1.0, 10, 100, 0.1) == 0.5
     assert lr_at(10, 1.0, 10, 100, 0.1) == pytest.approx(1.0)
     assert lr_at(100, 1.0, 10, 100, 0.1) == pytest.approx(0.1)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_processes_match_one_process(micro_data, tmp_path):
+    """torchrun with 2 CPU ranks (gloo) reaches the weights of one process on the same global batch."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = str(Path(__file__).with_name("ddp_worker.py"))
+    single = subprocess.run([sys.executable, worker, micro_data, str(tmp_path / "one")], capture_output=True, text=True)
+    assert single.returncode == 0, single.stderr[-2000:]
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+                          worker, micro_data, str(tmp_path / "two")], capture_output=True, text=True)
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    a, _ = load_checkpoint(tmp_path / "one" / "last.pt")
+    b, _ = load_checkpoint(tmp_path / "two" / "last.pt")
+    for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(va, vb, atol=1e-5, rtol=1e-4, msg=k)
+    carry = torch.load(tmp_path / "two" / "last.pt", weights_only=True)["carry"]
+    assert carry["z_H"].shape[0] == 8  # the saved carry is the global batch's, gathered from both ranks
+
+
+def test_export_upstream_round_trip(micro_data, tmp_path):
+    result = train(MICRO, _cfg(micro_data, tmp_path / "run", export_upstream=True), progress=False)
+    upstream_file = tmp_path / "run" / "upstream" / "step_6"
+    state = torch.load(upstream_file, weights_only=True)
+    assert all(k.startswith("_orig_mod.model.inner.") for k in state) and state[
+        "_orig_mod.model.inner.H_init"].dtype == torch.bfloat16
+    ours, ours_cfg = load_checkpoint(result.checkpoint)
+    theirs, theirs_cfg = load_checkpoint(upstream_file)  # config from all_config.yaml + the dataset it names
+    assert theirs_cfg == ours_cfg
+    for (k, va), vb in zip(ours.state_dict().items(), theirs.state_dict().values()):
+        torch.testing.assert_close(va, vb, msg=k)
+
+
+def test_bundled_default_is_trained(trained_tiny):
+    """The shipped sudoku-tiny checkpoint solves held-out puzzles it never saw (new seed)."""
+    from hrm_deploy.data.format import load_split
+    from hrm_deploy.train.loop import evaluate
+
+    model, config = load_checkpoint(trained_tiny.checkpoint)
+    metrics = evaluate(model, load_split(trained_tiny.data, "test"))
+    assert metrics["count"] == 200 and metrics["exact_accuracy"] >= 0.9, metrics
