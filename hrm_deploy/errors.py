@@ -56,3 +56,7 @@ def require(module: str, extra: str, purpose: str):
             f"{purpose} needs the Python package '{module.split('.')[0]}' ({exc}); "
             f"install it with: pip install 'hrm-deploy[{extra}]'"
         ) from None
+
+
+class EngineError(HRMDeployError):
+    """A TensorRT engine could not be built or loaded (parser errors, build failure, mismatch)."""

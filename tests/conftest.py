@@ -73,7 +73,7 @@ def upstream_run(tmp_path, tiny_model, monkeypatch):
 def trained_tiny(tmp_path_factory):
     """The trained fixture: the bundled sudoku-tiny checkpoint (the preset's training run,
     cached in the package by scripts/refresh_bundled_checkpoint.py) and 200 held-out puzzles
-    of the preset's difficulty from a seed its training data did not use."""
+    of the preset's difficulty from a seed its training data did not use (plus 200 in train/ for calibration)."""
     from types import SimpleNamespace
 
     from hrm_deploy.cli.common import bundled_checkpoint
@@ -82,5 +82,19 @@ def trained_tiny(tmp_path_factory):
 
     spec = preset("sudoku-tiny")["data"]
     data = tmp_path_factory.mktemp("heldout") / "sudoku-tiny-heldout"
-    generate_sudoku(SudokuSpec(train=0, test=200, blanks=spec["blanks"], seed=12345), str(data))
+    generate_sudoku(SudokuSpec(train=200, test=200, blanks=spec["blanks"], seed=12345), str(data))
     return SimpleNamespace(checkpoint=bundled_checkpoint(), data=str(data))
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx(trained_tiny, tmp_path_factory):
+    """FP32 exports of the trained fixture: the unroll (its one ACT step) and the single-step graph."""
+    from types import SimpleNamespace
+
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+
+    folder = tmp_path_factory.mktemp("export")
+    unrolled = export_onnx(trained_tiny.checkpoint, folder / "tiny.onnx", ExportConfig(parity=False), quiet=True)
+    step = export_onnx(trained_tiny.checkpoint, folder / "tiny.step.onnx", ExportConfig(mode="step", parity=False),
+                       quiet=True)
+    return SimpleNamespace(unrolled=unrolled.path, step=step.path, data=trained_tiny.data, folder=folder)

@@ -50,3 +50,13 @@ def test_data_and_train_commands(tmp_path):
     assert (tmp_path / "run" / "last.pt").is_file()
     r = runner.invoke(app, ["train", "--data", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "dataset.json" in r.output
+
+
+def test_build_engine_refuses_int8_without_calibration_data(tiny_onnx):
+    result = runner.invoke(app, ["build-engine", str(tiny_onnx.unrolled), "--int8", "-q"])
+    assert result.exit_code == 2 and "calib-data" in result.output and "Traceback" not in result.output
+
+
+def test_build_engine_rejects_two_precisions(tiny_onnx):
+    result = runner.invoke(app, ["build-engine", str(tiny_onnx.unrolled), "--int8", "--fp16"])
+    assert result.exit_code == 2 and "choose one precision" in result.output

@@ -147,3 +147,40 @@ def check_structure(model: onnx.ModelProto, expected_io: Mapping[str, Mapping[st
                     f"expected {onnx.TensorProto.DataType.Name(elem_type)}{list(shape)}"
                 )
     return inferred
+
+
+def topological_sort(graph) -> None:
+    """Reorder ``graph.node`` in place so every node follows its inputs' producers (graph
+    rewriters such as ORT's float16 converter append boundary casts at the end). Kahn's
+    algorithm, keeping the original order where it is already valid."""
+    import heapq
+
+    nodes = list(graph.node)
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output}
+    waiting = [0] * len(nodes)
+    users: dict[int, list[int]] = {}
+    for i, node in enumerate(nodes):
+        deps = {producer[name] for name in node.input if name in producer}
+        waiting[i] = len(deps)
+        for d in deps:
+            users.setdefault(d, []).append(i)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        stuck = ", ".join(nodes[i].name for i in range(len(nodes)) if waiting[i])[:200]
+        raise ExportError(f"graph has a cycle around {stuck}")
+    copies = []
+    for i in order:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(nodes[i])
+        copies.append(copy)
+    del graph.node[:]
+    graph.node.extend(copies)

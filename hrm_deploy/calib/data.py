@@ -1,0 +1,80 @@
+"""Calibration and evaluation examples: K deterministic examples from a dataset folder
+(upstream format) or from a ``.npz`` of inputs, with a content hash for cache keys."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hrm_deploy.errors import DataError
+
+
+@dataclass(frozen=True)
+class Examples:
+    """Model inputs (int32, the graphs' dtype), labels where known, and where they came from."""
+
+    inputs: np.ndarray
+    puzzle_identifiers: np.ndarray
+    labels: np.ndarray | None
+    source: str
+    sha256: str
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def feeds(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        return {"inputs": self.inputs[start:stop], "puzzle_identifiers": self.puzzle_identifiers[start:stop]}
+
+
+def _digest(*arrays: np.ndarray | None) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        if a is not None:
+            h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def load_examples(path: str | Path, k: int | None, split: str | None = None, seed: int = 0) -> Examples:
+    """K examples chosen deterministically (all when ``k`` is None or larger than the set).
+
+    A dataset folder gives ``split`` (default: ``train`` for calibration when present, else
+    ``test``); a ``.npz`` needs ``inputs`` and may hold ``puzzle_identifiers`` and ``labels``."""
+    from hrm_deploy.data.format import load_split, select_examples
+
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"calibration/evaluation data {p} does not exist; pass a dataset folder or a .npz file")
+    if p.is_file():
+        if p.suffix != ".npz":
+            raise DataError(f"{p} is neither a dataset folder nor a .npz file; pass one of those")
+        try:
+            with np.load(p) as npz:
+                arrays = {name: npz[name] for name in npz.files}
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{p} is not a readable .npz ({exc}); write it with numpy.savez") from None
+        if "inputs" not in arrays or arrays["inputs"].ndim != 2:
+            raise DataError(f"{p} needs an 'inputs' array of shape [N, seq_len]; it has {sorted(arrays)}")
+        inputs = arrays["inputs"]
+        pids = arrays.get("puzzle_identifiers", np.zeros(len(inputs), dtype=np.int32))
+        labels = arrays.get("labels")
+        idx = np.arange(len(inputs))
+        if k is not None and k < len(inputs):
+            idx = np.sort(np.random.default_rng(seed).choice(len(inputs), size=k, replace=False))
+        inputs, pids = inputs[idx], pids[idx]
+        labels = labels[idx] if labels is not None else None
+    else:
+        if split is None:
+            split = "train" if (p / "train" / "dataset.json").is_file() else "test"
+        data = load_split(p, split)
+        idx = select_examples(data, k, seed=seed) if k else np.arange(len(data))
+        inputs = np.asarray(data.inputs[idx])
+        pids = data.example_puzzle_ids()[idx]
+        labels = np.asarray(data.labels[idx]).astype(np.int64)
+        labels = np.where(labels == data.metadata.ignore_label_id, -100, labels)
+    if len(inputs) == 0:
+        raise DataError(f"{p} holds no examples")
+    inputs, pids = inputs.astype(np.int32), pids.astype(np.int32)
+    return Examples(inputs, pids, labels, str(p), _digest(inputs, pids))

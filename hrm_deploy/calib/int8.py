@@ -1,0 +1,214 @@
+"""INT8 explicit quantization in TensorRT's convention, with ONNX Runtime's maintained
+static quantizer (``quantize_static``, QDQ format) doing the graph rewrite and the
+calibration, and its calibration cache keeping the ranges.
+
+TensorRT convention: symmetric int8, per-output-channel weights, per-tensor activations,
+Q/DQ only on the inputs of MatMul/Gemm with a weight; biases stay float (TensorRT rejects an
+int32 bias DequantizeLinear). Norms, softmax, residual adds, embeddings and the heads
+(lm_head, q_head) stay float by default; exclusions by op type or node-name pattern add to that.
+
+Calibration runs the model through all ACT steps: the unrolled graph contains every step
+(each step's MatMul is its own node, with its own activation range); a single-step graph is
+driven segment by segment with the FP32 carry, and every segment's feeds are calibrated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import io
+import logging
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from hrm_deploy.calib.data import Examples
+from hrm_deploy.errors import ConfigError
+
+METHODS = ("entropy", "minmax", "percentile")
+DEFAULT_EXCLUDE_PATTERNS = ("*lm_head*", "*q_head*")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How to quantize. ``exclude_patterns`` are fnmatch patterns on node names."""
+
+    method: str = "entropy"
+    samples: int = 512
+    batch: int = 32
+    exclude_op_types: tuple[str, ...] = ()
+    exclude_patterns: tuple[str, ...] = DEFAULT_EXCLUDE_PATTERNS
+    percentile: float = 99.999
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"calibration method {self.method!r} unknown; use one of {', '.join(METHODS)}")
+        if self.samples < 1 or self.batch < 1:
+            raise ConfigError("calibration samples and batch must be >= 1")
+
+
+@dataclass
+class QuantPlan:
+    """Which nodes get Q/DQ and which were left in float, and why."""
+
+    quantize: list[str] = field(default_factory=list)
+    excluded: dict[str, str] = field(default_factory=dict)
+
+
+def plan_nodes(model, config: QuantConfig, extra_exclude: tuple[str, ...] = ()) -> QuantPlan:
+    """MatMul/Gemm nodes whose second input is a weight initializer, minus exclusions."""
+    initializers = {i.name for i in model.graph.initializer}
+    plan = QuantPlan()
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        if len(node.input) < 2 or node.input[1] not in initializers:
+            plan.excluded[node.name] = "no weight input (activation x activation)"
+        elif node.op_type in config.exclude_op_types:
+            plan.excluded[node.name] = f"op type {node.op_type} excluded"
+        elif any(fnmatch.fnmatch(node.name, p) for p in config.exclude_patterns + extra_exclude):
+            plan.excluded[node.name] = "name pattern excluded (kept in float)"
+        else:
+            plan.quantize.append(node.name)
+    if not plan.quantize:
+        raise ConfigError("no MatMul/Gemm with a weight is left to quantize; loosen --exclude")
+    return plan
+
+
+def _restrict_qdq_to_matmul_inputs(path: str) -> None:
+    """ORT puts one Q/DQ pair on a quantized activation and feeds the dequantized value to
+    *every* consumer, so a residual Add or a Shape would see int8-rounded values. TensorRT's
+    convention (and HRM's accuracy) want Q/DQ on the MatMul input only: other consumers are
+    rewired to the float tensor, and pairs nobody uses any more are removed."""
+    import onnx
+
+    model = onnx.load(path)
+    nodes = model.graph.node
+    q_input = {n.output[0]: n.input[0] for n in nodes if n.op_type == "QuantizeLinear"}
+    float_of = {n.output[0]: q_input[n.input[0]] for n in nodes
+                if n.op_type == "DequantizeLinear" and n.input[0] in q_input}
+    for node in nodes:
+        if node.op_type in ("MatMul", "Gemm"):
+            continue
+        for i, name in enumerate(node.input):
+            if name in float_of:
+                node.input[i] = float_of[name]
+    while True:  # drop Q/DQ nodes whose outputs nobody reads
+        used = {i for n in nodes for i in n.input} | {o.name for o in model.graph.output}
+        dead = [n for n in nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.output[0] not in used]
+        if not dead:
+            break
+        for n in dead:
+            nodes.remove(n)
+    onnx.save(model, path)
+
+
+class _Reader:
+    """ORT CalibrationDataReader over the examples; for a single-step graph each batch is
+    driven through every segment with an FP32 session, yielding each segment's feeds."""
+
+    def __init__(self, examples: Examples, batch: int, fp32_path: str, mode: str, steps: int,
+                 on_feed: Callable[[], None] | None = None):
+        self.examples, self.batch, self.mode, self.steps = examples, batch, mode, steps
+        self.fp32_path, self.on_feed = fp32_path, on_feed
+        self._iter: Iterator[dict[str, np.ndarray]] | None = None
+        self.fed = 0
+
+    def _feeds(self) -> Iterator[dict[str, np.ndarray]]:
+        session = None
+        if self.mode == "step":
+            from hrm_deploy.export.parity import ort_session
+
+            session = ort_session(self.fp32_path)
+        for start in range(0, len(self.examples), self.batch):
+            feeds = self.examples.feeds(start, start + self.batch)
+            self.fed += len(feeds["inputs"])
+            if session is None:
+                yield feeds
+                continue
+            shape = next(i.shape for i in session.get_inputs() if i.name == "z_H")
+            n = len(feeds["inputs"])
+            z_H = np.zeros((n, shape[1], shape[2]), np.float32)
+            z_L = np.zeros_like(z_H)
+            for step in range(self.steps):
+                step_feeds = {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full((n,), step == 0)}
+                yield step_feeds
+                z_H, z_L = session.run(["z_H_out", "z_L_out"], step_feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self._iter is None:
+            self._iter = self._feeds()
+        feeds = next(self._iter, None)
+        if feeds is not None and self.on_feed:
+            self.on_feed()
+        return feeds
+
+    def rewind(self) -> None:
+        self._iter = None
+
+    def __len__(self) -> int:
+        batches = -(-len(self.examples) // self.batch)
+        return batches * (self.steps if self.mode == "step" else 1)
+
+
+def calibration_key(onnx_sha: str, method: str, data_sha: str, samples: int, mode_steps: str) -> str:
+    raw = f"{onnx_sha[:16]}-{method}-{data_sha[:16]}-k{samples}-{mode_steps}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+@contextlib.contextmanager
+def _progress(total: int, label: str, quiet: bool) -> Iterator[Callable[[], None] | None]:
+    """A progress bar over calibration feeds on a terminal; nothing otherwise."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda: bar.advance(task)
+
+
+@contextlib.contextmanager
+def _quiet_ort() -> Iterator[None]:
+    """ORT's quantizer prints calibration chatter and root-logger warnings; keep them out of our output."""
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def quantize_int8(fp32_path: str, out_path: str, examples: Examples, config: QuantConfig, cache_file: Path,
+                  mode: str, steps: int, extra_exclude: tuple[str, ...] = (), quiet: bool = True) -> QuantPlan:
+    """Write the Q/DQ graph of ``fp32_path`` to ``out_path``; ranges from ``cache_file``
+    when it exists (same key), else calibrated on ``examples`` and cached there."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    model = onnx.load(fp32_path)
+    plan = plan_nodes(model, config, extra_exclude)
+    method = {"entropy": CalibrationMethod.Entropy, "minmax": CalibrationMethod.MinMax,
+              "percentile": CalibrationMethod.Percentile}[config.method]
+    extra = {
+        "ActivationSymmetric": True, "WeightSymmetric": True,  # TensorRT: zero point 0
+        "QuantizeBias": False,  # TensorRT rejects an int32 bias DequantizeLinear
+        "OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"],  # Q/DQ on MatMul inputs only
+        "CalibTensorRangeSymmetric": True,
+        "CalibPercentile": config.percentile,
+    }
+    total = len(_Reader(examples, config.batch, fp32_path, mode, steps))
+    with _progress(0 if cache_file.is_file() else total, "calibrating", quiet) as on_feed, _quiet_ort():
+        reader = _Reader(examples, config.batch, fp32_path, mode, steps, on_feed)
+        quantize_static(fp32_path, out_path, reader, quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        nodes_to_quantize=plan.quantize, op_types_to_quantize=["MatMul", "Gemm"],
+                        calibrate_method=method, extra_options=extra, calibration_cache_path=str(cache_file))
+    _restrict_qdq_to_matmul_inputs(out_path)
+    return plan

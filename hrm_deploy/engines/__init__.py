@@ -1,0 +1,1 @@
+"""TensorRT and TensorRT-RTX engine builds from precision-carrying ONNX graphs."""

@@ -1,0 +1,111 @@
+"""FP16/BF16/INT8 graphs of the trained tiny model, checked on ONNX Runtime CPU."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+
+from hrm_deploy.calib.accuracy import accuracy, predict
+from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
+from hrm_deploy.calib.data import load_examples
+from hrm_deploy.calib.int8 import QuantConfig
+from hrm_deploy.errors import ConfigError, DataError
+from hrm_deploy.export.parity import ort_session
+
+
+def _accuracy(path, examples, mode="unrolled", steps=1):
+    return accuracy(predict(ort_session(str(path)), examples, mode, steps), examples.labels)
+
+
+@pytest.fixture(scope="module")
+def heldout(tiny_onnx):
+    return load_examples(tiny_onnx.data, None, split="test")
+
+
+def test_fp16_keeps_norms_in_float32_and_the_answers(tiny_onnx, heldout, tmp_path):
+    result = make_precision_graph(tiny_onnx.unrolled, PrecisionConfig("fp16"), out=tmp_path / "m.fp16.onnx", quiet=True)
+    model = onnx.load(str(result.path))
+    assert any(i.data_type == TensorProto.FLOAT16 for i in model.graph.initializer)
+    assert [o.type.tensor_type.elem_type for o in model.graph.output] == [TensorProto.FLOAT] * 3  # I/O types kept
+    onnx.checker.check_model(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
+    means = [n for n in model.graph.node if n.op_type == "ReduceMean"]
+    assert means and all(types.get(n.output[0]) == TensorProto.FLOAT for n in means)  # float32 islands
+    fp32, fp16 = _accuracy(tiny_onnx.unrolled, heldout), _accuracy(result.path, heldout)
+    assert fp32["exact_accuracy"] >= 0.9 and abs(fp32["exact_accuracy"] - fp16["exact_accuracy"]) <= 0.01
+    assert json.loads(result.manifest.read_text())["parent"]["sha256"]
+
+
+def test_bf16_is_a_valid_bfloat16_graph(tiny_onnx, tmp_path):
+    result = make_precision_graph(tiny_onnx.unrolled, PrecisionConfig("bf16"), out=tmp_path / "m.bf16.onnx", quiet=True)
+    model = onnx.load(str(result.path))
+    onnx.checker.check_model(model)
+    kinds = {i.data_type for i in model.graph.initializer}
+    assert TensorProto.BFLOAT16 in kinds and TensorProto.FLOAT16 not in kinds
+
+
+def test_int8_qdq_follows_tensorrt_convention_and_keeps_accuracy(tiny_onnx, heldout, tmp_path):
+    cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, quant=QuantConfig(samples=128), cache_dir=str(tmp_path / "calib"))
+    result = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "m.int8.onnx", quiet=True)
+    model = onnx.load(str(result.path))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    dqs = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    weight_dqs = [n for n in dqs if inits.get(n.input[0]) is not None and inits[n.input[0]].ndim == 2]
+    assert weight_dqs and all(inits[n.input[1]].ndim == 1 for n in weight_dqs)  # per-channel weight scales
+    assert all(inits[n.input[0]].dtype != np.int32 for n in dqs if n.input[0] in inits)  # no int32 bias DQ
+    assert all(not inits[n.input[2]].any() for n in dqs if len(n.input) > 2 and n.input[2] in inits)  # symmetric
+    dq_outputs = {n.output[0] for n in dqs}
+    fed = [n for n in model.graph.node if any(i in dq_outputs for i in n.input)]  # what Q/DQ feeds
+    assert fed and {n.op_type for n in fed} == {"MatMul"}  # MatMul inputs only (no Q/DQ on adds, norms)
+    assert not any("lm_head" in n.name or "q_head" in n.name for n in fed)
+    fp32, int8 = _accuracy(tiny_onnx.unrolled, heldout), _accuracy(result.path, heldout)
+    assert fp32["exact_accuracy"] - int8["exact_accuracy"] <= 0.02, (fp32, int8)
+
+
+def test_calibration_cache_is_keyed_and_reused(tiny_onnx, tmp_path):
+    def run(samples, method="minmax"):
+        cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, cache_dir=str(tmp_path / "calib"),
+                              quant=QuantConfig(method=method, samples=samples))
+        return make_precision_graph(tiny_onnx.step, cfg, out=tmp_path / "s.int8.onnx", quiet=True).report["calibration"]
+
+    first, again, other = run(32), run(32), run(48)
+    assert not first["reused"] and again["reused"] and again["key"] == first["key"]
+    assert not other["reused"] and other["key"] != first["key"]
+    assert len(list((tmp_path / "calib").glob("*.json"))) == 2
+
+
+def test_int8_refuses_without_calibration_data():
+    with pytest.raises(ConfigError, match="calib-data"):
+        PrecisionConfig("int8")
+
+
+def test_bad_calibration_data_is_one_clear_error(tmp_path):
+    (tmp_path / "x.txt").write_text("nope")
+    with pytest.raises(DataError, match="neither a dataset folder nor a .npz"):
+        load_examples(tmp_path / "x.txt", 8)
+    np.savez(tmp_path / "bad.npz", other=np.zeros(3))
+    with pytest.raises(DataError, match="'inputs' array"):
+        load_examples(tmp_path / "bad.npz", 8)
+
+
+def test_sensitivity_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path, monkeypatch):
+    """With an accuracy function that punishes quantizing the L-level MLP, the fallback keeps
+    exactly those layers in float and reports them."""
+    import hrm_deploy.calib.convert as convert
+
+    def fake_accuracy(path, examples, meta):
+        model = onnx.load(path)
+        dq_inputs = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+        harmful = [n for n in model.graph.node if "L_level" in n.name and "mlp" in n.name and n.op_type == "MatMul"
+                   and n.input[0] in dq_inputs]
+        return 100.0 - 5.0 * len(harmful)
+
+    monkeypatch.setattr(convert, "_holdout_accuracy", fake_accuracy)
+    cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, accuracy_budget=1.0, cache_dir=str(tmp_path / "calib"),
+                          quant=QuantConfig(method="minmax", samples=32))
+    report = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "f.int8.onnx", quiet=True).report
+    budget = report["accuracy_budget"]
+    assert budget["int8_exact"] == 100.0 and len(budget["kept_float"]) == 2
+    assert all(budget["layer_loss_points"][w] > 0 for w in budget["kept_float"])

@@ -1,0 +1,105 @@
+"""Real TensorRT-RTX builds on CPU from the trained tiny fixture (parse + build + manifest)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from hrm_deploy.engines.backend import load_backend
+from hrm_deploy.engines.build import EngineConfig, build_engine, newest_export
+from hrm_deploy.engines.targets import TARGETS, get_target
+from hrm_deploy.errors import ArtifactError, ConfigError, DependencyError, EngineError
+
+try:
+    load_backend("tensorrt-rtx")
+    HAVE_RTX = True
+except DependencyError:
+    HAVE_RTX = False
+rtx = pytest.mark.skipif(not HAVE_RTX, reason="tensorrt-rtx is not installed (pip install 'hrm-deploy[rtx]')")
+
+
+@rtx
+@pytest.mark.trt
+@pytest.mark.parametrize("precision,dtype_key", [("fp16", "HALF"), ("int8", None), ("bf16", "BF16")])
+def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkeypatch, precision, dtype_key):
+    monkeypatch.chdir(tmp_path)  # calib/ and engines/ workspaces
+    result = build_engine(tiny_onnx.unrolled, EngineConfig(precision, calib_data=tiny_onnx.data, calib_samples=64,
+                                                           max_batch=16), out=tmp_path / f"m.{precision}.engine",
+                          quiet=True)
+    assert result.path.stat().st_size > 100_000
+    manifest = json.loads(result.manifest.read_text())
+    assert manifest["backend"]["name"] == "tensorrt-rtx" and manifest["compute_capability"] == "SM120"
+    assert manifest["precision"] == precision and manifest["profile_shapes"]["inputs"][2] == [16, 81]
+    assert manifest["onnx_sha256"] and manifest["build"]["build_seconds"] > 0
+    network = manifest["build"]["network"]
+    if dtype_key:
+        assert network["output_dtypes"].get(dtype_key)
+    else:
+        assert network["qdq_layers"] > 0 and manifest["calibration_key"]
+
+
+@rtx
+@pytest.mark.trt
+def test_rtx_builds_the_single_step_engine(tiny_onnx, tmp_path):
+    result = build_engine(tiny_onnx.step, EngineConfig("fp16", timing_cache=None), out=tmp_path / "s.engine",
+                          quiet=True)
+    manifest = json.loads(result.manifest.read_text())
+    assert manifest["mode"] == "step" and set(manifest["profile_shapes"]) == {"inputs", "puzzle_identifiers", "z_H",
+                                                                             "z_L", "reset"}
+
+
+@rtx
+@pytest.mark.trt
+def test_parser_errors_name_the_node(tmp_path):
+    node = helper.make_node("NoSuchOp", ["x"], ["y"], name="broken_node", domain="custom.domain")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom.domain", 1)])
+    model.metadata_props.add(key="hrm_deploy.mode", value="unrolled")
+    onnx.save(model, tmp_path / "bad.onnx")
+    with pytest.raises(EngineError, match="broken_node"):
+        build_engine(tmp_path / "bad.onnx", EngineConfig("fp32", timing_cache=None), out=tmp_path / "bad.engine",
+                     quiet=True)
+    assert not (tmp_path / "bad.engine").exists()
+
+
+@rtx
+def test_jetson_memory_budget_is_checked_before_building(tiny_onnx, tmp_path, monkeypatch):
+    import hrm_deploy.engines.build as build
+
+    monkeypatch.setattr(build, "BUILD_MIB_PER_NODE", 100.0)  # as if the graph were a full 16-step unroll
+    monkeypatch.setattr(build, "load_backend", lambda name: load_backend("tensorrt-rtx"))  # no JetPack TRT here
+    with pytest.raises(EngineError, match="--mode step"):
+        build.build_engine(tiny_onnx.unrolled, EngineConfig("fp32", target="jetson-orin-8gb", backend="tensorrt"),
+                           out=tmp_path / "j.engine", quiet=True)
+
+
+def test_targets_are_data_and_bad_choices_are_clear():
+    assert get_target("jetson-orin-8gb").default_mode == "step" and TARGETS["desktop"].compute_capability == "SM120"
+    with pytest.raises(ConfigError, match="unknown target"):
+        get_target("xbox")
+    with pytest.raises(ConfigError, match="precision"):
+        EngineConfig("int4")
+
+
+def test_missing_backend_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # import fails as on a machine without it
+    with pytest.raises(DependencyError, match=r"hrm-deploy\[trt\]"):
+        load_backend("tensorrt")
+
+
+def test_no_export_is_one_clear_error(tmp_path):
+    with pytest.raises(ArtifactError, match="hrm-deploy export"):
+        newest_export(tmp_path)
+
+
+def test_tensorrt_path_type_checks_against_stubs():
+    pytest.importorskip("tensorrt_stubs", reason="pip install --no-deps tensorrt-stubs")
+    pytest.importorskip("mypy")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "typecheck_tensorrt.py"
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
