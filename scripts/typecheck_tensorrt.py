@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-CHECKED = ["hrm_deploy/engines"]
+CHECKED = ["hrm_deploy/engines", "hrm_deploy/runtime"]
 
 
 def stub_root() -> Path | None:

@@ -1,5 +1,4 @@
-"""Exact and token accuracy of an ONNX graph on labelled examples (ORT CPU), for either
-graph mode: an unrolled graph in one call, a single-step graph driven segment by segment."""
+"""Exact and token accuracy of a runner's answers on labelled examples."""
 
 from __future__ import annotations
 
@@ -22,25 +21,22 @@ def graph_metadata(model) -> dict[str, Any]:
     return meta
 
 
-def predict(session, examples: Examples, mode: str, steps: int, batch: int = 64) -> np.ndarray:
-    """Final logits [N, S, V] of the graph on all examples."""
-    outs = []
-    for start in range(0, len(examples), batch):
-        feeds = examples.feeds(start, start + batch)
-        if mode == "step":
-            from hrm_deploy.export.parity import run_stepwise
-
-            shape = next(i.shape for i in session.get_inputs() if i.name == "z_H")
-            n = len(feeds["inputs"])
-            z_H = np.zeros((n, shape[1], shape[2]), np.float32)
-            z_L = np.zeros_like(z_H)
-            for step in range(steps):
-                z_H, z_L, logits = session.run(["z_H_out", "z_L_out", "logits"],
-                                               {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full((n,), step == 0)})
-            outs.append(logits)
-        else:
-            outs.append(session.run(["logits"], feeds)[0])
+def predict(runner, examples: Examples, batch: int = 64) -> np.ndarray:
+    """Final logits [N, S, V] of an activated runner on all examples."""
+    outs = [runner.infer(examples.feeds(start, start + batch))["logits"] for start in range(0, len(examples), batch)]
     return np.concatenate(outs).astype(np.float32)
+
+
+def onnx_accuracy(path: str, examples: Examples) -> dict[str, float]:
+    """Accuracy of an ONNX graph (either mode) on ONNX Runtime CPU."""
+    from hrm_deploy.runners.ort import OrtRunner
+
+    runner = OrtRunner(path)
+    runner.activate()
+    try:
+        return accuracy(predict(runner, examples), examples.labels)
+    finally:
+        runner.close()
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray | None) -> dict[str, float]:

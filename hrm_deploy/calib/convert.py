@@ -63,11 +63,9 @@ def _set_precision_metadata(model, precision: str) -> None:
 
 
 def _holdout_accuracy(path: str, examples, meta) -> float:
-    from hrm_deploy.calib.accuracy import accuracy, predict
-    from hrm_deploy.export.parity import ort_session
+    from hrm_deploy.calib.accuracy import onnx_accuracy
 
-    logits = predict(ort_session(path), examples, meta["mode"], meta["steps"])
-    return 100.0 * accuracy(logits, examples.labels)["exact_accuracy"]
+    return 100.0 * onnx_accuracy(path, examples)["exact_accuracy"]
 
 
 def _sensitivity_fallback(fp32: Path, out_tmp: Path, examples, holdout, config: PrecisionConfig, cache: Path,

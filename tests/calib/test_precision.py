@@ -7,16 +7,15 @@ import onnx
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from hrm_deploy.calib.accuracy import accuracy, predict
+from hrm_deploy.calib.accuracy import onnx_accuracy
 from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
 from hrm_deploy.calib.data import load_examples
 from hrm_deploy.calib.int8 import QuantConfig
 from hrm_deploy.errors import ConfigError, DataError
-from hrm_deploy.export.parity import ort_session
 
 
-def _accuracy(path, examples, mode="unrolled", steps=1):
-    return accuracy(predict(ort_session(str(path)), examples, mode, steps), examples.labels)
+def _accuracy(path, examples):
+    return onnx_accuracy(str(path), examples)
 
 
 @pytest.fixture(scope="module")

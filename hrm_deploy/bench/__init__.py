@@ -1,0 +1,1 @@
+"""bench: latency, throughput, memory, accuracy (and Jetson power) of artifacts side by side."""

@@ -1,0 +1,234 @@
+"""The bench stage: every artifact and the PyTorch reference, measured side by side in one
+run on one machine, so the ratios compare like with like.
+
+Latency is end to end per ``infer`` call (host arrays in, host arrays out: H2D + compute +
+D2H for GPU runners), after warm-up, as median / p90 / p99 over ``iters`` calls per batch.
+"""
+
+from __future__ import annotations
+
+import platform
+import resource
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.bench.stats import latency_stats
+from hrm_deploy.errors import ConfigError, HRMDeployError
+from hrm_deploy.io import write_json
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    data: str
+    batches: tuple[int, ...] = (1, 8)
+    iters: int = 20
+    warmup: int = 3
+    reference: str | None = None  # checkpoint; default: the one the first artifact's manifests name
+    include_reference: bool = True
+    target: str = "desktop"  # desktop or jetson
+    provider: str = "cpu"  # ONNX Runtime provider for .onnx artifacts
+    accuracy_samples: int = 256
+    out_dir: str = "bench"
+
+    def __post_init__(self) -> None:
+        if self.target not in ("desktop", "jetson"):
+            raise ConfigError(f"target {self.target!r}: use desktop or jetson")
+        if not self.batches or min(self.batches) < 1 or self.iters < 1 or self.warmup < 0:
+            raise ConfigError("batches must be >= 1, iters >= 1, warmup >= 0")
+
+
+def _tile(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
+    reps = -(-batch // len(feeds["inputs"]))
+    return {k: np.concatenate([v] * reps)[:batch] for k, v in feeds.items()}
+
+
+def _peak_gpu_mib() -> float | None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def _measure(runner, examples, config: BenchConfig) -> dict[str, Any]:
+    from hrm_deploy.calib.accuracy import accuracy, predict
+
+    runner.activate()
+    try:
+        row: dict[str, Any] = {"precision": runner.precision, "steps": runner.steps, "batches": {}}
+        logits = predict(runner, examples)
+        if examples.labels is not None:
+            row["accuracy"] = accuracy(logits, examples.labels)
+        base = examples.feeds(0, max(config.batches))
+        for batch in config.batches:
+            feeds = _tile(base, batch)
+            for _ in range(config.warmup):
+                runner.infer(feeds)
+            times = []
+            for _ in range(config.iters):
+                start = time.perf_counter()
+                runner.infer(feeds)  # returns host arrays: synchronised by construction
+                times.append(time.perf_counter() - start)
+            row["batches"][str(batch)] = latency_stats(times, batch)
+        row["peak_host_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        row["peak_gpu_mib"] = _peak_gpu_mib()
+        return row
+    finally:
+        runner.close()
+
+
+def _environment(target: str) -> dict[str, Any]:
+    import os
+
+    from hrm_deploy.engines.build import _gpu_identity
+    from hrm_deploy.manifest import library_versions
+
+    env: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
+                           **_gpu_identity(), "versions": library_versions()}
+    if target == "jetson":
+        from hrm_deploy.bench.jetson import environment
+
+        env["jetson"] = environment()
+    return env
+
+
+def _default_artifacts() -> list[Path]:
+    return sorted(Path("engines").glob("*.engine"))
+
+
+def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
+    """Measure ``artifacts`` (default: every engine in engines/) and the reference; write
+    report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``."""
+    from hrm_deploy.bench.jetson import jetson_model
+    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.runners import open_runner
+    from hrm_deploy.runners.torch_ref import TorchRunner
+    from hrm_deploy.verify import find_reference
+
+    on_jetson = jetson_model() is not None
+    if config.target == "jetson" and not on_jetson:
+        raise ConfigError("--target jetson: this machine is not a Jetson (no /etc/nv_tegra_release or Jetson "
+                          "device-tree model); run it on the Jetson or pass --host USER@JETSON")
+    paths = [Path(a) for a in artifacts] or _default_artifacts()
+    if not paths and not config.include_reference:
+        raise ConfigError("nothing to bench: pass artifacts or build engines first (hrm-deploy build-engine)")
+    examples = load_examples(config.data, config.accuracy_samples, split="test")
+    rows: list[dict[str, Any]] = []
+    steps = None
+    for path in paths:
+        row: dict[str, Any] = {"artifact": str(path), "size_mb": path.stat().st_size / 1e6 if path.exists() else None}
+        try:
+            runner = open_runner(path, **({"provider": config.provider} if path.suffix == ".onnx" else {}))
+            row["runner"], row["precision"] = runner.name, runner.precision
+            if config.target == "jetson":
+                from hrm_deploy.bench.jetson import Tegrastats, summarize
+
+                with Tegrastats() as tegra:
+                    row.update(_measure(runner, examples, config))
+                row["power"] = summarize(tegra.samples)
+            else:
+                row.update(_measure(runner, examples, config))
+            row["status"] = "ok"
+            steps = steps or runner.steps
+        except HRMDeployError as exc:  # e.g. an engine on a machine without a GPU: recorded, not fatal
+            row["status"] = f"skipped: {exc}"
+        rows.append(row)
+    if config.include_reference:
+        reference = Path(config.reference) if config.reference else (find_reference(paths[0]) if paths else None)
+        if reference is None:
+            raise ConfigError("no reference checkpoint: pass --reference CKPT")
+        row = {"artifact": str(reference), "runner": "torch_ref", "reference": True,
+               "size_mb": reference.stat().st_size / 1e6}
+        row.update(_measure(TorchRunner(reference, steps=steps), examples, config))
+        row["status"] = "ok"
+        rows.append(row)
+        _add_ratios(rows, row)
+    report = {"config": asdict(config), "environment": _environment(config.target), "rows": rows,
+              "examples": len(examples), "data": examples.source,
+              "timing": "end to end per call (host in, host out), after warm-up"}
+    _energy(report)
+    pinned = report["environment"].get("jetson", {}).get("jetson_clocks_pinned")
+    if config.target == "jetson" and pinned is not True:
+        report["warnings"] = ["GPU clocks are not pinned (or could not be read): run sudo jetson_clocks for stable numbers"]
+    out = Path(config.out_dir)
+    write_json(out / "report.json", report)
+    (out / "report.md").write_text(table(report))
+    plot = _plot(report, out / "latency.png")
+    if plot:
+        report["plot"] = str(plot)
+    return report
+
+
+def _add_ratios(rows: list[dict[str, Any]], reference: dict[str, Any]) -> None:
+    for row in rows:
+        for batch, stats in row.get("batches", {}).items():
+            ref = reference["batches"].get(batch)
+            if ref:
+                stats["speedup_vs_reference"] = ref["median_ms"] / stats["median_ms"]
+
+
+def _energy(report: dict[str, Any]) -> None:
+    """Energy per puzzle = mean VDD_IN power x median latency / batch (Jetson rows)."""
+    for row in report["rows"]:
+        power = row.get("power", {}).get("VDD_IN_mean_mw")
+        if power:
+            for batch, stats in row.get("batches", {}).items():
+                stats["energy_mj_per_puzzle"] = power * stats["median_ms"] / 1e3 / int(batch)
+
+
+def table(report: dict[str, Any]) -> str:
+    """Markdown table in the Ultralytics benchmark style."""
+    batches = report["config"]["batches"]
+    head = ["Format", "Status", "Size (MB)", "Exact acc"] + \
+        [f"b{b} ms (p90)" for b in batches] + [f"b{b} puzzles/s" for b in batches] + \
+        [f"b{b} vs ref" for b in batches]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in report["rows"]:
+        name = f"{row.get('runner', '?')} {row.get('precision', '')} {Path(row['artifact']).name}".strip()
+        status = "ok" if row["status"] == "ok" else "skipped"
+        acc = row.get("accuracy", {}).get("exact_accuracy")
+        cells = [name, status, f"{row['size_mb']:.1f}" if row.get("size_mb") else "-",
+                 f"{acc:.2%}" if acc is not None else "-"]
+        stats = row.get("batches", {})
+        cells += [f"{stats[str(b)]['median_ms']:.2f} ({stats[str(b)]['p90_ms']:.2f})" if str(b) in stats else "-"
+                  for b in batches]
+        cells += [f"{stats[str(b)]['puzzles_per_s']:.1f}" if str(b) in stats else "-" for b in batches]
+        cells += [f"{stats[str(b)].get('speedup_vs_reference', 0):.2f}x" if str(b) in stats else "-" for b in batches]
+        lines.append("| " + " | ".join(cells) + " |")
+    skipped = [f"- {Path(r['artifact']).name}: {r['status']}" for r in report["rows"] if r["status"] != "ok"]
+    skipped += [f"- warning: {w}" for w in report.get("warnings", [])]
+    env = report["environment"]
+    footer = [f"\nMachine: {env.get('platform')}, {env.get('cpus')} CPUs, GPU: {env.get('gpu', 'none')}. "
+              f"{report['examples']} examples from {report['data']}; {report['timing']}."]
+    return "\n".join(lines + [""] + skipped + footer) + "\n"
+
+
+def _plot(report: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for row in report["rows"]:
+        stats = row.get("batches")
+        if not stats:
+            continue
+        xs = [int(b) for b in stats]
+        ax.plot(xs, [stats[b]["median_ms"] for b in stats], marker="o",
+                label=f"{row.get('runner')} {row.get('precision', '')}")
+    ax.set_xlabel("batch")
+    ax.set_ylabel("median latency (ms)")
+    ax.set_xscale("log", base=2)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

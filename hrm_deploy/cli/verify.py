@@ -1,0 +1,34 @@
+"""``hrm-deploy verify``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hrm_deploy.cli import app
+from hrm_deploy.cli.common import user_errors
+
+
+@app.command()
+@user_errors
+def verify(
+    artifact: Path = typer.Argument(..., help="ONNX graph or TensorRT engine to check."),
+    data: Path = typer.Option(..., "--data", help="Dataset folder (its test split) or .npz with inputs and labels."),
+    against: Optional[Path] = typer.Option(None, help="Reference checkpoint (default: the one the manifests name)."),
+    samples: int = typer.Option(256, help="Examples K (deterministic subset; 0: all)."),
+    provider: str = typer.Option("cpu", help="ONNX Runtime provider for .onnx: cpu, cuda or tensorrt."),
+    min_agreement: Optional[float] = typer.Option(None, help="Override: minimum argmax agreement (fraction)."),
+    max_drop: Optional[float] = typer.Option(None, help="Override: maximum exact-accuracy drop (points)."),
+) -> None:
+    """Compare an artifact with its PyTorch reference on real examples; non-zero exit on failure."""
+    from hrm_deploy.verify import markdown, verify as run_verify
+
+    overrides = {k: v for k, v in (("min_argmax_agreement", min_agreement), ("max_exact_drop_points", max_drop))
+                 if v is not None}
+    options = {"provider": provider} if artifact.suffix == ".onnx" else {}
+    report = run_verify(artifact, data, against=against, samples=samples or None, overrides=overrides, **options)
+    typer.echo(markdown(report))
+    if not report["passed"]:
+        raise typer.Exit(3)

@@ -1,0 +1,68 @@
+"""ONNX Runtime runner (CPU, CUDA or TensorRT execution provider) for both graph modes.
+
+After the session is created, the provider actually in use is checked: ORT silently falls
+back to CPU when a GPU provider cannot load, and a benchmark of that would be a lie."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.errors import DependencyError, require
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+
+
+class OrtRunner:
+    name = "ort"
+
+    def __init__(self, path: str | Path, provider: str = "cpu", threads: int | None = None, steps: int | None = None):
+        if provider not in PROVIDERS:
+            raise DependencyError(f"ORT provider {provider!r} unknown; use one of {', '.join(PROVIDERS)}")
+        self.path, self.provider, self.threads = Path(path), provider, threads
+        self.requested_steps = steps
+        self.precision, self.mode, self.steps = "fp32", "unrolled", steps or 1
+        self._session: Any = None
+
+    def activate(self) -> None:
+        ort = require("onnxruntime", "onnx", "The ONNX Runtime runner")
+        onnx = require("onnx", "onnx", "The ONNX Runtime runner")
+        from hrm_deploy.calib.accuracy import graph_metadata
+
+        meta = graph_metadata(onnx.load(str(self.path), load_external_data=False))
+        self.precision, self.mode = meta.get("precision", "fp32"), meta["mode"]
+        self.steps = self.requested_steps or meta["steps"]
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+        wanted = PROVIDERS[self.provider]
+        providers = [wanted] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
+        self._session = ort.InferenceSession(str(self.path), options, providers=providers)
+        used = self._session.get_providers()[0]
+        if used != wanted:
+            raise DependencyError(f"ONNX Runtime fell back to {used} instead of {wanted} (available here: "
+                                  f"{', '.join(ort.get_available_providers())}); install onnxruntime-gpu with a "
+                                  "matching CUDA/TensorRT, or use --provider cpu")
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds = {"inputs": feeds["inputs"].astype(np.int32), "puzzle_identifiers": feeds["puzzle_identifiers"].astype(np.int32)}
+        if self.mode != "step":
+            logits, q_halt = self._session.run(["logits", "q_halt_logits"], feeds)
+            return {"logits": logits, "q_halt_logits": q_halt}
+        shape = next(i.shape for i in self._session.get_inputs() if i.name == "z_H")
+        n = len(feeds["inputs"])
+        z_H = np.zeros((n, shape[1], shape[2]), np.float32)
+        z_L = np.zeros_like(z_H)
+        halts = []
+        for step in range(self.steps):
+            z_H, z_L, logits, q_halt = self._session.run(
+                ["z_H_out", "z_L_out", "logits", "q_halt_logits"],
+                {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full((n,), step == 0)})
+            halts.append(q_halt)
+        return {"logits": logits, "q_halt_logits": np.stack(halts, 1)}
+
+    def close(self) -> None:
+        self._session = None

@@ -1,0 +1,56 @@
+"""The reference: our PyTorch HRM (SDPA attention) unrolled to a fixed number of ACT steps.
+
+float32 by default; ``dtype="bfloat16"`` and ``compile=True`` (``torch.compile`` with CUDA
+graphs, mode "reduce-overhead", on a GPU) give the fastest PyTorch-only deployment, the
+comparator a user would otherwise pick."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.errors import ConfigError, require
+
+
+class TorchRunner:
+    name = "torch_ref"
+
+    def __init__(self, checkpoint: str | Path, steps: int | None = None, device: str = "cpu",
+                 dtype: str = "float32", compile: bool = False, **checkpoint_overrides: Any):
+        if dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"torch_ref dtype {dtype!r}: use float32 or bfloat16")
+        self.checkpoint, self.device_name, self.dtype, self.compile = Path(checkpoint), device, dtype, compile
+        self.overrides = checkpoint_overrides
+        self.requested_steps = steps
+        self.precision = "fp32" if dtype == "float32" else "bf16"
+        self.steps = steps or 0
+        self._module: Any = None
+
+    def activate(self) -> None:
+        torch = require("torch", "torch", "The PyTorch reference runner")
+        from hrm_deploy.export.unroll import unroll
+        from hrm_deploy.model.checkpoint import load_checkpoint
+
+        model, config = load_checkpoint(self.checkpoint, **self.overrides)
+        if self.dtype == "bfloat16":
+            model = type(model)(config.replace(forward_dtype="bfloat16")).eval()
+            model.load_state_dict(load_checkpoint(self.checkpoint, **self.overrides)[0].state_dict())
+        self.steps = self.requested_steps or config.halt_max_steps
+        self.device = torch.device(self.device_name)
+        module = unroll(model, self.steps).to(self.device)
+        if self.compile:
+            module = torch.compile(module, mode="reduce-overhead" if self.device.type == "cuda" else "default")
+        self._module, self._torch = module, torch
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        torch = self._torch
+        with torch.inference_mode():
+            inputs = torch.from_numpy(np.ascontiguousarray(feeds["inputs"])).to(self.device)
+            pids = torch.from_numpy(np.ascontiguousarray(feeds["puzzle_identifiers"])).to(self.device)
+            logits, q_halt, _ = self._module(inputs, pids)[:3]
+            return {"logits": logits.float().cpu().numpy(), "q_halt_logits": q_halt.float().cpu().numpy()}
+
+    def close(self) -> None:
+        self._module = None

@@ -1,0 +1,155 @@
+"""verify: does a deployed artifact solve the same puzzles as its checkpoint?
+
+Runs the PyTorch reference (float32, SDPA) and the candidate (ONNX on ORT, or an engine on
+TensorRT) on the same K examples and compares outputs, answers and accuracy against the
+labels, with thresholds per precision. Writes ``<artifact>.verify.json`` and ``.verify.md``
+and records the summary in the artifact's manifest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.errors import ArtifactError
+from hrm_deploy.io import write_json
+from hrm_deploy.manifest import manifest_path, read_manifest, update_manifest
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """A candidate passes when all hold (agreements as fractions, drop in exact-accuracy points)."""
+
+    min_argmax_agreement: float
+    max_exact_drop_points: float
+    min_q_halt_sign_agreement: float
+
+
+THRESHOLDS = {
+    "fp32": Thresholds(0.999, 0.5, 0.99),
+    "fp16": Thresholds(0.995, 1.0, 0.98),
+    "bf16": Thresholds(0.99, 1.5, 0.97),
+    "int8": Thresholds(0.98, 2.0, 0.95),
+}
+
+
+def find_reference(artifact: Path) -> Path:
+    """The checkpoint an artifact came from, following the manifests' parent links."""
+    current = artifact
+    for _ in range(8):
+        if not manifest_path(current).is_file():
+            break
+        parent = read_manifest(current).get("parent", {}).get("path")
+        if not parent:
+            break
+        current = Path(parent)
+        if current.suffix not in (".onnx", ".engine", ".plan"):
+            if current.exists():
+                return current
+            break
+    raise ArtifactError(f"cannot tell which checkpoint {artifact} came from; pass it with --against CKPT")
+
+
+def _run(runner, examples, batch: int) -> dict[str, np.ndarray]:
+    runner.activate()
+    try:
+        parts = [runner.infer(examples.feeds(s, s + batch)) for s in range(0, len(examples), batch)]
+    finally:
+        runner.close()
+    return {k: np.concatenate([p[k] for p in parts]).astype(np.float32) for k in parts[0]}
+
+
+def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], labels: np.ndarray | None) -> dict[str, Any]:
+    """Output errors, answer agreement, accuracy of both and the puzzles that flipped."""
+    from hrm_deploy.calib.accuracy import accuracy
+
+    ref_l, cand_l = reference["logits"], candidate["logits"]
+    scale = max(float(np.abs(ref_l).max()), 1e-6)
+    ref_q, cand_q = reference["q_halt_logits"], candidate["q_halt_logits"]
+    report: dict[str, Any] = {
+        "logits": {"max_abs": float(np.abs(ref_l - cand_l).max()), "max_rel": float(np.abs(ref_l - cand_l).max() / scale),
+                   "argmax_agreement": float((ref_l.argmax(-1) == cand_l.argmax(-1)).mean())},
+        "q_halt": {"max_abs": float(np.abs(ref_q - cand_q).max()),
+                   "sign_agreement": float(((ref_q[:, -1] >= 0) == (cand_q[:, -1] >= 0)).mean())},
+    }
+    if ref_q.shape == cand_q.shape:
+        report["per_step_q_halt_sign_agreement"] = [float(x) for x in ((ref_q >= 0) == (cand_q >= 0)).mean(0)]
+    if labels is not None:
+        report["reference"] = accuracy(ref_l, labels)
+        report["candidate"] = accuracy(cand_l, labels)
+        mask = labels != -100
+
+        def solved(logits: np.ndarray) -> np.ndarray:
+            return ((logits.argmax(-1) == labels) | ~mask).all(-1)
+
+        ref_ok, cand_ok = solved(ref_l), solved(cand_l)
+        report["flipped"] = {"lost": np.flatnonzero(ref_ok & ~cand_ok).tolist(),
+                             "gained": np.flatnonzero(~ref_ok & cand_ok).tolist()}
+    return report
+
+
+def judge(report: dict[str, Any], thresholds: Thresholds) -> list[str]:
+    failures = []
+    if report["logits"]["argmax_agreement"] < thresholds.min_argmax_agreement:
+        failures.append(f"argmax agreement {report['logits']['argmax_agreement']:.4f} < {thresholds.min_argmax_agreement}")
+    if report["q_halt"]["sign_agreement"] < thresholds.min_q_halt_sign_agreement:
+        failures.append(f"q_halt sign agreement {report['q_halt']['sign_agreement']:.4f} < "
+                        f"{thresholds.min_q_halt_sign_agreement}")
+    if "reference" in report:
+        drop = 100.0 * (report["reference"]["exact_accuracy"] - report["candidate"]["exact_accuracy"])
+        report["exact_drop_points"] = drop
+        if drop > thresholds.max_exact_drop_points:
+            failures.append(f"exact accuracy dropped {drop:.2f} points > {thresholds.max_exact_drop_points}")
+    return failures
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# verify {report['artifact']}", "",
+             f"**{'PASSED' if report['passed'] else 'FAILED'}** ({report['precision']}, {report['examples']} examples, "
+             f"reference {report['reference_checkpoint']})", "",
+             "| check | value |", "|---|---|",
+             f"| logits max abs / rel error | {report['logits']['max_abs']:.3g} / {report['logits']['max_rel']:.3g} |",
+             f"| argmax agreement | {report['logits']['argmax_agreement']:.4%} |",
+             f"| q_halt sign agreement | {report['q_halt']['sign_agreement']:.4%} |"]
+    if "reference" in report:
+        lines += [f"| exact accuracy reference / candidate | {report['reference']['exact_accuracy']:.2%} / "
+                  f"{report['candidate']['exact_accuracy']:.2%} |",
+                  f"| token accuracy reference / candidate | {report['reference']['token_accuracy']:.4%} / "
+                  f"{report['candidate']['token_accuracy']:.4%} |",
+                  f"| puzzles lost / gained | {len(report['flipped']['lost'])} / {len(report['flipped']['gained'])} |"]
+    lines += [""] + [f"- failure: {f}" for f in report["failures"]]
+    return "\n".join(lines) + "\n"
+
+
+def verify(artifact: str | Path, data: str | Path, against: str | Path | None = None, samples: int | None = 256,
+           thresholds: Thresholds | None = None, overrides: dict[str, float] | None = None, batch: int = 64,
+           **runner_options: Any) -> dict[str, Any]:
+    """Compare ``artifact`` with its checkpoint on K examples of ``data``'s test split; write
+    the JSON/Markdown reports beside the artifact and into its manifest; return the report.
+    ``thresholds`` default to the candidate's precision's; ``overrides`` replace single fields."""
+    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.runners import open_runner
+    from hrm_deploy.runners.torch_ref import TorchRunner
+
+    path = Path(artifact)
+    candidate = open_runner(path, **runner_options)
+    examples = load_examples(data, samples, split="test")
+    cand_out = _run(candidate, examples, batch)
+    reference_ckpt = Path(against) if against else find_reference(path)
+    ref_out = _run(TorchRunner(reference_ckpt, steps=candidate.steps), examples, batch)
+    report: dict[str, Any] = {"artifact": str(path), "runner": candidate.name, "precision": candidate.precision,
+                              "steps": candidate.steps, "reference_checkpoint": str(reference_ckpt),
+                              "data": examples.source, "examples": len(examples),
+                              **compare(ref_out, cand_out, examples.labels)}
+    chosen = replace(thresholds or THRESHOLDS.get(candidate.precision, THRESHOLDS["fp32"]), **(overrides or {}))
+    report["thresholds"] = asdict(chosen)
+    report["failures"] = judge(report, chosen)
+    report["passed"] = not report["failures"]
+    write_json(path.with_name(path.name + ".verify.json"), report)
+    path.with_name(path.name + ".verify.md").write_text(markdown(report))
+    if manifest_path(path).is_file():
+        update_manifest(path, verify={k: report[k] for k in ("passed", "failures", "examples", "data", "thresholds")})
+    return report

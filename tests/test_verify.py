@@ -1,0 +1,44 @@
+"""verify on the trained tiny fixture: FP32 ONNX passes; an INT8 graph with broken scales is caught."""
+
+import json
+
+import onnx
+from onnx import numpy_helper
+from typer.testing import CliRunner
+
+from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
+from hrm_deploy.calib.int8 import QuantConfig
+from hrm_deploy.cli import app
+from hrm_deploy.manifest import read_manifest
+from hrm_deploy.verify import verify
+
+runner = CliRunner()
+
+
+def test_verify_fp32_onnx_passes_and_is_recorded(tiny_onnx):
+    report = verify(tiny_onnx.unrolled, tiny_onnx.data, samples=100)
+    assert report["passed"], report["failures"]
+    assert report["logits"]["argmax_agreement"] == 1.0 and report["candidate"]["exact_accuracy"] >= 0.9
+    assert report["reference_checkpoint"].endswith("sudoku-tiny.pt")  # found through the manifest
+    assert read_manifest(tiny_onnx.unrolled)["verify"]["passed"]
+    md = tiny_onnx.unrolled.with_name(tiny_onnx.unrolled.name + ".verify.md").read_text()
+    assert "PASSED" in md
+
+
+def test_verify_catches_broken_int8_scales(tiny_onnx, tmp_path):
+    cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, quant=QuantConfig(method="minmax", samples=64),
+                          cache_dir=str(tmp_path / "calib"))
+    good = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "good.int8.onnx", quiet=True)
+    model = onnx.load(str(good.path))
+    scales = {n.input[1] for n in model.graph.node if n.op_type == "QuantizeLinear"}  # activation scales
+    for init in model.graph.initializer:
+        if init.name in scales:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 40.0, init.name))
+    broken = tmp_path / "broken.int8.onnx"
+    onnx.save(model, broken)
+    result = runner.invoke(app, ["verify", str(broken), "--data", tiny_onnx.data, "--samples", "100",
+                                 "--against", str(read_manifest(tiny_onnx.unrolled)["parent"]["path"])])
+    assert result.exit_code == 3, result.output
+    assert "FAILED" in result.output
+    report = json.loads((tmp_path / "broken.int8.onnx.verify.json").read_text())
+    assert report["precision"] == "int8" and not report["passed"] and report["flipped"]["lost"]
