@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.calib.int8 import QuantConfig, QuantPlan, calibration_key, plan_nodes, quantize_int8
+from hrm_deploy.calib.int8 import QuantConfig, QuantPlan, calibration_key, quantize_int8
 from hrm_deploy.errors import ArtifactError, ConfigError, require
 from hrm_deploy.io import atomic_path, sha256_file
 from hrm_deploy.manifest import write_manifest

@@ -185,6 +185,51 @@ def _quiet_ort() -> Iterator[None]:
         logging.disable(logging.NOTSET)
 
 
+def _calibrate(fp32_path: str, tensors: list[str], examples: Examples, config: QuantConfig, mode: str, steps: int,
+               cache_file: Path, on_feed: Callable[[], None] | None) -> None:
+    """Ranges of the MatMul activation inputs only, written as ORT's calibration cache.
+
+    ORT's own calibrators first add ReduceMin/Max (or output) nodes for every tensor and rebuild
+    a value-info map per tensor: quadratic in graph size, hours on a 16-step Sudoku unroll. Here
+    only the tensors that get Q/DQ become extra outputs, ranges are reduced batch by batch, and
+    ORT's HistogramCollector does entropy/percentile."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    from onnxruntime.quantization.calibrate import (CalibrationMethod, HistogramCollector, TensorsData,
+                                                    save_tensors_data)
+
+    model = onnx.load(fp32_path)
+    present = {o.name for o in model.graph.output}
+    for name in tensors:
+        if name not in present:
+            model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    del model
+    reader = _Reader(examples, config.batch, fp32_path, mode, steps, on_feed)
+    peaks = {name: 0.0 for name in tensors}
+    collector = None
+    if config.method != "minmax":
+        collector = HistogramCollector(method=config.method, symmetric=True, num_bins=128, num_quantized_bins=128,
+                                       percentile=config.percentile, scenario="same")
+    while (feeds := reader.get_next()) is not None:
+        values = dict(zip(tensors, session.run(tensors, feeds)))
+        if collector is None:
+            for name, value in values.items():
+                peaks[name] = max(peaks[name], float(np.abs(value).max()))
+        else:
+            collector.collect({name: [value] for name, value in values.items()})
+    if collector is None:
+        ranges = {name: (np.array(-p, np.float32), np.array(p, np.float32)) for name, p in peaks.items()}
+        data = TensorsData(CalibrationMethod.MinMax, ranges)
+    else:
+        method = CalibrationMethod.Entropy if config.method == "entropy" else CalibrationMethod.Percentile
+        data = TensorsData(method, collector.compute_collection_result())
+    save_tensors_data(data, cache_file)
+
+
 def quantize_int8(fp32_path: str, out_path: str, examples: Examples, config: QuantConfig, cache_file: Path,
                   mode: str, steps: int, extra_exclude: tuple[str, ...] = (), quiet: bool = True) -> QuantPlan:
     """Write the Q/DQ graph of ``fp32_path`` to ``out_path``; ranges from ``cache_file``
@@ -194,19 +239,25 @@ def quantize_int8(fp32_path: str, out_path: str, examples: Examples, config: Qua
 
     model = onnx.load(fp32_path)
     plan = plan_nodes(model, config, extra_exclude)
+    by_name = {n.name: n for n in model.graph.node}
+    # Calibrate every weight MatMul's input (not only this plan's), so one cache serves any exclusion.
+    all_weighted = plan_nodes(model, QuantConfig(method=config.method, exclude_patterns=()))
+    tensors = sorted({by_name[n].input[0] for n in all_weighted.quantize})
+    del model, by_name
     method = {"entropy": CalibrationMethod.Entropy, "minmax": CalibrationMethod.MinMax,
               "percentile": CalibrationMethod.Percentile}[config.method]
     extra = {
         "ActivationSymmetric": True, "WeightSymmetric": True,  # TensorRT: zero point 0
         "QuantizeBias": False,  # TensorRT rejects an int32 bias DequantizeLinear
         "OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"],  # Q/DQ on MatMul inputs only
-        "CalibTensorRangeSymmetric": True,
-        "CalibPercentile": config.percentile,
     }
-    total = len(_Reader(examples, config.batch, fp32_path, mode, steps))
-    with _progress(0 if cache_file.is_file() else total, "calibrating", quiet) as on_feed, _quiet_ort():
-        reader = _Reader(examples, config.batch, fp32_path, mode, steps, on_feed)
-        quantize_static(fp32_path, out_path, reader, quant_format=QuantFormat.QDQ, per_channel=True,
+    if not cache_file.is_file():
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        total = len(_Reader(examples, config.batch, fp32_path, mode, steps))
+        with _progress(total, "calibrating", quiet) as on_feed:
+            _calibrate(fp32_path, tensors, examples, config, mode, steps, cache_file, on_feed)
+    with _quiet_ort():
+        quantize_static(fp32_path, out_path, None, quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         nodes_to_quantize=plan.quantize, op_types_to_quantize=["MatMul", "Gemm"],
                         calibrate_method=method, extra_options=extra, calibration_cache_path=str(cache_file))

@@ -104,13 +104,14 @@ class SudokuSpec:
     blanks: tuple[int, int] = (10, 20)
     augment: int = 0  # augmented variants per train puzzle (upstream's --num-aug)
     seed: int = 0
+    workers: int = 0  # processes (0: one per CPU); the output does not depend on it
 
     def __post_init__(self) -> None:
         lo, hi = self.blanks
         if not 1 <= lo <= hi <= 64:
             raise ConfigError(f"blanks {self.blanks} must satisfy 1 <= min <= max <= 64 "
                               "(a unique Sudoku has at least 17 givens)")
-        if self.train < 0 or self.test < 0 or self.augment < 0:
+        if self.train < 0 or self.test < 0 or self.augment < 0 or self.workers < 0:
             raise ConfigError("counts must be >= 0")
 
 
@@ -153,27 +154,46 @@ def _split(boards: list[list[np.ndarray]], solutions: list[list[np.ndarray]]) ->
                  np.array(group_indices, dtype=np.int32))
 
 
+def _make_group(job: tuple[SudokuSpec, int, int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Puzzle ``index`` of split ``split_id`` and its augmentations, from its own RNG stream
+    (so the dataset is the same whatever the number of worker processes)."""
+    spec, split_id, index = job
+    rng = np.random.default_rng([spec.seed, split_id, index])
+    lo, hi = spec.blanks
+    board, solution, _ = make_puzzle(rng, int(rng.integers(lo, hi + 1)))
+    group_b, group_s = [board], [solution]
+    for _ in range(spec.augment if split_id == 0 else 0):
+        b, s = shuffle_sudoku(board, solution, rng)
+        group_b.append(b)
+        group_s.append(s)
+    return group_b, group_s
+
+
 def generate_sudoku(spec: SudokuSpec, output: str | None = None, progress=None) -> dict[str, Split]:
-    """Generate train/test splits (and write them to ``output`` in upstream's format if given)."""
+    """Generate train/test splits (and write them to ``output`` in upstream's format if given),
+    in ``spec.workers`` processes."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
     if output:
         ensure_new_folder(output)  # fail before the work, not after it
-    rng = np.random.default_rng(spec.seed)
-    lo, hi = spec.blanks
+    workers = spec.workers or os.cpu_count() or 1
     splits = {}
-    for name, count in (("train", spec.train), ("test", spec.test)):
-        boards, solutions = [], []
-        for _ in range(count):
-            board, solution, _ = make_puzzle(rng, int(rng.integers(lo, hi + 1)))
-            group_b, group_s = [board], [solution]
-            for _ in range(spec.augment if name == "train" else 0):
-                b, s = shuffle_sudoku(board, solution, rng)
-                group_b.append(b)
-                group_s.append(s)
-            boards.append(group_b)
-            solutions.append(group_s)
-            if progress:
-                progress(1)
-        splits[name] = _split(boards, solutions)
+    pool = ProcessPoolExecutor(workers) if workers > 1 and spec.train + spec.test > 64 else None
+    try:
+        for split_id, (name, count) in enumerate((("train", spec.train), ("test", spec.test))):
+            jobs = [(spec, split_id, i) for i in range(count)]
+            groups = pool.map(_make_group, jobs, chunksize=64) if pool else map(_make_group, jobs)
+            boards, solutions = [], []
+            for group_b, group_s in groups:
+                boards.append(group_b)
+                solutions.append(group_s)
+                if progress:
+                    progress(1)
+            splits[name] = _split(boards, solutions)
+    finally:
+        if pool:
+            pool.shutdown()
     if output:
         save_dataset(output, splits, ["<blank>"])
     return splits

@@ -70,3 +70,10 @@ def test_select_examples_is_deterministic():
     split = generate_sudoku(SudokuSpec(train=0, test=10, seed=2))["test"]
     a, b = select_examples(split, 4, seed=1), select_examples(split, 4, seed=1)
     assert np.array_equal(a, b) and len(a) == 4 and len(select_examples(split, 50)) == 10
+
+
+def test_output_does_not_depend_on_worker_count():
+    one = generate_sudoku(SudokuSpec(train=70, test=10, blanks=(5, 9), augment=1, seed=3, workers=1))
+    two = generate_sudoku(SudokuSpec(train=70, test=10, blanks=(5, 9), augment=1, seed=3, workers=2))
+    for split in ("train", "test"):
+        assert (one[split].inputs == two[split].inputs).all() and (one[split].labels == two[split].labels).all()
