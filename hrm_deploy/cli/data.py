@@ -35,3 +35,26 @@ def sudoku(
         task = bar.add_task("generating puzzles", total=train + test)
         splits = generate_sudoku(spec, str(output), progress=lambda n: bar.advance(task, n))
     typer.echo(f"wrote {output}: {len(splits['train'])} train examples, {len(splits['test'])} test examples")
+
+
+@data_app.command("maze")
+@user_errors
+def maze(
+    output: Path = typer.Option(Path("data/maze-gen"), "-o", "--output", help="Dataset folder to create."),
+    train: int = typer.Option(1000, help="Train mazes (each one group)."),
+    test: int = typer.Option(200, help="Test mazes (never augmented)."),
+    size: int = typer.Option(30, help="Grid side N (seq_len N*N)."),
+    min_path: int = typer.Option(0, help="Shortest start-goal path, in cells (difficulty)."),
+    aug: bool = typer.Option(False, "--aug", help="8 dihedral variants per train maze (upstream's --aug)."),
+    seed: int = typer.Option(0, help="Random seed (same seed, same dataset)."),
+) -> None:
+    """Generate N x N mazes with start, goal and the unique shortest path as the label."""
+    from rich.progress import Progress
+
+    from hrm_deploy.data.maze import MazeSpec, generate_maze
+
+    spec = MazeSpec(train=train, test=test, size=size, min_path=min_path, augment=aug, seed=seed)
+    with Progress(transient=True) as bar:
+        task = bar.add_task("generating mazes", total=train + test)
+        splits = generate_maze(spec, str(output), progress=lambda n: bar.advance(task, n))
+    typer.echo(f"wrote {output}: {len(splits['train'])} train examples, {len(splits['test'])} test examples")

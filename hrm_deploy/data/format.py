@@ -153,3 +153,23 @@ def check_fits_model(meta: DatasetMetadata, config: Any, where: str) -> None:
     if meta.num_puzzle_identifiers > config.num_puzzle_identifiers:
         raise DataError(f"{where}: dataset has {meta.num_puzzle_identifiers} puzzle identifiers, "
                         f"model only {config.num_puzzle_identifiers}")
+
+
+def pack_groups(inputs: list[list[np.ndarray]], labels: list[list[np.ndarray]], seq_len: int,
+                vocab_size: int) -> Split:
+    """Pack groups of (variants of) puzzles, already token-encoded, into upstream's arrays:
+    one example per puzzle, one group per original puzzle, one puzzle identifier (0)."""
+    flat_in, flat_lab, puzzle_indices, group_indices = [], [], [0], [0]
+    for group_in, group_lab in zip(inputs, labels):
+        for x, y in zip(group_in, group_lab):
+            flat_in.append(np.asarray(x, dtype=np.uint8).flatten())
+            flat_lab.append(np.asarray(y, dtype=np.uint8).flatten())
+            puzzle_indices.append(len(flat_in))
+        group_indices.append(len(puzzle_indices) - 1)
+    meta = DatasetMetadata(seq_len=seq_len, vocab_size=vocab_size, pad_id=0, ignore_label_id=0, blank_identifier_id=0,
+                           num_puzzle_identifiers=1, total_groups=len(group_indices) - 1,
+                           mean_puzzle_examples=1.0, sets=["all"])
+    n_puz = len(puzzle_indices) - 1
+    return Split(meta, np.array(flat_in, dtype=np.uint8).reshape(-1, seq_len),
+                 np.array(flat_lab, dtype=np.uint8).reshape(-1, seq_len), np.zeros(n_puz, dtype=np.int32),
+                 np.array(puzzle_indices, dtype=np.int32), np.array(group_indices, dtype=np.int32))

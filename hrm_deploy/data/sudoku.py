@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hrm_deploy.data.format import DatasetMetadata, Split, ensure_new_folder, save_dataset
+from hrm_deploy.data.format import Split, ensure_new_folder, pack_groups, save_dataset
 from hrm_deploy.errors import ConfigError
 
 _BOX = [(r // 3) * 3 + c // 3 for r in range(9) for c in range(9)]
@@ -137,21 +137,9 @@ def make_puzzle(rng: np.random.Generator, blanks: int, max_tries: int = 50) -> t
 
 
 def _split(boards: list[list[np.ndarray]], solutions: list[list[np.ndarray]]) -> Split:
-    """Pack groups of (variants of) puzzles into upstream's arrays; +1 shifts to the token encoding."""
-    inputs, labels, puzzle_indices, group_indices = [], [], [0], [0]
-    for group_boards, group_solutions in zip(boards, solutions):
-        for b, s in zip(group_boards, group_solutions):
-            inputs.append(b.flatten() + 1)
-            labels.append(s.flatten() + 1)
-            puzzle_indices.append(len(inputs))
-        group_indices.append(len(puzzle_indices) - 1)
-    n_puz = len(puzzle_indices) - 1
-    meta = DatasetMetadata(seq_len=81, vocab_size=11, pad_id=0, ignore_label_id=0, blank_identifier_id=0,
-                           num_puzzle_identifiers=1, total_groups=len(group_indices) - 1,
-                           mean_puzzle_examples=1.0, sets=["all"])
-    return Split(meta, np.array(inputs, dtype=np.uint8).reshape(-1, 81), np.array(labels, dtype=np.uint8).reshape(-1, 81),
-                 np.zeros(n_puz, dtype=np.int32), np.array(puzzle_indices, dtype=np.int32),
-                 np.array(group_indices, dtype=np.int32))
+    """Upstream's arrays; +1 shifts digits 0..9 (0 = blank) to tokens 1..10 (0 = pad)."""
+    return pack_groups([[b + 1 for b in g] for g in boards], [[s + 1 for s in g] for g in solutions],
+                       seq_len=81, vocab_size=11)
 
 
 def _make_group(job: tuple[SudokuSpec, int, int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
