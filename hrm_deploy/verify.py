@@ -38,18 +38,23 @@ THRESHOLDS = {
 
 def find_reference(artifact: Path) -> Path:
     """The checkpoint an artifact came from, following the manifests' parent links."""
+    from hrm_deploy.io import sha256_file
+
     current = artifact
     for _ in range(8):
         if not manifest_path(current).is_file():
             break
-        parent = read_manifest(current).get("parent", {}).get("path")
-        if not parent:
+        parent = read_manifest(current).get("parent", {})
+        if not parent.get("path"):
             break
-        current = Path(parent)
+        current = Path(parent["path"])
         if current.suffix not in (".onnx", ".engine", ".plan"):
-            if current.exists():
-                return current
-            break
+            if not current.is_file():
+                break
+            if parent.get("sha256") and sha256_file(current) != parent["sha256"]:
+                raise ArtifactError(f"{current} changed since {artifact.name} was made from it (sha256 differs); "
+                                    "pass the original checkpoint with --against, or re-export")
+            return current
     raise ArtifactError(f"cannot tell which checkpoint {artifact} came from; pass it with --against CKPT")
 
 
@@ -59,7 +64,7 @@ def _run(runner, examples, batch: int) -> dict[str, np.ndarray]:
         parts = [runner.infer(examples.feeds(s, s + batch)) for s in range(0, len(examples), batch)]
     finally:
         runner.close()
-    return {k: np.concatenate([p[k] for p in parts]).astype(np.float32) for k in parts[0]}
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], labels: np.ndarray | None) -> dict[str, Any]:
@@ -77,6 +82,15 @@ def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], 
     }
     if ref_q.shape == cand_q.shape:
         report["per_step_q_halt_sign_agreement"] = [float(x) for x in ((ref_q >= 0) == (cand_q >= 0)).mean(0)]
+    ref_p, cand_p = reference.get("step_predictions"), candidate.get("step_predictions")
+    if ref_p is not None and cand_p is not None and ref_p.shape == cand_p.shape:
+        # the per-ACT-step curve: where do the two start to disagree, and how does accuracy grow
+        report["per_step_disagreement"] = [float(x) for x in (ref_p != cand_p).mean(axis=(0, 2))]
+        if labels is not None:
+            mask = labels != -100
+            for name, preds in (("reference", ref_p), ("candidate", cand_p)):
+                solved = ((preds == labels[:, None, :]) | ~mask[:, None, :]).all(-1)
+                report[f"per_step_exact_{name}"] = [float(x) for x in solved.mean(0)]
     if labels is not None:
         report["reference"] = accuracy(ref_l, labels)
         report["candidate"] = accuracy(cand_l, labels)
@@ -120,6 +134,12 @@ def markdown(report: dict[str, Any]) -> str:
                   f"| token accuracy reference / candidate | {report['reference']['token_accuracy']:.4%} / "
                   f"{report['candidate']['token_accuracy']:.4%} |",
                   f"| puzzles lost / gained | {len(report['flipped']['lost'])} / {len(report['flipped']['gained'])} |"]
+    if "per_step_disagreement" in report:
+        lines += ["", "| ACT step | token disagreement | exact (reference) | exact (candidate) |", "|---|---|---|---|"]
+        for i, d in enumerate(report["per_step_disagreement"]):
+            ref = report.get("per_step_exact_reference", [None] * (i + 1))[i]
+            cand = report.get("per_step_exact_candidate", [None] * (i + 1))[i]
+            lines.append(f"| {i + 1} | {d:.4%} | {ref:.2%} | {cand:.2%} |" if ref is not None else f"| {i + 1} | {d:.4%} | - | - |")
     lines += [""] + [f"- failure: {f}" for f in report["failures"]]
     return "\n".join(lines) + "\n"
 

@@ -42,3 +42,29 @@ def test_verify_catches_broken_int8_scales(tiny_onnx, tmp_path):
     assert "FAILED" in result.output
     report = json.loads((tmp_path / "broken.int8.onnx.verify.json").read_text())
     assert report["precision"] == "int8" and not report["passed"] and report["flipped"]["lost"]
+
+
+def test_verify_step_graph_reports_the_per_step_curve(tiny_onnx):
+    report = verify(tiny_onnx.step, tiny_onnx.data, samples=50)
+    assert report["passed"] and report["per_step_disagreement"] == [0.0] * report["steps"]
+    assert len(report["per_step_exact_candidate"]) == report["steps"]
+    assert report["per_step_exact_candidate"][-1] == report["candidate"]["exact_accuracy"]
+
+
+def test_verify_refuses_a_reference_that_changed(tiny_onnx, tmp_path):
+    import shutil
+
+    import pytest
+
+    from hrm_deploy.errors import ArtifactError
+    from hrm_deploy.manifest import update_manifest
+
+    copy = tmp_path / "copy.onnx"
+    shutil.copy(tiny_onnx.unrolled, copy)
+    shutil.copy(tiny_onnx.unrolled.with_name(tiny_onnx.unrolled.name + ".manifest.json"),
+                tmp_path / "copy.onnx.manifest.json")
+    ckpt = tmp_path / "ckpt.pt"
+    shutil.copy(read_manifest(copy)["parent"]["path"], ckpt)
+    update_manifest(copy, parent={"path": str(ckpt), "sha256": "0" * 64})
+    with pytest.raises(ArtifactError, match="changed since"):
+        verify(copy, tiny_onnx.data, samples=8)

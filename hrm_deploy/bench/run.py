@@ -2,7 +2,8 @@
 run on one machine, so the ratios compare like with like.
 
 Latency is end to end per ``infer`` call (host arrays in, host arrays out: H2D + compute +
-D2H for GPU runners), after warm-up, as median / p90 / p99 over ``iters`` calls per batch.
+D2H for GPU runners), after warm-up, as median / p90 / p99 over ``iters`` calls per batch; the
+engine runner also reports host-to-device, compute and device-to-host medians from CUDA events.
 """
 
 from __future__ import annotations
@@ -69,12 +70,17 @@ def _measure(runner, examples, config: BenchConfig) -> dict[str, Any]:
             feeds = _tile(base, batch)
             for _ in range(config.warmup):
                 runner.infer(feeds)
-            times = []
+            times, phases = [], []
             for _ in range(config.iters):
                 start = time.perf_counter()
                 runner.infer(feeds)  # returns host arrays: synchronised by construction
                 times.append(time.perf_counter() - start)
+                if getattr(runner, "last_timing", None):  # GPU runners: CUDA-event phases
+                    phases.append(runner.last_timing)
             row["batches"][str(batch)] = latency_stats(times, batch)
+            if phases:
+                row["batches"][str(batch)]["phases_median_ms"] = {
+                    k: float(np.median([p[k] for p in phases])) for k in phases[0]}
         row["peak_host_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         row["peak_gpu_mib"] = _peak_gpu_mib()
         return row

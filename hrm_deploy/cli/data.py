@@ -24,13 +24,16 @@ def sudoku(
     augment: int = typer.Option(0, help="Augmented variants per train puzzle (upstream's --num-aug)."),
     seed: int = typer.Option(0, help="Random seed (same seed, same dataset)."),
     workers: int = typer.Option(0, help="Processes (0: one per CPU); the dataset does not depend on it."),
+    min_rating: int = typer.Option(0, help="Fewest solver search nodes (difficulty by solver effort; 0: no bound)."),
+    max_rating: int = typer.Option(0, help="Most solver search nodes (0: no bound)."),
 ) -> None:
     """Generate unique-solution Sudoku puzzles with a chosen number of blanks."""
     from rich.progress import Progress
 
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
 
-    spec = SudokuSpec(train=train, test=test, blanks=(min_blanks, max_blanks), augment=augment, seed=seed, workers=workers)
+    spec = SudokuSpec(train=train, test=test, blanks=(min_blanks, max_blanks), augment=augment, seed=seed, workers=workers,
+                      rating=(min_rating, max_rating))
     with Progress(transient=True) as bar:
         task = bar.add_task("generating puzzles", total=train + test)
         splits = generate_sudoku(spec, str(output), progress=lambda n: bar.advance(task, n))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -32,6 +32,8 @@ def train(
     threads: int = typer.Option(0, help="CPU threads for torch (0: torch's default)."),
     export_upstream: bool = typer.Option(False, "--export-upstream",
                                          help="Also write upstream's step_N + all_config.yaml under OUT/upstream."),
+    log_to: Optional[List[str]] = typer.Option(None, "--log-to", help="Also log metrics to tensorboard or wandb "
+                                                                      "(repeatable; needs that package)."),
 ) -> None:
     """Train HRM with upstream's semantics (persistent ACT carry, Q-learning halting).
 
@@ -50,7 +52,7 @@ def train(
     overrides = dict(steps=steps, global_batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed,
                      checkpoint_every=checkpoint_every)
     config = TrainConfig(data_path=str(data), out_dir=str(out), device=device, compile=compile, threads=threads,
-                         export_upstream=export_upstream,
+                         export_upstream=export_upstream, log_to=tuple(log_to or ()),
                          **{**chosen["train"], **{k: v for k, v in overrides.items() if v is not None}})
     result = run_training(model_config, config, resume=str(resume) if resume else None)
     final = result.metrics.get("eval", {})

@@ -105,6 +105,7 @@ class SudokuSpec:
     augment: int = 0  # augmented variants per train puzzle (upstream's --num-aug)
     seed: int = 0
     workers: int = 0  # processes (0: one per CPU); the output does not depend on it
+    rating: tuple[int, int] = (0, 0)  # solver search nodes (min, max); 0 = no bound (difficulty by effort)
 
     def __post_init__(self) -> None:
         lo, hi = self.blanks
@@ -113,6 +114,8 @@ class SudokuSpec:
                               "(a unique Sudoku has at least 17 givens)")
         if self.train < 0 or self.test < 0 or self.augment < 0 or self.workers < 0:
             raise ConfigError("counts must be >= 0")
+        if self.rating[0] < 0 or self.rating[1] < 0 or (self.rating[1] and self.rating[0] > self.rating[1]):
+            raise ConfigError(f"rating {self.rating} must be 0 <= min <= max (0 = no bound)")
 
 
 def make_puzzle(rng: np.random.Generator, blanks: int, max_tries: int = 50) -> tuple[np.ndarray, np.ndarray, int]:
@@ -148,7 +151,14 @@ def _make_group(job: tuple[SudokuSpec, int, int]) -> tuple[list[np.ndarray], lis
     spec, split_id, index = job
     rng = np.random.default_rng([spec.seed, split_id, index])
     lo, hi = spec.blanks
-    board, solution, _ = make_puzzle(rng, int(rng.integers(lo, hi + 1)))
+    low, high = spec.rating
+    for _ in range(1000):  # rejection sampling on the solver-effort rating
+        board, solution, nodes = make_puzzle(rng, int(rng.integers(lo, hi + 1)))
+        if nodes >= low and (not high or nodes <= high):
+            break
+    else:
+        raise ConfigError(f"no puzzle with {lo}-{hi} blanks rated {low}-{high or 'any'} solver nodes in 1000 tries; "
+                          "widen --min-rating/--max-rating or change the blanks")
     group_b, group_s = [board], [solution]
     for _ in range(spec.augment if split_id == 0 else 0):
         b, s = shuffle_sudoku(board, solution, rng)

@@ -3,7 +3,8 @@
 A runner is created cheaply (no GPU touched), ``activate()``d (sessions, engines, device
 memory), asked ``infer(feeds)`` any number of times and ``close()``d. ``infer`` takes int32
 ``inputs`` [B, S] and ``puzzle_identifiers`` [B] and returns float32 numpy arrays:
-``logits`` [B, S, V] after the last ACT step and ``q_halt_logits`` [B, steps] per step.
+``logits`` [B, S, V] after the last ACT step and ``q_halt_logits`` [B, steps] per step, and
+``step_predictions`` [B, steps, S] (int32 argmax per ACT step) where the backend exposes them.
 """
 
 from __future__ import annotations

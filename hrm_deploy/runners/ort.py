@@ -41,6 +41,7 @@ class OrtRunner:
         wanted = PROVIDERS[self.provider]
         providers = [wanted] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
         self._session = ort.InferenceSession(str(self.path), options, providers=providers)
+        self._per_step = any(o.name == "step_predictions" for o in self._session.get_outputs())
         used = self._session.get_providers()[0]
         if used != wanted:
             raise DependencyError(f"ONNX Runtime fell back to {used} instead of {wanted} (available here: "
@@ -50,19 +51,20 @@ class OrtRunner:
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = {"inputs": feeds["inputs"].astype(np.int32), "puzzle_identifiers": feeds["puzzle_identifiers"].astype(np.int32)}
         if self.mode != "step":
-            logits, q_halt = self._session.run(["logits", "q_halt_logits"], feeds)
-            return {"logits": logits, "q_halt_logits": q_halt}
+            names = ["logits", "q_halt_logits"] + (["step_predictions"] if self._per_step else [])
+            return dict(zip(names, self._session.run(names, feeds)))
         shape = next(i.shape for i in self._session.get_inputs() if i.name == "z_H")
         n = len(feeds["inputs"])
         z_H = np.zeros((n, shape[1], shape[2]), np.float32)
         z_L = np.zeros_like(z_H)
-        halts = []
+        halts, predictions = [], []
         for step in range(self.steps):
             z_H, z_L, logits, q_halt = self._session.run(
                 ["z_H_out", "z_L_out", "logits", "q_halt_logits"],
                 {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full((n,), step == 0)})
             halts.append(q_halt)
-        return {"logits": logits, "q_halt_logits": np.stack(halts, 1)}
+            predictions.append(logits.argmax(-1).astype(np.int32))
+        return {"logits": logits, "q_halt_logits": np.stack(halts, 1), "step_predictions": np.stack(predictions, 1)}
 
     def close(self) -> None:
         self._session = None

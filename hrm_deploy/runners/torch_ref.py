@@ -39,7 +39,7 @@ class TorchRunner:
             model.load_state_dict(load_checkpoint(self.checkpoint, **self.overrides)[0].state_dict())
         self.steps = self.requested_steps or config.halt_max_steps
         self.device = torch.device(self.device_name)
-        module = unroll(model, self.steps).to(self.device)
+        module = unroll(model, self.steps, step_predictions=True).to(self.device)
         if self.compile:
             module = torch.compile(module, mode="reduce-overhead" if self.device.type == "cuda" else "default")
         self._module, self._torch = module, torch
@@ -49,8 +49,9 @@ class TorchRunner:
         with torch.inference_mode():
             inputs = torch.from_numpy(np.ascontiguousarray(feeds["inputs"])).to(self.device)
             pids = torch.from_numpy(np.ascontiguousarray(feeds["puzzle_identifiers"])).to(self.device)
-            logits, q_halt, _ = self._module(inputs, pids)[:3]
-            return {"logits": logits.float().cpu().numpy(), "q_halt_logits": q_halt.float().cpu().numpy()}
+            logits, q_halt, _, predictions = self._module(inputs, pids)
+            return {"logits": logits.float().cpu().numpy(), "q_halt_logits": q_halt.float().cpu().numpy(),
+                    "step_predictions": predictions.cpu().numpy()}
 
     def close(self) -> None:
         self._module = None

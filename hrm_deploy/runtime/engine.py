@@ -83,23 +83,44 @@ class TrtRunner:
             self.memory.release()
 
     def _infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Also sets ``last_timing``: host-to-device, GPU compute and device-to-host milliseconds
+        from CUDA events on the stream (the loop itself is never synchronised)."""
+        begin = self.memory.mark()
         inputs = {k: self.memory.upload(feeds[k].astype(np.int32)) for k in ("inputs", "puzzle_identifiers")}
+        uploaded = self.memory.mark()
         if self.mode != "step":
             out = self._enqueue(inputs)
-            return {"logits": self.memory.download(out["logits"]).astype(np.float32),
-                    "q_halt_logits": self.memory.download(out["q_halt_logits"]).astype(np.float32)}
+            computed = self.memory.mark()
+            result = {"logits": self.memory.download(out["logits"]).astype(np.float32),
+                      "q_halt_logits": self.memory.download(out["q_halt_logits"]).astype(np.float32)}
+            self._record_timing(begin, uploaded, computed)
+            return result
         n = len(feeds["inputs"])
         carry_shape = (n, *_dims(self._engine.get_tensor_shape("z_H"))[1:])
         zeros = np.zeros(carry_shape, self._np_dtype("z_H"))
         carry = {"z_H": self.memory.upload(zeros), "z_L": self.memory.upload(zeros)}
         resets = [self.memory.upload(np.full((n,), step == 0)) for step in range(min(self.steps, 2))]
-        halts = []
+        uploaded = self.memory.mark()
+        halts, step_logits = [], []
         for step in range(self.steps):  # no host sync inside the loop
             out = self._enqueue({**inputs, **carry, "reset": resets[min(step, 1)]})
             carry = {"z_H": out["z_H_out"], "z_L": out["z_L_out"]}
             halts.append(out["q_halt_logits"])
-        return {"logits": self.memory.download(out["logits"]).astype(np.float32),
-                "q_halt_logits": np.stack([self.memory.download(h) for h in halts], 1).astype(np.float32)}
+            step_logits.append(out["logits"])
+        computed = self.memory.mark()
+        predictions = [self.memory.download(t).argmax(-1).astype(np.int32) for t in step_logits]
+        result = {"logits": self.memory.download(out["logits"]).astype(np.float32),
+                  "q_halt_logits": np.stack([self.memory.download(h) for h in halts], 1).astype(np.float32),
+                  "step_predictions": np.stack(predictions, 1)}
+        self._record_timing(begin, uploaded, computed)
+        return result
+
+    def _record_timing(self, begin: Any, uploaded: Any, computed: Any) -> None:
+        done = self.memory.mark()
+        self.memory.synchronize()
+        self.last_timing = {"h2d_ms": self.memory.elapsed_ms(begin, uploaded),
+                            "compute_ms": self.memory.elapsed_ms(uploaded, computed),
+                            "d2h_ms": self.memory.elapsed_ms(computed, done)}
 
     def close(self) -> None:
         self._context = None

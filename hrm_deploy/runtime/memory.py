@@ -45,6 +45,16 @@ class TorchMemory:
     def release(self) -> None:
         """Buffers are freed by torch's allocator when no longer referenced."""
 
+    def mark(self) -> Any:
+        """A CUDA event recorded on the stream now (for timing phases without a host sync)."""
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record(self.stream)
+        return event
+
+    @staticmethod
+    def elapsed_ms(start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end))
+
 
 class _CudaBuffer:
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype):
@@ -73,6 +83,7 @@ class CudaPythonMemory:
         self.capability = (props.major, props.minor)
         self.gpu_name = props.name.decode(errors="replace").rstrip("\x00") if isinstance(props.name, bytes) else str(props.name)
         self._buffers: list[_CudaBuffer] = []
+        self._events: list[Any] = []
 
     def _check(self, result: Any) -> Any:
         err, *rest = result if isinstance(result, tuple) else (result,)
@@ -108,8 +119,20 @@ class CudaPythonMemory:
     def synchronize(self) -> None:
         self._check(self.rt.cudaStreamSynchronize(self.handle))
 
+    def mark(self) -> Any:
+        event = self._check(self.rt.cudaEventCreate())
+        self._check(self.rt.cudaEventRecord(event, self.handle))
+        self._events.append(event)
+        return event
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(self._check(self.rt.cudaEventElapsedTime(start, end)))
+
     def release(self) -> None:
-        """Free every buffer of the last call (results are host copies by then)."""
+        """Free every buffer and event of the last call (results are host copies by then)."""
+        for event in self._events:
+            self.rt.cudaEventDestroy(event)
+        self._events.clear()
         for buffer in self._buffers:
             self.rt.cudaFree(buffer.ptr)
         self._buffers.clear()

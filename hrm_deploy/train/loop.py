@@ -28,6 +28,7 @@ from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.hrm import ACTCarry, Carry, HRMACT, build_model
 from hrm_deploy.train.losses import IGNORE_LABEL_ID, act_loss
 from hrm_deploy.train.optim import AdamATan2, PuzzleEmbeddingSignSGD
+from hrm_deploy.train.sinks import MetricSinks
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model core (GPU; minutes of warm-up)
     tf32: bool = True  # TF32 matmuls on CUDA (Ampere and newer)
     export_upstream: bool = False  # also write upstream's step_N + all_config.yaml under <out_dir>/upstream
+    log_to: tuple[str, ...] = ()  # extra metric sinks: "tensorboard", "wandb" (rank 0)
     version: int = 1
 
     def __post_init__(self) -> None:
@@ -376,6 +378,7 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
         return result
 
     out.mkdir(parents=True, exist_ok=True)
+    sinks = MetricSinks(config.log_to if dist_info.main else (), str(out), dataclasses.asdict(config))
     log = (out / "metrics.jsonl").open("a") if dist_info.main else None
     end = config.steps if stop_after is None else min(config.steps, position + stop_after)
     bar = _ProgressBar(progress and dist_info.main, config.steps, position)
@@ -415,6 +418,7 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
                 last_metrics["eval"] = run_eval(config.eval_samples)
             if log:
                 log.write(json.dumps(last_metrics) + "\n")
+                sinks.log(last_metrics)
             bar.update(last_metrics)
             if config.checkpoint_every and position % config.checkpoint_every == 0:
                 save(out / f"step_{position}.pt", last_metrics)
@@ -424,6 +428,7 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
         bar.stop()
         if log:
             log.close()
+        sinks.close()
     if position >= config.steps:
         last_metrics["eval"] = run_eval(None)  # full evaluation at the end
         last_metrics["timing"] = {"data_s": data_time, "compute_s": compute_time}

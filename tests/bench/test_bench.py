@@ -144,3 +144,31 @@ def test_bench_over_ssh_unreachable_and_bad_host_are_clear(tiny_onnx, tmp_path):
     with pytest.raises(RemoteError, match="cannot reach"):
         bench_remote("nobody@127.0.0.1", [str(tiny_onnx.unrolled)], config,
                      ssh_options=["-o", f"Port={_free_port()}", "-o", "StrictHostKeyChecking=no"])
+
+
+def test_measure_reports_gpu_phases_when_the_runner_has_them(tiny_onnx):
+    """The engine runner's CUDA-event phases (H2D / compute / D2H) reach the report."""
+    import numpy as np
+
+    from hrm_deploy.bench.run import _measure
+    from hrm_deploy.calib.data import load_examples
+
+    class FakeGpuRunner:
+        name, precision, steps = "trt", "fp16", 1
+
+        def activate(self):
+            self.calls = 0
+
+        def infer(self, feeds):
+            self.calls += 1
+            self.last_timing = {"h2d_ms": 0.1, "compute_ms": 1.0 + self.calls, "d2h_ms": 0.2}
+            n = len(feeds["inputs"])
+            return {"logits": np.zeros((n, 81, 11), np.float32), "q_halt_logits": np.zeros((n, 1), np.float32)}
+
+        def close(self):
+            pass
+
+    examples = load_examples(tiny_onnx.data, 8, split="test")
+    row = _measure(FakeGpuRunner(), examples, BenchConfig(data=tiny_onnx.data, batches=(2,), iters=3, warmup=0))
+    phases = row["batches"]["2"]["phases_median_ms"]
+    assert phases["h2d_ms"] == 0.1 and phases["compute_ms"] == 4.0 and phases["d2h_ms"] == 0.2

@@ -77,3 +77,12 @@ def test_output_does_not_depend_on_worker_count():
     two = generate_sudoku(SudokuSpec(train=70, test=10, blanks=(5, 9), augment=1, seed=3, workers=2))
     for split in ("train", "test"):
         assert (one[split].inputs == two[split].inputs).all() and (one[split].labels == two[split].labels).all()
+
+
+def test_rating_by_solver_effort_bounds_the_search():
+    hard = generate_sudoku(SudokuSpec(train=0, test=4, blanks=(50, 55), rating=(60, 0), seed=1, workers=1))["test"]
+    for board in hard.inputs:
+        grid = [int(v) - 1 if v > 1 else 0 for v in board]
+        assert count_solutions(grid)[1] >= 60
+    with pytest.raises(ConfigError, match="rating"):
+        SudokuSpec(rating=(10, 5))

@@ -112,3 +112,26 @@ def test_bundled_default_is_trained(trained_tiny):
     model, config = load_checkpoint(trained_tiny.checkpoint)
     metrics = evaluate(model, load_split(trained_tiny.data, "test"))
     assert metrics["count"] == 200 and metrics["exact_accuracy"] >= 0.9, metrics
+
+
+def test_metric_sinks_log_when_asked_and_fail_clearly_when_missing(micro_data, tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from hrm_deploy.errors import DependencyError
+
+    logged = []
+
+    class Run:
+        def log(self, values, step):
+            logged.append((step, values))
+
+        def finish(self):
+            logged.append("finished")
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: Run()))
+    train(MICRO, _cfg(micro_data, tmp_path / "run", log_to=("wandb",)), progress=False)
+    assert logged[-1] == "finished" and logged[0][0] == 1 and "loss" in logged[0][1]
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(DependencyError, match="pip install wandb"):
+        train(MICRO, _cfg(micro_data, tmp_path / "run2", log_to=("wandb",)), progress=False)
