@@ -108,3 +108,20 @@ def test_sensitivity_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path,
     budget = report["accuracy_budget"]
     assert budget["int8_exact"] == 100.0 and len(budget["kept_float"]) == 2
     assert all(budget["layer_loss_points"][w] > 0 for w in budget["kept_float"])
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_step_and_unrolled_precision_graphs_give_the_same_answers(tiny_onnx, heldout, tmp_path, precision):
+    """The single-step graph driven by the host loop and the full unroll agree after conversion too."""
+    from hrm_deploy.calib.accuracy import predict
+    from hrm_deploy.runners.ort import OrtRunner
+
+    cfg = PrecisionConfig(precision, calib_data=tiny_onnx.data, cache_dir=str(tmp_path / "calib"),
+                          quant=QuantConfig(method="minmax", samples=64))
+    answers = []
+    for source in (tiny_onnx.unrolled, tiny_onnx.step):
+        graph = make_precision_graph(source, cfg, out=tmp_path / f"{source.stem}.{precision}.onnx", quiet=True).path
+        runner = OrtRunner(graph)
+        runner.activate()
+        answers.append(predict(runner, heldout).argmax(-1))
+    assert (answers[0] == answers[1]).mean() >= 0.9999
