@@ -59,12 +59,13 @@ def find_reference(artifact: Path) -> Path:
 
 
 def _run(runner, examples, batch: int) -> dict[str, np.ndarray]:
+    from hrm_deploy.calib.accuracy import infer_all
+
     runner.activate()
     try:
-        parts = [runner.infer(examples.feeds(s, s + batch)) for s in range(0, len(examples), batch)]
+        return infer_all(runner, examples, batch)
     finally:
         runner.close()
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], labels: np.ndarray | None) -> dict[str, Any]:

@@ -88,30 +88,15 @@ def _measure(runner, examples, config: BenchConfig) -> dict[str, Any]:
         runner.close()
 
 
-def _gpu_clocks() -> dict[str, str]:
-    """Current and maximum SM clock where nvidia-smi tells (a clock far below max means throttling)."""
-    import subprocess
-
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    if done.returncode != 0 or not done.stdout.strip():
-        return {}
-    now, peak = [x.strip() for x in done.stdout.splitlines()[0].split(",")][:2]
-    return {"sm_clock": now, "sm_clock_max": peak}
-
-
 def _environment(target: str) -> dict[str, Any]:
     import os
     import sys
 
-    from hrm_deploy.engines.build import _gpu_identity
+    from hrm_deploy.gpu import CLOCKS, IDENTITY, nvidia_smi
     from hrm_deploy.manifest import library_versions
 
     env: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                           **_gpu_identity(), **_gpu_clocks(), "versions": library_versions()}
+                           **nvidia_smi({**IDENTITY, **CLOCKS}), "versions": library_versions()}
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch.version, "cuda", None):
         env["cuda"] = torch.version.cuda

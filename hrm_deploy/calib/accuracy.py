@@ -21,10 +21,15 @@ def graph_metadata(model) -> dict[str, Any]:
     return meta
 
 
+def infer_all(runner, examples: Examples, batch: int = 64) -> dict[str, np.ndarray]:
+    """Every output of an activated runner on all examples, batch by batch, concatenated."""
+    parts = [runner.infer(examples.feeds(start, start + batch)) for start in range(0, len(examples), batch)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
 def predict(runner, examples: Examples, batch: int = 64) -> np.ndarray:
     """Final logits [N, S, V] of an activated runner on all examples."""
-    outs = [runner.infer(examples.feeds(start, start + batch))["logits"] for start in range(0, len(examples), batch)]
-    return np.concatenate(outs).astype(np.float32)
+    return infer_all(runner, examples, batch)["logits"].astype(np.float32)
 
 
 def onnx_accuracy(path: str, examples: Examples) -> dict[str, float]:

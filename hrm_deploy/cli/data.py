@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import typer
 
@@ -11,6 +12,16 @@ from hrm_deploy.cli.common import user_errors
 
 data_app = typer.Typer(help="Build datasets in upstream HRM's on-disk format.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+
+
+def _generate(label: str, total: int, run: Callable, output: Path) -> None:
+    """Run a generator under a progress bar and report what it wrote."""
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        splits = run(lambda n: bar.advance(task, n))
+    typer.echo(f"wrote {output}: {len(splits['train'])} train examples, {len(splits['test'])} test examples")
 
 
 @data_app.command("sudoku")
@@ -28,16 +39,11 @@ def sudoku(
     max_rating: int = typer.Option(0, help="Most solver search nodes (0: no bound)."),
 ) -> None:
     """Generate unique-solution Sudoku puzzles with a chosen number of blanks."""
-    from rich.progress import Progress
-
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
 
     spec = SudokuSpec(train=train, test=test, blanks=(min_blanks, max_blanks), augment=augment, seed=seed, workers=workers,
                       rating=(min_rating, max_rating))
-    with Progress(transient=True) as bar:
-        task = bar.add_task("generating puzzles", total=train + test)
-        splits = generate_sudoku(spec, str(output), progress=lambda n: bar.advance(task, n))
-    typer.echo(f"wrote {output}: {len(splits['train'])} train examples, {len(splits['test'])} test examples")
+    _generate("generating puzzles", train + test, lambda progress: generate_sudoku(spec, str(output), progress), output)
 
 
 @data_app.command("maze")
@@ -52,12 +58,7 @@ def maze(
     seed: int = typer.Option(0, help="Random seed (same seed, same dataset)."),
 ) -> None:
     """Generate N x N mazes with start, goal and the unique shortest path as the label."""
-    from rich.progress import Progress
-
     from hrm_deploy.data.maze import MazeSpec, generate_maze
 
     spec = MazeSpec(train=train, test=test, size=size, min_path=min_path, augment=aug, seed=seed)
-    with Progress(transient=True) as bar:
-        task = bar.add_task("generating mazes", total=train + test)
-        splits = generate_maze(spec, str(output), progress=lambda n: bar.advance(task, n))
-    typer.echo(f"wrote {output}: {len(splits['train'])} train examples, {len(splits['test'])} test examples")
+    _generate("generating mazes", train + test, lambda progress: generate_maze(spec, str(output), progress), output)

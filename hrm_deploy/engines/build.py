@@ -20,6 +20,7 @@ from typing import Any
 from hrm_deploy.engines.backend import load_backend
 from hrm_deploy.engines.targets import TargetProfile, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
+from hrm_deploy.gpu import IDENTITY, nvidia_smi
 from hrm_deploy.io import atomic_path, sha256_file
 from hrm_deploy.manifest import read_manifest, manifest_path, write_manifest
 from hrm_deploy.progress import Stages
@@ -99,19 +100,6 @@ def _check_memory_budget(target: TargetProfile, nodes: int, onnx_bytes: int) -> 
             f"{target.name}'s shared {target.memory_budget_mib} MiB allows; export the single-step graph "
             f"(hrm-deploy export --mode step) and build that")
     return estimate
-
-
-def _gpu_identity() -> dict[str, str]:
-    """GPU name and driver of this machine where nvidia-smi tells (empty elsewhere)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    if out.returncode != 0 or not out.stdout.strip():
-        return {}
-    name, driver, cc = [x.strip() for x in out.stdout.splitlines()[0].split(",")][:3]
-    return {"gpu": name, "driver": driver, "compute_capability": cc}
 
 
 def _precision_source(onnx_path: Path, config: EngineConfig, stages: Stages, quiet: bool) -> Path:
@@ -205,7 +193,7 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
     manifest = write_manifest(
         target_path, stage="engine", parent=graph, config=asdict(config),
         backend={"name": backend.name, "version": backend.version}, target=asdict(target),
-        compute_capability=spec["compute_capability"], build_machine=_gpu_identity(),
+        compute_capability=spec["compute_capability"], build_machine=nvidia_smi(IDENTITY),
         precision=config.precision, recipe=recipe, calibration_key=recipe.get("calibration", {}).get("key"),
         mode=meta["mode"], steps=meta["steps"], profile_shapes=spec["shapes"], workspace_mib=spec["workspace_mib"],
         onnx_sha256=sha256_file(graph), build=build, estimated_build_mib=estimate, timings=stages.timings)

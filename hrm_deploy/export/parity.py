@@ -67,20 +67,29 @@ def ort_session(path_or_bytes, threads: int | None = None):
     return ort.InferenceSession(path_or_bytes, options, providers=["CPUExecutionProvider"])
 
 
-def run_stepwise(session, feeds: dict[str, np.ndarray], config: HRMConfig, steps: int) -> dict[str, np.ndarray]:
-    """Drive a single-step graph through ``steps`` segments (the host loop of a stepwise runtime)."""
+def run_stepwise(session, feeds: dict[str, np.ndarray], config: HRMConfig | None, steps: int) -> dict[str, np.ndarray]:
+    """Drive a single-step graph through ``steps`` segments (the host loop of a stepwise runtime).
+    The carry's shape comes from ``config``, or from the graph's ``z_H`` input when None.
+    Also returns each step's argmax as ``step_predictions`` [B, steps, S] (int32)."""
     batch = feeds["inputs"].shape[0]
-    shape = (batch, config.total_seq_len, config.hidden_size)
+    if config is not None:
+        shape = (batch, config.total_seq_len, config.hidden_size)
+    else:
+        dims = next(i.shape for i in session.get_inputs() if i.name == "z_H")
+        shape = (batch, dims[1], dims[2])
     z_H = np.zeros(shape, np.float32)
     z_L = np.zeros(shape, np.float32)
-    halts, continues = [], []
+    halts, continues, predictions = [], [], []
     for i in range(steps):
         reset = np.full((batch,), i == 0, dtype=bool)
         z_H, z_L, logits, q_halt, q_continue = session.run(
-            None, {**feeds, "z_H": z_H, "z_L": z_L, "reset": reset})
+            ["z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits"],
+            {**feeds, "z_H": z_H, "z_L": z_L, "reset": reset})
         halts.append(q_halt)
         continues.append(q_continue)
-    return {"logits": logits, "q_halt_logits": np.stack(halts, 1), "q_continue_logits": np.stack(continues, 1)}
+        predictions.append(logits.argmax(-1).astype(np.int32))
+    return {"logits": logits, "q_halt_logits": np.stack(halts, 1), "q_continue_logits": np.stack(continues, 1),
+            "step_predictions": np.stack(predictions, 1)}
 
 
 def _torch_outputs(module, feeds) -> dict[str, np.ndarray]:

@@ -53,18 +53,10 @@ class OrtRunner:
         if self.mode != "step":
             names = ["logits", "q_halt_logits"] + (["step_predictions"] if self._per_step else [])
             return dict(zip(names, self._session.run(names, feeds)))
-        shape = next(i.shape for i in self._session.get_inputs() if i.name == "z_H")
-        n = len(feeds["inputs"])
-        z_H = np.zeros((n, shape[1], shape[2]), np.float32)
-        z_L = np.zeros_like(z_H)
-        halts, predictions = [], []
-        for step in range(self.steps):
-            z_H, z_L, logits, q_halt = self._session.run(
-                ["z_H_out", "z_L_out", "logits", "q_halt_logits"],
-                {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full((n,), step == 0)})
-            halts.append(q_halt)
-            predictions.append(logits.argmax(-1).astype(np.int32))
-        return {"logits": logits, "q_halt_logits": np.stack(halts, 1), "step_predictions": np.stack(predictions, 1)}
+        from hrm_deploy.export.parity import run_stepwise
+
+        out = run_stepwise(self._session, feeds, None, self.steps)
+        return {k: out[k] for k in ("logits", "q_halt_logits", "step_predictions")}
 
     def close(self) -> None:
         self._session = None
