@@ -18,13 +18,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.engines.backend import load_backend, reproduce_command, timing_cache_path
+from hrm_deploy.engines.backend import (
+    load_backend,
+    reproduce_command,
+    timing_cache_path,
+)
 from hrm_deploy.engines.layers import precision_verdict
 from hrm_deploy.engines.targets import TargetProfile, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.gpu import IDENTITY, nvidia_smi
 from hrm_deploy.io import atomic_path, sha256_file
-from hrm_deploy.manifest import read_manifest, manifest_path, write_manifest
+from hrm_deploy.manifest import manifest_path, read_manifest, write_manifest
 from hrm_deploy.progress import Stages
 
 ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -201,7 +205,7 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
         with stages.stage(f"building {config.precision} engine with {backend.name} {backend.version} "
                           f"for {target.name} ({nodes} ONNX nodes, in a child process)"):
             child = subprocess.run([sys.executable, "-m", "hrm_deploy.engines.worker", str(spec_file)],
-                                   capture_output=True, text=True)
+                                   check=False, capture_output=True, text=True)
         build = json.loads(result_file.read_text()) if result_file.is_file() else {}
         if child.returncode != 0:
             if build.get("parser_errors"):

@@ -52,8 +52,8 @@ def _rtx_validity(runtime: Any, engine_bytes: bytes, backend_version: str, gpu_n
     if verdict == "VALID":
         return []
     if verdict == "SUBOPTIMAL":
-        return [f"TensorRT-RTX {backend_version} reports this engine as suboptimal on {gpu_name or 'this GPU'} "
-                f"({_describe(diagnostics)}); rebuilding it here may be faster"]
+        return [(f"TensorRT-RTX {backend_version} reports this engine as suboptimal on {gpu_name or 'this GPU'} "
+                 f"({_describe(diagnostics)}); rebuilding it here may be faster")]
     raise EngineError(f"TensorRT-RTX {backend_version} cannot run this engine on {gpu_name or 'this GPU'}: "
                       f"{_describe(diagnostics)}; rebuild it with this TensorRT-RTX: hrm-deploy build-engine "
                       "--backend tensorrt-rtx")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # type-checked against tensorrt-stubs (TensorRT 10.x API); RT
 PARSE_FAILED, BUILD_FAILED = 3, 4
 
 
-def _parser_errors(parser: "tensorrt.OnnxParser") -> list[str]:
+def _parser_errors(parser: tensorrt.OnnxParser) -> list[str]:
     errors = []
     for i in range(parser.num_errors):
         e = parser.get_error(i)
@@ -31,7 +31,7 @@ def _parser_errors(parser: "tensorrt.OnnxParser") -> list[str]:
     return errors
 
 
-def _network_precisions(backend: Backend, network: "tensorrt.INetworkDefinition") -> dict[str, Any]:
+def _network_precisions(backend: Backend, network: tensorrt.INetworkDefinition) -> dict[str, Any]:
     """Output dtypes of the strongly typed network's layers: what precision the graph carries."""
     trt = backend.trt
     dtypes: dict[str, int] = {}
@@ -46,7 +46,7 @@ def _network_precisions(backend: Backend, network: "tensorrt.INetworkDefinition"
     return {"layers": network.num_layers, "output_dtypes": dtypes, "qdq_layers": qdq}
 
 
-def _inspect_engine(backend: Backend, logger: "tensorrt.ILogger", plan: bytes,
+def _inspect_engine(backend: Backend, logger: tensorrt.ILogger, plan: bytes,
                     shapes: dict[str, list[list[int]]]) -> tuple[dict[str, Any], str | None]:
     """(summary of the engine's per-layer precisions, the inspector's JSON text); needs a GPU
     the engine loads on. The builder set ``ProfilingVerbosity.DETAILED``; the inspector reads an
@@ -54,12 +54,12 @@ def _inspect_engine(backend: Backend, logger: "tensorrt.ILogger", plan: bytes,
     shows no tensor formats)."""
     trt = backend.trt
     try:
-        engine: "tensorrt.ICudaEngine | None" = trt.Runtime(logger).deserialize_cuda_engine(plan)
+        engine: tensorrt.ICudaEngine | None = trt.Runtime(logger).deserialize_cuda_engine(plan)
         if engine is None:
             return {"available": False, "reason": "the engine does not load on this machine (no suitable GPU)"}, None
-        context: "tensorrt.IExecutionContext" = engine.create_execution_context()
+        context: tensorrt.IExecutionContext = engine.create_execution_context()
         unset = [name for name, (_, opt, _) in shapes.items() if not context.set_input_shape(name, opt)]
-        inspector: "tensorrt.EngineInspector" = engine.create_engine_inspector()
+        inspector: tensorrt.EngineInspector = engine.create_engine_inspector()
         inspector.execution_context = context
         text = inspector.get_engine_information(trt.LayerInformationFormat.JSON)
         summary = summarize_layers(text)
@@ -68,8 +68,8 @@ def _inspect_engine(backend: Backend, logger: "tensorrt.ILogger", plan: bytes,
         return {"available": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}, None
 
 
-def _attach_timing_cache(backend: Backend, config: "tensorrt.IBuilderConfig", path: Path,
-                         result: dict[str, Any]) -> "tensorrt.ITimingCache | None":
+def _attach_timing_cache(backend: Backend, config: tensorrt.IBuilderConfig, path: Path,
+                         result: dict[str, Any]) -> tensorrt.ITimingCache | None:
     """Load the GPU/version-keyed timing cache; a stale one is dropped (and said so), not ignored."""
     if not backend.supports_timing_cache():
         result["timing_cache"] = {"used": False, "reason": f"{backend.name} has no timing cache"}
@@ -94,10 +94,10 @@ def _attach_timing_cache(backend: Backend, config: "tensorrt.IBuilderConfig", pa
 def build(spec: dict[str, Any]) -> int:
     backend = load_backend(spec["backend"])
     trt = backend.trt
-    logger: "tensorrt.Logger" = trt.Logger(trt.Logger.WARNING)
-    builder: "tensorrt.Builder" = trt.Builder(logger)
+    logger: tensorrt.Logger = trt.Logger(trt.Logger.WARNING)
+    builder: tensorrt.Builder = trt.Builder(logger)
     network = builder.create_network(backend.network_flags())
-    parser: "tensorrt.OnnxParser" = trt.OnnxParser(network, logger)
+    parser: tensorrt.OnnxParser = trt.OnnxParser(network, logger)
     result: dict[str, Any] = {"backend": backend.name, "version": backend.version}
     start = time.perf_counter()
     print("parsing ONNX", flush=True)
