@@ -225,8 +225,8 @@ def test_timing_cache_file_is_keyed_by_gpu_and_version():
 
 
 def test_reproduce_command_is_trtexec_or_tensorrt_rtx():
-    common = dict(onnx="export/m.fp16.onnx", engine="engines/m.engine", shapes=SHAPES, workspace_mib=1024,
-                  optimization_level=3)
+    common = {"onnx": "export/m.fp16.onnx", "engine": "engines/m.engine", "shapes": SHAPES, "workspace_mib": 1024,
+                  "optimization_level": 3}
     trt10 = shlex.split(reproduce_command(Backend("tensorrt", types.SimpleNamespace(__version__="10.3.0")),
                                           timing_cache="engines/t.cache", **common))
     assert trt10[0] == "trtexec" and "--onnx=export/m.fp16.onnx" in trt10 and "--saveEngine=engines/m.engine" in trt10
