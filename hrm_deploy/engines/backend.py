@@ -176,22 +176,22 @@ def create_context(engine: Any, backend: Backend, runtime_cache: str | Path | No
     if not backend.is_rtx:
         context = engine.create_execution_context(strategy) if strategy is not None else engine.create_execution_context()
         return EngineContext(context)
-    config = engine.create_runtime_config()
+    runtime_config = engine.create_runtime_config()
     if strategy is not None:
-        config.set_execution_context_allocation_strategy(strategy)
-    handle = EngineContext(None, runtime_config=config)
+        runtime_config.set_execution_context_allocation_strategy(strategy)
+    handle = EngineContext(None, runtime_config=runtime_config)
     if runtime_cache is not None:
         handle.cache_path = Path(runtime_cache)
-        handle.cache = config.create_runtime_cache()
+        handle.cache = runtime_config.create_runtime_cache()
         if handle.cache_path.is_file():
             handle.cache_loaded = bool(handle.cache.deserialize(handle.cache_path.read_bytes()))
             if not handle.cache_loaded:
                 handle.notes.append(f"runtime cache {handle.cache_path} was made for another GPU, driver or "
                                     "TensorRT-RTX version; starting empty (it is rewritten on save)")
-        if not config.set_runtime_cache(handle.cache):
+        if not runtime_config.set_runtime_cache(handle.cache):
             handle.notes.append("TensorRT-RTX refused the runtime cache; running without one")
             handle.cache = None
-    handle.context = engine.create_execution_context(config)
+    handle.context = engine.create_execution_context(runtime_config)
     for note in handle.notes:
         print(f"warning: {note}", file=sys.stderr)
     return handle
