@@ -337,3 +337,23 @@ def test_jetson_extra_pins_cuda_python_below_13():
     spec = SpecifierSet(pin[len("cuda-python"):])
     assert "12.6.0" in spec and "12.9.1" in spec  # JetPack 6 is CUDA 12.x
     assert "13.0.0" not in spec and "11.8.0" not in spec  # 13.x needs a CUDA 13 driver
+
+
+@pytest.mark.parametrize("flag,expected", [([], "engines/timing.cache"), (["--timing-cache", "/tmp/t.cache"], "/tmp/t.cache"),
+                                           (["--timing-cache", "none"], None)])
+def test_build_engine_cli_passes_the_timing_cache(monkeypatch, flag, expected):
+    from typer.testing import CliRunner
+
+    import hrm_deploy.engines.build as build
+    from hrm_deploy.cli import app
+
+    seen = {}
+
+    def fake_build(onnx, config, out, quiet=False):
+        seen["config"] = config
+        return build.EngineResult(Path("m.engine"), Path("m.engine.manifest.json"), Path("m.onnx"), {})
+
+    monkeypatch.setattr(build, "build_engine", fake_build)
+    run = CliRunner().invoke(app, ["build-engine", "m.onnx", *flag])
+    assert run.exit_code == 0, run.output
+    assert seen["config"].timing_cache == expected
