@@ -344,8 +344,8 @@ def test_jetson_extra_pins_cuda_python_below_13():
 def test_build_engine_cli_passes_the_timing_cache(monkeypatch, flag, expected):
     from typer.testing import CliRunner
 
-    import hrm_deploy.engines.build as build
     from hrm_deploy.cli import app
+    from hrm_deploy.engines import build
 
     seen = {}
 

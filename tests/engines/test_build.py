@@ -11,7 +11,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from hrm_deploy.engines.backend import load_backend
-from hrm_deploy.engines.build import EngineConfig, build_engine, layers_path, newest_export
+from hrm_deploy.engines.build import (
+    EngineConfig,
+    build_engine,
+    layers_path,
+    newest_export,
+)
 from hrm_deploy.engines.targets import TARGETS, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, DependencyError, EngineError
 
