@@ -1,4 +1,4 @@
-"""The light on-device runtime: numpy + TensorRT only (checked with torch and onnx blocked)."""
+"""The TensorRT runner is light: numpy + TensorRT only (checked with torch and onnx blocked)."""
 
 import json
 import subprocess
@@ -13,10 +13,11 @@ BLOCKED_IMPORT = """
 import sys
 for name in ("torch", "onnx", "onnxruntime"):
     sys.modules[name] = None  # any import of them now raises ImportError
-import hrm_deploy.runtime.engine, hrm_deploy.runtime.memory, hrm_deploy.bench.run, hrm_deploy.bench.jetson
+import hrm_deploy.runners.trt, hrm_deploy.runners.memory, hrm_deploy.runners.device_loop, hrm_deploy.runners.adapter
+import hrm_deploy.runners.base, hrm_deploy.bench.run, hrm_deploy.bench.jetson
 import hrm_deploy.runners, hrm_deploy.calib.data, hrm_deploy.calib.accuracy, hrm_deploy.verify
 from hrm_deploy.errors import DependencyError
-from hrm_deploy.runtime.memory import device_memory
+from hrm_deploy.runners.memory import device_memory
 try:
     device_memory(0)
 except DependencyError as exc:
