@@ -195,6 +195,13 @@ class _CudaBuffer:
     def nbytes(self) -> int:
         return _nbytes(self.shape, self.dtype)
 
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Lets torch (the PyTorch engine's adapter) view the buffer without a copy."""
+        if self.dtype == "bfloat16":
+            raise TypeError("bfloat16 has no __cuda_array_interface__ type string")
+        return {"shape": self.shape, "typestr": host_dtype(self.dtype).str, "data": (self.ptr, False), "version": 3}
+
 
 class CudaPythonMemory:
     """Buffers from ``cudaMalloc`` through cuda-python (``cuda.bindings.runtime`` or ``cuda.cudart``);
