@@ -18,7 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-CHECKED = ["hrm_deploy/engines", "hrm_deploy/runtime"]
+CHECKED = ["hrm_deploy/engines", "hrm_deploy/runners/trt.py", "hrm_deploy/runners/adapter.py",
+           "hrm_deploy/runners/device_loop.py", "hrm_deploy/runners/memory.py"]
 
 
 def stub_root() -> Path | None:

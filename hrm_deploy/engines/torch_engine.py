@@ -141,7 +141,7 @@ def build_torch_engine(source: str | os.PathLike, config: TorchEngineConfig, out
             if config.compiler == "torch.compile":
                 raise RuntimeError("torch.compile was asked for")
             torch._inductor.aoti_compile_and_package(program, package_path=str(built))
-        except Exception as exc:  # a missing host compiler / CUDA headers shows up as many exception types
+        except Exception as exc:  # noqa: BLE001 - a missing host compiler / CUDA headers surface as many types
             if config.compiler == "aoti":
                 raise EngineError(f"AOTInductor could not compile for {device}: {str(exc).splitlines()[0][:300]}; "
                                   "install a host compiler (gcc) and the CUDA headers, or use --compiler auto") from None

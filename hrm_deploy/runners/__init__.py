@@ -44,17 +44,18 @@ def is_checkpoint(artifact: str | Path) -> bool:
     return runner_name(artifact) == CHECKPOINT_RUNNER
 
 
-def runner_class(name: str) -> "type[Runner]":
+def runner_class(name: str) -> type[Runner]:
     if name not in RUNNERS:
         raise ConfigError(f"runner {name!r} unknown; use one of {', '.join(RUNNERS)}")
     module, cls = RUNNERS[name].split(":")
     return getattr(importlib.import_module(module), cls)
 
 
-def open_runner(artifact: str | Path, *, runner: str | None = None, **options: Any) -> "Runner":
+def open_runner(artifact: str | Path, *, runner: str | None = None, **options: Any) -> Runner:
     """A (not yet activated) runner for ``artifact``; ``runner`` overrides the suffix table;
     ``options`` go to the runner's constructor (e.g. ``steps``, ``provider``, ``device``)."""
     path = Path(artifact)
     if not path.exists():
         raise ArtifactError(f"{path} does not exist")
-    return runner_class(runner or runner_name(path))(path, **options)
+    cls: Any = runner_class(runner or runner_name(path))  # each runner's own constructor options
+    return cls(path, **options)

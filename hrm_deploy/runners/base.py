@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from hrm_deploy.errors import ConfigError, DataError, EngineError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 HaltFn = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
 FEED_NAMES = ("inputs", "puzzle_identifiers")
@@ -50,7 +54,7 @@ class Runner(ABC):
 
     _active: bool = False
 
-    def activate(self) -> "Runner":
+    def activate(self) -> Self:
         """Load the model / session / engine (idempotent); returns self."""
         if not self._active:
             self._activate()
@@ -62,7 +66,7 @@ class Runner(ABC):
             self._active = False
             self._close()
 
-    def __enter__(self) -> "Runner":
+    def __enter__(self) -> Self:
         return self.activate()
 
     def __exit__(self, *exc: object) -> None:

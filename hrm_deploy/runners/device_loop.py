@@ -25,8 +25,9 @@ allocation and no binding call.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -264,7 +265,7 @@ class DeviceLoop:
                 memory.download(stage[name], device[name])
             memory.record(e_done)
             memory.synchronize()
-        timing = {"h2d_ms": memory.elapsed_ms(e_begin, e_uploaded), "compute_ms": memory.elapsed_ms(e_uploaded, e_computed),
+        timing: dict[str, Any] = {"h2d_ms": memory.elapsed_ms(e_begin, e_uploaded), "compute_ms": memory.elapsed_ms(e_uploaded, e_computed),
                   "d2h_ms": memory.elapsed_ms(e_computed, e_done)}
         peak = memory.peak_bytes()
         timing["peak_gpu_mib"] = peak / 2**20 if peak else None

@@ -20,7 +20,8 @@ import contextlib
 import ctypes
 import importlib
 import time
-from typing import Any, Callable, ClassVar, Protocol
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -221,9 +222,9 @@ class CudaPythonMemory:
         self._stream = self._check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking))
         self.stream_handle = _handle(self._stream)
         props = self._check(rt.cudaGetDeviceProperties(device))
-        self.capability = (int(props.major), int(props.minor))
+        self.capability: tuple[int, int] | None = (int(props.major), int(props.minor))
         name = props.name
-        self.gpu_name = name.decode(errors="replace").rstrip("\x00") if isinstance(name, bytes) else str(name)
+        self.gpu_name: str | None = name.decode(errors="replace").rstrip("\x00") if isinstance(name, bytes) else str(name)
         self.kind, self.supports_graphs, self.allocations = "cuda-python", True, 0
         self._live = self._peak = 0
         self._host_buffers: list[int] = []
@@ -247,7 +248,7 @@ class CudaPythonMemory:
         ptr = int(self._check(self.rt.cudaMallocHost(size)))
         self._host_buffers.append(ptr)
         raw = (ctypes.c_byte * size).from_address(ptr)
-        return np.frombuffer(raw, dtype=host_dtype(dtype), count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+        return np.frombuffer(memoryview(raw), dtype=host_dtype(dtype), count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
 
     @staticmethod
     def ptr(buffer: _CudaBuffer) -> int:
@@ -320,11 +321,13 @@ class HostMemory:
     capturing, when it is recorded and only runs on replay (like a CUDA graph). Engines that
     enqueue work (the fake TensorRT of the tests) call :meth:`enqueue` via :meth:`from_handle`."""
 
-    _streams: ClassVar[dict[int, "HostMemory"]] = {}
+    _streams: ClassVar[dict[int, HostMemory]] = {}
     _next: ClassVar[int] = 1
 
     def __init__(self) -> None:
-        self.kind, self.capability, self.gpu_name, self.supports_graphs = "host", None, None, True
+        self.kind, self.supports_graphs = "host", True
+        self.capability: tuple[int, int] | None = None
+        self.gpu_name: str | None = None
         self.stream_handle = HostMemory._next
         HostMemory._next += 1
         HostMemory._streams[self.stream_handle] = self
@@ -334,7 +337,7 @@ class HostMemory:
         self._live = self._peak = 0
 
     @classmethod
-    def from_handle(cls, handle: int) -> "HostMemory":
+    def from_handle(cls, handle: int) -> HostMemory:
         return cls._streams[handle]
 
     def enqueue(self, work: Callable[[], None]) -> None:

@@ -7,8 +7,9 @@ as a CUDA graph; on the CPU the same loop with torch CPU memory (no graph).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -162,7 +162,7 @@ class ICudaEngine:
         shape = self._entry(name)[2]
         return [tuple(b if d == -1 else d for d in shape) for b in (low, low, high)]
 
-    def create_execution_context(self, strategy: Any = None) -> "IExecutionContext":
+    def create_execution_context(self, strategy: Any = None) -> IExecutionContext:
         CALLS["create_execution_context"] += 1
         return IExecutionContext(self, strategy)
 

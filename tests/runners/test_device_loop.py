@@ -197,13 +197,18 @@ def test_halting_rows_keep_their_output_of_the_halting_step(tmp_path):
     np.testing.assert_allclose(out["q_halt_logits"], ref["q_halt_logits"][:, :ran], atol=1e-6)
     assert out["step_predictions"].shape == (8, ran, s["S"])
     np.testing.assert_allclose(plain["logits"], ref["logits"], atol=1e-6)  # no halt: the full loop again
-    with open_fake(path) as runner:
-        with pytest.raises(ConfigError, match="bool array of shape"):
-            runner.infer(x, halt=lambda k, h, c: h > 0 if k < 2 else np.zeros(3, bool))
+    with open_fake(path) as runner, pytest.raises(ConfigError, match="bool array of shape"):
+        runner.infer(x, halt=lambda k, h, c: h > 0 if k < 2 else np.zeros(3, bool))
 
 
 def test_suffix_table_is_the_one_source(tmp_path):
-    from hrm_deploy.runners import RUNNERS, SUFFIXES, is_checkpoint, runner_class, runner_name
+    from hrm_deploy.runners import (
+        RUNNERS,
+        SUFFIXES,
+        is_checkpoint,
+        runner_class,
+        runner_name,
+    )
 
     assert runner_name("a.onnx") == "ort" and runner_name("a.plan") == "trt" and runner_name("a.pt2") == "torch_engine"
     assert is_checkpoint("step_100") and is_checkpoint("model.pt")
