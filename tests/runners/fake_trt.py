@@ -62,9 +62,10 @@ STORAGE = {"FLOAT": np.float32, "HALF": np.float16, "INT32": np.int32, "INT64": 
 
 
 def spec(mode: str = "step", batch: tuple[int, int] = (1, 16), steps: int = 4, seq: int = 6, vocab: int = 5,
-         hidden: int = 8, dtypes: dict[str, str] | None = None, step_predictions: bool = True) -> dict[str, Any]:
+         hidden: int = 8, dtypes: dict[str, str] | None = None, step_predictions: bool = True,
+         noop: bool = False) -> dict[str, Any]:
     return {"mode": mode, "batch": list(batch), "steps": steps, "S": seq, "V": vocab, "T": seq + 1, "D": hidden,
-            "dtypes": dtypes or {}, "step_predictions": step_predictions}
+            "dtypes": dtypes or {}, "step_predictions": step_predictions, "noop": noop}
 
 
 def engine_bytes(**kwargs: Any) -> bytes:
@@ -211,6 +212,8 @@ class IExecutionContext:
 
         def run() -> None:
             CALLS["executed"] += 1
+            if engine.spec.get("noop"):  # the loop-overhead benchmark: no maths, only the loop's own cost
+                return
             get = {n: _load(memory.array_at(p), engine.kinds[n]) for n, p in bound.items()}
             s = engine.spec
             if s["mode"] == "step":
