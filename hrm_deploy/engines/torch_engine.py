@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -132,10 +133,12 @@ def build_torch_engine(source: str | os.PathLike, config: TorchEngineConfig, out
         raise ConfigError(f"a torch engine's file name must end in .pt2 (the runner table reads it): {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation chatter
         program = torch.export.export(module, args, dynamic_shapes=dynamic)
     compile_path, fallback_reason = "aoti", None
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".torch-engine.") as work:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".torch-engine.") as work, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
         built = Path(work) / "engine.pt2"
         try:
             if config.compiler == "torch.compile":

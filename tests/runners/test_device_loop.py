@@ -217,3 +217,30 @@ def test_suffix_table_is_the_one_source(tmp_path):
         assert runner_class(name).name == name
     with pytest.raises(ConfigError, match="unknown"):
         runner_class("nope")
+
+
+def test_auto_memory_falls_back_to_cuda_python_when_torch_has_no_cuda(monkeypatch):
+    """Issue 9 item 8: a CPU-only torch (a Jetson with pip's torch) must not stop the engine runner."""
+    import sys
+
+    from hrm_deploy.errors import DependencyError
+    from hrm_deploy.runners import memory
+
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    tried = []
+
+    class Probe:
+        def __init__(self, device):
+            tried.append(device)
+
+    monkeypatch.setattr(memory, "CudaPythonMemory", Probe)
+    assert isinstance(memory.device_memory(0, "auto"), Probe) and tried == [0]
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "cuda", None)  # no cuda-python either: one clear error naming it
+    with pytest.raises(DependencyError, match="cuda-python"):
+        memory.device_memory(0, "auto")
+    with pytest.raises(DependencyError, match="torch sees no CUDA GPU"):
+        memory.device_memory(0, "torch")
+    assert memory.device_memory("cpu").kind == "torch-cpu"
