@@ -163,6 +163,16 @@ class DeviceLoop:
         self.plans[batch] = plan
         return plan
 
+    def close(self) -> None:
+        """Drop every plan: contexts first (they use the scratch buffer), then the buffers."""
+        self.memory.synchronize()
+        for plan in self.plans.values():
+            plan.contexts.clear()
+            plan.graph = None
+            for buffer in plan.device.values():
+                self.memory.free(buffer)
+        self.plans.clear()
+
     # -- the step loop ---------------------------------------------------------------------
     def _step(self, plan: _Plan, k: int) -> None:
         """Enqueue ACT step ``k`` (0-based): reset switch, one execute, per-step outputs aside."""

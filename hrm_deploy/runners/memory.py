@@ -75,6 +75,7 @@ class DeviceMemory(Protocol):
     def reset_peak(self) -> None: ...
     def peak_bytes(self) -> int: ...
     def free(self, buffer: Any) -> None: ...
+    def close(self) -> None: ...
 
 
 class TorchMemory:
@@ -186,6 +187,9 @@ class TorchMemory:
 
     def free(self, buffer: Any) -> None:
         """torch frees a tensor when the last reference goes."""
+
+    def close(self) -> None:
+        self._pinned.clear()
 
 
 class _CudaBuffer:
@@ -310,6 +314,15 @@ class CudaPythonMemory:
             self._live -= buffer.nbytes
             buffer.ptr = 0
 
+    def close(self) -> None:
+        """Free the pinned staging buffers and the stream (device buffers: :meth:`free`)."""
+        for ptr in self._host_buffers:
+            self.rt.cudaFreeHost(ptr)
+        self._host_buffers.clear()
+        if self._stream is not None:
+            self.rt.cudaStreamDestroy(self._stream)
+            self._stream = None
+
 
 def _handle(stream: Any) -> int:
     get = getattr(stream, "getPtr", None)
@@ -414,6 +427,9 @@ class HostMemory:
     def free(self, buffer: np.ndarray) -> None:
         if self._by_ptr.pop(buffer.ctypes.data, None) is not None:
             self._live -= buffer.nbytes
+
+    def close(self) -> None:
+        HostMemory._streams.pop(self.stream_handle, None)
 
 
 def device_memory(device: int | str = 0, prefer: str = "auto") -> DeviceMemory:

@@ -134,4 +134,7 @@ class TorchEngineRunner(Runner):
         return out
 
     def _close(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
         self.loop = None
+        self.memory.close()

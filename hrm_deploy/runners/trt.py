@@ -70,5 +70,8 @@ class TrtRunner(Runner):
         return out
 
     def _close(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
         self.loop = None
         self._engine = None
+        self.memory.close()

@@ -59,6 +59,7 @@ def test_step_engine_matches_reference_and_is_allocation_and_binding_free_after_
         assert calls.get("executed") == 12
         assert not any(calls.get(k) for k in ("set_tensor_address", "set_input_shape", "execute_async_v3",
                                               "create_execution_context", "set_device_memory"))
+    assert memory._live == 0 and not memory._by_ptr  # close() freed every buffer of every plan
     for result in (first, out):
         np.testing.assert_allclose(result["logits"], ref["logits"], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(result["q_halt_logits"], ref["q_halt_logits"], rtol=1e-6, atol=1e-6)
