@@ -113,7 +113,11 @@ def _environment(target: str) -> dict[str, Any]:
 
 
 def _default_artifacts() -> list[Path]:
-    return sorted(Path("engines").glob("*.engine"))
+    """Every engine in engines/ (TensorRT and PyTorch engines, by the runner table's suffixes)."""
+    from hrm_deploy.runners import runner_name
+
+    folder = Path("engines")
+    return sorted(p for p in folder.glob("*") if p.is_file() and runner_name(p) in ("trt", "torch_engine"))
 
 
 def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:

@@ -13,7 +13,8 @@ implement ``_activate``, ``_infer(feeds, halt)`` (one batch within their limits)
 - ``logits`` float32 [B, S, V]: after the last ACT step (with ``halt``: each row's halting step);
 - ``q_halt_logits`` float32 [B, n] per step (``q_continue_logits`` likewise where available);
   with ``halt``, n is the number of steps the batch ran (NaN beyond a chunk's last step);
-- ``step_predictions`` int32 [B, n, S]: per-step argmax, where the backend has them;
+- ``step_predictions`` int32 [B, n, S]: per-step argmax, where the backend has them (with
+  ``halt``, a row's entries after its halting step repeat that step's);
 - ``steps_used`` int32 [B]: ACT steps each row used (``steps`` without halting).
 
 ``halt`` is a callable ``(step: int (1-based), q_halt: float32 [B], q_continue: float32 [B])

@@ -298,6 +298,9 @@ class DeviceLoop:
                 out[name] = to_float32(stage[name + "_hist"][:steps_run], specs[name].dtype).T.copy()
             if self.step_predictions:
                 hist = to_float32(stage["logits_hist"][:steps_run], specs["logits"].dtype)
-                out["step_predictions"] = hist.argmax(-1).astype(np.int32).transpose(1, 0, 2).copy()
+                predictions = hist.argmax(-1).astype(np.int32).transpose(1, 0, 2).copy()
+                for row in np.flatnonzero(used < steps_run):  # a halted row's answer stays its halting step's
+                    predictions[row, used[row]:] = predictions[row, used[row] - 1]
+                out["step_predictions"] = predictions
         out["steps_used"] = used
         return out

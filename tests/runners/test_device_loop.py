@@ -197,6 +197,10 @@ def test_halting_rows_keep_their_output_of_the_halting_step(tmp_path):
         np.testing.assert_allclose(out["logits"][row], ref["per_step_logits"][row, expected_used[row] - 1], atol=1e-6)
     np.testing.assert_allclose(out["q_halt_logits"], ref["q_halt_logits"][:, :ran], atol=1e-6)
     assert out["step_predictions"].shape == (8, ran, s["S"])
+    for row in range(8):  # per-step answers up to the halting step, then frozen at it
+        used = expected_used[row]
+        np.testing.assert_array_equal(out["step_predictions"][row, :used], ref["step_predictions"][row, :used])
+        assert (out["step_predictions"][row, used:] == ref["step_predictions"][row, used - 1]).all()
     np.testing.assert_allclose(plain["logits"], ref["logits"], atol=1e-6)  # no halt: the full loop again
     with open_fake(path) as runner, pytest.raises(ConfigError, match="bool array of shape"):
         runner.infer(x, halt=lambda k, h, c: h > 0 if k < 2 else np.zeros(3, bool))
