@@ -130,6 +130,35 @@ def test_fallback_saves_the_exported_program_and_runs_it_compiled(trained_tiny, 
         TorchEngineConfig(precision="fp16")
 
 
+@pytest.mark.slow
+def test_bench_measures_a_torch_engine_on_cpu(torch_engines, tmp_path):
+    from hrm_deploy.bench.run import BenchConfig, bench
+
+    report = bench([torch_engines.step], BenchConfig(data=torch_engines.data, batches=(1, 8), iters=2, warmup=1,
+                                                     reference=str(torch_engines.checkpoint), accuracy_samples=16,
+                                                     out_dir=str(tmp_path / "bench")))
+    row = report["rows"][0]
+    assert row["status"] == "ok" and row["runner"] == "torch_engine", row
+    assert set(row["batches"]["8"]["phases_median_ms"]) == {"h2d_ms", "compute_ms", "d2h_ms"}
+    assert row["accuracy"] == report["rows"][1]["accuracy"]  # same answers as the reference row
+
+
+def test_cli_builds_a_torch_engine_with_fp32_by_default(trained_tiny, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",  # keep the CLI test fast
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no compiler (simulated)")))
+    out = tmp_path / "cli.pt2"
+    result = CliRunner().invoke(app, ["build-engine", str(trained_tiny.checkpoint), "--backend", "torch", "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "cli.pt2.manifest.json").read_text())
+    assert manifest["precision"] == "fp32" and manifest["mode"] == "step" and manifest["compile_path"] == "torch.compile"
+    refused = CliRunner().invoke(app, ["build-engine", str(trained_tiny.checkpoint), "--backend", "torch", "--fp16"])
+    assert refused.exit_code == 2 and "--fp32 or --bf16" in refused.output
+
+
 # -- GPU (issue 9 section 3): run wherever a CUDA GPU is available ------------------------------
 
 @pytest.fixture(scope="module")
