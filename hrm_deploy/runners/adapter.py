@@ -12,13 +12,21 @@ torch); the PyTorch engine's adapter lives in :mod:`hrm_deploy.runners.torch_eng
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hrm_deploy.errors import EngineError
+
+if TYPE_CHECKING:  # checked against tensorrt-stubs by scripts/typecheck_tensorrt.py
+    import tensorrt
 
 # TensorRT DataType member name -> device dtype name (hrm_deploy.runners.memory.DTYPES)
 TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT32": "int32", "INT64": "int64",
               "BOOL": "bool"}
+
+
+def _dims(dims: Any) -> tuple[int, ...]:
+    """TensorRT Dims (or any sequence) as a tuple of ints."""
+    return tuple(int(dims[i]) for i in range(len(dims)))
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,9 @@ class TrtAdapter:
     scratch buffer (``update_device_memory_size_for_shapes``) shared by its contexts, which run
     one after another on one stream, so the engine's memory is counted and never reallocated."""
 
-    def __init__(self, trt: Any, engine: Any, memory: Any, is_rtx: bool = False):
-        self.trt, self.engine, self.memory, self.is_rtx = trt, engine, memory, is_rtx
+    def __init__(self, trt: Any, engine: tensorrt.ICudaEngine, memory: Any, is_rtx: bool = False):
+        self.trt, self.memory, self.is_rtx = trt, memory, is_rtx
+        self.engine: tensorrt.ICudaEngine = engine
         self.tensors: dict[str, TensorSpec] = {}
         for i in range(engine.num_io_tensors):
             name = engine.get_tensor_name(i)
@@ -63,16 +72,16 @@ class TrtAdapter:
             if dtype is None:
                 raise EngineError(f"engine tensor {name} has dtype {kind}, which this runner cannot feed; "
                                   "rebuild from an hrm-deploy export")
-            shape = tuple(int(d) for d in engine.get_tensor_shape(name))
+            shape = _dims(engine.get_tensor_shape(name))
             self.tensors[name] = TensorSpec(name, engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT, dtype, shape)
         first = next(s.name for s in self.tensors.values() if s.is_input)
         low, _, high = engine.get_tensor_profile_shape(first, 0)
         self.batch_range = (int(low[0]), int(high[0]))
 
-    def new_context(self) -> Any:
+    def new_context(self) -> tensorrt.IExecutionContext:
         strategy = self.trt.ExecutionContextAllocationStrategy.USER_MANAGED
         if self.is_rtx:  # RTX takes the strategy (and its runtime cache) through a runtime config
-            config = self.engine.create_runtime_config()
+            config = getattr(self.engine, "create_runtime_config")()  # noqa: B009 - RTX (and TRT >= 10.11) only
             config.set_execution_context_allocation_strategy(strategy)
             context = self.engine.create_execution_context(config)
         else:
@@ -81,28 +90,28 @@ class TrtAdapter:
             raise EngineError("the engine could not create an execution context (out of GPU memory?)")
         return context
 
-    def set_input_shape(self, context: Any, name: str, shape: tuple[int, ...]) -> bool:
+    def set_input_shape(self, context: tensorrt.IExecutionContext, name: str, shape: tuple[int, ...]) -> bool:
         return bool(context.set_input_shape(name, shape))
 
-    def output_shape(self, context: Any, name: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in context.get_tensor_shape(name))
+    def output_shape(self, context: tensorrt.IExecutionContext, name: str) -> tuple[int, ...]:
+        return _dims(context.get_tensor_shape(name))
 
-    def scratch_bytes(self, context: Any) -> int:
+    def scratch_bytes(self, context: tensorrt.IExecutionContext) -> int:
         update = getattr(context, "update_device_memory_size_for_shapes", None)
         return int(update() if update is not None else self.engine.device_memory_size_v2)
 
-    def set_scratch(self, context: Any, buffer: Any, nbytes: int) -> None:
+    def set_scratch(self, context: tensorrt.IExecutionContext, buffer: Any, nbytes: int) -> None:
         if nbytes:
             context.set_device_memory(self.memory.ptr(buffer), nbytes)
 
-    def bind(self, context: Any, name: str, buffer: Any) -> None:
+    def bind(self, context: tensorrt.IExecutionContext, name: str, buffer: Any) -> None:
         if not context.set_tensor_address(name, self.memory.ptr(buffer)):
             raise EngineError(f"the engine refused the address of tensor {name}")
 
-    def execute(self, context: Any) -> None:
+    def execute(self, context: tensorrt.IExecutionContext) -> None:
         if not context.execute_async_v3(self.memory.stream_handle):
             raise EngineError("execute_async_v3 failed (see TensorRT's log above)")
 
-    def capturable(self, context: Any) -> bool:
+    def capturable(self, context: tensorrt.IExecutionContext) -> bool:
         check = getattr(context, "is_stream_capturable", None)  # TensorRT-RTX >= 1.2
         return bool(check(self.memory.stream_handle)) if check is not None else True
