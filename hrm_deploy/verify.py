@@ -39,6 +39,7 @@ THRESHOLDS = {
 def find_reference(artifact: Path) -> Path:
     """The checkpoint an artifact came from, following the manifests' parent links."""
     from hrm_deploy.io import sha256_file
+    from hrm_deploy.runners import is_checkpoint
 
     current = artifact
     for _ in range(8):
@@ -48,7 +49,7 @@ def find_reference(artifact: Path) -> Path:
         if not parent.get("path"):
             break
         current = Path(parent["path"])
-        if current.suffix not in (".onnx", ".engine", ".plan"):
+        if is_checkpoint(current):
             if not current.is_file():
                 break
             if parent.get("sha256") and sha256_file(current) != parent["sha256"]:

@@ -33,3 +33,11 @@ def test_cli_help_is_lean():
 def test_console_script_help_runs():
     out = subprocess.run([sys.executable, "-m", "hrm_deploy", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "export" in out.stdout
+
+
+def test_engine_runner_and_device_loop_are_light():
+    """The TensorRT runner, the device loop, its adapter and memory backends import no torch/onnx/TensorRT
+    (TensorRT is imported on activate; torch only by the torch memory backend when chosen)."""
+    body = "import hrm_deploy.runners, hrm_deploy.runners.trt, hrm_deploy.runners.device_loop, " \
+           "hrm_deploy.runners.memory, hrm_deploy.runners.adapter, hrm_deploy.runners.base"
+    assert _loaded_after(body) == ""

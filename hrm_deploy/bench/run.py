@@ -75,14 +75,19 @@ def _measure(runner, examples, config: BenchConfig) -> dict[str, Any]:
                 start = time.perf_counter()
                 runner.infer(feeds)  # returns host arrays: synchronised by construction
                 times.append(time.perf_counter() - start)
-                if getattr(runner, "last_timing", None):  # GPU runners: CUDA-event phases
-                    phases.append(runner.last_timing)
+                timing = runner.last_timing or {}
+                if "compute_ms" in timing:  # device-loop runners: phases from events on their stream
+                    phases.append(timing)
             row["batches"][str(batch)] = latency_stats(times, batch)
             if phases:
                 row["batches"][str(batch)]["phases_median_ms"] = {
-                    k: float(np.median([p[k] for p in phases])) for k in phases[0]}
+                    k: float(np.median([p[k] for p in phases])) for k in ("h2d_ms", "compute_ms", "d2h_ms")}
+                peaks = [p["peak_gpu_mib"] for p in phases if p.get("peak_gpu_mib")]
+                if peaks:  # engine scratch + buffers (+ torch's allocator), reset per call
+                    row["batches"][str(batch)]["peak_gpu_mib"] = max(peaks)
         row["peak_host_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        row["peak_gpu_mib"] = _peak_gpu_mib()
+        row["peak_gpu_mib"] = max([s.get("peak_gpu_mib", 0.0) for s in row["batches"].values()] +
+                                  [_peak_gpu_mib() or 0.0]) or None
         return row
     finally:
         runner.close()
@@ -108,7 +113,11 @@ def _environment(target: str) -> dict[str, Any]:
 
 
 def _default_artifacts() -> list[Path]:
-    return sorted(Path("engines").glob("*.engine"))
+    """Every engine in engines/ (TensorRT and PyTorch engines, by the runner table's suffixes)."""
+    from hrm_deploy.runners import runner_name
+
+    folder = Path("engines")
+    return sorted(p for p in folder.glob("*") if p.is_file() and runner_name(p) in ("trt", "torch_engine"))
 
 
 def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from hrm_deploy.cli.common import user_errors
 @app.command("build-engine")
 @user_errors
 def build_engine(
-    onnx: Optional[Path] = typer.Argument(None, help="ONNX graph (default: the newest FP32 export in export/)."),
+    onnx: Optional[Path] = typer.Argument(None, help="ONNX graph (default: the newest FP32 export in export/); "
+                                          "with --backend torch also a checkpoint."),
     fp16: bool = typer.Option(False, "--fp16", help="FP16 with float32 islands (default precision)."),
     bf16: bool = typer.Option(False, "--bf16", help="BF16 with float32 islands."),
     int8: bool = typer.Option(False, "--int8", help="INT8 Q/DQ (calibrates an FP32 graph first; needs --calib-data)."),
@@ -25,7 +26,8 @@ def build_engine(
     accuracy_budget: Optional[float] = typer.Option(
         None, help="INT8: exact-accuracy points INT8 may lose on the holdout; harmful layers stay float until it holds."),
     target: str = typer.Option("desktop", help="desktop (RTX 50, sm_120), jetson-orin-8gb or datacenter."),
-    backend: Optional[str] = typer.Option(None, help="tensorrt or tensorrt-rtx (default: the target's first)."),
+    backend: Optional[str] = typer.Option(None, help="tensorrt or tensorrt-rtx (default: the target's first), or torch "
+                                          "(an AOTInductor .pt2 for this machine's GPU or CPU; --fp32 default, or --bf16)."),
     min_batch: Optional[int] = typer.Option(None, help="Optimization profile: smallest batch."),
     opt_batch: Optional[int] = typer.Option(None, help="Optimization profile: batch tuned for."),
     max_batch: Optional[int] = typer.Option(None, help="Optimization profile: largest batch."),
@@ -45,7 +47,8 @@ def build_engine(
     chosen = [name for name, flag in (("fp16", fp16), ("bf16", bf16), ("int8", int8), ("fp32", fp32)) if flag]
     if len(chosen) > 1:
         raise ConfigError(f"choose one precision, not {' and '.join('--' + c for c in chosen)}")
-    config = EngineConfig(precision=chosen[0] if chosen else "fp16", target=target, backend=backend,
+    default = "fp32" if backend == "torch" else "fp16"
+    config = EngineConfig(precision=chosen[0] if chosen else default, target=target, backend=backend,
                           min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch, workspace_mib=workspace,
                           optimization_level=opt_level, compute_capability=compute_capability,
                           calib_data=str(calib_data) if calib_data else None, calib_method=calib_method,

@@ -167,7 +167,14 @@ def layers_path(engine_path: str | os.PathLike) -> Path:
 
 def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out: str | os.PathLike | None = None,
                  quiet: bool = False) -> EngineResult:
-    """Build an engine for ``config.target`` from ``onnx_path`` (default: newest export)."""
+    """Build an engine for ``config.target`` from ``onnx_path`` (default: newest export).
+    ``config.backend == "torch"``: a PyTorch (AOTInductor) engine for this machine instead
+    (:mod:`hrm_deploy.engines.torch_engine`); ``onnx_path`` may then also be a checkpoint."""
+    if config.backend == "torch":
+        from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
+
+        torch_config = TorchEngineConfig(precision=config.precision, max_batch=config.max_batch or 1024)
+        return build_torch_engine(onnx_path or newest_export(), torch_config, out, quiet=quiet)
     target = get_target(config.target)
     backend_name = config.backend or target.backends[0]
     if backend_name not in target.backends:

@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.errors import DependencyError, require
+from hrm_deploy.runners.base import HaltFn, Runner
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 
 
-class OrtRunner:
+class OrtRunner(Runner):
     name = "ort"
 
     def __init__(self, path: str | Path, provider: str = "cpu", threads: int | None = None, steps: int | None = None):
@@ -26,7 +27,7 @@ class OrtRunner:
         self.precision, self.mode, self.steps = "fp32", "unrolled", steps or 1
         self._session: Any = None
 
-    def activate(self) -> None:
+    def _activate(self) -> None:
         ort = require("onnxruntime", "onnx", "The ONNX Runtime runner")
         onnx = require("onnx", "onnx", "The ONNX Runtime runner")
         from hrm_deploy.calib.accuracy import graph_metadata
@@ -48,8 +49,7 @@ class OrtRunner:
                                   f"{', '.join(ort.get_available_providers())}); install onnxruntime-gpu with a "
                                   "matching CUDA/TensorRT, or use --provider cpu")
 
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds = {"inputs": feeds["inputs"].astype(np.int32), "puzzle_identifiers": feeds["puzzle_identifiers"].astype(np.int32)}
+    def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
         if self.mode != "step":
             names = ["logits", "q_halt_logits"] + (["step_predictions"] if self._per_step else [])
             return dict(zip(names, self._session.run(names, feeds)))
@@ -58,5 +58,5 @@ class OrtRunner:
         out = run_stepwise(self._session, feeds, None, self.steps)
         return {k: out[k] for k in ("logits", "q_halt_logits", "step_predictions")}
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._session = None

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.errors import ConfigError, require
+from hrm_deploy.runners.base import HaltFn, Runner
 
 
-class TorchRunner:
+class TorchRunner(Runner):
     name = "torch_ref"
 
     def __init__(self, checkpoint: str | Path, steps: int | None = None, device: str = "cpu",
@@ -28,7 +29,7 @@ class TorchRunner:
         self.steps = steps or 0
         self._module: Any = None
 
-    def activate(self) -> None:
+    def _activate(self) -> None:
         torch = require("torch", "torch", "The PyTorch reference runner")
         from hrm_deploy.export.unroll import unroll
         from hrm_deploy.model.checkpoint import load_checkpoint
@@ -44,7 +45,7 @@ class TorchRunner:
             module = torch.compile(module, mode="reduce-overhead" if self.device.type == "cuda" else "default")
         self._module, self._torch = module, torch
 
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
         torch = self._torch
         with torch.inference_mode():
             inputs = torch.from_numpy(np.ascontiguousarray(feeds["inputs"])).to(self.device)
@@ -53,5 +54,5 @@ class TorchRunner:
             return {"logits": logits.float().cpu().numpy(), "q_halt_logits": q_halt.float().cpu().numpy(),
                     "step_predictions": predictions.cpu().numpy()}
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._module = None

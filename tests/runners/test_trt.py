@@ -1,4 +1,4 @@
-"""The light on-device runtime: numpy + TensorRT only (checked with torch and onnx blocked)."""
+"""The TensorRT runner is light: numpy + TensorRT only (checked with torch and onnx blocked)."""
 
 import json
 import subprocess
@@ -13,10 +13,11 @@ BLOCKED_IMPORT = """
 import sys
 for name in ("torch", "onnx", "onnxruntime"):
     sys.modules[name] = None  # any import of them now raises ImportError
-import hrm_deploy.runtime.engine, hrm_deploy.runtime.memory, hrm_deploy.bench.run, hrm_deploy.bench.jetson
+import hrm_deploy.runners.trt, hrm_deploy.runners.memory, hrm_deploy.runners.device_loop, hrm_deploy.runners.adapter
+import hrm_deploy.runners.base, hrm_deploy.bench.run, hrm_deploy.bench.jetson
 import hrm_deploy.runners, hrm_deploy.calib.data, hrm_deploy.calib.accuracy, hrm_deploy.verify
 from hrm_deploy.errors import DependencyError
-from hrm_deploy.runtime.memory import device_memory
+from hrm_deploy.runners.memory import device_memory
 try:
     device_memory(0)
 except DependencyError as exc:
@@ -51,3 +52,22 @@ def test_engine_manifest_mismatch_names_both_sides():
     with pytest.raises(EngineError, match="--compute-capability SM89"):
         check_compatible(rtx, "tensorrt-rtx", "1.7.1.116", (8, 9), "RTX 4090")
     assert json.dumps(MANIFEST)
+
+
+def test_adapter_surface_exists_in_installed_tensorrt_rtx():
+    """Every TensorRT attribute the adapter uses exists in the installed tensorrt_rtx (no GPU needed)."""
+    trt = pytest.importorskip("tensorrt_rtx")
+    if not hasattr(trt, "Builder"):
+        pytest.skip("tensorrt_rtx is stubs only")
+    from hrm_deploy.runners.adapter import TRT_DTYPES
+
+    assert set(TRT_DTYPES) <= set(trt.DataType.__members__)
+    assert {"INPUT", "OUTPUT"} <= set(trt.TensorIOMode.__members__)
+    assert "USER_MANAGED" in trt.ExecutionContextAllocationStrategy.__members__
+    for name in ("num_io_tensors", "get_tensor_name", "get_tensor_mode", "get_tensor_dtype", "get_tensor_shape",
+                 "get_tensor_profile_shape", "create_execution_context", "create_runtime_config", "device_memory_size_v2"):
+        assert hasattr(trt.ICudaEngine, name), name
+    for name in ("set_input_shape", "get_tensor_shape", "set_tensor_address", "execute_async_v3", "set_device_memory",
+                 "update_device_memory_size_for_shapes", "is_stream_capturable"):
+        assert hasattr(trt.IExecutionContext, name), name
+    assert hasattr(trt.IRuntimeConfig, "set_execution_context_allocation_strategy")

@@ -1,0 +1,134 @@
+"""Engine adapters: the exact surface of an engine the device loop uses, and nothing more.
+
+An adapter describes its I/O tensors (:class:`TensorSpec`) and its batch range, hands out
+*contexts* (one set of bindings each: the step loop keeps two, one per carry parity, so no
+binding changes per step), sets input shapes (``set_input_shape -> bool``, never ignored),
+binds device buffers and enqueues on the memory backend's one stream.
+
+:class:`TrtAdapter` is that surface for TensorRT 10/11 and TensorRT-RTX 1.x (numpy only, no
+torch); the PyTorch engine's adapter lives in :mod:`hrm_deploy.runners.torch_engine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hrm_deploy.errors import EngineError
+
+if TYPE_CHECKING:  # checked against tensorrt-stubs by scripts/typecheck_tensorrt.py
+    import tensorrt
+
+# TensorRT DataType member name -> device dtype name (hrm_deploy.runners.memory.DTYPES)
+TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT32": "int32", "INT64": "int64",
+              "BOOL": "bool"}
+
+
+def _dims(dims: Any) -> tuple[int, ...]:
+    """TensorRT Dims (or any sequence) as a tuple of ints."""
+    return tuple(int(dims[i]) for i in range(len(dims)))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One engine I/O tensor; ``shape`` has -1 for the (dynamic) batch."""
+
+    name: str
+    is_input: bool
+    dtype: str
+    shape: tuple[int, ...]
+
+    def at(self, batch: int) -> tuple[int, ...]:
+        return tuple(batch if d == -1 else d for d in self.shape)
+
+
+class EngineAdapter(Protocol):
+    tensors: dict[str, TensorSpec]
+    batch_range: tuple[int, int]  # (min, max) batch the engine accepts
+
+    def new_context(self) -> Any: ...
+    def set_input_shape(self, context: Any, name: str, shape: tuple[int, ...]) -> bool: ...
+    def output_shape(self, context: Any, name: str) -> tuple[int, ...]: ...
+    def scratch_bytes(self, context: Any) -> int: ...
+    def set_scratch(self, context: Any, buffer: Any, nbytes: int) -> None: ...
+    def bind(self, context: Any, name: str, buffer: Any) -> None: ...
+    def execute(self, context: Any) -> None: ...
+    def capturable(self, context: Any) -> bool: ...
+
+
+class TrtAdapter:
+    """TensorRT / TensorRT-RTX. Contexts use USER_MANAGED device memory: the loop allocates one
+    scratch buffer (``update_device_memory_size_for_shapes``) shared by its contexts, which run
+    one after another on one stream, so the engine's memory is counted and never reallocated."""
+
+    def __init__(self, trt: Any, engine: tensorrt.ICudaEngine, memory: Any, is_rtx: bool = False,
+                 backend: Any = None, runtime_cache: Any = None):
+        # backend + runtime_cache (TensorRT-RTX): contexts come from engines.backend.create_context so
+        # the JIT kernels are cached beside the engine instead of recompiled in every process.
+        self.trt, self.memory, self.is_rtx = trt, memory, is_rtx
+        self.backend, self.runtime_cache = backend, runtime_cache
+        self.handles: list[Any] = []  # EngineContext objects: their runtime configs must outlive the contexts
+        self.engine: tensorrt.ICudaEngine = engine
+        self.tensors: dict[str, TensorSpec] = {}
+        for i in range(engine.num_io_tensors):
+            name = engine.get_tensor_name(i)
+            kind = engine.get_tensor_dtype(name)
+            dtype = TRT_DTYPES.get(getattr(kind, "name", str(kind).rsplit(".", 1)[-1]))
+            if dtype is None:
+                raise EngineError(f"engine tensor {name} has dtype {kind}, which this runner cannot feed; "
+                                  "rebuild from an hrm-deploy export")
+            shape = _dims(engine.get_tensor_shape(name))
+            self.tensors[name] = TensorSpec(name, engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT, dtype, shape)
+        first = next(s.name for s in self.tensors.values() if s.is_input)
+        low, _, high = engine.get_tensor_profile_shape(first, 0)
+        self.batch_range = (int(low[0]), int(high[0]))
+
+    def new_context(self) -> tensorrt.IExecutionContext:
+        strategy = self.trt.ExecutionContextAllocationStrategy.USER_MANAGED
+        if self.backend is not None and self.is_rtx:
+            from hrm_deploy.engines.backend import create_context
+
+            handle = create_context(self.engine, self.backend, self.runtime_cache, allocation_strategy="user_managed")
+            self.handles.append(handle)
+            context = handle.context
+        elif self.is_rtx:  # RTX takes the strategy (and its runtime cache) through a runtime config
+            config = getattr(self.engine, "create_runtime_config")()  # noqa: B009 - RTX (and TRT >= 10.11) only
+            config.set_execution_context_allocation_strategy(strategy)
+            context = self.engine.create_execution_context(config)
+        else:
+            context = self.engine.create_execution_context(strategy)
+        if context is None:
+            raise EngineError("the engine could not create an execution context (out of GPU memory?)")
+        return context
+
+    def save_runtime_caches(self) -> None:
+        """Write TensorRT-RTX's runtime cache back (atomically) once kernels were compiled."""
+        for handle in self.handles:
+            if handle.cache is not None:
+                handle.save_runtime_cache()
+
+    def set_input_shape(self, context: tensorrt.IExecutionContext, name: str, shape: tuple[int, ...]) -> bool:
+        return bool(context.set_input_shape(name, shape))
+
+    def output_shape(self, context: tensorrt.IExecutionContext, name: str) -> tuple[int, ...]:
+        return _dims(context.get_tensor_shape(name))
+
+    def scratch_bytes(self, context: tensorrt.IExecutionContext) -> int:
+        update = getattr(context, "update_device_memory_size_for_shapes", None)
+        return int(update() if update is not None else self.engine.device_memory_size_v2)
+
+    def set_scratch(self, context: tensorrt.IExecutionContext, buffer: Any, nbytes: int) -> None:
+        if nbytes:
+            context.set_device_memory(self.memory.ptr(buffer), nbytes)
+
+    def bind(self, context: tensorrt.IExecutionContext, name: str, buffer: Any) -> None:
+        if not context.set_tensor_address(name, self.memory.ptr(buffer)):
+            raise EngineError(f"the engine refused the address of tensor {name}")
+
+    def execute(self, context: tensorrt.IExecutionContext) -> None:
+        if not context.execute_async_v3(self.memory.stream_handle):
+            raise EngineError("execute_async_v3 failed (see TensorRT's log above)")
+
+    def capturable(self, context: tensorrt.IExecutionContext) -> bool:
+        check = getattr(context, "is_stream_capturable", None)  # TensorRT-RTX >= 1.2
+        return bool(check(self.memory.stream_handle)) if check is not None else True

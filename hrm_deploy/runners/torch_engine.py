@@ -1,0 +1,140 @@
+"""PyTorch engine runner (``.pt2`` from ``build-engine --backend torch``): the AOTInductor
+package (or, where the build fell back, the exported program under ``torch.compile``) behind
+:class:`TorchEngineAdapter`, driven by the same :class:`~hrm_deploy.runners.device_loop.DeviceLoop`
+as TensorRT engines: on CUDA one stream, buffers once per batch size, the step loop captured
+as a CUDA graph; on the CPU the same loop with torch CPU memory (no graph).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.engines.compat import check_compatible
+from hrm_deploy.errors import EngineError, require
+from hrm_deploy.manifest import read_manifest
+from hrm_deploy.runners.adapter import TensorSpec
+from hrm_deploy.runners.base import HaltFn, Runner
+
+
+class TorchEngineAdapter:
+    """The engine surface for a compiled torch callable ``fn(*inputs) -> outputs``. A context is
+    a dict of bound tensors; ``execute`` calls ``fn`` and copies its outputs into the bound
+    output buffers (on the memory backend's stream). Buffers that are not torch tensors
+    (cuda-python memory) are wrapped zero-copy through ``__cuda_array_interface__``."""
+
+    def __init__(self, fn: Callable[..., Any], specs: list[TensorSpec], memory: Any, batch_range: tuple[int, int]):
+        import torch
+
+        self.torch, self.fn, self.memory, self.batch_range = torch, fn, memory, batch_range
+        self.tensors = {s.name: s for s in specs}
+        self.inputs = [s.name for s in specs if s.is_input]
+        self.outputs = [s.name for s in specs if not s.is_input]
+        cuda = memory.kind in ("torch-cuda", "cuda-python")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        external = memory.kind == "cuda-python"
+        self._stream = torch.cuda.ExternalStream(memory.stream_handle) if external else None
+
+    def new_context(self) -> dict[str, Any]:
+        return {"shapes": {}, "bound": {}}
+
+    def set_input_shape(self, context: dict[str, Any], name: str, shape: tuple[int, ...]) -> bool:
+        spec = self.tensors[name]
+        low, high = self.batch_range
+        ok = len(shape) == len(spec.shape) and low <= shape[0] <= high and \
+            all(w in (-1, d) for w, d in zip(spec.shape, shape))
+        if ok:
+            context["shapes"][name] = tuple(shape)
+        return ok
+
+    def output_shape(self, context: dict[str, Any], name: str) -> tuple[int, ...]:
+        return self.tensors[name].at(context["shapes"].get("inputs", (-1,))[0])
+
+    def scratch_bytes(self, context: Any) -> int:
+        return 0  # the compiled code allocates its own temporaries from torch's allocator
+
+    def set_scratch(self, context: Any, buffer: Any, nbytes: int) -> None:
+        pass
+
+    def bind(self, context: dict[str, Any], name: str, buffer: Any) -> None:
+        torch = self.torch
+        context["bound"][name] = buffer if isinstance(buffer, torch.Tensor) else torch.as_tensor(buffer, device=self.device)
+
+    def execute(self, context: dict[str, Any]) -> None:
+        torch, bound = self.torch, context["bound"]
+        with torch.no_grad(), (torch.cuda.stream(self._stream) if self._stream is not None else _null()):
+            outs = self.fn(*[bound[n] for n in self.inputs])
+            for name, value in zip(self.outputs, outs):
+                bound[name].copy_(value)
+
+    def capturable(self, context: Any) -> bool:
+        # torch's allocator must know the capture (torch.cuda.graph): only with torch memory
+        return self.memory.kind == "torch-cuda"
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class TorchEngineRunner(Runner):
+    """Options: ``steps`` (step engines), ``memory`` ("auto"/"torch"/"cuda-python"; CPU engines
+    use torch CPU memory), ``device`` (GPU index), ``cuda_graph``, ``step_predictions``."""
+
+    name = "torch_engine"
+    supports_halt = True
+
+    def __init__(self, path: str | Path, steps: int | None = None, device: int = 0, memory: str = "auto",
+                 cuda_graph: bool = True, step_predictions: bool = True):
+        self.path, self.device_index, self.memory_kind = Path(path), device, memory
+        self.manifest = read_manifest(self.path)
+        if self.manifest.get("backend", {}).get("name") != "torch":
+            raise EngineError(f"{self.path} is not a PyTorch engine (its manifest names another backend)")
+        self.precision, self.mode = self.manifest.get("precision", "fp32"), self.manifest.get("mode", "step")
+        self.requested_steps = steps
+        self.steps = steps if steps and self.mode == "step" else int(self.manifest.get("steps", 1))
+        self.cuda_graph, self.step_predictions = cuda_graph, step_predictions
+        self.compile_path = self.manifest.get("compile_path", "aoti")
+        self.loop: Any = None
+
+    def _activate(self) -> None:
+        torch = require("torch", "torch", "The PyTorch engine runner")
+        from hrm_deploy.runners.device_loop import DeviceLoop
+        from hrm_deploy.runners.memory import device_memory
+
+        on_cuda = self.manifest.get("device") == "cuda"
+        if on_cuda and not torch.cuda.is_available():
+            raise EngineError(f"{self.path.name} was compiled for CUDA but torch sees no GPU here; rebuild it here "
+                              "(hrm-deploy build-engine --backend torch builds for the CPU without a GPU)")
+        self.memory = device_memory(self.device_index if on_cuda else "cpu", self.memory_kind if on_cuda else "auto")
+        check_compatible(self.manifest, "torch", torch.__version__, self.memory.capability, self.memory.gpu_name)
+        if on_cuda:
+            torch.cuda.set_device(self.device_index)
+        if self.compile_path == "aoti":
+            fn = torch._inductor.aoti_load_package(str(self.path))
+        else:  # the build could not AOT-compile: compile the exported program here
+            fn = torch.compile(torch.export.load(str(self.path)).module(), dynamic=True)
+        specs = [TensorSpec(t["name"], t["is_input"], t["dtype"], tuple(t["shape"])) for t in self.manifest["io"]]
+        low, high = self.manifest.get("profile_shapes", {}).get("batch", [1, 1024])
+        adapter = TorchEngineAdapter(fn, specs, self.memory, (int(low), int(high)))
+        self.loop = DeviceLoop(adapter, self.memory, self.steps if self.mode == "step" else self.requested_steps,
+                               cuda_graph=self.cuda_graph, step_predictions=self.step_predictions)
+        self.mode, self.steps = self.loop.mode, self.loop.steps
+        self.min_batch, self.max_batch = int(low), int(high)
+        self.seq_len = adapter.tensors["inputs"].shape[-1]
+
+    def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
+        out, self.last_timing = self.loop.run(feeds, halt)
+        return out
+
+    def _close(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
+        self.loop = None
+        self.memory.close()
