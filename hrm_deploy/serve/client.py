@@ -9,9 +9,6 @@ import numpy as np
 
 from hrm_deploy.errors import HRMDeployError, require
 
-OUTPUTS = ("logits", "q_halt_logits", "answer", "steps")
-
-
 class RemoteError(HRMDeployError):
     """The server could not be reached, timed out or refused the request (its message follows)."""
 
@@ -54,14 +51,20 @@ def infer_remote(url: str, feeds: dict[str, np.ndarray], *, model_name: str = "h
                   httpclient.InferInput("puzzle_identifiers", list(ids.shape), "INT32")]
         inputs[0].set_data_from_numpy(tokens)
         inputs[1].set_data_from_numpy(ids)
-        outputs = [httpclient.InferRequestedOutput(name) for name in OUTPUTS]
-        result = client.infer(model_name, inputs, outputs=outputs, timeout=int(timeout_s * 1e6))
+        # No output list: the server returns all its outputs (serve's model and a triton-repo
+        # driver have answer/steps, an unrolled graph served directly has logits/q_*).
+        result = client.infer(model_name, inputs, timeout=int(timeout_s * 1e6))
     except InferenceServerException as exc:
         raise RemoteError(f"{url} model '{model_name}': {_server_message(exc)}") from None
     except Exception as exc:  # connection refused / reset, socket timeouts (gevent/geventhttpclient types)
         raise RemoteError(f"{url} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}") from None
     finally:
         client.close()
-    out = {name: result.as_numpy(name) for name in OUTPUTS}
-    out["steps"] = out["steps"].reshape(-1)
+    names = [o["name"] for o in result.get_response()["outputs"]]
+    out = {name: result.as_numpy(name) for name in names}
+    out["q_halt_logits"] = out["q_halt_logits"].reshape(len(tokens), -1)
+    if "answer" not in out:
+        out["answer"] = out["logits"].argmax(-1).astype(np.int32)
+    out["steps"] = (out["steps"].reshape(-1) if "steps" in out
+                    else np.full(len(tokens), out["q_halt_logits"].shape[1], np.int32))
     return out
