@@ -9,6 +9,7 @@ import numpy as np
 
 from hrm_deploy.errors import HRMDeployError, require
 
+
 class RemoteError(HRMDeployError):
     """The server could not be reached, timed out or refused the request (its message follows)."""
 
@@ -44,7 +45,7 @@ def infer_remote(url: str, feeds: dict[str, np.ndarray], *, model_name: str = "h
     address = _host_port(url)
     try:
         client = httpclient.InferenceServerClient(address, connection_timeout=timeout_s, network_timeout=timeout_s)
-    except Exception as exc:  # tritonclient raises plain exceptions for bad addresses
+    except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
         raise RemoteError(f"cannot reach {url}: {exc}") from None
     try:
         inputs = [httpclient.InferInput("inputs", list(tokens.shape), "INT32"),
@@ -56,7 +57,7 @@ def infer_remote(url: str, feeds: dict[str, np.ndarray], *, model_name: str = "h
         result = client.infer(model_name, inputs, timeout=int(timeout_s * 1e6))
     except InferenceServerException as exc:
         raise RemoteError(f"{url} model '{model_name}': {_server_message(exc)}") from None
-    except Exception as exc:  # connection refused / reset, socket timeouts (gevent/geventhttpclient types)
+    except Exception as exc:  # noqa: BLE001 - connection refused / reset, socket timeouts (gevent/geventhttpclient types)
         raise RemoteError(f"{url} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}") from None
     finally:
         client.close()

@@ -19,9 +19,10 @@ from __future__ import annotations
 import enum
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.serve.contract import TRITON_TYPES, Contract, read_contract
@@ -69,8 +70,7 @@ def model_name(artifact: Path) -> str:
     """A Triton-safe model name from a file name: ``sudoku-tiny.fp16.onnx`` -> ``sudoku-tiny_fp16``."""
     stem = artifact.name
     for suffix in (".onnx", ".engine", ".plan"):
-        if stem.endswith(suffix):
-            stem = stem[: -len(suffix)]
+        stem = stem.removesuffix(suffix)
     return re.sub(r"[^A-Za-z0-9_-]", "_", stem)
 
 

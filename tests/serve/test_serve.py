@@ -16,10 +16,10 @@ import pytest
 
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.serve.server import ServeConfig, check_bind, halt_function, is_loopback
-from tests.serve.helpers import ServeProcess, free_ports, puzzles
+from tests.serve.helpers import ServeProcess, free_ports, puzzles, serving_unavailable
 
-pytest.importorskip("pytriton", reason="nvidia-pytriton not installed (pip install 'hrm-deploy[serve]')")
-pytest.importorskip("tritonclient.http", reason="tritonclient not installed (pip install 'hrm-deploy[serve]')")
+_WHY_NOT = serving_unavailable()
+live = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,7 @@ def test_non_loopback_refused_by_cli(tiny_onnx):
 
 
 @pytest.mark.slow
+@live
 def test_concurrent_clients_get_the_runners_answers(server, reference):
     from hrm_deploy.serve.client import infer_remote
 
@@ -97,7 +98,7 @@ def test_concurrent_clients_get_the_runners_answers(server, reference):
     import urllib.request
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics}/metrics", timeout=10).read().decode()
-    count = {k: float(re.search(rf'^{k}{{model="hrm".*}} (\S+)$', text, re.M).group(1))
+    count = {k: float(re.search(rf'^{k}{{model="hrm".*}} (\S+)$', text, re.MULTILINE).group(1))
              for k in ("nv_inference_request_success", "nv_inference_exec_count")}
     assert count["nv_inference_request_success"] >= clients * per_client
     assert count["nv_inference_exec_count"] < count["nv_inference_request_success"], count
@@ -107,6 +108,7 @@ def test_concurrent_clients_get_the_runners_answers(server, reference):
 
 
 @pytest.mark.slow
+@live
 def test_bad_requests_get_errors_and_serving_goes_on(server, reference):
     import tritonclient.http as httpclient
 
@@ -146,6 +148,7 @@ def test_bad_requests_get_errors_and_serving_goes_on(server, reference):
 
 
 @pytest.mark.slow
+@live
 def test_stop_mid_load_then_restart(tiny_onnx, reference, tmp_path):
     """SIGTERM while 4 clients hammer the server: every call ends (answer or error) well within its
     timeout, the server exits 0 and leaves no process; SIGKILL of tritonserver itself makes `serve`
@@ -217,6 +220,7 @@ def test_stop_mid_load_then_restart(tiny_onnx, reference, tmp_path):
 
 
 @pytest.mark.slow
+@live
 def test_generated_repository_answers_in_bundled_tritonserver(tiny_onnx, reference, tmp_path):
     """The repository for the unrolled graph and for the step graph (ACT driver + BLS) loads in
     PyTriton's tritonserver and answers as the in-process runner. That server has only the Python
