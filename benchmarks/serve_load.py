@@ -14,6 +14,7 @@ Run it in the serve venv (README, Serving). Writes benchmarks/results/serve_load
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -142,11 +143,9 @@ def main() -> None:
 
             deadline = time.monotonic() + 180
             while True:
-                try:
+                with contextlib.suppress(Exception):  # not up yet
                     if httpclient.InferenceServerClient(f"127.0.0.1:{http}").is_model_ready("hrm"):
                         break
-                except Exception:  # noqa: BLE001 - not up yet
-                    pass
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"server did not start:\n{(work / 'serve.log').read_text()[-2000:]}")
                 time.sleep(0.5)

@@ -28,7 +28,7 @@ from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.serve.contract import TRITON_TYPES, Contract, read_contract
 
 DEFAULT_QUEUE_DELAY_US = 2000
-HALT_RULE = re.compile(r"^(off|q|threshold:(0(\.\d+)?|1(\.0+)?))$")
+HALT_RULE = re.compile(r"^(off|q|threshold:0?\.\d*[1-9]\d*)$")  # threshold:X with 0 < X < 1
 
 
 class OnnxBackend(str, enum.Enum):
@@ -195,7 +195,8 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
     if not artifacts:
         raise ConfigError("give at least one ONNX graph or engine")
     if not HALT_RULE.match(config.halt):
-        raise ConfigError(f"--halt {config.halt!r}: use off, q or threshold:X with X in [0, 1]")
+        raise ConfigError(f"--halt {config.halt!r}: the ACT driver knows off, q or threshold:X with 0 < X < 1 "
+                          "(budget:P needs calibration: calibrate with `hrm-deploy verify` and pass threshold:X)")
     if config.instances < 1 or config.queue_delay_us < 0:
         raise ConfigError("--instances must be >= 1 and --queue-delay-us >= 0")
     names = list(config.names) or [model_name(Path(a)) for a in artifacts]

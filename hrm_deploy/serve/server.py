@@ -136,8 +136,9 @@ class BatchInfer:
         self.batches = (self.batches + [len(feeds["inputs"])])[-1000:]
         logits = np.asarray(out["logits"], np.float32)
         q_halt = np.asarray(out["q_halt_logits"], np.float32).reshape(len(logits), -1)
-        if "steps" in out:  # a halting runner says how many steps each puzzle ran
-            steps = np.asarray(out["steps"], np.int32).reshape(-1, 1)
+        used = out.get("steps_used", out.get("steps"))
+        if used is not None:  # a halting runner says how many steps each puzzle ran
+            steps = np.asarray(used, np.int32).reshape(-1, 1)
         else:
             steps = np.full((len(logits), 1), q_halt.shape[1], np.int32)
         answer = logits.argmax(-1).astype(np.int32)
@@ -174,6 +175,9 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     runner.activate()
     infer = BatchInfer(runner, seq_len=contract.seq_len, vocab_size=contract.vocab_size,
                        num_puzzle_identifiers=contract.num_puzzle_identifiers, halt=halt)
+    # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
+    # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
+    infer([{"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}])
     triton_config = pytriton_triton.TritonConfig(
         http_address=config.host, http_port=config.http_port, grpc_address=config.host, grpc_port=config.grpc_port,
         metrics_address=config.host, metrics_port=config.metrics_port, allow_gpu_metrics=False, exit_timeout_secs=5)

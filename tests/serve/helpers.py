@@ -68,8 +68,8 @@ class ServeProcess:
         cmd = [sys.executable, "-m", "hrm_deploy", "serve", str(artifact), "--http-port", str(self.http),
                "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics), *extra]
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        with log.open("w") as out:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.tree: set[int] = set()
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:

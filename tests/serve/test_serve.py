@@ -59,6 +59,21 @@ def test_bind_rules():
     assert halt_function("off") is None
 
 
+def test_halt_rule_is_loaded_only_when_asked(monkeypatch):
+    import sys
+
+    from hrm_deploy.errors import HRMDeployError
+
+    monkeypatch.delitem(sys.modules, "hrm_deploy.runners.halting", raising=False)
+    assert halt_function("off") is None and "hrm_deploy.runners.halting" not in sys.modules
+    try:
+        fn = halt_function("q")
+    except HRMDeployError as exc:  # this build has no early halting yet: one clear line
+        assert "--halt off" in str(exc)
+    else:
+        assert callable(fn)
+
+
 def test_non_loopback_refused_by_cli(tiny_onnx):
     from typer.testing import CliRunner
 
@@ -246,3 +261,54 @@ def test_generated_repository_answers_in_bundled_tritonserver(tiny_onnx, referen
             assert np.array_equal(out["answer"], ref["logits"][:8].argmax(-1)), name
             assert np.abs(out["logits"] - ref["logits"][:8]).max() < 1e-4, name
             assert out["q_halt_logits"].shape == (8, 1) and (out["steps"] == 1).all()
+
+
+@pytest.mark.slow
+@live
+def test_act_driver_halting_in_bundled_tritonserver(tiny_model, tmp_path):
+    """A 4-step random-weight step graph behind the generated ACT driver (BLS loop in Triton):
+    halt off gives the host loop's outputs; threshold:X stops each row at its first step with
+    sigmoid(q_halt) > X, with that step's answer, while other rows go on in a smaller batch."""
+    from pytriton.triton import Triton, TritonConfig
+
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.export.parity import run_stepwise
+    from hrm_deploy.model.checkpoint import save_checkpoint
+    from hrm_deploy.serve.client import infer_remote
+    from hrm_deploy.serve.repo import OnnxBackend, RepoConfig, write_triton_repo
+
+    ckpt = save_checkpoint(tmp_path / "random.pt", tiny_model)
+    step = export_onnx(str(ckpt), tmp_path / "random.step.onnx", ExportConfig(mode="step", parity=False), quiet=True).path
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 11, (12, 81)).astype(np.int32)
+    ids = np.zeros(12, np.int32)
+    import onnxruntime as ort
+
+    ref = run_stepwise(ort.InferenceSession(str(step), providers=["CPUExecutionProvider"]),
+                       {"inputs": tokens, "puzzle_identifiers": ids}, None, 4)
+    q = np.sort(ref["q_halt_logits"][:, 0])
+    cut = (q[5] + q[6]) / 2  # about half the rows halt after step 1
+    x = float(1 / (1 + np.exp(-cut)))
+    fires = ref["q_halt_logits"] > cut
+    want_steps = np.where(fires.any(1), fires.argmax(1) + 1, 4)
+    assert 1 <= (want_steps == 1).sum() < 12
+
+    repo = tmp_path / "repo"
+    write_triton_repo([step], RepoConfig(output=repo, onnx_backend=OnnxBackend.python, names=("off",)))
+    write_triton_repo([step], RepoConfig(output=tmp_path / "r2", onnx_backend=OnnxBackend.python, names=("thr",),
+                                         halt=f"threshold:{x:.12f}"))
+    for folder in (tmp_path / "r2").iterdir():
+        folder.rename(repo / folder.name)
+    http, grpc, metrics = free_ports(3)
+    config = TritonConfig(model_repository=repo, http_address="127.0.0.1", http_port=http, grpc_address="127.0.0.1",
+                          grpc_port=grpc, metrics_address="127.0.0.1", metrics_port=metrics, allow_gpu_metrics=False)
+    with Triton(config=config) as triton:
+        triton.run()
+        url = f"http://127.0.0.1:{http}"
+        off = infer_remote(url, {"inputs": tokens, "puzzle_identifiers": ids}, model_name="off")
+        assert np.array_equal(off["answer"], ref["logits"].argmax(-1)) and (off["steps"] == 4).all()
+        assert np.abs(off["q_halt_logits"] - ref["q_halt_logits"]).max() < 1e-4
+        thr = infer_remote(url, {"inputs": tokens, "puzzle_identifiers": ids}, model_name="thr")
+        assert np.array_equal(thr["steps"], want_steps)
+        rows = np.arange(12)
+        assert np.array_equal(thr["answer"], ref["step_predictions"][rows, want_steps - 1])

@@ -4,7 +4,7 @@ Runs the host loop over a single-step model (ONNX or TensorRT plan) with BLS cal
 ``z_H``/``z_L`` [B, S + prefix, hidden] starts at zero with ``reset=True`` on the first step;
 up to ``steps`` ACT steps. Halting rule (parameter ``halt``): ``off`` runs every step (upstream's
 evaluation), ``q`` stops a puzzle when ``q_halt > q_continue`` (upstream's rule), ``threshold:X``
-when ``sigmoid(q_halt) >= X``. Halted puzzles leave the batch; their last logits are the answer.
+when ``sigmoid(q_halt) > X`` (the rules of hrm_deploy.runners.halting). Halted puzzles leave the batch; their last logits are the answer.
 
 Written by hrm-deploy (hrm_deploy/serve/triton_models/act_driver.py); self-contained on purpose.
 """
@@ -25,7 +25,7 @@ def halting(rule):
         return lambda qh, qc: qh > qc
     if rule.startswith("threshold:"):
         x = float(rule.split(":", 1)[1])
-        return lambda qh, qc: 1.0 / (1.0 + np.exp(-qh)) >= x
+        return lambda qh, qc: qh > np.log(x / (1.0 - x))  # sigmoid(qh) > x without overflow
     raise ValueError(f"unknown halt rule {rule!r}; use off, q or threshold:X")
 
 
