@@ -65,26 +65,30 @@ def read_contract(artifact: str | Path) -> Contract:
         raise ArtifactError(f"{path} has no manifest ({manifest_path(path).name}); re-create it with "
                             "`hrm-deploy export` / `hrm-deploy build-engine` so its I/O is known")
     manifest = read_manifest(path)
-    source = manifest
-    target = None
-    if kind == "engine":
-        target = (manifest.get("target") or {}).get("name")
-        parent = Path((manifest.get("parent") or {}).get("path", ""))
-        if not manifest_path(parent).is_file():
-            raise ArtifactError(f"engine {path.name}: its parent ONNX manifest {manifest_path(parent)} is missing; "
-                                "keep the ONNX graph (and its manifest) it was built from beside it")
-        source = read_manifest(parent)
-    model = (source.get("config") or {}).get("model")
-    io = source.get("io")
+    target = (manifest.get("target") or {}).get("name") if kind == "engine" else None
+    # The model config and I/O live in the FP32 export's manifest; precision graphs and engines
+    # point to it through their "parent" (engine -> precision graph -> export), I/O unchanged.
+    source, where = manifest, path
+    for _ in range(4):
+        if (source.get("config") or {}).get("model") and source.get("io"):
+            break
+        parent = Path((source.get("parent") or {}).get("path", ""))
+        if not parent.name or not manifest_path(parent).is_file():
+            raise ArtifactError(f"{where.name}'s manifest names no model config/I/O and its parent manifest "
+                                f"{manifest_path(parent) if parent.name else '(none)'} is missing; keep the ONNX "
+                                "graphs an artifact was made from (with their manifests) where they were, or re-export")
+        source, where = read_manifest(parent), parent
+    model, io = (source.get("config") or {}).get("model"), source.get("io")
     if not model or not io:
         raise ArtifactError(f"manifest of {path.name} lacks the model config or I/O; re-export it")
     io = {side: {n: (t, list(d)) for n, (t, d) in io[side].items()} for side in ("inputs", "outputs")}
     if kind == "engine":
         max_batch = int(manifest["profile_shapes"]["inputs"][2][0])  # [min, opt, max] shapes
-        mode, steps = manifest.get("mode", source.get("mode", "unrolled")), int(manifest.get("steps", 1))
     else:
-        max_batch = int(manifest.get("max_batch", 64))
-        mode, steps = manifest.get("mode", "unrolled"), int((manifest.get("unroll") or {}).get("steps", 1))
+        max_batch = int(manifest.get("max_batch", source.get("max_batch", 64)))
+    mode = manifest.get("mode") or source.get("mode") or "unrolled"
+    steps = int(manifest.get("steps") or (manifest.get("unroll") or {}).get("steps")
+                or (source.get("unroll") or {}).get("steps") or 1)
     if mode == "step":
         steps = int(model.get("halt_max_steps", steps))
     return Contract(path, kind, mode, steps, int(model["seq_len"]), int(model["vocab_size"]),

@@ -111,6 +111,29 @@ def test_engine_repo_structural(tiny_onnx, tmp_path):
         write_triton_repo([engine], RepoConfig(output=tmp_path / "r2", max_batch=64))
 
 
+def test_engine_from_precision_graph_reads_the_export_manifest(tiny_onnx, tmp_path):
+    """engine -> fp16 graph (manifest without I/O) -> FP32 export: the I/O comes from the export."""
+    from hrm_deploy.serve.contract import read_contract
+
+    fp16 = tmp_path / "tiny.fp16.onnx"
+    shutil.copyfile(tiny_onnx.unrolled, fp16)
+    Path(str(fp16) + ".manifest.json").write_text(json.dumps(
+        {"stage": "precision-fp16", "parent": {"path": str(tiny_onnx.unrolled)}, "mode": "unrolled", "steps": 1,
+         "config": {"precision": "fp16"}}))
+    contract = read_contract(fake_engine(fp16, tmp_path, max_batch=8))
+    assert contract.kind == "engine" and contract.max_batch == 8 and contract.target == "datacenter"
+    assert contract.seq_len == 81 and contract.vocab_size == 11 and contract.steps == 1
+    assert set(contract.io["outputs"]) == {"logits", "q_halt_logits", "q_continue_logits"}
+    assert read_contract(fp16).max_batch == 64
+    export_manifest = Path(str(tiny_onnx.unrolled) + ".manifest.json")
+    export_manifest.rename(tmp_path / "moved.json")
+    try:
+        with pytest.raises(ArtifactError, match="parent manifest"):
+            read_contract(fp16)
+    finally:
+        (tmp_path / "moved.json").rename(export_manifest)
+
+
 def test_refusals(tiny_onnx, trained_tiny, tmp_path):
     rtx = fake_engine(Path(tiny_onnx.unrolled), tmp_path, backend="tensorrt-rtx")
     with pytest.raises(ArtifactError, match="tensorrt_plan backend runs standard TensorRT"):
