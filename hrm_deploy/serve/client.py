@@ -1,0 +1,71 @@
+"""Talk to a served HRM model (``hrm-deploy serve`` or a ``triton-repo`` driver) over HTTP."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlparse
+
+import numpy as np
+
+from hrm_deploy.errors import HRMDeployError, require
+
+
+class RemoteError(HRMDeployError):
+    """The server could not be reached, timed out or refused the request (its message follows)."""
+
+
+def _host_port(url: str) -> str:
+    parsed = urlparse(url if "://" in url else f"http://{url}")
+    if parsed.scheme not in ("http", "") or not parsed.hostname:
+        raise RemoteError(f"--url {url!r}: give the server's HTTP address, e.g. http://127.0.0.1:8000")
+    return f"{parsed.hostname}:{parsed.port or 8000}"
+
+
+def _server_message(exc: Exception) -> str:
+    """The useful line of a server error: our RequestError's text rather than the stub's traceback."""
+    text = str(getattr(exc, "message", lambda: "")() or exc)
+    found = re.findall(r"RequestError: ([^\n]+)", text)
+    return found[-1].strip() if found else text.strip().splitlines()[0]
+
+
+def infer_remote(url: str, feeds: dict[str, np.ndarray], *, model_name: str = "hrm",
+                 timeout_s: float = 30.0) -> dict[str, np.ndarray]:
+    """Run one batch on a Triton server; same keys as ``Runner.infer`` plus the server's extras.
+
+    ``feeds``: ``inputs`` int32 [B, S], ``puzzle_identifiers`` int32 [B]. Returns float32
+    ``logits`` [B, S, V], ``q_halt_logits`` [B, steps], int32 ``answer`` [B, S] and ``steps`` [B].
+    Any failure (connection refused, timeout, server-side error) raises :class:`RemoteError`
+    with the server's message; nothing waits longer than ``timeout_s``.
+    """
+    httpclient = require("tritonclient.http", "serve", "Talking to a Triton server")
+    from tritonclient.utils import InferenceServerException
+
+    tokens = np.ascontiguousarray(feeds["inputs"], dtype=np.int32)
+    ids = np.ascontiguousarray(np.asarray(feeds["puzzle_identifiers"], dtype=np.int32).reshape(-1, 1))
+    address = _host_port(url)
+    try:
+        client = httpclient.InferenceServerClient(address, connection_timeout=timeout_s, network_timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
+        raise RemoteError(f"cannot reach {url}: {exc}") from None
+    try:
+        inputs = [httpclient.InferInput("inputs", list(tokens.shape), "INT32"),
+                  httpclient.InferInput("puzzle_identifiers", list(ids.shape), "INT32")]
+        inputs[0].set_data_from_numpy(tokens)
+        inputs[1].set_data_from_numpy(ids)
+        # No output list: the server returns all its outputs (serve's model and a triton-repo
+        # driver have answer/steps, an unrolled graph served directly has logits/q_*).
+        result = client.infer(model_name, inputs, timeout=int(timeout_s * 1e6))
+    except InferenceServerException as exc:
+        raise RemoteError(f"{url} model '{model_name}': {_server_message(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - connection refused / reset, socket timeouts (gevent/geventhttpclient types)
+        raise RemoteError(f"{url} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}") from None
+    finally:
+        client.close()
+    names = [o["name"] for o in result.get_response()["outputs"]]
+    out = {name: result.as_numpy(name) for name in names}
+    out["q_halt_logits"] = out["q_halt_logits"].reshape(len(tokens), -1)
+    if "answer" not in out:
+        out["answer"] = out["logits"].argmax(-1).astype(np.int32)
+    out["steps"] = (out["steps"].reshape(-1) if "steps" in out
+                    else np.full(len(tokens), out["q_halt_logits"].shape[1], np.int32))
+    return out

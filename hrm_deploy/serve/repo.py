@@ -1,0 +1,242 @@
+"""``hrm-deploy triton-repo``: a Triton Inference Server model repository from our artifacts.
+
+Layout (one model per artifact; step artifacts get a driver model in front)::
+
+    REPO/<name>/config.pbtxt
+    REPO/<name>/1/model.plan | model.onnx (| model.py for Python-backend models)
+    REPO/<name>/<artifact>.manifest.json         the artifact's manifest, beside the versions
+    REPO/<name>_step/...                         step graphs/engines: the single-step model
+    REPO/<name>/1/model.py                       ...and <name> is the ACT driver (Python backend, BLS)
+
+Unrolled artifacts are served directly (one request = one puzzle, all ACT steps inside the
+graph); step artifacts get the ACT driver so a request is still one puzzle in, one answer out.
+Every ``config.pbtxt`` is written in protobuf text format and re-parsed with tritonclient's
+``model_config_pb2`` when tritonclient is installed.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hrm_deploy.errors import ArtifactError, ConfigError
+from hrm_deploy.serve.contract import TRITON_TYPES, Contract, read_contract
+
+DEFAULT_QUEUE_DELAY_US = 2000
+HALT_RULE = re.compile(r"^(off|q|threshold:0?\.\d*[1-9]\d*)$")  # threshold:X with 0 < X < 1
+
+
+class OnnxBackend(str, enum.Enum):
+    """How an ONNX graph is run in the repository."""
+
+    onnxruntime = "onnxruntime"  # Triton's onnxruntime backend (the usual choice)
+    python = "python"  # ONNX Runtime inside the Python backend (Triton builds without onnxruntime)
+
+
+class Device(str, enum.Enum):
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+@dataclass(frozen=True)
+class RepoConfig:
+    """Options of ``hrm-deploy triton-repo``."""
+
+    output: Path
+    max_batch: int | None = None  # default: engine profile max / export max_batch
+    queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
+    instances: int = 1  # instances per model (per GPU for GPU models)
+    device: Device | None = None  # ONNX graphs: default cpu; engines are always gpu
+    onnx_backend: OnnxBackend = OnnxBackend.onnxruntime
+    trt_accelerator: str | None = None  # "fp16" / "fp32": onnxruntime backend's TensorRT accelerator (GPU)
+    halt: str = "off"  # step models: off | q | threshold:X
+    names: Sequence[str] = field(default_factory=tuple)  # model names, default from the file names
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class RepoModel:
+    name: str
+    kind: str  # "onnxruntime", "tensorrt_plan", "python-ort", "act-driver"
+    path: Path  # the model folder
+
+
+def model_name(artifact: Path) -> str:
+    """A Triton-safe model name from a file name: ``sudoku-tiny.fp16.onnx`` -> ``sudoku-tiny_fp16``."""
+    stem = artifact.name
+    for suffix in (".onnx", ".engine", ".plan"):
+        stem = stem.removesuffix(suffix)
+    return re.sub(r"[^A-Za-z0-9_-]", "_", stem)
+
+
+def _dims(dims: list[Any]) -> list[int]:
+    """Per-request dims: the batch axis dropped; other dynamic dims -1."""
+    return [d if isinstance(d, int) else -1 for d in dims[1:]]
+
+
+def _tensor(name: str, onnx_type: str, dims: list[Any]) -> str:
+    if onnx_type not in TRITON_TYPES:
+        raise ArtifactError(f"tensor {name} has type {onnx_type}, which Triton configs do not map here")
+    per_item = _dims(dims)
+    # 1-D graph tensors ([B]) travel as [B, 1] (Triton needs a dim when batching) and are reshaped to [B]
+    shape = "dims: [ 1 ]\n    reshape: { shape: [ ] }" if not per_item else f"dims: [ {', '.join(map(str, per_item))} ]"
+    return f'  {{\n    name: "{name}"\n    data_type: {TRITON_TYPES[onnx_type]}\n    {shape}\n  }}'
+
+
+def _io_block(io: dict[str, dict[str, tuple[str, list[Any]]]]) -> str:
+    inputs = ",\n".join(_tensor(n, t, d) for n, (t, d) in io["inputs"].items())
+    outputs = ",\n".join(_tensor(n, t, d) for n, (t, d) in io["outputs"].items())
+    return f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+
+
+def _batching(max_batch: int, delay_us: int) -> str:
+    preferred = sorted({b for b in (max_batch // 4, max_batch // 2, max_batch) if b >= 1})
+    return (f"max_batch_size: {max_batch}\n"
+            f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
+            f"  max_queue_delay_microseconds: {delay_us}\n}}\n")
+
+
+def _instances(count: int, device: Device) -> str:
+    kind = "KIND_GPU" if device is Device.gpu else "KIND_CPU"
+    return f"instance_group [\n  {{\n    count: {count}\n    kind: {kind}\n  }}\n]\n"
+
+
+def _parameters(params: dict[str, Any]) -> str:
+    return "".join(f'parameters {{\n  key: "{k}"\n  value: {{ string_value: "{v}" }}\n}}\n' for k, v in params.items())
+
+
+def check_config_text(text: str, where: str) -> None:
+    """Parse a config.pbtxt with tritonclient's ``model_config_pb2`` (skipped when absent)."""
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except ImportError:
+        return
+    try:
+        text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as exc:  # a bug in this module, not the user's
+        raise RuntimeError(f"generated {where} does not parse as a Triton ModelConfig: {exc}") from exc
+
+
+def _write_model(folder: Path, config_text: str, files: dict[str, Path | str], manifest: Path | None) -> None:
+    """Write one model folder: config.pbtxt, version 1 files (copied paths or text), the manifest."""
+    check_config_text(config_text, str(folder / "config.pbtxt"))
+    version = folder / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    for name, src in files.items():
+        if isinstance(src, Path):
+            shutil.copyfile(src, version / name)
+        else:
+            (version / name).write_text(src)
+    if manifest is not None and manifest.is_file():
+        shutil.copyfile(manifest, folder / manifest.name)
+    (folder / "config.pbtxt").write_text(config_text)
+
+
+def _template(name: str) -> str:
+    return (Path(__file__).parent / "triton_models" / f"{name}.py").read_text()
+
+
+def _model_config(name: str, contract: Contract, config: RepoConfig, max_batch: int) -> tuple[str, dict[str, Path | str], str]:
+    """(config.pbtxt text, version files, kind) of the model that runs the artifact itself."""
+    head = f'name: "{name}"\n'
+    if contract.kind == "engine":
+        backend = ((contract.manifest.get("backend") or {}).get("name")) or "tensorrt"
+        if backend != "tensorrt":
+            raise ArtifactError(f"{contract.path.name} is a {backend} engine; Triton's tensorrt_plan backend runs "
+                                "standard TensorRT engines only: build with `hrm-deploy build-engine --backend tensorrt` "
+                                "or put the ONNX graph in the repository")
+        head += 'platform: "tensorrt_plan"\n'
+        files: dict[str, Path | str] = {"model.plan": contract.path}
+        device, kind = Device.gpu, "tensorrt_plan"
+    elif config.onnx_backend is OnnxBackend.python:
+        if config.device is Device.gpu or config.trt_accelerator:
+            raise ConfigError("--onnx-backend python runs ONNX Runtime on CPU; use --onnx-backend onnxruntime for GPUs")
+        head += 'backend: "python"\n'
+        files = {"model.onnx": contract.path, "model.py": _template("ort_model")}
+        device, kind = Device.cpu, "python-ort"
+    else:
+        head += 'backend: "onnxruntime"\n'
+        files = {"model.onnx": contract.path}
+        device, kind = config.device or Device.cpu, "onnxruntime"
+        if config.trt_accelerator:
+            if device is not Device.gpu:
+                raise ConfigError("--trt-accelerator needs --device gpu (ONNX Runtime's TensorRT provider is GPU-only)")
+            head += ("optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [ {\n"
+                     '      name: "tensorrt"\n'
+                     f'      parameters {{ key: "precision_mode" value: "{config.trt_accelerator.upper()}" }}\n'
+                     '      parameters { key: "max_workspace_size_bytes" value: "1073741824" }\n'
+                     "    } ]\n  }\n}\n")
+    text = head + _batching(max_batch, config.queue_delay_us) + _io_block(contract.io) + _instances(config.instances, device)
+    return text, files, kind
+
+
+def _driver_config(name: str, step_name: str, contract: Contract, config: RepoConfig, max_batch: int) -> str:
+    s, v = contract.seq_len, contract.vocab_size
+    carry = contract.io["inputs"]["z_H"][1]  # ["batch", S + prefix, hidden]
+    io = {"inputs": {"inputs": ("INT32", ["batch", s]), "puzzle_identifiers": ("INT32", ["batch", 1])},
+          "outputs": {"answer": ("INT32", ["batch", s]), "logits": ("FLOAT", ["batch", s, v]),
+                      "q_halt_logits": ("FLOAT", ["batch", contract.steps]), "steps": ("INT32", ["batch", 1])}}
+    params = {"step_model": step_name, "steps": contract.steps, "carry_len": carry[1], "hidden_size": carry[2],
+              "vocab_size": v, "halt": config.halt}
+    return (f'name: "{name}"\nbackend: "python"\n' + _batching(max_batch, config.queue_delay_us) + _io_block(io)
+            + _instances(config.instances, Device.cpu) + _parameters(params))
+
+
+def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> list[RepoModel]:
+    """Write a Triton model repository for ``artifacts`` (ONNX graphs and engines with manifests).
+
+    Returns the models written. Refuses an existing non-empty output unless ``overwrite``."""
+    if not artifacts:
+        raise ConfigError("give at least one ONNX graph or engine")
+    if not HALT_RULE.match(config.halt):
+        raise ConfigError(f"--halt {config.halt!r}: the ACT driver knows off, q or threshold:X with 0 < X < 1 "
+                          "(budget:P needs calibration: calibrate with `hrm-deploy verify` and pass threshold:X)")
+    if config.instances < 1 or config.queue_delay_us < 0:
+        raise ConfigError("--instances must be >= 1 and --queue-delay-us >= 0")
+    names = list(config.names) or [model_name(Path(a)) for a in artifacts]
+    if len(names) != len(artifacts) or len(set(names)) != len(names):
+        raise ConfigError(f"model names {names} must be one per artifact and distinct; pass --name for each")
+    contracts = [read_contract(a) for a in artifacts]
+    for c in contracts:
+        if c.kind == "checkpoint":
+            raise ArtifactError(f"{c.path} is a checkpoint; export it first (`hrm-deploy export`), Triton runs "
+                                "ONNX graphs and TensorRT engines")
+    out = Path(config.output)
+    if out.exists() and any(out.iterdir()) and not config.overwrite:
+        raise ConfigError(f"{out} exists and is not empty; choose another -o or pass --overwrite")
+    # Build the whole repository in a temporary sibling folder and rename: never half a repository.
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    written: list[RepoModel] = []
+    try:
+        from hrm_deploy.manifest import manifest_path
+
+        for name, contract in zip(names, contracts):
+            max_batch = config.max_batch or contract.max_batch
+            if max_batch < 1:
+                raise ConfigError(f"--max-batch must be >= 1, got {max_batch}")
+            if contract.kind == "engine" and max_batch > contract.max_batch:
+                raise ConfigError(f"--max-batch {max_batch} exceeds {contract.path.name}'s profile max "
+                                  f"{contract.max_batch}; rebuild the engine with a larger --max-batch")
+            step = contract.mode == "step"
+            own = f"{name}_step" if step else name
+            text, files, kind = _model_config(own, contract, config, max_batch)
+            _write_model(tmp / own, text, files, manifest_path(contract.path))
+            written.append(RepoModel(own, kind, out / own))
+            if step:
+                driver = _driver_config(name, own, contract, config, max_batch)
+                _write_model(tmp / name, driver, {"model.py": _template("act_driver")}, manifest_path(contract.path))
+                written.append(RepoModel(name, "act-driver", out / name))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return written

@@ -1,0 +1,231 @@
+"""``hrm-deploy serve``: one artifact behind PyTriton's bundled Triton Inference Server.
+
+Triton's dynamic batcher gathers single-puzzle requests into batches; the bound inference
+function validates each request, runs our runner (:func:`hrm_deploy.runners.open_runner`) once
+on the whole batch and splits the answers. Per request (batch dimension ``B`` added by Triton):
+
+- inputs: ``inputs`` int32 [S] (tokens 0..vocab-1), ``puzzle_identifiers`` int32 [1];
+- outputs: ``answer`` int32 [S] (argmax of the final logits), ``logits`` float32 [S, V],
+  ``q_halt_logits`` float32 [steps], ``steps`` int32 [1] (ACT steps run).
+
+Wrong dtypes, wrong shapes and batches over ``max_batch`` are refused by Triton itself before
+the function runs; out-of-vocabulary tokens, unknown puzzle ids and empty requests by the
+function with an error naming the problem. An error fails every request of the batch Triton
+formed (PyTriton answers per batch), the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.errors import ConfigError, DependencyError, HRMDeployError, require
+
+LOOPBACK_NAMES = ("localhost",)
+MODEL_NAME = "hrm"
+# Long enough to gather concurrent requests into one batch, short next to one CPU inference (ms).
+DEFAULT_QUEUE_DELAY_US = 2000
+
+
+class RequestError(HRMDeployError):
+    """A request the model cannot answer (tokens out of vocabulary, empty, ...)."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Options of ``hrm-deploy serve``; ports 0 are not allowed by Triton, so every port is explicit."""
+
+    artifact: Path
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    max_batch: int | None = None  # default: the artifact's max batch (engine profile / export)
+    halt: str = "off"  # off | q | threshold:X (rules of hrm_deploy.runners.halting)
+    allow_remote: bool = False
+    model_name: str = MODEL_NAME
+    queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
+    provider: str | None = None  # ORT provider for ONNX artifacts (cpu, cuda, tensorrt)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and 'localhost'."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(config: ServeConfig) -> None:
+    """Refuse a non-loopback bind unless ``allow_remote`` says it is meant."""
+    if not is_loopback(config.host) and not config.allow_remote:
+        raise ConfigError(f"--host {config.host} would expose the server beyond this machine; add --allow-remote "
+                          "if that is meant (there is no authentication), or bind 127.0.0.1")
+    ports = [config.http_port, config.grpc_port, config.metrics_port]
+    if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
+        raise ConfigError(f"HTTP, gRPC and metrics ports must be three different ports in 1..65535, got {ports}")
+
+
+def halt_function(halt: str) -> Callable[..., Any] | None:
+    """The runner's ``halt=`` callback for a ``--halt`` rule; None for "off" (all ACT steps).
+
+    The rules live in ``hrm_deploy.runners.halting`` (imported only when a rule is asked for)."""
+    if halt == "off":
+        return None
+    try:
+        from hrm_deploy.runners.halting import HaltRule  # type: ignore[import-not-found]
+    except ImportError:
+        raise DependencyError(f"--halt {halt}: early halting is not available in this hrm-deploy "
+                              "(hrm_deploy.runners.halting is missing); use --halt off") from None
+    return HaltRule.parse(halt).should_halt
+
+
+class BatchInfer:
+    """The inference function bound into Triton: validates, batches into one runner call, splits.
+
+    Called by PyTriton with a list of requests (mapping input name -> array with the batch axis);
+    returns one dict of outputs per request."""
+
+    def __init__(self, runner: Any, *, seq_len: int, vocab_size: int, num_puzzle_identifiers: int,
+                 halt: Callable[..., Any] | None = None):
+        self.runner, self.seq_len, self.vocab_size = runner, seq_len, vocab_size
+        self.num_puzzle_identifiers, self.halt = num_puzzle_identifiers, halt
+        self.batches: list[int] = []  # batch sizes run (kept short: for tests and the benchmark)
+
+    def _check(self, index: int, request: Any) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            tokens, ids = np.asarray(request["inputs"]), np.asarray(request["puzzle_identifiers"])
+        except KeyError as exc:
+            raise RequestError(f"request {index}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'") from None
+        if tokens.ndim != 2 or tokens.shape[1] != self.seq_len or tokens.shape[0] == 0:
+            raise RequestError(f"request {index}: 'inputs' has shape {list(tokens.shape)}; send int32 "
+                               f"[B, {self.seq_len}] with B >= 1")
+        ids = ids.reshape(len(ids), -1)[:, 0] if ids.ndim == 2 else ids
+        if ids.shape != (tokens.shape[0],):
+            raise RequestError(f"request {index}: 'puzzle_identifiers' has shape {list(ids.shape)}; send int32 "
+                               f"[B, 1] with the same B as 'inputs' ({tokens.shape[0]})")
+        if tokens.dtype != np.int32 or ids.dtype != np.int32:
+            raise RequestError(f"request {index}: inputs must be int32, got {tokens.dtype} / {ids.dtype}")
+        bad = (tokens < 0) | (tokens >= self.vocab_size)
+        if bad.any():
+            where = np.argwhere(bad)[0]
+            raise RequestError(f"request {index}: token {int(tokens[tuple(where)])} at position {int(where[1])} is "
+                               f"outside the vocabulary 0..{self.vocab_size - 1}; encode puzzles as the model's data")
+        if ((ids < 0) | (ids >= self.num_puzzle_identifiers)).any():
+            raise RequestError(f"request {index}: puzzle identifier {int(ids.max())} is outside "
+                               f"0..{self.num_puzzle_identifiers - 1}")
+        return tokens, ids
+
+    def __call__(self, requests: list[Any]) -> list[dict[str, np.ndarray]]:
+        checked = [self._check(i, r) for i, r in enumerate(requests)]
+        sizes = [t.shape[0] for t, _ in checked]
+        feeds = {"inputs": np.concatenate([t for t, _ in checked]),
+                 "puzzle_identifiers": np.concatenate([p for _, p in checked])}
+        out = self.runner.infer(feeds) if self.halt is None else self.runner.infer(feeds, halt=self.halt)
+        self.batches = (self.batches + [len(feeds["inputs"])])[-1000:]
+        logits = np.asarray(out["logits"], np.float32)
+        q_halt = np.asarray(out["q_halt_logits"], np.float32).reshape(len(logits), -1)
+        used = out.get("steps_used", out.get("steps"))
+        if used is not None:  # a halting runner says how many steps each puzzle ran
+            steps = np.asarray(used, np.int32).reshape(-1, 1)
+        else:
+            steps = np.full((len(logits), 1), q_halt.shape[1], np.int32)
+        answer = logits.argmax(-1).astype(np.int32)
+        responses, start = [], 0
+        for n in sizes:
+            sl = slice(start, start + n)
+            responses.append({"answer": answer[sl], "logits": logits[sl], "q_halt_logits": q_halt[sl],
+                              "steps": steps[sl]})
+            start += n
+        return responses
+
+
+def _runner_options(config: ServeConfig) -> dict[str, Any]:
+    return {"provider": config.provider} if config.provider and config.artifact.suffix == ".onnx" else {}
+
+
+def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) -> int:
+    """Serve ``config.artifact`` until SIGINT/SIGTERM (or Triton dies); returns an exit code.
+
+    Blocks. ``ready`` is called with a one-line description once the server answers."""
+    check_bind(config)
+    halt = halt_function(config.halt)
+    pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+
+    from hrm_deploy.runners import open_runner
+    from hrm_deploy.serve.contract import read_contract
+
+    contract = read_contract(config.artifact)
+    max_batch = config.max_batch or contract.max_batch
+    if max_batch < 1:
+        raise ConfigError(f"--max-batch must be >= 1, got {max_batch}")
+    runner = open_runner(config.artifact, **_runner_options(config))
+    runner.activate()
+    infer = BatchInfer(runner, seq_len=contract.seq_len, vocab_size=contract.vocab_size,
+                       num_puzzle_identifiers=contract.num_puzzle_identifiers, halt=halt)
+    # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
+    # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
+    infer([{"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}])
+    triton_config = pytriton_triton.TritonConfig(
+        http_address=config.host, http_port=config.http_port, grpc_address=config.host, grpc_port=config.grpc_port,
+        metrics_address=config.host, metrics_port=config.metrics_port, allow_gpu_metrics=False, exit_timeout_secs=5)
+    # SIGTERM behaves as Ctrl-C: PyTriton's serve() stops tritonserver and its stubs on KeyboardInterrupt.
+    previous, signalled = {}, []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signalled.append(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    logging.getLogger("pytriton").setLevel(logging.WARNING)
+    code = 0
+    try:
+        with pytriton_triton.Triton(config=triton_config) as triton:
+            triton.bind(
+                model_name=config.model_name, infer_func=infer,
+                inputs=[Tensor(name="inputs", dtype=np.int32, shape=(contract.seq_len,)),
+                        Tensor(name="puzzle_identifiers", dtype=np.int32, shape=(1,))],
+                outputs=[Tensor(name="answer", dtype=np.int32, shape=(contract.seq_len,)),
+                         Tensor(name="logits", dtype=np.float32, shape=(contract.seq_len, contract.vocab_size)),
+                         Tensor(name="q_halt_logits", dtype=np.float32, shape=(-1,)),
+                         Tensor(name="steps", dtype=np.int32, shape=(1,))],
+                config=ModelConfig(max_batch_size=max_batch,
+                                   batcher=DynamicBatcher(max_queue_delay_microseconds=config.queue_delay_us)),
+                strict=True)
+            triton.connect()  # starts tritonserver, loads the model, waits until it is ready
+            if ready is not None:
+                ready(f"serving {config.artifact.name} as model '{config.model_name}' ({runner.name}, "
+                      f"max batch {max_batch}) on http://{config.host}:{config.http_port} "
+                      f"grpc {config.host}:{config.grpc_port} metrics :{config.metrics_port}")
+            try:
+                triton.serve()  # returns on KeyboardInterrupt (after stopping) or when Triton dies
+            except KeyboardInterrupt:
+                pass
+            if not signalled:  # serve() returned by itself: tritonserver died under us
+                code = 1
+    except KeyboardInterrupt:
+        pass  # interrupted while starting: the context manager has stopped what was started
+    finally:
+        runner.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code
+
+
+def main_ready_line(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
