@@ -174,10 +174,12 @@ def read_manifest(artifact_or_manifest: str | Path) -> dict[str, Any]:
     object written by hrm-deploy (``manifest_version``, ``artifact``, ``sha256``)."""
     p = Path(artifact_or_manifest)
     path = p if p.name.endswith(MANIFEST_SUFFIX) else manifest_path(p)
-    if not path.is_file():
-        raise ArtifactError(f"no manifest {path}; re-create the artifact with hrm-deploy so it has one")
     try:
-        data = json.loads(path.read_bytes())
+        raw = path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ArtifactError(f"no manifest {path}; re-create the artifact with hrm-deploy so it has one") from None
+    try:
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ArtifactError(f"manifest {path} is not valid JSON; re-create the artifact") from None
     return validate_manifest(data, path)
@@ -235,9 +237,10 @@ def read_verified(artifact: str | Path, *, require_manifest: bool = False) -> tu
     exactly these bytes equals the manifest's. Use the returned bytes (not the path) so a
     file replaced meanwhile cannot slip in."""
     artifact = Path(artifact)
-    if not artifact.is_file():
-        raise ArtifactError(f"{artifact} does not exist or is not a file")
-    data = artifact.read_bytes()
+    try:
+        data = artifact.read_bytes()
+    except (FileNotFoundError, IsADirectoryError):
+        raise ArtifactError(f"{artifact} does not exist or is not a file") from None
     if not manifest_path(artifact).exists():
         if require_manifest:
             read_manifest(artifact)
