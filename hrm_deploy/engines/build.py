@@ -85,13 +85,14 @@ def newest_export(folder: str | Path = "export") -> Path:
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
-def _graph_info(path: Path) -> tuple[dict[str, Any], dict[str, list[Any]], int]:
+def _graph_info(path: Path, data: bytes | None = None) -> tuple[dict[str, Any], dict[str, list[Any]], int]:
     """(hrm_deploy metadata, input name -> dims with None for dynamic, node count)."""
     onnx = require("onnx", "onnx", "Building engines")
     from hrm_deploy.calib.accuracy import graph_metadata
 
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx.load_model_from_string(data) if data is not None else \
+            onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
         raise ArtifactError(f"{path} is not a readable ONNX file ({type(exc).__name__}); it is truncated or "
                             "damaged: re-export it") from None
@@ -192,8 +193,12 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
         raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first")
     check_artifact(src)  # before any conversion: the FP32 export is what its manifest says
     graph = _precision_source(src, config, stages, quiet) if config.precision != "fp32" else src
-    meta, dims, nodes = _graph_info(graph)
-    estimate = _check_memory_budget(target, nodes, graph.stat().st_size)
+    # Everything below uses these bytes, whose sha256 matched the manifest: a concurrent export
+    # replacing the file cannot slip in between the check, the shapes and the build.
+    onnx_bytes, graph_manifest = read_verified(graph)
+    onnx_sha256 = sha256_bytes(onnx_bytes)
+    meta, dims, nodes = _graph_info(graph, onnx_bytes)
+    estimate = _check_memory_budget(target, nodes, len(onnx_bytes))
     lo = config.min_batch or target.min_batch
     hi = config.max_batch or target.max_batch
     opt = config.opt_batch or min(max(target.opt_batch, lo), hi)
@@ -208,10 +213,6 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
     stem = graph.name[:-len(".onnx")]
     target_path = Path(out) if out else Path("engines") / f"{stem}.{target.name}.{backend.name}.engine"
     with staging_dir(target_path.parent, "build") as work:
-        # Hand the builder exactly the bytes whose sha256 matched the manifest (a concurrent
-        # export replacing the file cannot slip in between the check and the build).
-        onnx_bytes, graph_manifest = read_verified(graph)
-        onnx_sha256 = sha256_bytes(onnx_bytes)
         built_from = work / graph.name
         built_from.write_bytes(onnx_bytes)
         for companion in (graph_manifest or {}).get("companions", {}) or {}:
