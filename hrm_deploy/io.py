@@ -107,6 +107,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     :func:`check_output_path` refuses links that lead outside the workspace."""
     target = check_output_path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    clean_debris(target.parent)  # temp files of killed writers (pid gone) in this folder
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)

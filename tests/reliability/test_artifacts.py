@@ -260,3 +260,26 @@ def test_killing_build_engines_parent_stops_its_worker(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_sigterm_during_export_leaves_no_debris(tmp_path):
+    """SIGTERM while `hrm-deploy export` is checking its staged graph: exit 130, nothing left."""
+    out = tmp_path / "export"
+    proc = subprocess.Popen([sys.executable, "-m", "hrm_deploy", "export", "-o", str(out / "m.onnx")], env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.is_dir() and any(p.name.startswith(".export-check-") and any(p.iterdir()) for p in out.iterdir()):
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail(f"the export never staged a graph (rc {proc.poll()})")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == []
