@@ -106,4 +106,13 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         else:
             summary["manifest"] = None
         return summary
+    if p.suffix in (".engine", ".plan"):
+        # engines are opaque here (no TensorRT needed): what the manifest says, if it still applies
+        status = _artifact_status(p)
+        summary = {"kind": "engine", "path": str(p), "size_bytes": p.stat().st_size, "artifact_check": status}
+        if status == "ok":
+            summary["manifest"] = {k: v for k, v in read_manifest(p).items()
+                                   if k in ("stage", "created", "precision", "mode", "steps", "backend", "target",
+                                            "compute_capability", "profile_shapes", "onnx_sha256", "verify")}
+        return summary
     return _checkpoint_summary(p)

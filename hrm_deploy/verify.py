@@ -169,7 +169,8 @@ def verify(artifact: str | Path, data: str | Path, against: str | Path | None = 
         raise ConfigError(f"--batch must be between 1 and 65536, got {batch}")
     for report_file in report_paths(path):
         check_output_path(report_file)  # fail before the work, not after
-    check_artifact(path)
+    if path.is_file():  # a checkpoint folder has no manifest of its own
+        check_artifact(path)
     candidate = open_runner(path, **runner_options)
     examples = load_examples(data, samples, split="test")
     cand_out = _run(candidate, examples, batch)

@@ -181,7 +181,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
     examples = load_examples(config.data, config.accuracy_samples, split="test")
     check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
     for path in paths:
-        if path.exists():
+        if path.is_file():
             check_artifact(path)  # the bytes measured are the ones the manifest describes
     rows: list[dict[str, Any]] = []
     steps = None

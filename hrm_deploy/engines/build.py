@@ -20,7 +20,7 @@ from hrm_deploy.engines.backend import load_backend
 from hrm_deploy.engines.targets import TargetProfile, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.gpu import IDENTITY, nvidia_smi
-from hrm_deploy.io import sha256_bytes, staging_dir
+from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact, read_verified
 from hrm_deploy.progress import Stages
 
@@ -211,7 +211,7 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
             "compute_capability": config.compute_capability or target.compute_capability,
             "timing_cache": config.timing_cache}
     stem = graph.name[:-len(".onnx")]
-    target_path = Path(out) if out else Path("engines") / f"{stem}.{target.name}.{backend.name}.engine"
+    target_path = check_output_path(Path(out) if out else Path("engines") / f"{stem}.{target.name}.{backend.name}.engine")
     with staging_dir(target_path.parent, "build") as work:
         built_from = work / graph.name
         built_from.write_bytes(onnx_bytes)

@@ -20,7 +20,7 @@ from typing import Any
 from hrm_deploy.errors import ConfigError, InternalError, ParityError, require
 from hrm_deploy.export.unroll import (STEP_PREDICTIONS, UNROLLED_INPUTS,
                                       EmbedInit, FixedStepHRM, StepCore)
-from hrm_deploy.io import sha256_file, staging_dir
+from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import publish_artifact
 from hrm_deploy.progress import Stages
 
@@ -274,7 +274,7 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
     if out is None:
         suffix = ".step.onnx" if config.mode == "step" else ".onnx"
         out = DEFAULT_WORKSPACE / (default_name(source if source else model_or_ckpt) + suffix)
-    out = Path(out)
+    out = check_output_path(out)  # fail before the work, not after
 
     with stages.stage("tracing embedding and one ACT segment"):
         embed, step = trace_pieces(core, config.opset)

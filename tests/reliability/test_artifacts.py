@@ -283,3 +283,13 @@ def test_sigterm_during_export_leaves_no_debris(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_inspect_of_a_corrupted_engine_is_its_check_not_an_old_manifest(tmp_path):
+    engine = _publish(tmp_path, "m.engine", b"serialized engine" * 100, verify={"passed": True}, precision="fp16")
+    shown = json.loads(runner.invoke(app, ["inspect", str(engine)]).output)
+    assert shown["artifact_check"] == "ok" and shown["manifest"]["verify"]["passed"]
+    engine.write_bytes(engine.read_bytes()[:100])  # truncated
+    result = runner.invoke(app, ["inspect", str(engine)])
+    shown = json.loads(result.output)
+    assert "does not match its manifest" in shown["artifact_check"] and "manifest" not in shown
