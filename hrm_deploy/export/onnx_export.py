@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.errors import ConfigError, InternalError, ParityError, require
+from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityError, require
 from hrm_deploy.export.unroll import (STEP_PREDICTIONS, UNROLLED_INPUTS,
                                       EmbedInit, FixedStepHRM, StepCore)
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
@@ -223,6 +223,21 @@ def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool):
     return model, io_spec
 
 
+def _source_file(model_or_ckpt) -> tuple[Path | None, str | None]:
+    """The checkpoint file an export reads (a run folder's newest step_N) and its sha256, taken
+    before loading so the manifest's parent record is of the bytes the graph came from."""
+    from hrm_deploy.errors import HRMDeployError
+    from hrm_deploy.model.checkpoint import resolve_checkpoint_path
+
+    if not isinstance(model_or_ckpt, (str, os.PathLike)):
+        return None, None
+    try:
+        file = resolve_checkpoint_path(model_or_ckpt)
+    except HRMDeployError:
+        return None, None  # the loader raises the same error with its full message
+    return file, sha256_file(file)
+
+
 def _resolve_source(model_or_ckpt, overrides):
     from hrm_deploy.model.checkpoint import load_checkpoint
 
@@ -263,6 +278,7 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
 
     stages = Stages(quiet)
     with stages.stage("loading model"):
+        source_file, source_sha256 = _source_file(model_or_ckpt)
         model, source = _resolve_source(model_or_ckpt, {k: v for k, v in checkpoint_overrides.items() if v is not None})
         core = model.inner if hasattr(model, "inner") else model
         if core.compute_dtype != torch.float32:
@@ -289,7 +305,8 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
     }
     onnx.helper.set_model_props(graph, meta)
 
-    source_file = Path(source) if source and Path(source).is_file() else None
+    if source_file is not None and sha256_file(source_file) != source_sha256:
+        raise ArtifactError(f"{source_file} changed while it was being exported; export it again")
     with staging_dir(out.parent if str(out.parent) else Path("."), "export-check") as staging:
         with stages.stage("structural checks (checker, shape inference, I/O contract)"):
             staged = staging / out.name
@@ -313,7 +330,7 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
             manifest = publish_artifact(
                 staged, out, stage="export",
                 config={"export": asdict(config), "model": cfg.to_dict()},
-                parent=source_file, parent_sha256=sha256_file(source_file) if source_file else None,
+                parent=source_file, parent_sha256=source_sha256,
                 companions=[(staging / data_file.name, data_file)] if external else [],
                 remove=[] if external else [data_file],  # weights of an earlier external-data export
                 source=getattr(model, "checkpoint_info", None),
