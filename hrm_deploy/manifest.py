@@ -271,8 +271,12 @@ def resolve_parent(artifact: str | Path, manifest: dict[str, Any]) -> Path | Non
     return found
 
 
-def update_manifest(artifact: str | Path, **fields: Any) -> Path:
-    """Merge ``fields`` into an existing manifest (e.g. a verify report)."""
+def update_manifest(artifact: str | Path, *, expect_sha256: str | None = None, **fields: Any) -> Path:
+    """Merge ``fields`` into an existing manifest (e.g. a verify report). With
+    ``expect_sha256``, only if the manifest still describes those bytes (a verify result is
+    never recorded in the manifest of an artifact re-exported meanwhile)."""
     data = read_manifest(artifact)
+    if expect_sha256 is not None and data["sha256"] != expect_sha256:
+        raise ArtifactError(f"{artifact} was replaced meanwhile; its new manifest was left as it is: run again")
     data.update(fields)
     return write_json(manifest_path(artifact), data)

@@ -169,8 +169,7 @@ def verify(artifact: str | Path, data: str | Path, against: str | Path | None = 
         raise ConfigError(f"--batch must be between 1 and 65536, got {batch}")
     for report_file in report_paths(path):
         check_output_path(report_file)  # fail before the work, not after
-    if path.is_file():  # a checkpoint folder has no manifest of its own
-        check_artifact(path)
+    before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints
     candidate = open_runner(path, **runner_options)
     examples = load_examples(data, samples, split="test")
     cand_out = _run(candidate, examples, batch)
@@ -184,11 +183,15 @@ def verify(artifact: str | Path, data: str | Path, against: str | Path | None = 
     report["thresholds"] = asdict(chosen)
     report["failures"] = judge(report, chosen)
     report["passed"] = not report["failures"]
-    if manifest_path(path).is_file():
-        report["artifact_sha256"] = (check_artifact(path) or {}).get("sha256")  # the bytes judged are still there
+    if before is not None:
+        after = (check_artifact(path) or {}).get("sha256")
+        if after != before:  # an export replaced the artifact while it was being judged
+            raise ArtifactError(f"{path} was replaced while it was being verified; run verify again")
+        report["artifact_sha256"] = before
     json_report, md_report = report_paths(path)
     write_json(json_report, report)
     write_text(md_report, markdown(report))
     if manifest_path(path).is_file():
-        update_manifest(path, verify={k: report[k] for k in ("passed", "failures", "examples", "data", "thresholds")})
+        update_manifest(path, expect_sha256=before,
+                        verify={k: report[k] for k in ("passed", "failures", "examples", "data", "thresholds")})
     return report

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.bench.stats import latency_stats
-from hrm_deploy.errors import ConfigError, HRMDeployError
+from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
 from hrm_deploy.io import check_output_path, write_json, write_text
 
 MAX_BATCH = 4096  # a bench batch beyond this is a typo, not a measurement (and an OOM on most machines)
@@ -180,9 +180,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
         check_output_path(out / name)  # before the work: never write through a link out of the workspace
     examples = load_examples(config.data, config.accuracy_samples, split="test")
     check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
-    for path in paths:
-        if path.is_file():
-            check_artifact(path)  # the bytes measured are the ones the manifest describes
+    measured = {path: (check_artifact(path) or {}).get("sha256") for path in paths if path.is_file()}
     rows: list[dict[str, Any]] = []
     steps = None
     for path in paths:
@@ -203,6 +201,9 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
         except HRMDeployError as exc:  # e.g. an engine on a machine without a GPU: recorded, not fatal
             row["status"] = f"skipped: {exc}"
         rows.append(row)
+    for path, digest in measured.items():
+        if digest is not None and (check_artifact(path) or {}).get("sha256") != digest:
+            raise ArtifactError(f"{path} was replaced while it was being measured; run bench again")
     if config.include_reference:
         reference = Path(config.reference) if config.reference else (find_reference(paths[0]) if paths else None)
         if reference is None:

@@ -293,3 +293,29 @@ def test_inspect_of_a_corrupted_engine_is_its_check_not_an_old_manifest(tmp_path
     result = runner.invoke(app, ["inspect", str(engine)])
     shown = json.loads(result.output)
     assert "does not match its manifest" in shown["artifact_check"] and "manifest" not in shown
+
+
+def test_an_export_landing_during_verify_gets_no_stale_verdict(tiny_onnx, tmp_path, monkeypatch):
+    import hrm_deploy.verify as verify_mod
+
+    copy = tmp_path / "m.onnx"
+    shutil.copy(tiny_onnx.unrolled, copy)
+    shutil.copy(manifest_path(tiny_onnx.unrolled), manifest_path(copy))
+    real_run = verify_mod._run
+    calls = {"n": 0}
+
+    def run_then_export_lands(runner_, examples, batch):
+        out = real_run(runner_, examples, batch)
+        calls["n"] += 1
+        if calls["n"] == 1:  # `hrm-deploy export -o m.onnx` finishes while verify is judging the old bytes
+            fields = {k: v for k, v in read_manifest(tiny_onnx.step).items()
+                      if k not in ("sha256", "size_bytes", "artifact", "manifest_version", "parent")}
+            with staging_dir(tmp_path, "export-check") as staging:
+                shutil.copy(tiny_onnx.step, staging / "m.onnx")
+                publish_artifact(staging / "m.onnx", copy, **fields)
+        return out
+
+    monkeypatch.setattr(verify_mod, "_run", run_then_export_lands)
+    with pytest.raises(ArtifactError, match="replaced while it was being verified"):
+        verify_mod.verify(copy, tiny_onnx.data, against=verify_mod.find_reference(tiny_onnx.unrolled), samples=4)
+    assert "verify" not in read_manifest(copy) and not (tmp_path / "m.onnx.verify.md").exists()
