@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.calib.int8 import QuantConfig, QuantPlan, calibration_key, quantize_int8
+from hrm_deploy.calib.int8 import QuantConfig, QuantPlan, _cache_readable, calibration_key, quantize_int8
 from hrm_deploy.errors import ArtifactError, ConfigError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
@@ -150,7 +150,7 @@ def make_precision_graph(onnx_path: str | os.PathLike, config: PrecisionConfig,
             key = calibration_key(src_sha256, config.quant.method, examples.sha256, len(examples),
                                   f"{meta['mode']}{meta['steps']}")
             cache = Path(config.cache_dir) / f"{key}.json"
-            cached = cache.is_file()
+            cached = cache.is_file() and _cache_readable(cache)
             label = "reusing cached calibration" if cached else \
                 f"calibrating INT8 ({config.quant.method}, {len(examples)} examples, all {meta['steps']} ACT steps)"
             with stages.stage(label):

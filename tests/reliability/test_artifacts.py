@@ -319,3 +319,19 @@ def test_an_export_landing_during_verify_gets_no_stale_verdict(tiny_onnx, tmp_pa
     with pytest.raises(ArtifactError, match="replaced while it was being verified"):
         verify_mod.verify(copy, tiny_onnx.data, against=verify_mod.find_reference(tiny_onnx.unrolled), samples=4)
     assert "verify" not in read_manifest(copy) and not (tmp_path / "m.onnx.verify.md").exists()
+
+
+def test_a_damaged_int8_calibration_cache_is_recomputed_not_used(tiny_onnx, tmp_path):
+    from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
+    from hrm_deploy.calib.int8 import QuantConfig
+
+    cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, quant=QuantConfig(method="minmax", samples=16),
+                          cache_dir=str(tmp_path / "calib"))
+    first = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "a.int8.onnx", quiet=True)
+    cache = Path(first.report["calibration"]["cache"])
+    good = cache.read_bytes()
+    cache.write_bytes(good[: len(good) // 3])  # as a kill during the old non-atomic write left it
+    second = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "b.int8.onnx", quiet=True)
+    assert cache.read_bytes() == good and second.path.read_bytes() == first.path.read_bytes()
+    assert first.report["calibration"]["reused"] is False and second.report["calibration"]["reused"] is False
+    assert not [p for p in cache.parent.iterdir() if p.name.endswith(".tmp")]
