@@ -83,19 +83,34 @@ def workspace() -> Path:
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
-    """Refuse an output path that goes through a symlink pointing outside the workspace.
+    """Refuse an output path that goes through a symlink leading outside the workspace.
 
-    A plain path anywhere (``--out /tmp/x``) is the user's explicit choice and is allowed; a
-    symlink (planted at ``bench/report.md`` or as a parent folder) that leads out of the
-    working directory is not followed. Raises :class:`~hrm_deploy.errors.ArtifactError`."""
+    Inside the working directory, every component of the path (a planted ``bench`` folder link,
+    a ``report.md`` link) must stay inside it when resolved. A path outside the working
+    directory is the user's explicit choice (``--out /data/x``, whatever links its folders
+    are); only its last component may not be a link that leads out of its own folder.
+    Raises :class:`~hrm_deploy.errors.ArtifactError`."""
     from hrm_deploy.errors import ArtifactError
 
     p = Path(path)
     lexical = Path(os.path.abspath(p))
-    real = lexical.resolve()
-    if real != lexical and not real.is_relative_to(workspace()):
-        raise ArtifactError(f"{p} is (or goes through) a symlink to {real}, outside the workspace {workspace()}; "
-                            "remove the link or write somewhere else")
+    cwd = Path(os.path.abspath(os.getcwd()))
+    ws = workspace()
+
+    def refuse(link: Path) -> ArtifactError:
+        return ArtifactError(f"{p} goes through the symlink {link} -> {link.resolve()}, outside the workspace "
+                             f"{ws}; remove the link or write somewhere else")
+
+    if lexical.is_relative_to(cwd):
+        current = cwd
+        for part in lexical.relative_to(cwd).parts:
+            current = current / part
+            if current.is_symlink() and not current.resolve().is_relative_to(ws):
+                raise refuse(current)
+    elif lexical.is_symlink():
+        real = lexical.resolve()
+        if not real.is_relative_to(lexical.parent.resolve()) and not real.is_relative_to(ws):
+            raise refuse(lexical)
     return p
 
 

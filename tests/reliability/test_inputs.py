@@ -201,3 +201,18 @@ def test_an_internal_error_is_reported_as_a_bug_with_its_traceback(monkeypatch):
     result = runner.invoke(app, ["inspect", "x"])
     assert result.exit_code == 70
     assert "Traceback" in result.output and "this is a bug" in result.output
+
+
+def test_an_explicit_path_outside_the_workspace_is_allowed_through_linked_folders(tmp_path, monkeypatch):
+    """Clusters link /home -> /mnt/home: an explicit --out there is the user's choice, not an attack."""
+    from hrm_deploy.io import check_output_path, write_json
+
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real", target_is_directory=True)
+    monkeypatch.chdir(tmp_path / "ws")
+    write_json(tmp_path / "linked" / "report.json", {"ok": 1})
+    assert json.loads((tmp_path / "real" / "report.json").read_text()) == {"ok": 1}
+    (tmp_path / "ws" / "bench").symlink_to(tmp_path / "real", target_is_directory=True)
+    with pytest.raises(ArtifactError, match="outside the workspace"):
+        check_output_path("bench/report.json")
