@@ -152,6 +152,14 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_thresholds(thresholds: Thresholds) -> None:
+    for name, value in asdict(thresholds).items():
+        if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0 or \
+                (name.startswith("min_") and value > 1):
+            raise ConfigError(f"threshold {name}={value} is out of range (agreements are fractions 0 to 1, "
+                              "errors and drops >= 0)")
+
+
 def verify(artifact: str | Path, data: str | Path, against: str | Path | None = None, samples: int | None = 256,
            thresholds: Thresholds | None = None, overrides: dict[str, float] | None = None, batch: int = 64,
            **runner_options: Any) -> dict[str, Any]:
@@ -167,6 +175,12 @@ def verify(artifact: str | Path, data: str | Path, against: str | Path | None = 
         raise ConfigError(f"--samples must be >= 1, got {samples}")
     if not 1 <= batch <= 1 << 16:
         raise ConfigError(f"--batch must be between 1 and 65536, got {batch}")
+    unknown = set(overrides or {}) - set(Thresholds.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown threshold overrides {sorted(unknown)}")
+    for given in (thresholds, replace(THRESHOLDS["fp32"], **(overrides or {}))):
+        if given is not None:
+            _check_thresholds(given)
     for report_file in report_paths(path):
         check_output_path(report_file)  # fail before the work, not after
     before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints

@@ -26,7 +26,7 @@ from hrm_deploy.progress import Stages
 
 MODES = ("unrolled", "step")
 MIN_OPSET = 17
-MAX_OPSET = 21  # newest opset the TorchScript exporter and ONNX Runtime 1.2x both handle
+MAX_OPSET = 20  # torch.onnx TorchScript exporter maximum (ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET)
 MAX_BATCH = 1 << 16
 MAX_STEPS = 256  # each unrolled step inlines the whole segment graph
 DEFAULT_WORKSPACE = Path("export")

@@ -216,3 +216,9 @@ def test_an_explicit_path_outside_the_workspace_is_allowed_through_linked_folder
     (tmp_path / "ws" / "bench").symlink_to(tmp_path / "real", target_is_directory=True)
     with pytest.raises(ArtifactError, match="outside the workspace"):
         check_output_path("bench/report.json")
+
+
+@pytest.mark.parametrize("option,value", [("--min-agreement", "1.5"), ("--min-agreement", "nan"), ("--max-drop", "-1")])
+def test_verify_threshold_overrides_are_range_checked_before_the_work(tiny_onnx, option, value):
+    result = runner.invoke(app, ["verify", str(tiny_onnx.unrolled), "--data", tiny_onnx.data, option, value])
+    _one_line_error(result, "out of range")
