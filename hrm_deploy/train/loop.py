@@ -281,12 +281,14 @@ def _check_splits(train_split: Split, test_split: Split, vocab_size: int, where:
         if len(split) == 0:
             raise DataError(f"{where}: the {name} split holds no examples; regenerate the dataset with a non-empty "
                             f"{name} split (accuracy on 0 examples means nothing)")
-        labels = np.asarray(split.labels)
         ignore = split.metadata.ignore_label_id
-        valid = (labels >= 0) & (labels < vocab_size)
-        if ignore is not None:
-            valid |= labels == ignore
-        if not valid.all():
+        for start in range(0, len(split), 65536):  # chunks: the arrays are memory-mapped and may be large
+            labels = np.asarray(split.labels[start:start + 65536])
+            valid = (labels >= 0) & (labels < vocab_size)
+            if ignore is not None:
+                valid |= labels == ignore
+            if valid.all():
+                continue
             bad = int(labels[~valid].flat[0])
             raise DataError(f"{where}: the {name} split has label {bad}, outside the vocabulary [0, {vocab_size}) "
                             "and not the ignore label; the dataset is damaged or built for another vocabulary")
