@@ -119,16 +119,17 @@ def write_manifest(artifact: str | Path, *, stage: str, config: dict[str, Any],
 
 def publish_artifact(staged: str | Path, artifact: str | Path, *, stage: str, config: dict[str, Any],
                      parent: str | Path | None = None, parent_sha256: str | None = None,
-                     companions: Iterable[tuple[Path, Path]] = (), remove: Iterable[Path] = (),
-                     **fields: Any) -> Path:
+                     companions: Iterable[tuple[Path, Path]] = (), sidecars: Iterable[tuple[Path, Path]] = (),
+                     remove: Iterable[Path] = (), **fields: Any) -> Path:
     """Move a staged artifact into place together with its manifest; returns the manifest path.
 
     ``staged`` must be on the target's file system (a :func:`hrm_deploy.io.staging_dir` in the
     target folder). Its sha256 is computed from the staged bytes, i.e. exactly what will be
     at ``artifact``. Order: write the manifest into staging, remove the old manifest and verify
-    reports, rename ``companions`` (staged, final) such as external ``.data`` files, remove
-    ``remove`` (an old companion that no longer applies), rename the artifact, rename the
-    manifest last."""
+    reports, rename ``companions`` (staged, final) such as external ``.data`` files (their sha256
+    is recorded and checked with the artifact) and ``sidecars`` (informational files such as an
+    engine's ``layers.json``: renamed with it, not checked), remove ``remove`` (an old companion
+    that no longer applies), rename the artifact, rename the manifest last."""
     from hrm_deploy.io import check_output_path
 
     staged, artifact = Path(staged), Path(artifact)
@@ -147,7 +148,7 @@ def publish_artifact(staged: str | Path, artifact: str | Path, *, stage: str, co
     except FileNotFoundError:
         pass
     mark_reports_stale(artifact)
-    for src, final in companions:
+    for src, final in [*companions, *sidecars]:
         os.replace(src, final)
     for old in remove:
         try:

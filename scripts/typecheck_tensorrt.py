@@ -1,5 +1,13 @@
 """Type-check the TensorRT code path (``hrm_deploy.engines``) with mypy against the
-``tensorrt-stubs`` package (TensorRT 10.x API, the Jetson JetPack 6 generation).
+``tensorrt-stubs`` package (TensorRT 10.x API, the Jetson JetPack 6 generation), then the
+TensorRT-RTX path against stubs generated from the installed ``tensorrt_rtx`` module.
+
+``Backend.trt`` is ``Any`` at run time (one attribute holds either module). For the RTX pass the
+script copies ``hrm_deploy`` to a temporary folder and types every ``backend.trt`` /
+``self.trt`` as the ``tensorrt_rtx`` module (and the TYPE_CHECKING ``import tensorrt`` as
+``tensorrt_rtx``), line numbers unchanged, so each RTX attribute, method and argument is checked
+(``stubgen`` reads the pybind11 signatures; the few it cannot type become ``Any``). The pass is
+skipped, saying so, where ``tensorrt_rtx`` is not installed.
 
 The stubs ship without a py.typed marker under ``tensorrt/`` and have a few signatures mypy cannot parse
 (the keyword ``in`` as a parameter name, a required parameter after defaulted ones). This copies them into a
@@ -13,12 +21,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-CHECKED = ["hrm_deploy/engines", "hrm_deploy/runtime"]
+CHECKED = [p for p in ("hrm_deploy/engines", "hrm_deploy/runtime", "hrm_deploy/runners") if Path(p).is_dir()
+           or (Path(__file__).resolve().parents[1] / p).is_dir()]
+RTX_CHECKED = ["hrm_deploy/engines"]
 
 
 def stub_root() -> Path | None:
@@ -28,31 +39,84 @@ def stub_root() -> Path | None:
     return Path(spec.origin).parent.parent
 
 
+def _mypy(paths: list[str], cwd: Path, stub_path: str) -> tuple[int, list[str], str]:
+    """(exit status when mypy itself failed else 0, our lines, output tail)."""
+    env = {**os.environ, "MYPYPATH": stub_path}
+    cmd = [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-incremental", *paths]
+    run = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    # mypy also reports the stubs' own inconsistencies (pybind11-generated); only ours count.
+    ours = [line for line in run.stdout.splitlines() if line.startswith("hrm_deploy/")]
+    blocked = "errors prevented further checking" in run.stdout  # e.g. a stub syntax error: nothing was checked
+    crashed = run.returncode if (blocked or "error:" not in run.stdout) and run.returncode != 0 else 0
+    return crashed, ours, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def typed_rtx_copy(repo: Path, dest: Path) -> None:
+    """Copy hrm_deploy to ``dest`` with ``backend.trt`` / ``self.trt`` typed as the tensorrt_rtx module."""
+    shutil.copytree(repo / "hrm_deploy", dest / "hrm_deploy", ignore=shutil.ignore_patterns("__pycache__"))
+    for path in (dest / "hrm_deploy" / "engines").glob("*.py"):
+        text = path.read_text()
+        if "backend.trt" not in text and "self.trt" not in text:
+            continue
+        # same line count: the import joins the __future__ line
+        text = text.replace("from __future__ import annotations",
+                            "from __future__ import annotations; import tensorrt_rtx as _rtx_api", 1)
+        text = re.sub(r"^(\s+)import tensorrt$", r"\1import tensorrt_rtx as tensorrt", text, flags=re.MULTILINE)
+        text = text.replace("backend.trt", "_rtx_api").replace("self.trt", "_rtx_api")
+        path.write_text(text)
+
+
+def check_rtx(repo: Path, tmp: Path) -> int:
+    if importlib.util.find_spec("tensorrt_rtx") is None:
+        print("tensorrt_rtx is not installed: the TensorRT-RTX pass is skipped")
+        return 0
+    stubs = tmp / "rtx_stubs"
+    # mypy is mypyc-compiled: `python -m mypy.stubgen` has no code object, its main() works
+    gen = subprocess.run([sys.executable, "-c", "import sys; from mypy.stubgen import main; main(sys.argv[1:])",
+                          "-p", "tensorrt_rtx_bindings", "-p", "tensorrt_rtx", "-o", str(stubs)],
+                         capture_output=True, text=True, check=False)
+    if gen.returncode != 0:
+        print(gen.stdout[-2000:] + gen.stderr[-2000:], file=sys.stderr)
+        return gen.returncode
+    for stub in stubs.rglob("*.pyi"):  # the same required-after-defaulted signature as in tensorrt-stubs
+        text = stub.read_text()
+        text = text.replace("power: Weights = ..., channel_axis: typing.SupportsInt)",
+                            "power: Weights = ..., channel_axis: typing.SupportsInt = ...)")
+        # IHostMemory implements the buffer protocol (bytes(plan) works); stubgen cannot see that
+        text = text.replace("class IHostMemory:", "class IHostMemory:\n    def __buffer__(self, flags: int, /) -> memoryview: ...")
+        stub.write_text(text)
+    typed_rtx_copy(repo, tmp / "src")
+    code, ours, tail = _mypy(RTX_CHECKED, tmp / "src", str(stubs))
+    print("\n".join(f"[tensorrt-rtx] {line}" for line in ours)
+          or f"mypy: no issues in {', '.join(RTX_CHECKED)} against tensorrt_rtx (typed backend.trt)")
+    if code:
+        print(tail, file=sys.stderr)  # mypy itself failed
+        return code
+    return 1 if any(": error:" in line for line in ours) else 0
+
+
 def main() -> int:
     root = stub_root()
     if root is None:
         print("tensorrt-stubs is not installed: pip install --no-deps tensorrt-stubs", file=sys.stderr)
         return 2
+    repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
         for package in ("tensorrt", "tensorrt_bindings"):
             for stub in (root / package).glob("*.pyi"):
                 text = re.sub(r"\bin: ", "in_: ", stub.read_text())
                 # one signature puts a required parameter after defaulted ones
                 text = text.replace("power: Weights = None, channel_axis: int)", "power: Weights = None, channel_axis: int = 0)")
-                target = Path(tmp) / package / stub.name
+                target = Path(tmp) / "trt_stubs" / package / stub.name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(text)
-        env = {**os.environ, "MYPYPATH": tmp}
-        repo = Path(__file__).resolve().parents[1]
-        cmd = [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-incremental", *CHECKED]
-        run = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
-    # mypy also reports the stubs' own inconsistencies (pybind11-generated); only ours count.
-    ours = [line for line in run.stdout.splitlines() if line.startswith("hrm_deploy/")]
-    print("\n".join(ours) or f"mypy: no issues in {', '.join(CHECKED)} against tensorrt-stubs")
-    if "error:" not in run.stdout and run.returncode != 0:
-        print(run.stdout[-2000:] + run.stderr[-2000:], file=sys.stderr)  # mypy itself failed
-        return run.returncode
-    return 1 if any(": error:" in line for line in ours) else 0
+        code, ours, tail = _mypy(CHECKED, repo, str(Path(tmp) / "trt_stubs"))
+        print("\n".join(ours) or f"mypy: no issues in {', '.join(CHECKED)} against tensorrt-stubs")
+        if code:
+            print(tail, file=sys.stderr)  # mypy itself failed
+            return code
+        status = 1 if any(": error:" in line for line in ours) else 0
+        return max(status, check_rtx(repo, Path(tmp)))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ def build_engine(
     workspace: Optional[int] = typer.Option(None, help="Builder workspace limit in MiB."),
     opt_level: Optional[int] = typer.Option(None, help="Builder optimization level 0-5 (lower builds faster)."),
     compute_capability: Optional[str] = typer.Option(None, help="TensorRT-RTX AOT target, e.g. SM120, SM89, SM86."),
+    timing_cache: str = typer.Option(
+        "engines/timing.cache", help="TensorRT timing cache base path; the file name gets the GPU and TensorRT "
+        "version (engines/timing.<gpu>-sm<cc>.tensorrt-<version>.cache). 'none' builds without one."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Engine path (default engines/<name>.<target>.<backend>.engine)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
 ) -> None:
@@ -46,7 +49,8 @@ def build_engine(
                           min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch, workspace_mib=workspace,
                           optimization_level=opt_level, compute_capability=compute_capability,
                           calib_data=str(calib_data) if calib_data else None, calib_method=calib_method,
-                          calib_samples=calib_samples, accuracy_budget=accuracy_budget)
+                          calib_samples=calib_samples, accuracy_budget=accuracy_budget,
+                          timing_cache=None if timing_cache.lower() in ("", "none") else timing_cache)
     result = build(onnx, config, output, quiet=quiet)
     seconds = result.build.get("build_seconds", 0.0)
     typer.echo(f"wrote {result.path} ({result.build.get('engine_bytes', 0) / 2**20:.1f} MiB, built in {seconds:.1f} s) "

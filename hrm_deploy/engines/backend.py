@@ -5,17 +5,25 @@ difference between them lives here.
   ignored) on TensorRT 11 and the only mode on RTX;
 - timing cache: TensorRT only (a no-op on RTX);
 - ahead-of-time compute-capability targets: RTX only (``set_compute_capability``);
-- runtime cache of JIT kernels: RTX only (used by the runtime, not the builder).
+- runtime cache of JIT kernels: RTX only (used by the runtime, not the builder):
+  :func:`create_context` loads and saves it beside the engine;
+- reproducing a build with NVIDIA's own tool: ``trtexec`` (TensorRT) or ``tensorrt_rtx`` (RTX),
+  see :func:`reproduce_command`.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from hrm_deploy.errors import ConfigError, DependencyError
+from hrm_deploy.io import atomic_path
 
 MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
 EXTRAS = {"tensorrt": "trt", "tensorrt-rtx": "rtx"}
@@ -24,7 +32,10 @@ EXTRAS = {"tensorrt": "trt", "tensorrt-rtx": "rtx"}
 @dataclass
 class Backend:
     name: str  # "tensorrt" or "tensorrt-rtx"
-    trt: Any  # the imported module (typed as Any: the two modules share an API, not a type)
+    # The imported module. Typed as Any at run time (the two modules share an API, not a type);
+    # scripts/typecheck_tensorrt.py re-types it as the tensorrt stubs' module so attribute use is
+    # checked, and tests/engines/test_rtx_surface.py checks every RTX-path name on tensorrt_rtx.
+    trt: Any
 
     @property
     def version(self) -> str:
@@ -81,3 +92,144 @@ def load_backend(name: str) -> Backend:
         raise DependencyError(f"{MODULES[name]} is importable but has no Builder (type stubs only?); install the real "
                               f"package: pip install 'hrm-deploy[{EXTRAS[name]}]'")
     return Backend(name, module)
+
+
+# ---------------------------------------------------------------- timing cache (TensorRT)
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower() or "unknown"
+
+
+def timing_cache_path(base: str | Path, backend: Backend, gpu: dict[str, str]) -> Path:
+    """``engines/timing.cache`` -> ``engines/timing.<gpu>-sm<cc>.<backend>-<version>.cache``.
+
+    A timing cache is valid only for one GPU and one TensorRT release (``set_timing_cache``
+    returns False otherwise), so the file name carries both and machines never overwrite each
+    other's caches. ``gpu`` is ``hrm_deploy.gpu.nvidia_smi(IDENTITY)`` ({} without a GPU).
+    """
+    base = Path(base)
+    cc = gpu.get("compute_capability", "").replace(".", "")
+    key = f"{_slug(gpu.get('gpu', 'nogpu'))}{'-sm' + cc if cc else ''}.{backend.name}-{backend.version}"
+    return base.with_name(f"{base.stem}.{key}{base.suffix or '.cache'}")
+
+
+# ---------------------------------------------------------------- runtime cache (TensorRT-RTX)
+
+RUNTIME_CACHE_SUFFIX = ".runtime.cache"
+
+
+def runtime_cache_path(engine_path: str | Path) -> Path:
+    """``m.engine`` -> ``m.engine.runtime.cache``: TensorRT-RTX's JIT kernels for this engine."""
+    engine_path = Path(engine_path)
+    return engine_path.with_name(engine_path.name + RUNTIME_CACHE_SUFFIX)
+
+
+@dataclass
+class EngineContext:
+    """An execution context plus, on TensorRT-RTX, the runtime cache it compiles kernels into.
+
+    Keep this object alive as long as ``context``: the runtime config and cache must outlive it.
+    """
+
+    context: Any
+    runtime_config: Any = None
+    cache: Any = None
+    cache_path: Path | None = None
+    cache_loaded: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def save_runtime_cache(self) -> Path | None:
+        """Write the (grown) runtime cache atomically beside the engine; None where there is none.
+
+        Call after the first inferences of each batch size: that is when RTX compiles kernels.
+        """
+        if self.cache is None or self.cache_path is None:
+            return None
+        blob = bytes(self.cache.serialize())
+        with atomic_path(self.cache_path) as tmp:
+            tmp.write_bytes(blob)
+        return self.cache_path
+
+
+def create_context(engine: Any, backend: Backend, runtime_cache: str | Path | None = None, *,
+                   allocation_strategy: str | None = None) -> EngineContext:
+    """Create an execution context for ``engine``; on TensorRT-RTX with a runtime cache.
+
+    ``runtime_cache`` is the cache file (usually :func:`runtime_cache_path` of the engine). On RTX
+    the context is made from an ``IRuntimeConfig`` (``engine.create_runtime_config()``) holding
+    an ``IRuntimeCache`` (``config.create_runtime_cache()``), filled from the file when it exists
+    and matches (``cache.deserialize(blob)`` returns False for another GPU, driver or RTX
+    version: then the context starts with an empty cache and says so in ``notes``), attached with
+    ``config.set_runtime_cache(cache)``, then ``engine.create_execution_context(config)``.
+    ``allocation_strategy`` ("static", "on_profile_change", "user_managed") picks
+    ``ExecutionContextAllocationStrategy`` (the device loop wants "user_managed" to own memory).
+    On TensorRT there is no runtime cache: a plain ``create_execution_context``.
+    """
+    trt = backend.trt
+    strategy = None
+    if allocation_strategy is not None:
+        members = trt.ExecutionContextAllocationStrategy.__members__
+        if allocation_strategy.upper() not in members:
+            raise ConfigError(f"allocation strategy {allocation_strategy!r} unknown; use one of "
+                              f"{', '.join(m.lower() for m in members)}")
+        strategy = members[allocation_strategy.upper()]
+    if not backend.is_rtx:
+        context = engine.create_execution_context(strategy) if strategy is not None else engine.create_execution_context()
+        return EngineContext(context)
+    runtime_config = engine.create_runtime_config()
+    if strategy is not None:
+        runtime_config.set_execution_context_allocation_strategy(strategy)
+    handle = EngineContext(None, runtime_config=runtime_config)
+    if runtime_cache is not None:
+        handle.cache_path = Path(runtime_cache)
+        handle.cache = runtime_config.create_runtime_cache()
+        if handle.cache_path.is_file():
+            handle.cache_loaded = bool(handle.cache.deserialize(handle.cache_path.read_bytes()))
+            if not handle.cache_loaded:
+                handle.notes.append(f"runtime cache {handle.cache_path} was made for another GPU, driver or "
+                                    "TensorRT-RTX version; starting empty (it is rewritten on save)")
+        if not runtime_config.set_runtime_cache(handle.cache):
+            handle.notes.append("TensorRT-RTX refused the runtime cache; running without one")
+            handle.cache = None
+    handle.context = engine.create_execution_context(runtime_config)
+    for note in handle.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    return handle
+
+
+# ---------------------------------------------------------------- reproducing a build
+
+def _shape_arg(shapes: dict[str, list[list[int]]], which: int) -> str:
+    return ",".join(f"{name}:{'x'.join(str(d) for d in dims[which])}" for name, dims in shapes.items())
+
+
+def reproduce_command(backend: Backend, *, onnx: str | Path, engine: str | Path,
+                      shapes: dict[str, list[list[int]]], workspace_mib: int, optimization_level: int,
+                      compute_capability: str | None = None, timing_cache: str | Path | None = None) -> str:
+    """The ``trtexec`` (TensorRT) or ``tensorrt_rtx`` (TensorRT-RTX) line that builds the same engine.
+
+    Flags as documented for each tool: ``--onnx --saveEngine --minShapes/--optShapes/--maxShapes
+    --memPoolSize=workspace:<N>M --profilingVerbosity=detailed --skipInference``; TensorRT adds
+    ``--builderOptimizationLevel``, ``--timingCacheFile`` and, on 10.x only, ``--stronglyTyped``
+    (TensorRT 11 networks are always strongly typed and the flag is a no-op); TensorRT-RTX adds
+    ``--computeCapabilities=120`` for an AOT target (none: the portable default).
+    """
+    tool = "tensorrt_rtx" if backend.is_rtx else "trtexec"
+    args = [tool, f"--onnx={onnx}", f"--saveEngine={engine}", f"--minShapes={_shape_arg(shapes, 0)}",
+            f"--optShapes={_shape_arg(shapes, 1)}", f"--maxShapes={_shape_arg(shapes, 2)}",
+            f"--memPoolSize=workspace:{int(workspace_mib)}M"]
+    if backend.is_rtx:
+        cc = (compute_capability or "").upper()
+        if cc.startswith("SM") and cc[2:].isdigit():
+            args.append(f"--computeCapabilities={cc[2:]}")
+        elif cc == "CURRENT":
+            args.append("--useGpu")
+    else:
+        if backend.major < 11:
+            args.append("--stronglyTyped")
+        args.append(f"--builderOptimizationLevel={int(optimization_level)}")
+    args.append("--profilingVerbosity=detailed")
+    if timing_cache and not backend.is_rtx:
+        args.append(f"--timingCacheFile={timing_cache}")
+    args.append("--skipInference")
+    return shlex.join(args)

@@ -16,7 +16,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.engines.backend import load_backend
+from hrm_deploy.engines.backend import (
+    load_backend,
+    reproduce_command,
+    timing_cache_path,
+)
+from hrm_deploy.engines.layers import precision_verdict
 from hrm_deploy.engines.targets import TargetProfile, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.gpu import IDENTITY, nvidia_smi
@@ -49,7 +54,7 @@ class EngineConfig:
     calib_method: str = "entropy"
     calib_samples: int = 512
     accuracy_budget: float | None = None
-    timing_cache: str | None = "engines/timing.cache"
+    timing_cache: str | None = "engines/timing.cache"  # base name; the file is keyed by GPU + TensorRT version
 
     def __post_init__(self) -> None:
         if self.precision not in ENGINE_PRECISIONS:
@@ -140,8 +145,15 @@ def _precision_source(onnx_path: Path, config: EngineConfig, stages: Stages, qui
     return result.path
 
 
-def _check_precision_took(precision: str, build: dict[str, Any]) -> None:
-    """Fail when the requested precision is not visible in the network (or, on a GPU, the engine)."""
+def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
+    """Fail when the requested precision is not visible in the network or the built engine.
+
+    The network (strongly typed) must carry the precision. Where a GPU loaded the engine, the
+    inspector's layers are read too (:mod:`hrm_deploy.engines.layers`): refused only when every
+    layer is detailed, unfused and none shows the precision; names-only inspector output and
+    fused Myelin/ForeignNode layers are "cannot tell". Returns the engine verdict ("took",
+    "cannot_tell", "not_inspected") and records it in ``build["engine_inspection"]``.
+    """
     network = build.get("network", {})
     dtypes = network.get("output_dtypes", {})
     missing = None
@@ -151,14 +163,23 @@ def _check_precision_took(precision: str, build: dict[str, Any]) -> None:
         missing = "no layer computes in BF16"
     elif precision == "int8" and not network.get("qdq_layers"):
         missing = "no Q/DQ layers"
-    inspection = build.get("engine_inspection", {})
+    inspection = build.setdefault("engine_inspection", {})
+    verdict = "not_inspected"
     if not missing and inspection.get("available"):
-        key = {"fp16": "Half", "bf16": "BF16", "int8": "Int8"}.get(precision)
-        if key and not inspection["mentions"].get(key):
-            missing = f"the built engine has no {key} layer (a silently FP32 engine)"
+        verdict, why = precision_verdict(precision, inspection.get("summary", {}))
+        inspection.update(verdict=verdict, why=why)
+        if verdict == "fp32":
+            missing = f"the built engine shows no {precision.upper()} tensor: {why}"
     if missing:
         raise EngineError(f"requested {precision} but {missing}; the engine was not written. Check the ONNX "
                           "with `hrm-deploy inspect` and rebuild it from the FP32 export")
+    return verdict
+
+
+def layers_path(engine_path: str | os.PathLike) -> Path:
+    """``m.engine`` -> ``m.engine.layers.json``: the engine inspector's JSON (trt-engine-explorer reads it)."""
+    engine_path = Path(engine_path)
+    return engine_path.with_name(engine_path.name + ".layers.json")
 
 
 def _die_with_parent() -> None:
@@ -208,8 +229,10 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
             "workspace_mib": config.workspace_mib or target.workspace_mib,
             "optimization_level": config.optimization_level if config.optimization_level is not None
             else target.builder_optimization_level,
-            "compute_capability": config.compute_capability or target.compute_capability,
-            "timing_cache": config.timing_cache}
+            "compute_capability": config.compute_capability or target.compute_capability}
+    machine = nvidia_smi(IDENTITY)
+    spec["timing_cache"] = (str(timing_cache_path(config.timing_cache, backend, machine))
+                            if config.timing_cache and backend.supports_timing_cache() else None)
     stem = graph.name[:-len(".onnx")]
     target_path = check_output_path(Path(out) if out else Path("engines") / f"{stem}.{target.name}.{backend.name}.engine")
     with staging_dir(target_path.parent, "build") as work:
@@ -219,7 +242,8 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
             os.symlink(graph.resolve().with_name(companion), work / companion)  # checked by read_verified
         staged = work / target_path.name
         spec_file, result_file = work / "spec.json", work / "result.json"
-        spec.update(onnx=str(built_from.resolve()), out=str(staged), result=str(result_file))
+        spec.update(onnx=str(built_from.resolve()), out=str(staged), result=str(result_file),
+                    layers_out=str(work / "layers.json"))
         spec_file.write_text(json.dumps(spec))
         if spec["timing_cache"]:
             Path(spec["timing_cache"]).parent.mkdir(parents=True, exist_ok=True)
@@ -235,12 +259,23 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
             tail = "\n".join((child.stderr or child.stdout).strip().splitlines()[-8:])
             raise EngineError(f"{backend.name} failed to build {graph.name} (exit {child.returncode}):\n{tail}")
         _check_precision_took(config.precision, build)
+        layers_file = layers_path(target_path)
+        have_layers = Path(spec["layers_out"]).is_file()
+        command = reproduce_command(backend, onnx=graph, engine=target_path, shapes=spec["shapes"],
+                                    workspace_mib=spec["workspace_mib"], optimization_level=spec["optimization_level"],
+                                    compute_capability=spec["compute_capability"], timing_cache=spec["timing_cache"])
         recipe = (graph_manifest or {}).get("report", {})
+        # engine + layers.json + manifest as one unit: layers.json renamed in before the engine,
+        # a previous build's layers (describing another engine) removed
         manifest = publish_artifact(
             staged, target_path, stage="engine", parent=graph, parent_sha256=onnx_sha256, config=asdict(config),
+            sidecars=[(Path(spec["layers_out"]), layers_file)] if have_layers else [],
+            remove=[] if have_layers else [layers_file],
             backend={"name": backend.name, "version": backend.version}, target=asdict(target),
-            compute_capability=spec["compute_capability"], build_machine=nvidia_smi(IDENTITY),
+            compute_capability=spec["compute_capability"], build_machine=machine,
             precision=config.precision, recipe=recipe, calibration_key=recipe.get("calibration", {}).get("key"),
             mode=meta["mode"], steps=meta["steps"], profile_shapes=spec["shapes"], workspace_mib=spec["workspace_mib"],
-            onnx_sha256=onnx_sha256, build=build, estimated_build_mib=estimate, timings=stages.timings)
+            onnx_sha256=onnx_sha256, build=build, estimated_build_mib=estimate, timings=stages.timings,
+            trtexec_command=command, layers_json=layers_file.name if have_layers else None,
+            timing_cache=spec["timing_cache"])
     return EngineResult(target_path, manifest, graph, build)

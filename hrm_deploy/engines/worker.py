@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.engines.backend import Backend, load_backend
+from hrm_deploy.engines.layers import summarize_layers
+from hrm_deploy.io import atomic_path
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (TensorRT 10.x API); RTX shares it
     import tensorrt
@@ -19,7 +21,7 @@ if TYPE_CHECKING:  # type-checked against tensorrt-stubs (TensorRT 10.x API); RT
 PARSE_FAILED, BUILD_FAILED = 3, 4
 
 
-def _parser_errors(parser: "tensorrt.OnnxParser") -> list[str]:
+def _parser_errors(parser: tensorrt.OnnxParser) -> list[str]:
     errors = []
     for i in range(parser.num_errors):
         e = parser.get_error(i)
@@ -29,7 +31,7 @@ def _parser_errors(parser: "tensorrt.OnnxParser") -> list[str]:
     return errors
 
 
-def _network_precisions(backend: Backend, network: "tensorrt.INetworkDefinition") -> dict[str, Any]:
+def _network_precisions(backend: Backend, network: tensorrt.INetworkDefinition) -> dict[str, Any]:
     """Output dtypes of the strongly typed network's layers: what precision the graph carries."""
     trt = backend.trt
     dtypes: dict[str, int] = {}
@@ -44,30 +46,58 @@ def _network_precisions(backend: Backend, network: "tensorrt.INetworkDefinition"
     return {"layers": network.num_layers, "output_dtypes": dtypes, "qdq_layers": qdq}
 
 
-def _inspect_engine(backend: Backend, logger: "tensorrt.ILogger", plan: bytes) -> dict[str, Any]:
-    """Per-layer precisions of the built engine; needs a GPU the engine can load on."""
+def _inspect_engine(backend: Backend, logger: tensorrt.ILogger, plan: bytes,
+                    shapes: dict[str, list[list[int]]]) -> tuple[dict[str, Any], str | None]:
+    """(summary of the engine's per-layer precisions, the inspector's JSON text); needs a GPU
+    the engine loads on. The builder set ``ProfilingVerbosity.DETAILED``; the inspector reads an
+    execution context whose input shapes are the profile's opt shapes (without them TensorRT
+    shows no tensor formats)."""
     trt = backend.trt
     try:
-        engine: "tensorrt.ICudaEngine | None" = trt.Runtime(logger).deserialize_cuda_engine(plan)
+        engine: tensorrt.ICudaEngine | None = trt.Runtime(logger).deserialize_cuda_engine(plan)
         if engine is None:
-            return {"available": False, "reason": "the engine does not load on this machine (no suitable GPU)"}
-        inspector: "tensorrt.EngineInspector" = engine.create_engine_inspector()
-        info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
-        layers = info.get("Layers", [])
-        text = json.dumps(layers)
-        return {"available": True, "layers": len(layers),
-                "mentions": {p: text.count(p) for p in ("Half", "BF16", "Int8", "Float")}}
+            return {"available": False, "reason": "the engine does not load on this machine (no suitable GPU)"}, None
+        context: tensorrt.IExecutionContext = engine.create_execution_context()
+        unset = [name for name, (_, opt, _) in shapes.items() if not context.set_input_shape(name, opt)]
+        inspector: tensorrt.EngineInspector = engine.create_engine_inspector()
+        inspector.execution_context = context
+        text = inspector.get_engine_information(trt.LayerInformationFormat.JSON)
+        summary = summarize_layers(text)
+        return {"available": True, "shapes_set": not unset, "unset_inputs": unset, "summary": summary}, text
     except Exception as exc:  # noqa: BLE001 - no GPU / driver raises various types
-        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}, None
+
+
+def _attach_timing_cache(backend: Backend, config: tensorrt.IBuilderConfig, path: Path,
+                         result: dict[str, Any]) -> tensorrt.ITimingCache | None:
+    """Load the GPU/version-keyed timing cache; a stale one is dropped (and said so), not ignored."""
+    if not backend.supports_timing_cache():
+        result["timing_cache"] = {"used": False, "reason": f"{backend.name} has no timing cache"}
+        return None
+    blob = path.read_bytes() if path.is_file() else b""
+    cache = config.create_timing_cache(blob)
+    if config.set_timing_cache(cache, ignore_mismatch=False):
+        result["timing_cache"] = {"used": True, "path": str(path), "loaded_bytes": len(blob)}
+        return cache
+    warning = (f"timing cache {path} does not match this GPU and {backend.name} {backend.version}; "
+               "building without it (a fresh cache replaces it)")
+    print(f"warning: {warning}", file=sys.stderr, flush=True)
+    result.setdefault("warnings", []).append(warning)
+    cache = config.create_timing_cache(b"")
+    if not config.set_timing_cache(cache, ignore_mismatch=False):
+        result["timing_cache"] = {"used": False, "path": str(path), "reason": "TensorRT refused an empty cache"}
+        return None
+    result["timing_cache"] = {"used": True, "path": str(path), "loaded_bytes": 0, "stale_dropped": True}
+    return cache
 
 
 def build(spec: dict[str, Any]) -> int:
     backend = load_backend(spec["backend"])
     trt = backend.trt
-    logger: "tensorrt.Logger" = trt.Logger(trt.Logger.WARNING)
-    builder: "tensorrt.Builder" = trt.Builder(logger)
+    logger: tensorrt.Logger = trt.Logger(trt.Logger.WARNING)
+    builder: tensorrt.Builder = trt.Builder(logger)
     network = builder.create_network(backend.network_flags())
-    parser: "tensorrt.OnnxParser" = trt.OnnxParser(network, logger)
+    parser: tensorrt.OnnxParser = trt.OnnxParser(network, logger)
     result: dict[str, Any] = {"backend": backend.name, "version": backend.version}
     start = time.perf_counter()
     print("parsing ONNX", flush=True)
@@ -79,16 +109,16 @@ def build(spec: dict[str, Any]) -> int:
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(spec["workspace_mib"]) << 20)
     config.builder_optimization_level = int(spec["optimization_level"])
+    # Without DETAILED the inspector lists layer names only and no precision can be read.
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     profile = builder.create_optimization_profile()
     for name, (lo, opt, hi) in spec["shapes"].items():
         profile.set_shape(name, lo, opt, hi)
     config.add_optimization_profile(profile)
     backend.set_compute_capability(config, spec.get("compute_capability"))
     cache = None
-    if spec.get("timing_cache") and backend.supports_timing_cache():
-        path = Path(spec["timing_cache"])
-        cache = config.create_timing_cache(path.read_bytes() if path.is_file() else b"")
-        config.set_timing_cache(cache, ignore_mismatch=False)
+    if spec.get("timing_cache"):
+        cache = _attach_timing_cache(backend, config, Path(spec["timing_cache"]), result)
     print(f"building ({result['network']['layers']} layers)", flush=True)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
@@ -97,10 +127,14 @@ def build(spec: dict[str, Any]) -> int:
     data = bytes(plan)
     Path(spec["out"]).write_bytes(data)
     if cache is not None:
-        Path(spec["timing_cache"]).write_bytes(bytes(cache.serialize()))
+        with atomic_path(spec["timing_cache"]) as tmp:
+            tmp.write_bytes(bytes(cache.serialize()))
+    inspection, layers_json = _inspect_engine(backend, logger, data, spec["shapes"])
+    if layers_json is not None and spec.get("layers_out"):
+        Path(spec["layers_out"]).write_text(layers_json)
     result.update(build_seconds=round(time.perf_counter() - start, 2), engine_bytes=len(data),
                   peak_host_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                  engine_inspection=_inspect_engine(backend, logger, data))
+                  engine_inspection=inspection)
     Path(spec["result"]).write_text(json.dumps(result))
     return 0
 

@@ -1,6 +1,7 @@
 """Real TensorRT-RTX builds on CPU from the trained tiny fixture (parse + build + manifest)."""
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from hrm_deploy.engines.backend import load_backend
-from hrm_deploy.engines.build import EngineConfig, build_engine, newest_export
+from hrm_deploy.engines.build import (
+    EngineConfig,
+    build_engine,
+    layers_path,
+    newest_export,
+)
 from hrm_deploy.engines.targets import TARGETS, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, DependencyError, EngineError
 
@@ -27,6 +33,8 @@ rtx = pytest.mark.skipif(not HAVE_RTX, reason="tensorrt-rtx is not installed (pi
 @pytest.mark.parametrize("precision,dtype_key", [("fp16", "HALF"), ("int8", None), ("bf16", "BF16")])
 def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkeypatch, precision, dtype_key):
     monkeypatch.chdir(tmp_path)  # calib/ and engines/ workspaces
+    stale = layers_path(tmp_path / f"m.{precision}.engine")
+    stale.write_text('{"Layers": ["from an older engine"]}')
     result = build_engine(tiny_onnx.unrolled, EngineConfig(precision, calib_data=tiny_onnx.data, calib_samples=64,
                                                            max_batch=16), out=tmp_path / f"m.{precision}.engine",
                           quiet=True)
@@ -40,6 +48,17 @@ def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkey
         assert network["output_dtypes"].get(dtype_key)
     else:
         assert network["qdq_layers"] > 0 and manifest["calibration_key"]
+    # the same build with NVIDIA's tool, and the inspector's layers where a GPU could load the engine
+    command = shlex.split(manifest["trtexec_command"])
+    assert command[0] == "tensorrt_rtx" and f"--saveEngine={result.path}" in command
+    assert "--computeCapabilities=120" in command and "--profilingVerbosity=detailed" in command
+    assert "--minShapes=inputs:1x81,puzzle_identifiers:1" in command and "--memPoolSize=workspace:4096M" in command
+    inspection = manifest["build"]["engine_inspection"]
+    if inspection["available"]:  # a GPU loaded it: the layers sit beside the engine, trex-readable
+        assert manifest["layers_json"] == stale.name and isinstance(json.loads(stale.read_text())["Layers"][0], dict)
+        assert inspection["verdict"] in ("took", "cannot_tell")
+    else:  # CPU-only: RTX builds AOT without a GPU but cannot load the engine to inspect it
+        assert inspection["reason"] and manifest["layers_json"] is None and not stale.exists()
 
 
 @rtx
@@ -48,6 +67,7 @@ def test_rtx_builds_the_single_step_engine(tiny_onnx, tmp_path):
     result = build_engine(tiny_onnx.step, EngineConfig("fp16", timing_cache=None), out=tmp_path / "s.engine",
                           quiet=True)
     manifest = json.loads(result.manifest.read_text())
+    assert manifest["timing_cache"] is None and "--timingCacheFile" not in manifest["trtexec_command"]
     assert manifest["mode"] == "step" and set(manifest["profile_shapes"]) == {"inputs", "puzzle_identifiers", "z_H",
                                                                              "z_L", "reset"}
 
