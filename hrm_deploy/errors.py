@@ -60,3 +60,13 @@ def require(module: str, extra: str, purpose: str):
 
 class EngineError(HRMDeployError):
     """A TensorRT engine could not be built or loaded (parser errors, build failure, mismatch)."""
+
+
+class InternalError(Exception):
+    """A bug in hrm-deploy, not a user error ("please report this").
+
+    Deliberately *outside* the :class:`HRMDeployError` hierarchy: the CLI shows its
+    traceback and says it is a bug instead of printing it as a one-line user error."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message} (this is a bug in hrm-deploy; please report it with the traceback above)")

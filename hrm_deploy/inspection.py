@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.errors import ArtifactError
-from hrm_deploy.manifest import MANIFEST_SUFFIX, read_manifest
+from hrm_deploy.manifest import MANIFEST_SUFFIX, check_artifact, read_manifest, validate_manifest
+
+# Manifest fields that judge the artifact's bytes; dropped when the bytes no longer match.
+_JUDGEMENTS = ("verify", "parity", "report", "build")
 
 
 def _onnx_summary(path: Path) -> dict[str, Any]:
@@ -60,19 +63,56 @@ def _checkpoint_summary(path: Path) -> dict[str, Any]:
     }
 
 
+def _artifact_status(artifact: Path) -> str:
+    """"ok" when ``artifact`` matches its manifest, else the one-line reason it does not."""
+    try:
+        check_artifact(artifact, require_manifest=True)
+    except ArtifactError as exc:
+        return str(exc)
+    return "ok"
+
+
 def inspect_artifact(path: str | Path) -> dict[str, Any]:
-    """Summarise ``path``: an ONNX graph, a ``*.manifest.json`` or a checkpoint (file or folder)."""
+    """Summarise ``path``: an ONNX graph, a ``*.manifest.json`` or a checkpoint (file or folder).
+
+    A manifest is shown with ``artifact_check``: "ok" when the artifact beside it still has the
+    recorded sha256; otherwise the reason, and its verify/parity results are left out (they
+    describe other bytes)."""
     p = Path(path)
     if not p.exists():
         raise ArtifactError(f"{p} does not exist")
     if p.name.endswith(MANIFEST_SUFFIX) or (p.suffix == ".json" and p.is_file()):
-        data = read_manifest(p) if p.name.endswith(MANIFEST_SUFFIX) else json.loads(p.read_text())
-        return {"kind": "manifest", "path": str(p), **data}
+        if p.name.endswith(MANIFEST_SUFFIX):
+            data = read_manifest(p)
+        else:
+            try:
+                raw = json.loads(p.read_bytes())
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                raise ArtifactError(f"{p} is not valid JSON") from None
+            data = validate_manifest(raw, p)
+        artifact = p.with_name(str(data["artifact"])) if p.name.endswith(MANIFEST_SUFFIX) else None
+        status = _artifact_status(artifact) if artifact is not None and Path(str(data["artifact"])).name == \
+            str(data["artifact"]) else "not checked (manifest not beside its artifact)"
+        if status != "ok":
+            data = {k: v for k, v in data.items() if k not in _JUDGEMENTS}
+        return {"kind": "manifest", "path": str(p), "artifact_check": status, **data}
     if p.suffix == ".onnx":
         summary = _onnx_summary(p)
-        try:
-            summary["manifest"] = {k: v for k, v in read_manifest(p).items() if k in ("stage", "created", "precision", "mode", "parity")}
-        except ArtifactError:
+        status = _artifact_status(p)
+        summary["artifact_check"] = status
+        if status == "ok":
+            summary["manifest"] = {k: v for k, v in read_manifest(p).items()
+                                   if k in ("stage", "created", "precision", "mode", "parity", "verify")}
+        else:
             summary["manifest"] = None
+        return summary
+    if p.suffix in (".engine", ".plan"):
+        # engines are opaque here (no TensorRT needed): what the manifest says, if it still applies
+        status = _artifact_status(p)
+        summary = {"kind": "engine", "path": str(p), "size_bytes": p.stat().st_size, "artifact_check": status}
+        if status == "ok":
+            summary["manifest"] = {k: v for k, v in read_manifest(p).items()
+                                   if k in ("stage", "created", "precision", "mode", "steps", "backend", "target",
+                                            "compute_capability", "profile_shapes", "onnx_sha256", "verify")}
         return summary
     return _checkpoint_summary(p)

@@ -1,4 +1,11 @@
-"""Small file helpers: atomic writes and hashing. Nothing half-written is ever left behind."""
+"""Small file helpers: atomic writes, hashing, staging folders and debris clean-up.
+
+Nothing half-written is ever left behind under a final name: every write goes to a temp
+file or staging folder in the target's folder (same file system) and is renamed into place
+on success. Temp names carry the writer's pid (``.<name>.<pid>.<random>.tmp``,
+``.<kind>-<pid>-<random>``) so a later run can tell debris of a killed process (pid gone)
+from a concurrent writer's work in progress and remove only the former.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +13,117 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
+
+# Debris written by versions before the pid was in the name is removed when older than this.
+LEGACY_DEBRIS_AGE_S = 3600.0
+_TMP_RE = re.compile(r"^\..+\.(?P<pid>\d+)\.[^.]+\.tmp$")
+_STAGE_RE = re.compile(r"^\.(?:export-check|stage|build)-(?P<pid>\d+)-[^/]+$")
+_LEGACY_RE = re.compile(r"^(?:\.export-check-[^/]+|\..+\.tmp)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def clean_debris(folder: str | os.PathLike) -> list[Path]:
+    """Remove temp files and staging folders that a killed hrm-deploy process left in ``folder``.
+
+    Only entries whose writer is gone are removed (pid in the name, or for names without a pid,
+    older than :data:`LEGACY_DEBRIS_AGE_S`); a concurrent writer's work is never touched.
+    Returns what was removed."""
+    root = Path(folder)
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    now = time.time()
+    for entry in root.iterdir():
+        name = entry.name
+        if not name.startswith("."):
+            continue
+        m = _TMP_RE.match(name) or _STAGE_RE.match(name)
+        if m:
+            stale = not _pid_alive(int(m.group("pid")))
+        elif _LEGACY_RE.match(name):
+            try:
+                stale = now - entry.lstat().st_mtime > LEGACY_DEBRIS_AGE_S
+            except FileNotFoundError:
+                continue
+        else:
+            continue
+        if not stale:
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+            removed.append(entry)
+        except FileNotFoundError:  # another process cleaned it first
+            pass
+    return removed
+
+
+def workspace() -> Path:
+    """The folder outputs may live in when a symlink is involved: the working directory."""
+    return Path.cwd().resolve()
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """Refuse an output path that goes through a symlink leading outside the workspace.
+
+    Inside the working directory, every component of the path (a planted ``bench`` folder link,
+    a ``report.md`` link) must stay inside it when resolved. A path outside the working
+    directory is the user's explicit choice (``--out /data/x``, whatever links its folders
+    are); only its last component may not be a link that leads out of its own folder.
+    Raises :class:`~hrm_deploy.errors.ArtifactError`."""
+    from hrm_deploy.errors import ArtifactError
+
+    p = Path(path)
+    lexical = Path(os.path.abspath(p))
+    cwd = Path(os.path.abspath(os.getcwd()))
+    ws = workspace()
+
+    def refuse(link: Path) -> ArtifactError:
+        return ArtifactError(f"{p} goes through the symlink {link} -> {link.resolve()}, outside the workspace "
+                             f"{ws}; remove the link or write somewhere else")
+
+    if lexical.is_relative_to(cwd):
+        current = cwd
+        for part in lexical.relative_to(cwd).parts:
+            current = current / part
+            if current.is_symlink() and not current.resolve().is_relative_to(ws):
+                raise refuse(current)
+    elif lexical.is_symlink():
+        real = lexical.resolve()
+        if not real.is_relative_to(lexical.parent.resolve()) and not real.is_relative_to(ws):
+            raise refuse(lexical)
+    return p
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temp path in the target's folder; rename it onto ``path`` only on success."""
-    target = Path(path)
+    """Yield a temp path in the target's folder; rename it onto ``path`` only on success.
+
+    The rename replaces a symlink at ``path`` itself (never writes through it), and
+    :func:`check_output_path` refuses links that lead outside the workspace."""
+    target = check_output_path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    clean_debris(target.parent)  # temp files of killed writers (pid gone) in this folder
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -31,15 +138,54 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+@contextlib.contextmanager
+def staging_dir(folder: str | os.PathLike, kind: str = "stage") -> Iterator[Path]:
+    """A private staging folder ``<folder>/.<kind>-<pid>-XXXX`` removed on exit (success,
+    error, Ctrl-C or SIGTERM via the CLI's handler). Debris of killed runs is cleaned first."""
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    clean_debris(root)
+    staging = Path(tempfile.mkdtemp(prefix=f".{kind}-{os.getpid()}-", dir=root))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Write ``data`` as JSON atomically (see :func:`atomic_path`)."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     return Path(path)
 
 
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append one line to a log (``metrics.jsonl``) with a single ``write`` of the whole line,
+    refusing a symlink that leads outside the workspace."""
+    target = check_output_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    try:
+        os.write(fd, (line.rstrip("\n") + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

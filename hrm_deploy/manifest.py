@@ -3,29 +3,54 @@
 A manifest records how an artifact was made (stage, config, parent sha256, tool and
 library versions, target, precision, unroll, I/O contract) and later its verify
 report. Artifact bytes are never modified.
+
+An artifact and its manifest are one unit:
+
+* :func:`publish_artifact` writes them together: the artifact is staged, hashed from the
+  bytes actually written, the old manifest and verify reports are removed, the artifact is
+  renamed into place and the new manifest is renamed *last*. A kill at any point leaves
+  either the old pair, or an artifact without a manifest -- never a manifest describing
+  another file.
+* :func:`check_artifact` (and :func:`read_verified`, which also returns the bytes it
+  hashed) is what every consumer calls before using an artifact: the manifest must be a
+  JSON object written by hrm-deploy and its sha256 must equal the file's.
+* Paths inside a manifest (``parent.path``) are stored relative to the manifest and are
+  data, not instructions: :func:`resolve_parent` returns a parent only when its sha256
+  matches the recorded one.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
+import re
 import sys
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from hrm_deploy import __version__
 from hrm_deploy.errors import ArtifactError
-from hrm_deploy.io import sha256_file, write_json
+from hrm_deploy.io import sha256_bytes, sha256_file, write_json
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_VERSION = 1
+REPORT_SUFFIXES = (".verify.json", ".verify.md")
 _VERSIONED = ("torch", "onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "numpy")
+_SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
 def manifest_path(artifact: str | Path) -> Path:
     artifact = Path(artifact)
     return artifact.with_name(artifact.name + MANIFEST_SUFFIX)
+
+
+def report_paths(artifact: str | Path) -> list[Path]:
+    """The verify reports kept beside ``artifact`` (``.verify.json``/``.verify.md``)."""
+    artifact = Path(artifact)
+    return [artifact.with_name(artifact.name + s) for s in REPORT_SUFFIXES]
 
 
 def library_versions() -> dict[str, str]:
@@ -38,15 +63,25 @@ def library_versions() -> dict[str, str]:
     return found
 
 
-def write_manifest(artifact: str | Path, *, stage: str, config: dict[str, Any],
-                   parent: str | Path | None = None, **fields: Any) -> Path:
-    """Write the sidecar manifest of ``artifact`` (atomically)."""
+def _relative(path: Path, base: Path) -> str:
+    """``path`` relative to the folder ``base`` (a manifest's folder), as stored in manifests."""
+    try:
+        return os.path.relpath(Path(path).resolve(), base.resolve())
+    except ValueError:  # another drive (Windows)
+        return str(Path(path).resolve())
+
+
+def manifest_data(artifact: str | Path, *, stage: str, config: dict[str, Any], sha256: str | None = None,
+                  size_bytes: int | None = None, parent: str | Path | None = None,
+                  parent_sha256: str | None = None, **fields: Any) -> dict[str, Any]:
+    """The manifest dict of ``artifact`` (final path). ``sha256``/``size_bytes`` default to
+    hashing the file now; ``parent`` is stored relative to the manifest's folder."""
     artifact = Path(artifact)
     data: dict[str, Any] = {
         "manifest_version": MANIFEST_VERSION,
         "artifact": artifact.name,
-        "sha256": sha256_file(artifact),
-        "size_bytes": artifact.stat().st_size,
+        "sha256": sha256 or sha256_file(artifact),
+        "size_bytes": size_bytes if size_bytes is not None else artifact.stat().st_size,
         "stage": stage,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "tool_version": __version__,
@@ -55,25 +90,194 @@ def write_manifest(artifact: str | Path, *, stage: str, config: dict[str, Any],
     }
     if parent is not None:
         parent = Path(parent)
-        data["parent"] = {"path": str(parent), "sha256": sha256_file(parent) if parent.is_file() else None}
+        digest = parent_sha256 or (sha256_file(parent) if parent.is_file() else None)
+        data["parent"] = {"path": _relative(parent, artifact.parent), "sha256": digest}
     data.update(fields)
+    return data
+
+
+def mark_reports_stale(artifact: str | Path) -> None:
+    """Remove the verify reports beside ``artifact``: they describe the bytes being replaced."""
+    for report in report_paths(artifact):
+        try:
+            report.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def write_manifest(artifact: str | Path, *, stage: str, config: dict[str, Any],
+                   parent: str | Path | None = None, **fields: Any) -> Path:
+    """Write the sidecar manifest of an artifact already in place (atomically), hashing it now.
+
+    Prefer :func:`publish_artifact`, which writes artifact and manifest as one unit and hashes
+    the bytes it staged."""
+    artifact = Path(artifact)
+    data = manifest_data(artifact, stage=stage, config=config, parent=parent, **fields)
+    mark_reports_stale(artifact)
     return write_json(manifest_path(artifact), data)
 
 
+def publish_artifact(staged: str | Path, artifact: str | Path, *, stage: str, config: dict[str, Any],
+                     parent: str | Path | None = None, parent_sha256: str | None = None,
+                     companions: Iterable[tuple[Path, Path]] = (), sidecars: Iterable[tuple[Path, Path]] = (),
+                     remove: Iterable[Path] = (), **fields: Any) -> Path:
+    """Move a staged artifact into place together with its manifest; returns the manifest path.
+
+    ``staged`` must be on the target's file system (a :func:`hrm_deploy.io.staging_dir` in the
+    target folder). Its sha256 is computed from the staged bytes, i.e. exactly what will be
+    at ``artifact``. Order: write the manifest into staging, remove the old manifest and verify
+    reports, rename ``companions`` (staged, final) such as external ``.data`` files (their sha256
+    is recorded and checked with the artifact) and ``sidecars`` (informational files such as an
+    engine's ``layers.json``: renamed with it, not checked), remove ``remove`` (an old companion
+    that no longer applies), rename the artifact, rename the manifest last."""
+    from hrm_deploy.io import check_output_path
+
+    staged, artifact = Path(staged), Path(artifact)
+    check_output_path(artifact)
+    check_output_path(manifest_path(artifact))
+    companions = list(companions)
+    if companions:
+        fields.setdefault("companions", {final.name: sha256_file(src) for src, final in companions})
+    data = manifest_data(artifact, stage=stage, config=config, sha256=sha256_file(staged),
+                         size_bytes=staged.stat().st_size, parent=parent, parent_sha256=parent_sha256, **fields)
+    staged_manifest = staged.with_name(staged.name + ".manifest.staged")
+    staged_manifest.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    final_manifest = manifest_path(artifact)
+    try:
+        final_manifest.unlink()
+    except FileNotFoundError:
+        pass
+    mark_reports_stale(artifact)
+    for src, final in [*companions, *sidecars]:
+        os.replace(src, final)
+    for old in remove:
+        try:
+            Path(old).unlink()
+        except FileNotFoundError:
+            pass
+    os.replace(staged, artifact)
+    _hook("between-artifact-and-manifest")
+    os.replace(staged_manifest, final_manifest)
+    return final_manifest
+
+
+def _hook(point: str) -> None:
+    """Test hook: ``HRM_DEPLOY_TEST_KILL_AT=<point>`` kills this process with SIGKILL at
+    ``point`` so tests can reproduce a kill between two steps of a unit write."""
+    if os.environ.get("HRM_DEPLOY_TEST_KILL_AT") == point:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def read_manifest(artifact_or_manifest: str | Path) -> dict[str, Any]:
-    """Read a manifest given the artifact or the manifest path itself."""
+    """Read a manifest given the artifact or the manifest path itself; it must be a JSON
+    object written by hrm-deploy (``manifest_version``, ``artifact``, ``sha256``)."""
     p = Path(artifact_or_manifest)
     path = p if p.name.endswith(MANIFEST_SUFFIX) else manifest_path(p)
-    if not path.is_file():
-        raise ArtifactError(f"no manifest {path}; re-create the artifact with hrm-deploy so it has one")
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        raw = path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ArtifactError(f"no manifest {path}; re-create the artifact with hrm-deploy so it has one") from None
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ArtifactError(f"manifest {path} is not valid JSON; re-create the artifact") from None
+    return validate_manifest(data, path)
 
 
-def update_manifest(artifact: str | Path, **fields: Any) -> Path:
-    """Merge ``fields`` into an existing manifest (e.g. a verify report)."""
+def validate_manifest(data: Any, path: str | Path) -> dict[str, Any]:
+    """``data`` if it has the shape of an hrm-deploy manifest, else one :class:`ArtifactError`."""
+    if not isinstance(data, dict):
+        raise ArtifactError(f"manifest {path} holds a JSON {type(data).__name__}, not an object; "
+                            "re-create the artifact with hrm-deploy")
+    if "manifest_version" not in data or "sha256" not in data or "artifact" not in data:
+        raise ArtifactError(f"{path} is not an hrm-deploy manifest (no manifest_version/artifact/sha256); "
+                            "re-create the artifact with hrm-deploy")
+    if data["manifest_version"] != MANIFEST_VERSION:
+        raise ArtifactError(f"manifest {path} has version {data['manifest_version']!r}; this hrm-deploy reads "
+                            f"version {MANIFEST_VERSION}: re-create the artifact or upgrade hrm-deploy")
+    if not isinstance(data["sha256"], str) or not _SHA.match(data["sha256"]):
+        raise ArtifactError(f"manifest {path} has no valid sha256 (got {str(data['sha256'])[:70]!r}); "
+                            "it was edited or damaged: re-create the artifact")
+    return data
+
+
+def _verify_digest(artifact: Path, manifest: dict[str, Any], digest: str, size: int) -> None:
+    if digest != manifest["sha256"]:
+        raise ArtifactError(f"{artifact} does not match its manifest (sha256 {digest[:12]}... on disk, "
+                            f"{manifest['sha256'][:12]}... recorded, {size} vs {manifest.get('size_bytes')} bytes): "
+                            "the file was changed or replaced after it was made; re-create it")
+    for name, want in (manifest.get("companions") or {}).items():
+        companion = artifact.with_name(str(name))
+        if Path(str(name)).name != str(name) or not companion.is_file() or sha256_file(companion) != want:
+            raise ArtifactError(f"{companion} (part of {artifact.name}) is missing or does not match the manifest; "
+                                "re-create the artifact")
+
+
+def check_artifact(artifact: str | Path, *, require_manifest: bool = False) -> dict[str, Any] | None:
+    """Check ``artifact`` against its manifest before use; returns the manifest.
+
+    Raises one :class:`ArtifactError` line when the manifest is not a JSON object / not ours,
+    names another file, or its sha256 differs from the file's (an edited or zeroed sha256
+    is caught). Without a manifest: ``None``, or an error when ``require_manifest``."""
+    artifact = Path(artifact)
+    if not artifact.is_file():
+        raise ArtifactError(f"{artifact} does not exist or is not a file")
+    if not manifest_path(artifact).exists():
+        if require_manifest:
+            read_manifest(artifact)  # raises the "no manifest" line
+        return None
+    manifest = read_manifest(artifact)
+    _verify_digest(artifact, manifest, sha256_file(artifact), artifact.stat().st_size)
+    return manifest
+
+
+def read_verified(artifact: str | Path, *, require_manifest: bool = False) -> tuple[bytes, dict[str, Any] | None]:
+    """The artifact's bytes, read once, and its manifest, after checking that the sha256 of
+    exactly these bytes equals the manifest's. Use the returned bytes (not the path) so a
+    file replaced meanwhile cannot slip in."""
+    artifact = Path(artifact)
+    try:
+        data = artifact.read_bytes()
+    except (FileNotFoundError, IsADirectoryError):
+        raise ArtifactError(f"{artifact} does not exist or is not a file") from None
+    if not manifest_path(artifact).exists():
+        if require_manifest:
+            read_manifest(artifact)
+        return data, None
+    manifest = read_manifest(artifact)
+    _verify_digest(artifact, manifest, sha256_bytes(data), len(data))
+    return data, manifest
+
+
+def resolve_parent(artifact: str | Path, manifest: dict[str, Any]) -> Path | None:
+    """The parent file a manifest names, only if it exists and its sha256 matches the record.
+
+    Relative paths are taken from the manifest's folder (older manifests stored them relative
+    to the working directory; that is tried second). Raises :class:`ArtifactError` when the
+    parent exists but its sha256 differs or none was recorded."""
+    parent = manifest.get("parent")
+    if not isinstance(parent, dict) or not isinstance(parent.get("path"), str) or not parent["path"]:
+        return None
+    recorded = Path(parent["path"])
+    candidates = [recorded] if recorded.is_absolute() else [Path(artifact).parent / recorded, recorded]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        return None
+    want = parent.get("sha256")
+    if not isinstance(want, str) or not _SHA.match(want) or sha256_file(found) != want:
+        raise ArtifactError(f"{found} changed since {Path(artifact).name} was made from it (sha256 differs or is "
+                            "not recorded); pass the original explicitly, or re-create the artifact")
+    return found
+
+
+def update_manifest(artifact: str | Path, *, expect_sha256: str | None = None, **fields: Any) -> Path:
+    """Merge ``fields`` into an existing manifest (e.g. a verify report). With
+    ``expect_sha256``, only if the manifest still describes those bytes (a verify result is
+    never recorded in the manifest of an artifact re-exported meanwhile)."""
     data = read_manifest(artifact)
+    if expect_sha256 is not None and data["sha256"] != expect_sha256:
+        raise ArtifactError(f"{artifact} was replaced meanwhile; its new manifest was left as it is: run again")
     data.update(fields)
     return write_json(manifest_path(artifact), data)

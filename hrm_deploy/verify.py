@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.errors import ArtifactError
-from hrm_deploy.io import write_json
-from hrm_deploy.manifest import manifest_path, read_manifest, update_manifest
+from hrm_deploy.errors import ArtifactError, ConfigError
+from hrm_deploy.io import check_output_path, write_json, write_text
+from hrm_deploy.manifest import check_artifact, manifest_path, report_paths, resolve_parent, update_manifest
 
 
 @dataclass(frozen=True)
@@ -26,35 +26,38 @@ class Thresholds:
     min_argmax_agreement: float
     max_exact_drop_points: float
     min_q_halt_sign_agreement: float
+    # Output closeness, so a model whose logits are far off fails even when argmax agrees:
+    # max |ref - cand| over the reference's max |logit| (resp. max(|q_halt|, 1)).
+    max_logits_rel_error: float = 0.02
+    max_q_halt_rel_error: float = 0.02
 
 
 THRESHOLDS = {
-    "fp32": Thresholds(0.999, 0.5, 0.99),
-    "fp16": Thresholds(0.995, 1.0, 0.98),
-    "bf16": Thresholds(0.99, 1.5, 0.97),
-    "int8": Thresholds(0.98, 2.0, 0.95),
+    "fp32": Thresholds(0.999, 0.5, 0.99, 0.02, 0.02),
+    "fp16": Thresholds(0.995, 1.0, 0.98, 0.15, 0.15),
+    "bf16": Thresholds(0.99, 1.5, 0.97, 0.25, 0.25),
+    "int8": Thresholds(0.98, 2.0, 0.95, 0.6, 0.6),
 }
 
 
 def find_reference(artifact: Path) -> Path:
-    """The checkpoint an artifact came from, following the manifests' parent links."""
-    from hrm_deploy.io import sha256_file
+    """The checkpoint an artifact came from, following the manifests' parent links.
+
+    Every link is checked: an intermediate artifact must match its own manifest and each
+    parent's sha256 must match the record (see :func:`hrm_deploy.manifest.resolve_parent`),
+    so a manifest edited to name another file is refused, not followed."""
     from hrm_deploy.runners import is_checkpoint
 
-    current = artifact
+    current = Path(artifact)
     for _ in range(8):
         if not manifest_path(current).is_file():
             break
-        parent = read_manifest(current).get("parent", {})
-        if not parent.get("path"):
+        manifest = check_artifact(current)
+        parent = resolve_parent(current, manifest or {})
+        if parent is None:
             break
-        current = Path(parent["path"])
+        current = parent
         if is_checkpoint(current):
-            if not current.is_file():
-                break
-            if parent.get("sha256") and sha256_file(current) != parent["sha256"]:
-                raise ArtifactError(f"{current} changed since {artifact.name} was made from it (sha256 differs); "
-                                    "pass the original checkpoint with --against, or re-export")
             return current
     raise ArtifactError(f"cannot tell which checkpoint {artifact} came from; pass it with --against CKPT")
 
@@ -80,6 +83,7 @@ def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], 
         "logits": {"max_abs": float(np.abs(ref_l - cand_l).max()), "max_rel": float(np.abs(ref_l - cand_l).max() / scale),
                    "argmax_agreement": float((ref_l.argmax(-1) == cand_l.argmax(-1)).mean())},
         "q_halt": {"max_abs": float(np.abs(ref_q - cand_q).max()),
+                   "max_rel": float(np.abs(ref_q[:, -1] - cand_q[:, -1]).max() / max(float(np.abs(ref_q).max()), 1.0)),
                    "sign_agreement": float(((ref_q[:, -1] >= 0) == (cand_q[:, -1] >= 0)).mean())},
     }
     if ref_q.shape == cand_q.shape:
@@ -111,6 +115,10 @@ def judge(report: dict[str, Any], thresholds: Thresholds) -> list[str]:
     failures = []
     if report["logits"]["argmax_agreement"] < thresholds.min_argmax_agreement:
         failures.append(f"argmax agreement {report['logits']['argmax_agreement']:.4f} < {thresholds.min_argmax_agreement}")
+    if report["logits"]["max_rel"] > thresholds.max_logits_rel_error:
+        failures.append(f"logits relative error {report['logits']['max_rel']:.4g} > {thresholds.max_logits_rel_error}")
+    if report["q_halt"].get("max_rel", 0.0) > thresholds.max_q_halt_rel_error:
+        failures.append(f"q_halt relative error {report['q_halt']['max_rel']:.4g} > {thresholds.max_q_halt_rel_error}")
     if report["q_halt"]["sign_agreement"] < thresholds.min_q_halt_sign_agreement:
         failures.append(f"q_halt sign agreement {report['q_halt']['sign_agreement']:.4f} < "
                         f"{thresholds.min_q_halt_sign_agreement}")
@@ -146,6 +154,14 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_thresholds(thresholds: Thresholds) -> None:
+    for name, value in asdict(thresholds).items():
+        if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0 or \
+                (name.startswith("min_") and value > 1):
+            raise ConfigError(f"threshold {name}={value} is out of range (agreements are fractions 0 to 1, "
+                              "errors and drops >= 0)")
+
+
 def verify(artifact: str | Path, data: str | Path, against: str | Path | None = None, samples: int | None = 256,
            thresholds: Thresholds | None = None, overrides: dict[str, float] | None = None, batch: int = 64,
            **runner_options: Any) -> dict[str, Any]:
@@ -157,6 +173,19 @@ def verify(artifact: str | Path, data: str | Path, against: str | Path | None = 
     from hrm_deploy.runners.torch_ref import TorchRunner
 
     path = Path(artifact)
+    if samples is not None and samples < 1:
+        raise ConfigError(f"--samples must be >= 1, got {samples}")
+    if not 1 <= batch <= 1 << 16:
+        raise ConfigError(f"--batch must be between 1 and 65536, got {batch}")
+    unknown = set(overrides or {}) - set(Thresholds.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown threshold overrides {sorted(unknown)}")
+    for given in (thresholds, replace(THRESHOLDS["fp32"], **(overrides or {}))):
+        if given is not None:
+            _check_thresholds(given)
+    for report_file in report_paths(path):
+        check_output_path(report_file)  # fail before the work, not after
+    before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints
     candidate = open_runner(path, **runner_options)
     examples = load_examples(data, samples, split="test")
     cand_out = _run(candidate, examples, batch)
@@ -170,8 +199,15 @@ def verify(artifact: str | Path, data: str | Path, against: str | Path | None = 
     report["thresholds"] = asdict(chosen)
     report["failures"] = judge(report, chosen)
     report["passed"] = not report["failures"]
-    write_json(path.with_name(path.name + ".verify.json"), report)
-    path.with_name(path.name + ".verify.md").write_text(markdown(report))
+    if before is not None:
+        after = (check_artifact(path) or {}).get("sha256")
+        if after != before:  # an export replaced the artifact while it was being judged
+            raise ArtifactError(f"{path} was replaced while it was being verified; run verify again")
+        report["artifact_sha256"] = before
+    json_report, md_report = report_paths(path)
+    write_json(json_report, report)
+    write_text(md_report, markdown(report))
     if manifest_path(path).is_file():
-        update_manifest(path, verify={k: report[k] for k in ("passed", "failures", "examples", "data", "thresholds")})
+        update_manifest(path, expect_sha256=before,
+                        verify={k: report[k] for k in ("passed", "failures", "examples", "data", "thresholds")})
     return report

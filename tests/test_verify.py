@@ -10,7 +10,7 @@ from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
 from hrm_deploy.calib.int8 import QuantConfig
 from hrm_deploy.cli import app
 from hrm_deploy.manifest import read_manifest
-from hrm_deploy.verify import verify
+from hrm_deploy.verify import find_reference, verify
 
 runner = CliRunner()
 
@@ -37,7 +37,7 @@ def test_verify_catches_broken_int8_scales(tiny_onnx, tmp_path):
     broken = tmp_path / "broken.int8.onnx"
     onnx.save(model, broken)
     result = runner.invoke(app, ["verify", str(broken), "--data", tiny_onnx.data, "--samples", "100",
-                                 "--against", str(read_manifest(tiny_onnx.unrolled)["parent"]["path"])])
+                                 "--against", str(find_reference(tiny_onnx.unrolled))])
     assert result.exit_code == 3, result.output
     assert "FAILED" in result.output
     report = json.loads((tmp_path / "broken.int8.onnx.verify.json").read_text())
@@ -64,7 +64,7 @@ def test_verify_refuses_a_reference_that_changed(tiny_onnx, tmp_path):
     shutil.copy(tiny_onnx.unrolled.with_name(tiny_onnx.unrolled.name + ".manifest.json"),
                 tmp_path / "copy.onnx.manifest.json")
     ckpt = tmp_path / "ckpt.pt"
-    shutil.copy(read_manifest(copy)["parent"]["path"], ckpt)
+    shutil.copy(find_reference(tiny_onnx.unrolled), ckpt)
     update_manifest(copy, parent={"path": str(ckpt), "sha256": "0" * 64})
     with pytest.raises(ArtifactError, match="changed since"):
         verify(copy, tiny_onnx.data, samples=8)

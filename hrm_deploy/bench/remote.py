@@ -21,9 +21,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from hrm_deploy.errors import ConfigError, HRMDeployError
-from hrm_deploy.manifest import manifest_path
+from hrm_deploy.io import check_output_path
+from hrm_deploy.manifest import check_artifact, manifest_path
 
 _HOST = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9._-]+$")
+REPORT_FILES = ("report.json", "report.md", "latency.png")  # all that is fetched back
+_SSH_OPTION = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:=| ).+$")
 
 
 class RemoteError(HRMDeployError):
@@ -33,6 +36,20 @@ class RemoteError(HRMDeployError):
 def _check_host(host: str) -> None:
     if not _HOST.match(host) or host.startswith("-"):
         raise ConfigError(f"--host {host!r} is not USER@HOST (letters, digits, . _ - only)")
+
+
+def ssh_options(options: Sequence[str]) -> list[str]:
+    """``--ssh-option KEY=VALUE`` (repeatable) as ssh/scp arguments ``-o KEY=VALUE``.
+
+    These are the user's own ssh configuration, passed through as documented (``man
+    ssh_config``): anything ssh_config allows, ``ProxyCommand`` included, runs as the user.
+    Only the form is checked, so an option cannot smuggle in another ssh flag."""
+    out: list[str] = []
+    for opt in options:
+        if not _SSH_OPTION.match(opt) or "\n" in opt:
+            raise ConfigError(f"--ssh-option {opt!r} is not an ssh_config option KEY=VALUE (e.g. Port=2222)")
+        out += ["-o", opt]
+    return out
 
 
 class _Ssh:
@@ -79,6 +96,7 @@ def bench_remote(host: str, artifacts: list[str], config: Any, remote_python: st
     for p in paths:
         if not p.is_file():
             raise ConfigError(f"{p} does not exist")
+        check_artifact(p)  # only what its manifest describes is uploaded
     examples = load_examples(config.data, config.accuracy_samples, split="test")
     made = ssh.run(["mktemp", "-d", "/tmp/hrm-deploy-bench.XXXXXX"])
     if made.returncode != 0:
@@ -108,11 +126,16 @@ def bench_remote(host: str, artifacts: list[str], config: Any, remote_python: st
                                   "or pass --remote-python")
             errors = [line for line in text.splitlines() if line.startswith("error:")]
             raise RemoteError(f"the bench on {host} failed: " + (errors[-1][7:] if errors else text.strip()[-300:]))
-        listing = ssh.run(["ls", f"{remote_dir}/out"]).stdout.split()
+        listing = [n for n in ssh.run(["ls", f"{remote_dir}/out"]).stdout.split() if n in REPORT_FILES]
         out = Path(config.out_dir)
+        for name in REPORT_FILES:
+            check_output_path(out / name)
         ssh.get([f"{remote_dir}/out/{name}" for name in listing], out)
     finally:
         ssh.run(["rm", "-rf", "--", remote_dir], check_reachable=False)
-    report = json.loads((out / "report.json").read_text())
+    try:
+        report = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        raise RemoteError(f"the bench on {host} wrote no readable report.json") from None
     report["remote_host"] = host
     return report

@@ -8,6 +8,7 @@ engine runner also reports host-to-device, compute and device-to-host medians fr
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import time
@@ -18,8 +19,13 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.bench.stats import latency_stats
-from hrm_deploy.errors import ConfigError, HRMDeployError
-from hrm_deploy.io import write_json
+from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
+from hrm_deploy.io import check_output_path, write_json, write_text
+
+MAX_BATCH = 4096  # a bench batch beyond this is a typo, not a measurement (and an OOM on most machines)
+# Host/device bytes one example needs while running, per (token x hidden unit): activations of
+# the widest layer (SwiGLU at expansion 4), attention, residuals and the output logits, generous.
+BYTES_PER_TOKEN_UNIT = 4 * 32
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,13 @@ class BenchConfig:
             raise ConfigError(f"target {self.target!r}: use desktop or jetson")
         if not self.batches or min(self.batches) < 1 or self.iters < 1 or self.warmup < 0:
             raise ConfigError("batches must be >= 1, iters >= 1, warmup >= 0")
+        if max(self.batches) > MAX_BATCH:
+            raise ConfigError(f"--batch {max(self.batches)} is too large; bench batches go up to {MAX_BATCH} "
+                              "(larger batches are tiled from the data and would exhaust memory)")
+        if self.iters > 100_000 or self.warmup > 10_000:
+            raise ConfigError("--iters must be <= 100000 and --warmup <= 10000")
+        if self.accuracy_samples < 1:
+            raise ConfigError(f"accuracy samples must be >= 1, got {self.accuracy_samples}")
 
 
 def _tile(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
@@ -112,6 +125,40 @@ def _environment(target: str) -> dict[str, Any]:
     return env
 
 
+def _available_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_batch_memory(batches: tuple[int, ...], seq_len: int, hidden_size: int) -> None:
+    """Refuse a batch whose activations cannot fit in the memory available now (one line,
+    instead of an out-of-memory kill halfway through the run)."""
+    available = _available_memory_bytes()
+    if available is None:
+        return
+    need = max(batches) * seq_len * hidden_size * BYTES_PER_TOKEN_UNIT
+    if need > available:
+        fits = max(1, available // (seq_len * hidden_size * BYTES_PER_TOKEN_UNIT))
+        raise ConfigError(f"--batch {max(batches)} needs about {need / 2**30:.1f} GiB for activations but "
+                          f"{available / 2**30:.1f} GiB is available; use a batch of at most {fits}")
+
+
+def _hidden_size(paths: list[Path], reference: str | None) -> int:
+    """The model width from the first manifest that records it (512, upstream's default, else)."""
+    from hrm_deploy.manifest import read_manifest
+
+    for p in paths:
+        try:
+            model = read_manifest(p).get("config", {}).get("model", {})
+        except HRMDeployError:
+            continue
+        if isinstance(model, dict) and isinstance(model.get("hidden_size"), int):
+            return model["hidden_size"]
+    return 512
+
+
 def _default_artifacts() -> list[Path]:
     """Every engine in engines/ (TensorRT and PyTorch engines, by the runner table's suffixes)."""
     from hrm_deploy.runners import runner_name
@@ -125,6 +172,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
     report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``."""
     from hrm_deploy.bench.jetson import jetson_model
     from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.manifest import check_artifact
     from hrm_deploy.runners import open_runner
     from hrm_deploy.runners.torch_ref import TorchRunner
     from hrm_deploy.verify import find_reference
@@ -136,7 +184,12 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
     paths = [Path(a) for a in artifacts] or _default_artifacts()
     if not paths and not config.include_reference:
         raise ConfigError("nothing to bench: pass artifacts or build engines first (hrm-deploy build-engine)")
+    out = Path(config.out_dir)
+    for name in ("report.json", "report.md", "latency.png"):
+        check_output_path(out / name)  # before the work: never write through a link out of the workspace
     examples = load_examples(config.data, config.accuracy_samples, split="test")
+    check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
+    measured = {path: (check_artifact(path) or {}).get("sha256") for path in paths if path.is_file()}
     rows: list[dict[str, Any]] = []
     steps = None
     for path in paths:
@@ -157,6 +210,9 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
         except HRMDeployError as exc:  # e.g. an engine on a machine without a GPU: recorded, not fatal
             row["status"] = f"skipped: {exc}"
         rows.append(row)
+    for path, digest in measured.items():
+        if digest is not None and (check_artifact(path) or {}).get("sha256") != digest:
+            raise ArtifactError(f"{path} was replaced while it was being measured; run bench again")
     if config.include_reference:
         reference = Path(config.reference) if config.reference else (find_reference(paths[0]) if paths else None)
         if reference is None:
@@ -174,9 +230,8 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
     pinned = report["environment"].get("jetson", {}).get("jetson_clocks_pinned")
     if config.target == "jetson" and pinned is not True:
         report["warnings"] = ["GPU clocks are not pinned (or could not be read): run sudo jetson_clocks for stable numbers"]
-    out = Path(config.out_dir)
     write_json(out / "report.json", report)
-    (out / "report.md").write_text(table(report))
+    write_text(out / "report.md", table(report))
     plot = _plot(report, out / "latency.png")
     if plot:
         report["plot"] = str(plot)
@@ -248,6 +303,9 @@ def _plot(report: dict[str, Any], path: Path) -> Path | None:
     ax.set_xscale("log", base=2)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    from hrm_deploy.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
     return path

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.calib.int8 import QuantConfig, QuantPlan, calibration_key, quantize_int8
+from hrm_deploy.calib.int8 import QuantConfig, QuantPlan, _cache_readable, calibration_key, quantize_int8
 from hrm_deploy.errors import ArtifactError, ConfigError, require
-from hrm_deploy.io import atomic_path, sha256_file
-from hrm_deploy.manifest import write_manifest
+from hrm_deploy.io import sha256_file, staging_dir
+from hrm_deploy.manifest import check_artifact, publish_artifact
 from hrm_deploy.progress import Stages
 
 PRECISIONS = ("fp16", "bf16", "int8")
@@ -122,6 +122,8 @@ def make_precision_graph(onnx_path: str | os.PathLike, config: PrecisionConfig,
     src = Path(onnx_path)
     if not src.is_file():
         raise ArtifactError(f"{src} does not exist; export one first with `hrm-deploy export`")
+    check_artifact(src)  # the FP32 graph is what its manifest says
+    src_sha256 = sha256_file(src)
     model = _load(src)
     meta = graph_metadata(model)
     if meta.get("precision", "fp32") != "fp32":
@@ -131,7 +133,8 @@ def make_precision_graph(onnx_path: str | os.PathLike, config: PrecisionConfig,
     stages = Stages(quiet)
     report: dict[str, Any] = {}
     onnx = require("onnx", "onnx", "Precision conversion")
-    with atomic_path(target) as tmp:
+    with staging_dir(target.parent if str(target.parent) else Path("."), "stage") as staging:
+        tmp = staging / target.name
         if config.precision in ("fp16", "bf16"):
             from hrm_deploy.calib.fp16 import convert_half
 
@@ -144,10 +147,10 @@ def make_precision_graph(onnx_path: str | os.PathLike, config: PrecisionConfig,
             from hrm_deploy.calib.data import load_examples
 
             examples = load_examples(str(config.calib_data), config.quant.samples)
-            key = calibration_key(sha256_file(src), config.quant.method, examples.sha256, len(examples),
+            key = calibration_key(src_sha256, config.quant.method, examples.sha256, len(examples),
                                   f"{meta['mode']}{meta['steps']}")
             cache = Path(config.cache_dir) / f"{key}.json"
-            cached = cache.is_file()
+            cached = cache.is_file() and _cache_readable(cache)
             label = "reusing cached calibration" if cached else \
                 f"calibrating INT8 ({config.quant.method}, {len(examples)} examples, all {meta['steps']} ACT steps)"
             with stages.stage(label):
@@ -163,7 +166,10 @@ def make_precision_graph(onnx_path: str | os.PathLike, config: PrecisionConfig,
             quantized = onnx.load(str(tmp))
             _set_precision_metadata(quantized, "int8")
             onnx.save(quantized, str(tmp))
-    manifest = write_manifest(target, stage=f"precision-{config.precision}", parent=src,
-                              config={**asdict(config), "quant": asdict(config.quant)}, precision=config.precision,
-                              mode=meta["mode"], steps=meta["steps"], report=report, timings=stages.timings)
+        # artifact + manifest as one unit (manifest renamed last, sha256 of the staged bytes)
+        manifest = publish_artifact(tmp, target, stage=f"precision-{config.precision}", parent=src,
+                                    parent_sha256=src_sha256,
+                                    config={**asdict(config), "quant": asdict(config.quant)},
+                                    precision=config.precision, mode=meta["mode"], steps=meta["steps"], report=report,
+                                    timings=stages.timings)
     return PrecisionResult(target, manifest, report)

@@ -227,7 +227,20 @@ def _calibrate(fp32_path: str, tensors: list[str], examples: Examples, config: Q
     else:
         method = CalibrationMethod.Entropy if config.method == "entropy" else CalibrationMethod.Percentile
         data = TensorsData(method, collector.compute_collection_result())
-    save_tensors_data(data, cache_file)
+    from hrm_deploy.io import atomic_path
+
+    with atomic_path(cache_file) as tmp:  # a killed calibration leaves no half-written cache
+        save_tensors_data(data, str(tmp))
+
+
+def _cache_readable(cache_file: Path) -> bool:
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    try:
+        load_tensors_data(str(cache_file))
+    except Exception:  # noqa: BLE001 - JSON, key and type errors of a damaged file
+        return False
+    return True
 
 
 def quantize_int8(fp32_path: str, out_path: str, examples: Examples, config: QuantConfig, cache_file: Path,
@@ -251,6 +264,8 @@ def quantize_int8(fp32_path: str, out_path: str, examples: Examples, config: Qua
         "QuantizeBias": False,  # TensorRT rejects an int32 bias DequantizeLinear
         "OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"],  # Q/DQ on MatMul inputs only
     }
+    if cache_file.is_file() and not _cache_readable(cache_file):
+        cache_file.unlink()  # derived data: a damaged cache is recomputed, never used
     if not cache_file.is_file():
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         total = len(_Reader(examples, config.batch, fp32_path, mode, steps))

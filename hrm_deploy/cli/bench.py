@@ -27,7 +27,8 @@ def bench(
     out: Path = typer.Option(Path("bench"), "--out", help="Folder for report.json, report.md, latency.png."),
     remote_python: str = typer.Option("python3", help="With --host: the Python on the remote that has hrm-deploy."),
     ssh_option: Optional[List[str]] = typer.Option(None, "--ssh-option",
-                                                   help="With --host: an ssh -o option such as Port=2222 (repeatable)."),
+                                                   help="With --host: an ssh_config option KEY=VALUE passed as ssh -o (e.g. Port=2222; repeatable). "
+                                                        "It is your own ssh configuration and runs as you."),
 ) -> None:
     """Latency, throughput, memory and accuracy of artifacts next to the PyTorch reference."""
     from hrm_deploy.bench.run import BenchConfig, bench as run_bench
@@ -41,9 +42,9 @@ def bench(
                          reference=str(reference) if reference else None, include_reference=not no_reference,
                          target=target, provider=provider, out_dir=str(out))
     if host:
-        from hrm_deploy.bench.remote import bench_remote
+        from hrm_deploy.bench.remote import bench_remote, ssh_options
 
-        options = [part for opt in ssh_option or [] for part in ("-o", opt)]
+        options = ssh_options(ssh_option or [])
         report = bench_remote(host, [str(a) for a in artifacts or []], config, remote_python=remote_python,
                               ssh_options=options)
     else:

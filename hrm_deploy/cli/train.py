@@ -25,7 +25,10 @@ def train(
     optimizer: Optional[str] = typer.Option(None, help="adam_atan2 (upstream's, pure PyTorch) or adamw."),
     seed: Optional[int] = typer.Option(None, help="Random seed."),
     resume: Optional[Path] = typer.Option(None, help="Continue from a checkpoint written by this trainer."),
-    checkpoint_every: Optional[int] = typer.Option(None, help="Write step_N.pt every N steps (0: only at the end)."),
+    checkpoint_every: Optional[int] = typer.Option(None, help="Also write step_N.pt every N steps (0: never)."),
+    checkpoint_minutes: float = typer.Option(5.0, help="Refresh OUT/last.pt at least this often (0: only at the end). "
+                                                       "Ctrl-C / SIGTERM always checkpoint before stopping."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start over in an --out folder that already holds a run."),
     device: str = typer.Option("auto", help="auto (CUDA when available), cpu, cuda or cuda:N. Under torchrun "
                                             "each process takes GPU LOCAL_RANK."),
     compile: bool = typer.Option(False, "--compile", help="torch.compile the model (GPU; compiles for minutes first)."),
@@ -53,7 +56,12 @@ def train(
                      checkpoint_every=checkpoint_every)
     config = TrainConfig(data_path=str(data), out_dir=str(out), device=device, compile=compile, threads=threads,
                          export_upstream=export_upstream, log_to=tuple(log_to or ()),
+                         checkpoint_minutes=checkpoint_minutes, overwrite=overwrite,
                          **{**chosen["train"], **{k: v for k, v in overrides.items() if v is not None}})
     result = run_training(model_config, config, resume=str(resume) if resume else None)
+    if result.interrupted:
+        typer.echo(f"interrupted at step {result.metrics.get('step', 0)}: wrote {result.checkpoint}; continue with "
+                   f"--resume {result.checkpoint}", err=True)
+        raise typer.Exit(130)
     final = result.metrics.get("eval", {})
     typer.echo(f"wrote {result.checkpoint}; test exact accuracy {final.get('exact_accuracy', float('nan')):.3f}")

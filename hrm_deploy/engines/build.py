@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,14 +25,16 @@ from hrm_deploy.engines.layers import precision_verdict
 from hrm_deploy.engines.targets import TargetProfile, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.gpu import IDENTITY, nvidia_smi
-from hrm_deploy.io import atomic_path, sha256_file
-from hrm_deploy.manifest import manifest_path, read_manifest, write_manifest
+from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
+from hrm_deploy.manifest import check_artifact, publish_artifact, read_verified
 from hrm_deploy.progress import Stages
 
 ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # Host memory of a TensorRT build per ONNX node, measured: the 16-step Sudoku unroll
 # (58,206 nodes, 152 MB) peaked at 9.3 GB in TensorRT-RTX on 2 cores.
 BUILD_MIB_PER_NODE = 0.16
+MAX_BATCH = 1 << 16  # TensorRT profiles: int32 dims, and far beyond any GPU's memory for this model
+MAX_WORKSPACE_MIB = 1 << 20  # 1 TiB
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,18 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.precision not in ENGINE_PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(ENGINE_PRECISIONS)}")
+        for name, flag in (("min_batch", "--min-batch"), ("opt_batch", "--opt-batch"), ("max_batch", "--max-batch")):
+            value = getattr(self, name)
+            if value is not None and not 1 <= value <= MAX_BATCH:
+                raise ConfigError(f"{flag} must be between 1 and {MAX_BATCH}, got {value}")
+        if self.workspace_mib is not None and not 16 <= self.workspace_mib <= MAX_WORKSPACE_MIB:
+            raise ConfigError(f"--workspace must be between 16 and {MAX_WORKSPACE_MIB} MiB, got {self.workspace_mib}")
+        if self.optimization_level is not None and not 0 <= self.optimization_level <= 5:
+            raise ConfigError(f"--opt-level must be between 0 and 5 (TensorRT's builder levels), got {self.optimization_level}")
+        if not 1 <= self.calib_samples <= 1_000_000:
+            raise ConfigError(f"--calib-samples must be between 1 and 1000000, got {self.calib_samples}")
+        if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
+            raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
 
 
 @dataclass
@@ -71,19 +83,24 @@ class EngineResult:
 
 def newest_export(folder: str | Path = "export") -> Path:
     """The most recently written FP32 export in ``folder``."""
-    candidates = [p for p in Path(folder).glob("*.onnx")
-                  if not any(p.name.endswith(f".{x}.onnx") for x in ("fp16", "bf16", "int8"))]
+    candidates = [p for p in Path(folder).glob("*.onnx") if not p.name.startswith(".")  # temp files
+                  and not any(p.name.endswith(f".{x}.onnx") for x in ("fp16", "bf16", "int8"))]
     if not candidates:
         raise ArtifactError(f"no ONNX export in {folder}/; run `hrm-deploy export` first or pass the ONNX path")
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
-def _graph_info(path: Path) -> tuple[dict[str, Any], dict[str, list[Any]], int]:
+def _graph_info(path: Path, data: bytes | None = None) -> tuple[dict[str, Any], dict[str, list[Any]], int]:
     """(hrm_deploy metadata, input name -> dims with None for dynamic, node count)."""
     onnx = require("onnx", "onnx", "Building engines")
     from hrm_deploy.calib.accuracy import graph_metadata
 
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        model = onnx.load_model_from_string(data) if data is not None else \
+            onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
+        raise ArtifactError(f"{path} is not a readable ONNX file ({type(exc).__name__}); it is truncated or "
+                            "damaged: re-export it") from None
     dims = {i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
             for i in model.graph.input}
     return graph_metadata(model), dims, len(model.graph.node)
@@ -165,6 +182,23 @@ def layers_path(engine_path: str | os.PathLike) -> Path:
     return engine_path.with_name(engine_path.name + ".layers.json")
 
 
+def _die_with_parent() -> None:
+    """In the worker, before exec: get SIGKILL when the parent dies (Linux prctl
+    PR_SET_PDEATHSIG), so killing build-engine never leaves an orphaned builder running."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl: the parent still kills the child on errors and Ctrl-C
+        return
+    if os.getppid() == 1:  # the parent already died between fork and prctl
+        os._exit(1)
+
+
 def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out: str | os.PathLike | None = None,
                  quiet: bool = False) -> EngineResult:
     """Build an engine for ``config.target`` from ``onnx_path`` (default: newest export).
@@ -185,9 +219,14 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
     src = Path(onnx_path) if onnx_path else newest_export()
     if not src.is_file():
         raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first")
+    check_artifact(src)  # before any conversion: the FP32 export is what its manifest says
     graph = _precision_source(src, config, stages, quiet) if config.precision != "fp32" else src
-    meta, dims, nodes = _graph_info(graph)
-    estimate = _check_memory_budget(target, nodes, graph.stat().st_size)
+    # Everything below uses these bytes, whose sha256 matched the manifest: a concurrent export
+    # replacing the file cannot slip in between the check, the shapes and the build.
+    onnx_bytes, graph_manifest = read_verified(graph)
+    onnx_sha256 = sha256_bytes(onnx_bytes)
+    meta, dims, nodes = _graph_info(graph, onnx_bytes)
+    estimate = _check_memory_budget(target, nodes, len(onnx_bytes))
     lo = config.min_batch or target.min_batch
     hi = config.max_batch or target.max_batch
     opt = config.opt_batch or min(max(target.opt_batch, lo), hi)
@@ -202,17 +241,24 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
     spec["timing_cache"] = (str(timing_cache_path(config.timing_cache, backend, machine))
                             if config.timing_cache and backend.supports_timing_cache() else None)
     stem = graph.name[:-len(".onnx")]
-    target_path = Path(out) if out else Path("engines") / f"{stem}.{target.name}.{backend.name}.engine"
-    with atomic_path(target_path) as tmp, tempfile.TemporaryDirectory() as work:
-        spec_file, result_file = Path(work) / "spec.json", Path(work) / "result.json"
-        spec.update(out=str(tmp), result=str(result_file), layers_out=str(Path(work) / "layers.json"))
+    target_path = check_output_path(Path(out) if out else Path("engines") / f"{stem}.{target.name}.{backend.name}.engine")
+    with staging_dir(target_path.parent, "build") as work:
+        built_from = work / graph.name
+        built_from.write_bytes(onnx_bytes)
+        for companion in (graph_manifest or {}).get("companions", {}) or {}:
+            os.symlink(graph.resolve().with_name(companion), work / companion)  # checked by read_verified
+        staged = work / target_path.name
+        spec_file, result_file = work / "spec.json", work / "result.json"
+        spec.update(onnx=str(built_from.resolve()), out=str(staged), result=str(result_file),
+                    layers_out=str(work / "layers.json"))
         spec_file.write_text(json.dumps(spec))
         if spec["timing_cache"]:
             Path(spec["timing_cache"]).parent.mkdir(parents=True, exist_ok=True)
         with stages.stage(f"building {config.precision} engine with {backend.name} {backend.version} "
                           f"for {target.name} ({nodes} ONNX nodes, in a child process)"):
             child = subprocess.run([sys.executable, "-m", "hrm_deploy.engines.worker", str(spec_file)],
-                                   check=False, capture_output=True, text=True)
+                                   check=False, capture_output=True, text=True,
+                                   preexec_fn=_die_with_parent)
         build = json.loads(result_file.read_text()) if result_file.is_file() else {}
         if child.returncode != 0:
             if build.get("parser_errors"):
@@ -221,22 +267,22 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
             raise EngineError(f"{backend.name} failed to build {graph.name} (exit {child.returncode}):\n{tail}")
         _check_precision_took(config.precision, build)
         layers_file = layers_path(target_path)
-        if Path(spec["layers_out"]).is_file():  # renamed into place just before the engine is
-            with atomic_path(layers_file) as layers_tmp:
-                shutil.copyfile(spec["layers_out"], layers_tmp)
-        elif layers_file.exists():
-            layers_file.unlink()  # a previous build's layers would describe another engine
-    command = reproduce_command(backend, onnx=graph, engine=target_path, shapes=spec["shapes"],
-                                workspace_mib=spec["workspace_mib"], optimization_level=spec["optimization_level"],
-                                compute_capability=spec["compute_capability"], timing_cache=spec["timing_cache"])
-    recipe = read_manifest(graph).get("report", {}) if manifest_path(graph).is_file() else {}
-    manifest = write_manifest(
-        target_path, stage="engine", parent=graph, config=asdict(config),
-        backend={"name": backend.name, "version": backend.version}, target=asdict(target),
-        compute_capability=spec["compute_capability"], build_machine=machine,
-        precision=config.precision, recipe=recipe, calibration_key=recipe.get("calibration", {}).get("key"),
-        mode=meta["mode"], steps=meta["steps"], profile_shapes=spec["shapes"], workspace_mib=spec["workspace_mib"],
-        onnx_sha256=sha256_file(graph), build=build, estimated_build_mib=estimate, timings=stages.timings,
-        trtexec_command=command, layers_json=layers_file.name if layers_file.is_file() else None,
-        timing_cache=spec["timing_cache"])
+        have_layers = Path(spec["layers_out"]).is_file()
+        command = reproduce_command(backend, onnx=graph, engine=target_path, shapes=spec["shapes"],
+                                    workspace_mib=spec["workspace_mib"], optimization_level=spec["optimization_level"],
+                                    compute_capability=spec["compute_capability"], timing_cache=spec["timing_cache"])
+        recipe = (graph_manifest or {}).get("report", {})
+        # engine + layers.json + manifest as one unit: layers.json renamed in before the engine,
+        # a previous build's layers (describing another engine) removed
+        manifest = publish_artifact(
+            staged, target_path, stage="engine", parent=graph, parent_sha256=onnx_sha256, config=asdict(config),
+            sidecars=[(Path(spec["layers_out"]), layers_file)] if have_layers else [],
+            remove=[] if have_layers else [layers_file],
+            backend={"name": backend.name, "version": backend.version}, target=asdict(target),
+            compute_capability=spec["compute_capability"], build_machine=machine,
+            precision=config.precision, recipe=recipe, calibration_key=recipe.get("calibration", {}).get("key"),
+            mode=meta["mode"], steps=meta["steps"], profile_shapes=spec["shapes"], workspace_mib=spec["workspace_mib"],
+            onnx_sha256=onnx_sha256, build=build, estimated_build_mib=estimate, timings=stages.timings,
+            trtexec_command=command, layers_json=layers_file.name if have_layers else None,
+            timing_cache=spec["timing_cache"])
     return EngineResult(target_path, manifest, graph, build)

@@ -12,21 +12,23 @@ import io
 import json
 import os
 import re
-import shutil
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.errors import ConfigError, ExportError, ParityError, require
+from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityError, require
 from hrm_deploy.export.unroll import (STEP_PREDICTIONS, UNROLLED_INPUTS,
                                       EmbedInit, FixedStepHRM, StepCore)
-from hrm_deploy.manifest import write_manifest
+from hrm_deploy.io import check_output_path, sha256_file, staging_dir
+from hrm_deploy.manifest import publish_artifact
 from hrm_deploy.progress import Stages
 
 MODES = ("unrolled", "step")
 MIN_OPSET = 17
+MAX_OPSET = 20  # torch.onnx TorchScript exporter maximum (ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET)
+MAX_BATCH = 1 << 16
+MAX_STEPS = 256  # each unrolled step inlines the whole segment graph
 DEFAULT_WORKSPACE = Path("export")
 EXTERNAL_DATA_BYTES = 1_500_000_000  # protobuf's hard limit is 2 GiB; stay well below it
 # Puzzle-embedding tables above this are swapped for one row while tracing and put back
@@ -50,12 +52,14 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"export mode {self.mode!r} is unknown; use one of {MODES}")
-        if self.opset < MIN_OPSET:
-            raise ConfigError(f"opset {self.opset} is too old; use --opset {MIN_OPSET} or newer")
-        if self.max_batch < 1:
-            raise ConfigError("--max-batch must be >= 1")
-        if self.steps is not None and self.steps < 1:
-            raise ConfigError("--steps must be >= 1")
+        if not MIN_OPSET <= self.opset <= MAX_OPSET:
+            raise ConfigError(f"opset {self.opset} is out of range; use --opset between {MIN_OPSET} and {MAX_OPSET}")
+        if not 1 <= self.max_batch <= MAX_BATCH:
+            raise ConfigError(f"--max-batch must be between 1 and {MAX_BATCH}, got {self.max_batch}")
+        if self.steps is not None and not 1 <= self.steps <= MAX_STEPS:
+            raise ConfigError(f"--steps must be between 1 and {MAX_STEPS}, got {self.steps}")
+        if not self.parity_batches or any(not 1 <= b <= MAX_BATCH for b in self.parity_batches):
+            raise ConfigError(f"parity batches must be between 1 and {MAX_BATCH}, got {self.parity_batches}")
 
 
 @dataclass
@@ -115,7 +119,7 @@ def _restore_table(model: "onnx.ModelProto", core, table) -> None:  # noqa: F821
         if init.name.endswith("puzzle_emb.weights"):
             model.graph.initializer[i].CopyFrom(numpy_helper.from_array(table.numpy(), init.name))
             return
-    raise ExportError("could not find the puzzle-embedding table in the traced graph; please report this")
+    raise InternalError("could not find the puzzle-embedding table in the traced graph")
 
 
 def trace_pieces(core, opset: int):
@@ -219,6 +223,21 @@ def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool):
     return model, io_spec
 
 
+def _source_file(model_or_ckpt) -> tuple[Path | None, str | None]:
+    """The checkpoint file an export reads (a run folder's newest step_N) and its sha256, taken
+    before loading so the manifest's parent record is of the bytes the graph came from."""
+    from hrm_deploy.errors import HRMDeployError
+    from hrm_deploy.model.checkpoint import resolve_checkpoint_path
+
+    if not isinstance(model_or_ckpt, (str, os.PathLike)):
+        return None, None
+    try:
+        file = resolve_checkpoint_path(model_or_ckpt)
+    except HRMDeployError:
+        return None, None  # the loader raises the same error with its full message
+    return file, sha256_file(file)
+
+
 def _resolve_source(model_or_ckpt, overrides):
     from hrm_deploy.model.checkpoint import load_checkpoint
 
@@ -259,6 +278,7 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
 
     stages = Stages(quiet)
     with stages.stage("loading model"):
+        source_file, source_sha256 = _source_file(model_or_ckpt)
         model, source = _resolve_source(model_or_ckpt, {k: v for k, v in checkpoint_overrides.items() if v is not None})
         core = model.inner if hasattr(model, "inner") else model
         if core.compute_dtype != torch.float32:
@@ -270,7 +290,7 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
     if out is None:
         suffix = ".step.onnx" if config.mode == "step" else ".onnx"
         out = DEFAULT_WORKSPACE / (default_name(source if source else model_or_ckpt) + suffix)
-    out = Path(out)
+    out = check_output_path(out)  # fail before the work, not after
 
     with stages.stage("tracing embedding and one ACT segment"):
         embed, step = trace_pieces(core, config.opset)
@@ -285,8 +305,9 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
     }
     onnx.helper.set_model_props(graph, meta)
 
-    staging = Path(tempfile.mkdtemp(prefix=".export-check-", dir=out.parent if out.parent.exists() else None))
-    try:
+    if source_file is not None and sha256_file(source_file) != source_sha256:
+        raise ArtifactError(f"{source_file} changed while it was being exported; export it again")
+    with staging_dir(out.parent if str(out.parent) else Path("."), "export-check") as staging:
         with stages.stage("structural checks (checker, shape inference, I/O contract)"):
             staged = staging / out.name
             _save(graph, staged, external)
@@ -304,26 +325,21 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
             if not report.passed:
                 raise ParityError(f"ONNX Runtime output differs from PyTorch: {report.message}")
         with stages.stage(f"writing {out}"):
-            out.parent.mkdir(parents=True, exist_ok=True)
+            # artifact + manifest as one unit: the manifest is renamed last, sha256 of the staged bytes
             data_file = out.parent / (out.name + ".data")
-            if external:
-                os.replace(staging / data_file.name, data_file)
-            elif data_file.exists():  # weights of an earlier external-data export of this name
-                data_file.unlink()
-            os.replace(staged, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-    manifest = write_manifest(
-        out, stage="export",
-        config={"export": asdict(config), "model": cfg.to_dict()},
-        parent=source if source and Path(source).is_file() else None,
-        source=getattr(model, "checkpoint_info", None),
-        precision="fp32", mode=config.mode,
-        unroll={"steps": steps, "H_cycles": cfg.H_cycles, "L_cycles": cfg.L_cycles, "H_layers": cfg.H_layers,
-                "L_layers": cfg.L_layers, "blocks_per_step": cfg.blocks_per_step},
-        io={k: {n: [onnx.TensorProto.DataType.Name(t), list(s)] for n, (t, s) in v.items()} for k, v in io_spec.items()},
-        opset=config.opset, max_batch=config.max_batch, external_data=external,
-        nodes=len(graph.graph.node), parity=parity, timings=stages.timings,
-    )
+            manifest = publish_artifact(
+                staged, out, stage="export",
+                config={"export": asdict(config), "model": cfg.to_dict()},
+                parent=source_file, parent_sha256=source_sha256,
+                companions=[(staging / data_file.name, data_file)] if external else [],
+                remove=[] if external else [data_file],  # weights of an earlier external-data export
+                source=getattr(model, "checkpoint_info", None),
+                precision="fp32", mode=config.mode,
+                unroll={"steps": steps, "H_cycles": cfg.H_cycles, "L_cycles": cfg.L_cycles, "H_layers": cfg.H_layers,
+                        "L_layers": cfg.L_layers, "blocks_per_step": cfg.blocks_per_step},
+                io={k: {n: [onnx.TensorProto.DataType.Name(t), list(s)] for n, (t, s) in v.items()}
+                    for k, v in io_spec.items()},
+                opset=config.opset, max_batch=config.max_batch, external_data=external,
+                nodes=len(graph.graph.node), parity=parity, timings=stages.timings,
+            )
     return ExportResult(out, manifest, parity, stages.timings, len(graph.graph.node))

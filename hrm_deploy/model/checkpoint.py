@@ -22,8 +22,12 @@ from hrm_deploy.model.config import HRMConfig
 CHECKPOINT_FORMAT = "hrm-deploy-checkpoint"
 UPSTREAM_PREFIXES = ("_orig_mod.model.inner.", "model.inner.", "inner.")
 DATASET_FIELDS = ("seq_len", "vocab_size", "num_puzzle_identifiers")
-# Architecture fields the weights cannot tell and a config file must.
+# Architecture fields the weights cannot tell and a config file (or a flag) must: never defaulted
+# for an upstream checkpoint, since a wrong value gives a silently different model.
 NOT_IN_WEIGHTS = ("num_heads", "H_cycles", "L_cycles", "halt_max_steps")
+FLAGS = {"num_heads": "--num-heads", "H_cycles": "--h-cycles", "L_cycles": "--l-cycles",
+         "halt_max_steps": "--halt-max-steps", "seq_len": "--seq-len", "vocab_size": "--vocab-size",
+         "num_puzzle_identifiers": "--num-puzzle-ids"}
 
 
 @dataclass
@@ -158,14 +162,19 @@ def _infer_from_weights(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _upstream_config(path: Path, state: dict[str, Any], overrides: dict[str, Any]) -> tuple[HRMConfig, dict]:
+    """The config of an upstream checkpoint: sizes from the weights, the rest from
+    ``all_config.yaml``/dataset.json/flags. A value that contradicts the weights is named with
+    where it came from; a field neither the weights nor a config give is an error, never a default."""
     cfg_file = path.parent / "all_config.yaml"
     train_cfg: dict[str, Any] = _read_yaml(cfg_file) if cfg_file.is_file() else {}
-    arch = dict(train_cfg.get("arch") or {})
-    fields: dict[str, Any] = {}
+    raw_arch = train_cfg.get("arch")
+    if raw_arch is not None and not isinstance(raw_arch, dict):
+        raise ConfigError(f"{cfg_file}: arch is a {type(raw_arch).__name__}, not a mapping; restore upstream's file")
+    arch = dict(raw_arch or {})
     inferred = _infer_from_weights(state)
     intermediate = inferred.pop("_intermediate_size", None)
-    fields.update(inferred)  # weights are the truth for sizes...
-    fields.update({k: v for k, v in arch.items() if k not in ("name", "loss")})  # ...config for the rest
+    sources: list[tuple[str, dict[str, Any]]] = [
+        ("arch.{} in " + cfg_file.name, {k: v for k, v in arch.items() if k not in ("name", "loss") and v is not None})]
     if "data_path" in overrides or train_cfg.get("data_path"):
         data_path = str(overrides.get("data_path") or train_cfg["data_path"])
         meta = _find_dataset_json(data_path, path.parent)
@@ -174,32 +183,50 @@ def _upstream_config(path: Path, state: dict[str, Any], overrides: dict[str, Any
                 info = json.loads(meta.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise ConfigError(f"{meta} is not valid JSON; rebuild the dataset") from None
-            fields.update({k: info[k] for k in DATASET_FIELDS if k in info})
-    fields.update({k: v for k, v in overrides.items() if k != "data_path"})
+            if not isinstance(info, dict):
+                raise ConfigError(f"{meta} is not a JSON object; rebuild the dataset")
+            shown = str(meta.relative_to(meta.parents[2]) if len(meta.parents) > 2 else meta)
+            sources.append(("{} in " + shown.replace("{", "{{").replace("}", "}}"), {k: info[k] for k in DATASET_FIELDS if info.get(k) is not None}))
+    sources.append(("{flag}", {k: v for k, v in overrides.items() if k not in ("data_path", "forward_dtype")}))
+    fields: dict[str, Any] = {}
+    for origin, given in sources:
+        for key, value in given.items():
+            if key in inferred and str(value) != str(inferred[key]) and not (
+                    key == "seq_len" and "embed_pos.embedding_weight" not in state):
+                where = origin.format(key, flag=FLAGS.get(key, "--" + key.replace("_", "-")))
+                raise CheckpointError(f"{path}: {where} is {value!r} but the weights have {key}={inferred[key]}; "
+                                      f"fix {where} (or leave it out: the weights determine it)")
+        fields.update(given)
+    fields.update({k: v for k, v in inferred.items() if k != "seq_len" or "seq_len" not in fields})
     # Upstream computes in bf16; we load for float32 export unless the caller asks otherwise.
     fields["forward_dtype"] = overrides.get("forward_dtype", "float32")
 
     missing = [k for k in ("seq_len", "vocab_size") if k not in fields]
     if missing:
         where = f"{cfg_file.parent}/all_config.yaml's data_path" if train_cfg else "all_config.yaml (absent)"
-        options = " ".join(f"--{k.replace('_', '-')} N" for k in missing)
+        options = " ".join(f"{FLAGS[k]} N" for k in missing)
         raise ConfigError(
             f"{path}: cannot determine {', '.join(missing)}: no dataset.json found via {where} and the weights "
             f"do not determine it; pass {options} (or --data-path pointing at the dataset folder)"
         )
-    if not train_cfg:
-        absent = [k for k in NOT_IN_WEIGHTS if k not in fields]
-        if absent:
-            options = " ".join(f"--{k.replace('_', '-')} N" for k in absent)
-            raise ConfigError(
-                f"{path}: no all_config.yaml beside the checkpoint and {', '.join(absent)} are not stored in "
-                f"the weights; copy all_config.yaml next to it or pass {options}"
-            )
+    absent = [k for k in NOT_IN_WEIGHTS if fields.get(k) is None]
+    if absent:
+        options = " ".join(f"{FLAGS[k]} N" for k in absent)
+        where = (f"{cfg_file} has no arch section" if train_cfg and not arch else
+                 f"{cfg_file} lacks arch.{', arch.'.join(absent)}" if train_cfg else
+                 "no all_config.yaml beside the checkpoint")
+        raise ConfigError(
+            f"{path}: {where} and {', '.join(absent)} cannot be read from the weights; copy upstream's "
+            f"all_config.yaml next to it or pass {options} (never guessed: a wrong value is a different model)"
+        )
+    if intermediate is not None and fields.get("expansion") is None:
+        # upstream sizes the MLP as round(expansion * D * 2/3) up to a multiple of 256: this inverts it exactly
+        fields["expansion"] = intermediate * 3 / (2 * fields["hidden_size"])
     config = HRMConfig.from_dict(fields)
     if intermediate is not None and intermediate != config.intermediate_size:
         raise CheckpointError(
-            f"{path}: MLP width {intermediate} in the weights does not match expansion {config.expansion} "
-            f"(gives {config.intermediate_size}); fix arch.expansion in all_config.yaml"
+            f"{path}: MLP width {intermediate} in the weights does not match arch.expansion {config.expansion} "
+            f"(gives {config.intermediate_size} at hidden_size {config.hidden_size}); fix arch.expansion in {cfg_file.name}"
         )
     return config, train_cfg
 

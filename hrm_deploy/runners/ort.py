@@ -31,7 +31,9 @@ class OrtRunner(Runner):
         ort = require("onnxruntime", "onnx", "The ONNX Runtime runner")
         onnx = require("onnx", "onnx", "The ONNX Runtime runner")
         from hrm_deploy.calib.accuracy import graph_metadata
+        from hrm_deploy.manifest import check_artifact
 
+        check_artifact(self.path)  # a graph whose manifest describes other bytes is refused
         meta = graph_metadata(onnx.load(str(self.path), load_external_data=False))
         self.precision, self.mode = meta.get("precision", "fp32"), meta["mode"]
         self.steps = self.requested_steps or meta["steps"]

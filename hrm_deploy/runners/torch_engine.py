@@ -15,7 +15,7 @@ import numpy as np
 
 from hrm_deploy.engines.compat import check_compatible
 from hrm_deploy.errors import EngineError, require
-from hrm_deploy.manifest import read_manifest
+from hrm_deploy.manifest import check_artifact, read_manifest
 from hrm_deploy.runners.adapter import TensorSpec
 from hrm_deploy.runners.base import HaltFn, Runner
 
@@ -105,6 +105,7 @@ class TorchEngineRunner(Runner):
 
     def _activate(self) -> None:
         torch = require("torch", "torch", "The PyTorch engine runner")
+        check_artifact(self.path, require_manifest=True)
         from hrm_deploy.runners.device_loop import DeviceLoop
         from hrm_deploy.runners.memory import device_memory
 

@@ -20,7 +20,7 @@ import numpy as np
 from hrm_deploy.engines.backend import load_backend, runtime_cache_path
 from hrm_deploy.engines.compat import check_compatible
 from hrm_deploy.errors import EngineError
-from hrm_deploy.manifest import read_manifest
+from hrm_deploy.manifest import read_manifest, read_verified
 from hrm_deploy.runners.base import HaltFn, Runner
 
 
@@ -53,7 +53,7 @@ class TrtRunner(Runner):
         trt = backend.trt
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
-        blob = self.path.read_bytes()
+        blob, _ = read_verified(self.path, require_manifest=True)  # the bytes we hash are the bytes we load
         for warning in check_compatible(self.manifest, backend.name, backend.version, self.memory.capability,
                                         self.memory.gpu_name, engine_bytes=blob, runtime=self._runtime) or []:
             print(f"warning: {warning}", file=sys.stderr)

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from hrm_deploy.data.format import Split, check_fits_model, load_split, select_examples
-from hrm_deploy.errors import ConfigError, DataError
+from hrm_deploy.errors import CheckpointError, ConfigError, DataError, HRMDeployError
+from hrm_deploy.io import append_line, check_output_path
 from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint, save_checkpoint, write_upstream_run
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.hrm import ACTCarry, Carry, HRMACT, build_model
@@ -50,7 +51,9 @@ class TrainConfig:
     loss_type: str = "stablemax_cross_entropy"
     optimizer: str = "adam_atan2"  # or "adamw"
     seed: int = 0
-    checkpoint_every: int = 0  # 0: only at the end
+    checkpoint_every: int = 0  # also write step_N.pt every N steps (0: never)
+    checkpoint_minutes: float = 5.0  # refresh last.pt at least this often (0: only at the end / on a signal)
+    overwrite: bool = False  # start over in an out_dir that already holds a run
     eval_every: int = 0  # 0: only at the end
     eval_samples: int = 200  # fast evaluation subset of the test split
     threads: int = 0  # torch CPU threads (0: torch's default)
@@ -68,6 +71,22 @@ class TrainConfig:
             raise ConfigError(f"loss_type {self.loss_type!r} unknown")
         if self.steps < 1 or self.global_batch_size < 1:
             raise ConfigError("steps and global_batch_size must be >= 1")
+        finite = {"lr": self.lr, "puzzle_emb_lr": self.puzzle_emb_lr, "weight_decay": self.weight_decay,
+                  "puzzle_emb_weight_decay": self.puzzle_emb_weight_decay, "checkpoint_minutes": self.checkpoint_minutes}
+        for name, value in finite.items():
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.lr == 0:
+            raise ConfigError("lr must be > 0 (a zero learning rate trains nothing)")
+        if not 0.0 <= self.lr_min_ratio <= 1.0 or not 0.0 <= self.beta1 < 1.0 or not 0.0 <= self.beta2 < 1.0:
+            raise ConfigError("lr_min_ratio must be in [0, 1] and beta1, beta2 in [0, 1)")
+        if not 0 <= self.threads <= 4096:
+            raise ConfigError(f"threads must be between 0 (torch's default) and 4096, got {self.threads}")
+        for name in ("lr_warmup_steps", "checkpoint_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.eval_samples < 1:
+            raise ConfigError(f"eval_samples must be >= 1, got {self.eval_samples}")
 
 
 def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -231,6 +250,77 @@ def _carry_from(state: dict[str, Any] | None, device: torch.device, dist_info: D
 class TrainResult:
     checkpoint: Path
     metrics: dict[str, Any] = field(default_factory=dict)
+    interrupted: bool = False  # stopped by SIGINT/SIGTERM; ``checkpoint`` resumes it
+
+
+class TrainingDiverged(HRMDeployError):
+    """The loss became NaN/inf; the last good checkpoint is kept."""
+
+
+RUN_FILES = ("last.pt", "metrics.jsonl")
+
+
+def _check_out_dir(out: Path, config: TrainConfig, resume: str | None) -> None:
+    """Refuse to replace another run's files unless asked to (``--resume`` or ``--overwrite``)."""
+    check_output_path(out / "last.pt")
+    existing = [out / n for n in RUN_FILES if (out / n).exists()] + sorted(out.glob("step_*.pt"))
+    if not existing:
+        return
+    if config.overwrite:
+        for path in existing:
+            path.unlink()
+        return
+    if resume is None:
+        raise ConfigError(f"{out} already holds a run ({existing[0].name}); continue it with --resume "
+                          f"{out / 'last.pt'}, start over with --overwrite, or pick another --out")
+
+
+def _check_splits(train_split: Split, test_split: Split, vocab_size: int, where: str) -> None:
+    """Labels must be token ids of the vocabulary (or the ignore label); the test split must not be empty."""
+    for name, split in (("train", train_split), ("test", test_split)):
+        if len(split) == 0:
+            raise DataError(f"{where}: the {name} split holds no examples; regenerate the dataset with a non-empty "
+                            f"{name} split (accuracy on 0 examples means nothing)")
+        ignore = split.metadata.ignore_label_id
+        for start in range(0, len(split), 65536):  # chunks: the arrays are memory-mapped and may be large
+            labels = np.asarray(split.labels[start:start + 65536])
+            valid = (labels >= 0) & (labels < vocab_size)
+            if ignore is not None:
+                valid |= labels == ignore
+            if valid.all():
+                continue
+            bad = int(labels[~valid].flat[0])
+            raise DataError(f"{where}: the {name} split has label {bad}, outside the vocabulary [0, {vocab_size}) "
+                            "and not the ignore label; the dataset is damaged or built for another vocabulary")
+
+
+class _StopRequest:
+    """SIGINT/SIGTERM during training: finish the step, checkpoint, stop cleanly. A second
+    signal interrupts at once (the last checkpoint stays)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopRequest":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def _build_optimizers(model: HRMACT, config: TrainConfig, fused: bool):
@@ -302,6 +392,17 @@ def _out_of_memory(config: TrainConfig, dist_info: Distributed, out: Path) -> Co
                        f"{smaller} (and --resume {out / 'last.pt'} if it exists), or a smaller model")
 
 
+def _agree(flag: bool, dist_info: Distributed, device: torch.device | None = None) -> bool:
+    """True when any rank says so (a signal or NaN on one rank stops all ranks together)."""
+    if dist_info.world == 1:
+        return flag
+    import torch.distributed as dist
+
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = None,
           stop_after: int | None = None, progress: bool = True) -> TrainResult:
     """Train (or resume) and write ``<out_dir>/last.pt`` (+ ``step_N.pt`` every
@@ -319,15 +420,22 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
                           "processes; choose a multiple of the process count")
     rows = config.global_batch_size // dist_info.world
     out = Path(config.out_dir)
+    if dist_info.main:
+        _check_out_dir(out, config, resume)
     train_split = load_split(config.data_path, "train")
     test_split = load_split(config.data_path, "test")
     check_fits_model(train_split.metadata, model_config, config.data_path)
+    _check_splits(train_split, test_split, model_config.vocab_size, config.data_path)
     sampler = EpochSampler(train_split, config.global_batch_size, config.seed)
     example_pids = train_split.example_puzzle_ids()
 
     position, carry_state = 0, None
     if resume:
         contents = read_checkpoint(resume)
+        if contents.kind != "hrm-deploy" or not all(k in contents.extra for k in ("optimizer", "rng")):
+            raise CheckpointError(f"{resume} is not a trainer checkpoint (it has weights but no optimizer and "
+                                  "random state, e.g. an upstream step_N or a bundled preset); --resume takes a "
+                                  "last.pt/step_N.pt written by hrm-deploy train")
         model = model_from_contents(contents)
         if contents.config != model_config:
             raise ConfigError(f"{resume} was trained with a different model config; resume it without overrides")
@@ -379,7 +487,7 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
 
     out.mkdir(parents=True, exist_ok=True)
     sinks = MetricSinks(config.log_to if dist_info.main else (), str(out), dataclasses.asdict(config))
-    log = (out / "metrics.jsonl").open("a") if dist_info.main else None
+    log = dist_info.main
     end = config.steps if stop_after is None else min(config.steps, position + stop_after)
     bar = _ProgressBar(progress and dist_info.main, config.steps, position)
     data_time = compute_time = 0.0
@@ -387,8 +495,14 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
     # Under DDP the averaged gradient is (1/world) sum over ranks; scaling by world / global
     # batch gives upstream's sum of per-example losses over the global batch.
     loss_scale = dist_info.world / config.global_batch_size
+    stop = _StopRequest()
+    last_save = time.monotonic()
+    last_good = out / "last.pt"
     try:
+        stop.__enter__()
         while position < end:
+            if _agree(stop.signal is not None, dist_info, device):
+                break
             t0 = time.perf_counter()
             idx = sampler.batch_at(position)[dist_info.rank * rows:(dist_info.rank + 1) * rows]
             batch = to_batch(train_split, idx, train_split.metadata.ignore_label_id, example_pids, device)
@@ -398,6 +512,14 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
             lr = _set_lrs(position, config, optimizer, emb_opt)
             carry, outputs = step_model(carry, batch)
             loss, metrics = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps, config.loss_type)
+            if _agree(not bool(torch.isfinite(loss.detach())), dist_info, device):
+                # weights are still those of the last good step; keep them if they are finite
+                if all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+                    save(last_good, last_metrics)
+                raise TrainingDiverged(
+                    f"the loss became {float(loss.detach())} at step {position + 1}; stopped with the last good "
+                    f"checkpoint {last_good if last_good.exists() else '(none written yet)'}; lower --lr or "
+                    "check the data")
             optimizer.zero_grad(set_to_none=True)
             (loss * loss_scale).backward()
             optimizer.step()
@@ -417,22 +539,26 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
             if config.eval_every and position % config.eval_every == 0 and position < config.steps:
                 last_metrics["eval"] = run_eval(config.eval_samples)
             if log:
-                log.write(json.dumps(last_metrics) + "\n")
+                append_line(out / "metrics.jsonl", json.dumps(last_metrics))
                 sinks.log(last_metrics)
             bar.update(last_metrics)
             if config.checkpoint_every and position % config.checkpoint_every == 0:
                 save(out / f"step_{position}.pt", last_metrics)
+            due = bool(config.checkpoint_minutes) and time.monotonic() - last_save >= 60 * config.checkpoint_minutes
+            if _agree(due, dist_info, device) and position < end:
+                save(last_good, last_metrics)  # periodic: a kill -9 loses at most checkpoint_minutes
+                last_save = time.monotonic()
     except torch.cuda.OutOfMemoryError:
         raise _out_of_memory(config, dist_info, out) from None
     finally:
+        stop.__exit__()
         bar.stop()
-        if log:
-            log.close()
         sinks.close()
+    if stop.signal is not None:
+        return TrainResult(save(last_good, last_metrics), last_metrics, interrupted=True)
     if position >= config.steps:
         last_metrics["eval"] = run_eval(None)  # full evaluation at the end
         last_metrics["timing"] = {"data_s": data_time, "compute_s": compute_time}
         if dist_info.main:
-            with (out / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps({"final": last_metrics}) + "\n")
+            append_line(out / "metrics.jsonl", json.dumps({"final": last_metrics}))
     return TrainResult(save(out / "last.pt", last_metrics), last_metrics)

@@ -73,9 +73,10 @@ def test_our_checkpoint_round_trip(tmp_path, tiny_model):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-@pytest.mark.parametrize("field,value,expected", [("H_layers", 3, "missing keys H_level.layers.2"),
+@pytest.mark.parametrize("field,value,expected", [("H_layers", 3, "arch.H_layers .* is 3 but the weights have H_layers=2"),
                                                     ("expansion", 8, "expansion"),
-                                                    ("pos_encodings", "learned", "missing keys embed_pos")])
+                                                    ("hidden_size", 128, "arch.hidden_size .* is 128 but the weights"),
+                                                    ("pos_encodings", "learned", "arch.pos_encodings .* the weights")])
 def test_wrong_config_is_one_line_naming_keys(upstream_run, field, value, expected):
     cfg_file = upstream_run.parent / "all_config.yaml"
     data = yaml.safe_load(cfg_file.read_text())

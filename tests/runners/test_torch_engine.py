@@ -5,6 +5,7 @@ the torch.compile fallback's plumbing, and (marker ``gpu``) the CUDA checks of i
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,7 +96,7 @@ def test_unrolled_engine_from_the_onnx_export_and_verify_end_to_end(torch_engine
 
     manifest = json.loads(torch_engines.unrolled.with_name(torch_engines.unrolled.name + ".manifest.json").read_text())
     assert manifest["parent"]["path"].endswith("tiny.onnx") and manifest["mode"] == "unrolled"
-    assert find_reference(torch_engines.unrolled) == torch_engines.checkpoint  # via the ONNX, sha256-checked
+    assert find_reference(torch_engines.unrolled).resolve() == Path(torch_engines.checkpoint).resolve()  # via the ONNX, sha256-checked
     with pytest.raises(ConfigError, match="always runs 1 ACT steps"):
         open_runner(torch_engines.unrolled, steps=4).activate()
     report = verify(torch_engines.unrolled, torch_engines.data, samples=64)
