@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import platform
 from dataclasses import dataclass
-from pathlib import Path
+
+from hrm_deploy.system import jetson_model
 
 
 @dataclass
@@ -25,19 +26,6 @@ def _version(module: str) -> str | None:
         return None
     version = getattr(found, "__version__", None)
     return str(version) if version else None
-
-
-def jetson_model() -> str | None:
-    """The Jetson model string when running on one (L4T release file or device-tree model)."""
-    model_file = Path("/proc/device-tree/model")
-    if model_file.is_file():
-        text = model_file.read_bytes().decode(errors="ignore").strip("\x00\n ")
-        if "jetson" in text.lower() or "orin" in text.lower():
-            return text
-    release = Path("/etc/nv_tegra_release")
-    if release.is_file():
-        return release.read_text().splitlines()[0].strip() or "Jetson (L4T)"
-    return None
 
 
 def working_ort_providers() -> tuple[list[str], dict[str, str]]:

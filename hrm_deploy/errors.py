@@ -70,3 +70,8 @@ class InternalError(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"{message} (this is a bug in hrm-deploy; please report it with the traceback above)")
+
+
+class RemoteError(HRMDeployError):
+    """Another machine (an ssh host for ``bench --host``, a server for ``solve --url``) could not
+    be reached, timed out or refused the request; its message follows."""

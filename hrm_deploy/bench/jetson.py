@@ -16,24 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-TEGRA_RELEASE = Path("/etc/nv_tegra_release")
-DEVICE_TREE_MODEL = Path("/proc/device-tree/model")
+from hrm_deploy.system import TEGRA_RELEASE, jetson_model
+
 
 _RAM = re.compile(r"RAM (\d+)/(\d+)MB")
 _GR3D = re.compile(r"GR3D_FREQ (\d+)%(?:@\[?(\d+)(?:,\d+)*\]?)?")
 _TEMP = re.compile(r"(\w+)@(-?[\d.]+)C")
 _RAIL = re.compile(r"(VDD_\w+|VIN_\w+) (\d+)mW/(\d+)mW")
-
-
-def jetson_model(tree_model: Path = DEVICE_TREE_MODEL, release: Path = TEGRA_RELEASE) -> str | None:
-    """The board name on a Jetson ("NVIDIA Jetson Orin Nano ..."), else None."""
-    if tree_model.is_file():
-        model = tree_model.read_bytes().rstrip(b"\x00").decode(errors="replace").strip()
-        if "jetson" in model.lower() or "orin" in model.lower():
-            return model
-    if release.is_file():
-        return "NVIDIA Jetson (model unknown)"
-    return None
 
 
 def parse_tegrastats(line: str) -> dict[str, Any]:

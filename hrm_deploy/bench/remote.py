@@ -20,17 +20,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError, HRMDeployError
+from hrm_deploy.errors import ConfigError, RemoteError
 from hrm_deploy.io import check_output_path
 from hrm_deploy.manifest import check_artifact, manifest_path
 
 _HOST = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9._-]+$")
 REPORT_FILES = ("report.json", "report.md", "latency.png")  # all that is fetched back
 _SSH_OPTION = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:=| ).+$")
-
-
-class RemoteError(HRMDeployError):
-    """The remote machine could not be reached or could not run the bench."""
 
 
 def _check_host(host: str) -> None:

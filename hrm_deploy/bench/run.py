@@ -110,7 +110,7 @@ def _environment(target: str) -> dict[str, Any]:
     import os
     import sys
 
-    from hrm_deploy.gpu import CLOCKS, IDENTITY, nvidia_smi
+    from hrm_deploy.system import CLOCKS, IDENTITY, nvidia_smi
     from hrm_deploy.manifest import library_versions
 
     env: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),

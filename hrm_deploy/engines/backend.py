@@ -105,7 +105,7 @@ def timing_cache_path(base: str | Path, backend: Backend, gpu: dict[str, str]) -
 
     A timing cache is valid only for one GPU and one TensorRT release (``set_timing_cache``
     returns False otherwise), so the file name carries both and machines never overwrite each
-    other's caches. ``gpu`` is ``hrm_deploy.gpu.nvidia_smi(IDENTITY)`` ({} without a GPU).
+    other's caches. ``gpu`` is ``hrm_deploy.system.nvidia_smi(IDENTITY)`` ({} without a GPU).
     """
     base = Path(base)
     cc = gpu.get("compute_capability", "").replace(".", "")

@@ -24,7 +24,7 @@ from hrm_deploy.engines.backend import (
 from hrm_deploy.engines.layers import precision_verdict
 from hrm_deploy.engines.targets import TargetProfile, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
-from hrm_deploy.gpu import IDENTITY, nvidia_smi
+from hrm_deploy.system import IDENTITY, nvidia_smi
 from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact, read_verified
 from hrm_deploy.progress import Stages

@@ -7,11 +7,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from hrm_deploy.errors import HRMDeployError, require
-
-
-class RemoteError(HRMDeployError):
-    """The server could not be reached, timed out or refused the request (its message follows)."""
+from hrm_deploy.errors import RemoteError, require
 
 
 def _host_port(url: str) -> str:

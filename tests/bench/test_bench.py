@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hrm_deploy.bench.jetson import _clocks_pinned, jetson_model, parse_tegrastats, summarize
+from hrm_deploy.bench.jetson import _clocks_pinned, parse_tegrastats, summarize
+from hrm_deploy.system import jetson_model
 from hrm_deploy.bench.run import BenchConfig, bench
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ConfigError
