@@ -166,7 +166,7 @@ def _halting(path: Path, candidate, examples, ref_out, cand_out, data, texts, ba
     return result
 
 
-def verify(artifact: str | Path, data: str | Path, against: str | Path | None = None, samples: int | None = 256,
+def verify(artifact: str | Path, data: str | Path | None, against: str | Path | None = None, samples: int | None = 256,
            thresholds: Thresholds | None = None, overrides: dict[str, float] | None = None, batch: int = 64,
            halt: list[str] | None = None, min_steps: int = 1, max_steps: int | None = None,
            **runner_options: Any) -> dict[str, Any]:
@@ -181,6 +181,14 @@ def verify(artifact: str | Path, data: str | Path, against: str | Path | None = 
     from hrm_deploy.runners.torch_ref import TorchRunner
 
     path = Path(artifact)
+    if data is None:  # the checkpoint's own dataset, announced
+        import sys
+
+        from hrm_deploy.provenance import default_data
+
+        choice = default_data(against or path, "--data")
+        print(choice.message, file=sys.stderr, flush=True)
+        data = choice.path
     candidate = open_runner(path, **runner_options)
     examples = load_examples(data, samples, split="test")
     cand_out = _run(candidate, examples, batch)

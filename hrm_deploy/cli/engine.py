@@ -17,9 +17,11 @@ def build_engine(
     onnx: Optional[Path] = typer.Argument(None, help="ONNX graph (default: the newest FP32 export in export/)."),
     fp16: bool = typer.Option(False, "--fp16", help="FP16 with float32 islands (default precision)."),
     bf16: bool = typer.Option(False, "--bf16", help="BF16 with float32 islands."),
-    int8: bool = typer.Option(False, "--int8", help="INT8 Q/DQ (calibrates an FP32 graph first; needs --calib-data)."),
+    int8: bool = typer.Option(False, "--int8", help="INT8 Q/DQ (calibrates an FP32 graph first; data default: the "
+                                                    "checkpoint's own dataset)."),
     fp32: bool = typer.Option(False, "--fp32", help="Plain FP32 engine."),
-    calib_data: Optional[Path] = typer.Option(None, help="Dataset folder (upstream format) or .npz of inputs."),
+    calib_data: Optional[Path] = typer.Option(None, help="Dataset folder (upstream format) or .npz of inputs "
+                                                         "(default: the checkpoint's own dataset, from its provenance)."),
     calib_method: str = typer.Option("entropy", help="entropy, minmax or percentile."),
     calib_samples: int = typer.Option(512, help="Calibration examples K (chosen deterministically)."),
     accuracy_budget: Optional[float] = typer.Option(
@@ -32,7 +34,7 @@ def build_engine(
     workspace: Optional[int] = typer.Option(None, help="Builder workspace limit in MiB."),
     opt_level: Optional[int] = typer.Option(None, help="Builder optimization level 0-5 (lower builds faster)."),
     compute_capability: Optional[str] = typer.Option(None, help="TensorRT-RTX AOT target, e.g. SM120, SM89, SM86."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Engine path (default engines/<name>.<target>.<backend>.engine)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--out", "--output", help="Engine path (default engines/<name>.<target>.<backend>.engine)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
 ) -> None:
     """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""

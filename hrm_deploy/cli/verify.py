@@ -15,7 +15,8 @@ from hrm_deploy.cli.common import user_errors
 @user_errors
 def verify(
     artifact: Path = typer.Argument(..., help="ONNX graph or TensorRT engine to check."),
-    data: Path = typer.Option(..., "--data", help="Dataset folder (its test split) or .npz with inputs and labels."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder (its test split) or .npz with inputs and "
+                                                             "labels (default: the checkpoint's own dataset)."),
     against: Optional[Path] = typer.Option(None, help="Reference checkpoint (default: the one the manifests name)."),
     samples: int = typer.Option(256, help="Examples K (deterministic subset; 0: all)."),
     provider: str = typer.Option("cpu", help="ONNX Runtime provider for .onnx: cpu, cuda or tensorrt."),
