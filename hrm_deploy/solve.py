@@ -252,10 +252,12 @@ def _model_seq_len(artifact: Path) -> int | None:
 
 def solve(source: str | Path, artifact: str | Path | None = None, halt: str | None = "off", *,
           min_steps: int = 1, max_steps: int | None = None, url: str | None = None, batch: int = 64,
-          model_name: str = "hrm", **runner_options: Any) -> list[Solution]:
+          model_name: str = "hrm", calib_data: str | Path | None = None, **runner_options: Any) -> list[Solution]:
     """Parse ``source``, run ``artifact`` (default: the bundled model) or the server at ``url``
-    with the halting rule ``halt``, and check each answer."""
-    from hrm_deploy.runners.halting import HaltRule, resolve_rule
+    with the halting rule ``halt``, and check each answer. ``budget:P`` uses the threshold in
+    the artifact's manifest, else calibrates it first on ``calib_data`` (default: the
+    checkpoint's own dataset) and stores it there."""
+    from hrm_deploy.runners.halting import HaltMode, HaltRule, resolve_rule
 
     puzzles = parse_puzzles(source)
     kinds = {p.kind for p in puzzles}
@@ -280,6 +282,20 @@ def solve(source: str | Path, artifact: str | Path | None = None, halt: str | No
             raise DataError(f"{puzzles[0].where}: a {puzzles[0].kind.value} of {inputs.shape[1]} cells, but "
                             f"{path.name} expects {expected}; use a model trained on this puzzle size")
         rule = resolve_rule(rule, str(path))
+        if rule.mode is HaltMode.BUDGET and rule.threshold is None:
+            import sys
+
+            from hrm_deploy.provenance import default_data
+            from hrm_deploy.runners.halting import prepare_rules
+
+            if calib_data is None:
+                choice = default_data(path, "--calib-data")
+                print(choice.message, file=sys.stderr, flush=True)
+                calib_data = choice.path
+            [rule] = prepare_rules([rule.text], str(path), str(calib_data), min_steps=min_steps, max_steps=max_steps,
+                                   **runner_options)
+            print(f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in the manifest of "
+                  f"{path.name}", file=sys.stderr, flush=True)
         from hrm_deploy.runners import open_runner
 
         runner = open_runner(path, **runner_options)

@@ -97,5 +97,20 @@ def test_solve_multi_step_checkpoint_with_halting(tiny_model, tmp_path):
     assert off[0].steps_used == 4
     capped = solve(PUZZLE, ckpt, "off", max_steps=2)
     assert capped[0].steps_used == 2
+    # budget:P with no stored threshold and no provenance: one error naming the flag
     result = runner.invoke(app, ["solve", PUZZLE, str(ckpt), "--halt", "budget:1"])
-    assert result.exit_code == 2 and "calibrated threshold" in result.output
+    assert result.exit_code == 2 and "--calib-data" in result.output
+
+
+def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tiny_onnx, tmp_path):
+    from hrm_deploy.manifest import read_manifest
+    from hrm_deploy.model.checkpoint import save_checkpoint
+
+    ckpt = save_checkpoint(tmp_path / "rand.pt", tiny_model)
+    result = runner.invoke(app, ["solve", PUZZLE, str(ckpt), "--halt", "budget:2", "--calib-data", tiny_onnx.data,
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    stored = read_manifest(ckpt)["halting"]["budgets"]
+    assert list(stored) == ["2|min1|max0"] and stored["2|min1|max0"]["loss_points"] <= 2.0
+    again = solve(PUZZLE, ckpt, "budget:2")  # the stored threshold, no data needed
+    assert 1 <= again[0].steps_used <= 4

@@ -23,6 +23,8 @@ def solve(
     max_steps: int | None = typer.Option(None, help="Halting: always stop at this ACT step."),
     json_lines: bool = typer.Option(False, "--json", help="JSON lines: answer, steps_used, q_halt, validity."),
     url: str | None = typer.Option(None, help="Ask a running hrm-deploy server instead of loading a model."),
+    calib_data: Path | None = typer.Option(None, help="budget:P: data to calibrate on when the artifact has no "
+                                                         "stored threshold (default: the checkpoint's own dataset)."),
     provider: str = typer.Option("cpu", help="ONNX Runtime provider for .onnx: cpu, cuda or tensorrt."),
     out: Path | None = typer.Option(None, "-o", "--out", help="Also write the output to this file."),
 ) -> None:
@@ -31,7 +33,8 @@ def solve(
     from hrm_deploy.solve import solve as run_solve
 
     options = {"provider": provider} if artifact is not None and artifact.suffix == ".onnx" else {}
-    solutions = run_solve(puzzle, artifact, halt, min_steps=min_steps, max_steps=max_steps, url=url, **options)
+    solutions = run_solve(puzzle, artifact, halt, min_steps=min_steps, max_steps=max_steps, url=url,
+                          calib_data=calib_data, **options)
     text = format_solutions(solutions, json_lines)
     typer.echo(text, nl=False)
     if out is not None:

@@ -112,8 +112,8 @@ class HaltRule:
         else:
             if self.threshold is None:
                 raise ConfigError(f"--halt {self.text}: no calibrated threshold for this artifact; run "
-                                  f"`hrm-deploy verify ARTIFACT --halt {self.text}` (calibrates on held-out data "
-                                  "and stores it in the manifest) or use threshold:X")
+                                  f"`hrm-deploy verify ARTIFACT --halt {self.text}` or `hrm-deploy solve ... "
+                                  f"--halt {self.text}` (they calibrate and store it in the manifest) or use threshold:X")
             # sigmoid(q) > X  <=>  q > logit(X): no overflow for large |q|
             halt = q_halt > _logit(self.threshold)
         halt = halt & (step_arr >= self.min_steps)
@@ -434,7 +434,11 @@ def calibrate_budget(artifact: str, data: str, budget_points: float, *, samples:
     halting = dict(manifest.get("halting", {}))
     halting["budgets"] = {**halting.get("budgets", {}), _budget_key(rule): entry}
     manifest["halting"] = halting
-    write_json(path, manifest)
+    try:
+        write_json(path, manifest)
+    except OSError as exc:
+        raise ConfigError(f"cannot store the calibrated threshold in {path} ({exc.strerror}); copy {artifact} "
+                          "to a writable folder and use that copy") from None
     return entry
 
 
