@@ -102,12 +102,15 @@ def test_solve_multi_step_checkpoint_with_halting(tiny_model, tmp_path):
     assert result.exit_code == 2 and "--calib-data" in result.output
 
 
-def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tiny_onnx, tmp_path):
+def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tmp_path):
+    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.manifest import read_manifest
     from hrm_deploy.model.checkpoint import save_checkpoint
 
     ckpt = save_checkpoint(tmp_path / "rand.pt", tiny_model)
-    result = runner.invoke(app, ["solve", PUZZLE, str(ckpt), "--halt", "budget:2", "--calib-data", tiny_onnx.data,
+    data = tmp_path / "calib"
+    generate_sudoku(SudokuSpec(train=32, test=8, blanks=(3, 6), seed=99), str(data))
+    result = runner.invoke(app, ["solve", PUZZLE, str(ckpt), "--halt", "budget:2", "--calib-data", str(data),
                                  "--json"])
     assert result.exit_code == 0, result.output
     stored = read_manifest(ckpt)["halting"]["budgets"]
