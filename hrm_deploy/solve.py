@@ -105,7 +105,9 @@ def _parse_text(text: str, origin: str) -> list[Puzzle]:
     lines = text.splitlines()
     content = [line.rstrip("\r\n") for line in lines if line.strip()]
     if _looks_like_maze(content):
-        puzzles, block, start = [], [], 1
+        puzzles: list[Puzzle] = []
+        block: list[str] = []
+        start = 1
         for number, line in enumerate(lines + [""], start=1):
             line = line.rstrip("\r\n")
             if line.strip():

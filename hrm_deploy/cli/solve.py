@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -32,7 +33,7 @@ def solve(
     from hrm_deploy.solve import format_solutions
     from hrm_deploy.solve import solve as run_solve
 
-    options = {"provider": provider} if artifact is not None and artifact.suffix == ".onnx" else {}
+    options: dict[str, Any] = {"provider": provider} if artifact is not None and artifact.suffix == ".onnx" else {}
     solutions = run_solve(puzzle, artifact, halt, min_steps=min_steps, max_steps=max_steps, url=url,
                           calib_data=calib_data, **options)
     text = format_solutions(solutions, json_lines)

@@ -430,7 +430,7 @@ def calibrate_budget(artifact: str, data: str, budget_points: float, *, samples:
              "budget_points": budget_points, "min_steps": min_steps, "max_steps": max_steps,
              "data": examples.source, "split": split, "examples": len(examples)}
     path = manifest_path(artifact)
-    manifest = read_manifest(artifact) if path.is_file() else {"artifact": str(artifact)}
+    manifest: dict[str, Any] = read_manifest(artifact) if path.is_file() else {"artifact": str(artifact)}
     halting = dict(manifest.get("halting", {}))
     halting["budgets"] = {**halting.get("budgets", {}), _budget_key(rule): entry}
     manifest["halting"] = halting
