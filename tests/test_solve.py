@@ -2,11 +2,13 @@
 every artifact kind, halting."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import hrm_deploy
 from hrm_deploy.cli import app
 from hrm_deploy.errors import DataError
 from hrm_deploy.solve import (
@@ -18,16 +20,20 @@ from hrm_deploy.solve import (
 )
 
 runner = CliRunner()
+# the one-step CPU fixture, named explicitly (the embedded default may be another preset)
+TINY = str(Path(hrm_deploy.__file__).parent / "train" / "presets" / "sudoku-tiny.pt")
 # a unique-solution puzzle with 5 blanks (the bundled model's difficulty) and its solution
 PUZZLE = "175604839462893157893751642930517264624938715751206983089175426246389571517462390"
 SOLVED = "175624839462893157893751642938517264624938715751246983389175426246389571517462398"
 
 
 def test_solve_a_sudoku_string_pretty_and_json():
-    result = runner.invoke(app, ["solve", PUZZLE])
+    result = runner.invoke(app, ["solve", PUZZLE, TINY])
     assert result.exit_code == 0, result.output
     assert "valid" in result.output and "1 7 5 | 6 2 4 | 8 3 9" in result.output
-    result = runner.invoke(app, ["solve", PUZZLE.replace("0", "."), "--json"])
+    default = runner.invoke(app, ["solve", PUZZLE, "--json"])  # the embedded default model
+    assert default.exit_code == 0 and len(json.loads(default.stdout)["answer"]) == 81
+    result = runner.invoke(app, ["solve", PUZZLE.replace("0", "."), TINY, "--json"])
     line = json.loads(result.stdout.strip())
     assert line["answer"] == SOLVED and line["valid"] and line["givens_kept"] and line["steps_used"] == 1
     assert isinstance(line["q_halt"], float)
@@ -50,7 +56,7 @@ def test_malformed_puzzles_name_line_and_position(tmp_path):
 
 def test_unsolvable_givens_are_reported_not_valid():
     clash = "55" + PUZZLE[2:]  # two 5s in the first row
-    [solution] = solve(clash)
+    [solution] = solve(clash, TINY)
     assert solution.checks["solvable"] is False and solution.checks["valid"] is False
     assert solution.checks["givens_kept"] is False or solution.checks["rows_ok"] is False
 

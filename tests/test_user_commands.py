@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+import hrm_deploy
 from hrm_deploy.errors import ConfigError
+
+TINY = str(Path(hrm_deploy.__file__).parent / "train" / "presets" / "sudoku-tiny.pt")
 
 
 def _cli(workspace: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -21,11 +24,9 @@ def _cli(workspace: Path, env: dict[str, str], *args: str) -> subprocess.Complet
 
 def test_the_three_command_lines_as_written(tmp_path):
     pytest.importorskip("tensorrt_rtx", reason="build-engine needs the TensorRT-RTX builder (pip install tensorrt-rtx)")
-    from hrm_deploy.cli.common import bundled_checkpoint
-
     workspace = tmp_path / "fresh"
     workspace.mkdir()
-    shutil.copy(bundled_checkpoint(), workspace / "ckpt.pt")
+    shutil.copy(TINY, workspace / "ckpt.pt")  # the one-step fixture keeps calibration quick
     env = {**os.environ, "HRM_DEPLOY_CACHE": str(tmp_path / "cache")}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
 
@@ -54,15 +55,14 @@ def test_the_three_command_lines_as_written(tmp_path):
 
 
 def test_default_data_from_each_kind_of_provenance(tmp_path, tiny_model, upstream_run, monkeypatch):
-    from hrm_deploy.cli.common import bundled_checkpoint
     from hrm_deploy.model.checkpoint import save_checkpoint
     from hrm_deploy.provenance import default_data
 
     monkeypatch.setenv("HRM_DEPLOY_CACHE", str(tmp_path / "cache"))
     # a bundled preset: its dataset spec regenerated deterministically (twice: cached)
-    first = default_data(bundled_checkpoint(), "--data")
+    first = default_data(TINY, "--data")
     assert (first.path / "test" / "dataset.json").is_file() and "regenerated" in first.message
-    assert default_data(None, "--data").path == first.path
+    assert default_data(TINY, "--data").path == first.path
     # an upstream checkpoint: all_config.yaml's data_path, resolved as the loader does
     up = default_data(upstream_run, "--data")
     assert up.path.resolve() == (tmp_path / "data" / "sudoku-tiny").resolve() and "--data" in up.message
