@@ -32,13 +32,20 @@ ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ROOT / "hrm_deploy" / "train" / "presets"
 
 
-def _fresh_data(checkpoint: Path, work: Path, calib: int, evaluate: int, seed_offset: int) -> Path:
+def _fresh_data(checkpoint: Path, work: Path, calib: int, evaluate: int, seed_offset: int,
+                preset_name: str | None, spec_json: str | None = None) -> Path:
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.model.checkpoint import read_checkpoint
 
     spec = dict(read_checkpoint(checkpoint).extra.get("dataset") or {})
+    if not spec and preset_name:  # a training run's step_N.pt: the preset's spec
+        from hrm_deploy.train.presets import preset
+
+        spec = {"generator": "sudoku", **preset(preset_name)["data"]}
+    if not spec and spec_json:  # or given outright, e.g. '{"blanks": [10, 30]}'
+        spec = {"generator": "sudoku", **json.loads(spec_json)}
     if spec.pop("generator", None) != "sudoku":
-        raise SystemExit(f"{checkpoint} records no Sudoku dataset spec; this benchmark needs a preset checkpoint")
+        raise SystemExit(f"{checkpoint} records no Sudoku dataset spec; pass --preset NAME")
     spec = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.items()}
     spec.update(train=calib, test=evaluate, augment=0, seed=int(spec.get("seed", 0)) + seed_offset)
     known = {f.name for f in dataclasses.fields(SudokuSpec)}
@@ -67,13 +74,24 @@ def main() -> None:
     parser.add_argument("--budgets", default="0.5,1,2")
     parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: ORT's default)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--preset", default=None, help="dataset spec of this preset when the checkpoint has none")
+    parser.add_argument("--spec", default=None, help="JSON SudokuSpec fields when the checkpoint has no spec")
     parser.add_argument("--out", default=None, help="result JSON (default benchmarks/results/halting_<model>.json)")
     args = parser.parse_args()
 
     from hrm_deploy.calib.data import load_examples
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-    from hrm_deploy.runners.halting import (HaltMode, HaltRule, accuracy_vs_steps, calibrate_threshold, drive,
-                                            exact_at, rule_summary, run_continuous, simulate_steps)
+    from hrm_deploy.runners.halting import (
+        HaltMode,
+        HaltRule,
+        accuracy_vs_steps,
+        calibrate_threshold,
+        drive,
+        exact_at,
+        rule_summary,
+        run_continuous,
+        simulate_steps,
+    )
     from hrm_deploy.runners.ort import OrtRunner
 
     checkpoint = Path(args.checkpoint)
@@ -81,7 +99,8 @@ def main() -> None:
     out_path = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"halting_{name}.json"
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        data = _fresh_data(checkpoint, work, args.calib, args.eval, seed_offset=7919)
+        data = _fresh_data(checkpoint, work, args.calib, args.eval, seed_offset=7919,
+                           preset_name=args.preset, spec_json=args.spec)
         onnx = export_onnx(checkpoint, work / f"{name}.step.onnx", ExportConfig(mode="step", parity=False),
                            quiet=True).path
         runner = OrtRunner(onnx, threads=args.threads or None)
@@ -155,8 +174,8 @@ def main() -> None:
         same = bool((answers["continuous_batching"] == answers["fixed_batch_drop_halted"]).all() and
                     (answers["fixed_batch_masked"] == answers["fixed_batch_drop_halted"]).all())
         base = throughput["fixed_batch_masked"]["puzzles_per_s"]
-        for mode in throughput:
-            throughput[mode]["ratio_vs_fixed_batch_masked"] = throughput[mode]["puzzles_per_s"] / base
+        for stats in throughput.values():
+            stats["ratio_vs_fixed_batch_masked"] = stats["puzzles_per_s"] / base
         result["throughput"] = {"rule": chosen_text, "batch": batch, "repeats": args.repeats, "timing": "best of repeats",
                                 "same_answers_in_every_halting_mode": same, "modes": throughput}
         runner.close()
