@@ -123,3 +123,26 @@ def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tmp_path):
     assert list(stored) == ["2|min1|max0"] and stored["2|min1|max0"]["loss_points"] <= 2.0
     again = solve(PUZZLE, ckpt, "budget:2")  # the stored threshold, no data needed
     assert 1 <= again[0].steps_used <= 4
+
+
+def test_solve_url_asks_the_server_client(monkeypatch):
+    import sys
+    import types
+
+    calls = {}
+
+    def infer_remote(url, feeds, *, model_name="hrm", timeout_s=30.0):
+        calls.update(url=url, shape=feeds["inputs"].shape, model=model_name)
+        logits = np.zeros((len(feeds["inputs"]), 81, 11), np.float32)
+        solved = np.array([int(c) + 1 for c in SOLVED])
+        logits[:, np.arange(81), solved] = 1.0
+        return {"logits": logits, "q_halt_logits": np.full((len(logits), 2), 3.0, np.float32),
+                "steps_used": np.full(len(logits), 2, np.int32)}
+
+    client = types.ModuleType("hrm_deploy.serve.client")
+    client.infer_remote = infer_remote  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "hrm_deploy.serve", types.ModuleType("hrm_deploy.serve"))
+    monkeypatch.setitem(sys.modules, "hrm_deploy.serve.client", client)
+    [solution] = solve(PUZZLE, url="http://localhost:8000")
+    assert calls == {"url": "http://localhost:8000", "shape": (1, 81), "model": "hrm"}
+    assert solution.to_dict()["answer"] == SOLVED and solution.steps_used == 2 and solution.checks["valid"]
