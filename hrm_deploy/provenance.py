@@ -123,3 +123,30 @@ def default_data(artifact: str | Path | None, flag: str) -> DataChoice:
         raise ConfigError(f"no {flag} given and the checkpoint {Path(artifact).name} came from is unknown (no "
                           f"manifest names it, or it changed); pass {flag} DATASET_DIR") from None
     return provenance_data(checkpoint, flag)
+
+
+HELDOUT_SEED_OFFSET = 1_000_003  # a seed stream the checkpoint's own dataset never used
+
+
+def heldout_data(artifact: str | Path, samples: int = 512) -> DataChoice | None:
+    """Fresh puzzles of the checkpoint's own dataset spec from a seed its data never used (in
+    the ``train`` split), for calibrations that must not see training data; None when the
+    checkpoint stores no dataset spec."""
+    from hrm_deploy.errors import CheckpointError
+    from hrm_deploy.model.checkpoint import read_checkpoint
+
+    try:
+        checkpoint = checkpoint_of(artifact)
+        spec = read_checkpoint(checkpoint).extra.get("dataset")
+    except (ArtifactError, CheckpointError, ConfigError):
+        return None
+    if not isinstance(spec, dict) or spec.get("generator") not in ("sudoku", "maze"):
+        return None
+    fresh = {**spec, "train": int(samples), "test": 1, "seed": int(spec.get("seed", 0)) + HELDOUT_SEED_OFFSET}
+    if spec["generator"] == "sudoku":
+        fresh["augment"] = 0
+    else:
+        fresh["augment"] = False
+    folder = _regenerate(fresh)
+    return DataChoice(folder, f"{samples} fresh puzzles of {Path(checkpoint).name}'s dataset spec "
+                              f"(seed {fresh['seed']}, never trained on) in {folder}")

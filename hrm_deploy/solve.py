@@ -257,8 +257,8 @@ def solve(source: str | Path, artifact: str | Path | None = None, halt: str | No
           model_name: str = "hrm", calib_data: str | Path | None = None, **runner_options: Any) -> list[Solution]:
     """Parse ``source``, run ``artifact`` (default: the bundled model) or the server at ``url``
     with the halting rule ``halt``, and check each answer. ``budget:P`` uses the threshold in
-    the artifact's manifest, else calibrates it first on ``calib_data`` (default: the
-    checkpoint's own dataset) and stores it there."""
+    the artifact's manifest, else calibrates it first on ``calib_data`` (default: fresh puzzles
+    of the checkpoint's dataset spec, never trained on) and stores it there."""
     from hrm_deploy.runners.halting import HaltMode, HaltRule, resolve_rule
 
     puzzles = parse_puzzles(source)
@@ -287,14 +287,10 @@ def solve(source: str | Path, artifact: str | Path | None = None, halt: str | No
         if rule.mode is HaltMode.BUDGET and rule.threshold is None:
             import sys
 
-            from hrm_deploy.provenance import default_data
             from hrm_deploy.runners.halting import prepare_rules
 
-            if calib_data is None:
-                choice = default_data(path, "--calib-data")
-                print(choice.message, file=sys.stderr, flush=True)
-                calib_data = choice.path
-            [rule] = prepare_rules([rule.text], str(path), str(calib_data), min_steps=min_steps, max_steps=max_steps,
+            [rule] = prepare_rules([rule.text], str(path), None, min_steps=min_steps, max_steps=max_steps,
+                                   calib_data=str(calib_data) if calib_data else None, flag="--calib-data",
                                    **runner_options)
             print(f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in the manifest of "
                   f"{path.name}", file=sys.stderr, flush=True)

@@ -91,3 +91,19 @@ def test_every_writing_command_takes_dash_o():
                     ["solve"]):
         text = runner.invoke(app, [*command, "--help"], terminal_width=200).output
         assert re.search(r"(?<!-)-o\b", text) and "--out" in text, command
+
+
+def test_budget_calibrates_on_fresh_puzzles_of_the_checkpoint_spec(tmp_path, monkeypatch):
+    from hrm_deploy.manifest import read_manifest
+    from hrm_deploy.provenance import default_data, heldout_data
+    from hrm_deploy.solve import solve
+
+    monkeypatch.setenv("HRM_DEPLOY_CACHE", str(tmp_path / "cache"))
+    ckpt = tmp_path / "ckpt.pt"
+    shutil.copy(TINY, ckpt)
+    fresh = heldout_data(ckpt, samples=64)
+    assert fresh is not None and "never trained on" in fresh.message
+    assert fresh.path != default_data(ckpt, "--data").path
+    solve("175604839462893157893751642930517264624938715751206983089175426246389571517462390", ckpt, "budget:1")
+    [entry] = read_manifest(ckpt)["halting"]["budgets"].values()
+    assert Path(entry["data"]).parent == fresh.path.parent and entry["examples"] == 512

@@ -25,7 +25,8 @@ def solve(
     json_lines: bool = typer.Option(False, "--json", help="JSON lines: answer, steps_used, q_halt, validity."),
     url: str | None = typer.Option(None, help="Ask a running hrm-deploy server instead of loading a model."),
     calib_data: Path | None = typer.Option(None, help="budget:P: data to calibrate on when the artifact has no "
-                                                         "stored threshold (default: the checkpoint's own dataset)."),
+                                                         "stored threshold (default: fresh puzzles of the checkpoint's "
+                                                         "dataset spec)."),
     provider: str = typer.Option("cpu", help="ONNX Runtime provider for .onnx: cpu, cuda or tensorrt."),
     out: Path | None = typer.Option(None, "-o", "--out", help="Also write the output to this file."),
 ) -> None:

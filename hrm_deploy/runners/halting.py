@@ -550,16 +550,29 @@ def plot_curve(report: dict[str, Any], path: Any, title: str = "") -> Any:
 
 
 def prepare_rules(texts: list[str], artifact: str, data: str | None, *, min_steps: int = 1,
-                  max_steps: int | None = None, **runner_options: Any) -> list[HaltRule]:
+                  max_steps: int | None = None, calib_data: str | None = None, flag: str = "--data",
+                  **runner_options: Any) -> list[HaltRule]:
     """Parse ``--halt`` texts; ``budget:P`` takes the threshold stored in the artifact's manifest,
-    else calibrates it now on the dataset's train split (held out from verify's test split)."""
+    else calibrates it now, on fresh puzzles of the checkpoint's dataset spec when it stores one
+    (never trained on), else on ``data``'s train split (held out from the test split verify and
+    bench report on). ``calib_data``, when given, is used instead of both."""
+    import sys
+    from pathlib import Path
+
+    from hrm_deploy.provenance import heldout_data
+
     rules = []
     for text in texts:
         rule = resolve_rule(HaltRule.parse(text, min_steps=min_steps, max_steps=max_steps), artifact)
         if rule.mode is HaltMode.BUDGET and rule.threshold is None:
-            if data is None:
-                raise ConfigError(f"--halt {rule.text} needs calibration data: pass --data")
-            entry = calibrate_budget(artifact, data, float(rule.budget or 0.0), min_steps=min_steps,
+            fresh = heldout_data(artifact) if calib_data is None else None
+            source = calib_data or (str(fresh.path) if fresh is not None else data)
+            if source is None:
+                raise ConfigError(f"--halt {rule.text} needs calibration data and {Path(artifact).name} records no "
+                                  f"dataset spec: pass {flag} DATASET_DIR")
+            print(f"calibrating --halt {rule.text} on " + (fresh.message if fresh else f"{source}'s train split"),
+                  file=sys.stderr, flush=True)
+            entry = calibrate_budget(artifact, source, float(rule.budget or 0.0), min_steps=min_steps,
                                      max_steps=max_steps, **runner_options)
             rule = rule.with_threshold(entry["threshold"])
         rules.append(rule)
