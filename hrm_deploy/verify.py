@@ -150,6 +150,10 @@ def markdown(report: dict[str, Any]) -> str:
             ref = report.get("per_step_exact_reference", [None] * (i + 1))[i]
             cand = report.get("per_step_exact_candidate", [None] * (i + 1))[i]
             lines.append(f"| {i + 1} | {d:.4%} | {ref:.2%} | {cand:.2%} |" if ref is not None else f"| {i + 1} | {d:.4%} | - | - |")
+    if "halting" in report:
+        from hrm_deploy.runners.halting import halting_markdown
+
+        lines += ["", "Early halting (candidate):", "", halting_markdown(report["halting"]).rstrip()]
     lines += [""] + [f"- failure: {f}" for f in report["failures"]]
     return "\n".join(lines) + "\n"
 
@@ -162,17 +166,46 @@ def _check_thresholds(thresholds: Thresholds) -> None:
                               "errors and drops >= 0)")
 
 
-def verify(artifact: str | Path, data: str | Path, against: str | Path | None = None, samples: int | None = 256,
+def _halting(path: Path, candidate, examples, ref_out, cand_out, data, texts, batch, min_steps, max_steps,
+             runner_options) -> dict[str, Any]:
+    from hrm_deploy.runners.halting import evaluate_halting, plot_curve, prepare_rules
+
+    rules = prepare_rules(list(texts), str(path), str(data), min_steps=min_steps, max_steps=max_steps, **runner_options)
+    candidate.activate()
+    try:
+        result = evaluate_halting(candidate, examples, rules, batch, full=cand_out, min_steps=min_steps,
+                                  max_steps=max_steps)
+    finally:
+        candidate.close()
+    write_json(path.with_name(path.name + ".halting.json"), result)
+    plot = plot_curve(result, path.with_name(path.name + ".halting.png"), f"{path.name}: early halting")
+    result["files"] = [str(path.with_name(path.name + ".halting.json"))] + ([str(plot)] if plot else [])
+    return result
+
+
+def verify(artifact: str | Path, data: str | Path | None, against: str | Path | None = None, samples: int | None = 256,
            thresholds: Thresholds | None = None, overrides: dict[str, float] | None = None, batch: int = 64,
+           halt: list[str] | None = None, min_steps: int = 1, max_steps: int | None = None,
            **runner_options: Any) -> dict[str, Any]:
     """Compare ``artifact`` with its checkpoint on K examples of ``data``'s test split; write
     the JSON/Markdown reports beside the artifact and into its manifest; return the report.
-    ``thresholds`` default to the candidate's precision's; ``overrides`` replace single fields."""
+    ``thresholds`` default to the candidate's precision's; ``overrides`` replace single fields.
+    ``halt``: early-halting rules (``q``, ``threshold:X``, ``budget:P``) to report on the candidate
+    (``<artifact>.halting.json`` / ``.halting.png``; ``budget:P`` is calibrated on the train split
+    and stored in the manifest when not already there)."""
     from hrm_deploy.calib.data import load_examples
     from hrm_deploy.runners import open_runner
     from hrm_deploy.runners.torch_ref import TorchRunner
 
     path = Path(artifact)
+    if data is None:  # the checkpoint's own dataset, announced
+        import sys
+
+        from hrm_deploy.provenance import default_data
+
+        choice = default_data(against or path, "--data")
+        print(choice.message, file=sys.stderr, flush=True)
+        data = choice.path
     if samples is not None and samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {samples}")
     if not 1 <= batch <= 1 << 16:
@@ -197,6 +230,9 @@ def verify(artifact: str | Path, data: str | Path, against: str | Path | None = 
                               **compare(ref_out, cand_out, examples.labels)}
     chosen = replace(thresholds or THRESHOLDS.get(candidate.precision, THRESHOLDS["fp32"]), **(overrides or {}))
     report["thresholds"] = asdict(chosen)
+    if halt:
+        report["halting"] = _halting(path, candidate, examples, ref_out, cand_out, data, halt, batch, min_steps,
+                                     max_steps, runner_options)
     report["failures"] = judge(report, chosen)
     report["passed"] = not report["failures"]
     if before is not None:

@@ -52,9 +52,16 @@ def test_data_and_train_commands(tmp_path):
     assert r.exit_code == 2 and "dataset.json" in r.output
 
 
-def test_build_engine_refuses_int8_without_calibration_data(tiny_onnx):
-    result = runner.invoke(app, ["build-engine", str(tiny_onnx.unrolled), "--int8", "-q"])
-    assert result.exit_code == 2 and "calib-data" in result.output and "Traceback" not in result.output
+def test_build_engine_refuses_int8_without_calibration_data(tiny_model, tmp_path):
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.model.checkpoint import save_checkpoint
+
+    # a checkpoint with no provenance (no dataset spec, no data path): the flag must be named
+    ckpt = save_checkpoint(tmp_path / "bare.pt", tiny_model)
+    onnx = export_onnx(ckpt, tmp_path / "bare.onnx", ExportConfig(parity=False), quiet=True).path
+    result = runner.invoke(app, ["build-engine", str(onnx), "--int8", "-q"])
+    assert result.exit_code == 2 and "--calib-data" in result.output and "Traceback" not in result.output
+    assert "records no dataset" in result.output
 
 
 def test_build_engine_rejects_two_precisions(tiny_onnx):

@@ -81,18 +81,20 @@ def bench_remote(host: str, artifacts: list[str], config: Any, remote_python: st
                  ssh_options: Sequence[str] = ()) -> dict[str, Any]:
     """Run :func:`hrm_deploy.bench.run.bench` on ``host`` and return its report (also written
     to ``config.out_dir``)."""
+    from hrm_deploy.bench.run import _default_artifacts, resolve_data
     from hrm_deploy.calib.data import load_examples
     from hrm_deploy.verify import find_reference
 
     _check_host(host)
-    if not artifacts:
-        raise ConfigError("--host needs the artifacts to copy: pass the engine paths")
+    paths = [Path(a) for a in artifacts] or _default_artifacts()
+    if not paths:
+        raise ConfigError("--host needs the artifacts to copy: pass the engine paths (none in engines/)")
     ssh = _Ssh(host, ssh_options)
-    paths = [Path(a) for a in artifacts]
     for p in paths:
         if not p.is_file():
             raise ConfigError(f"{p} does not exist")
         check_artifact(p)  # only what its manifest describes is uploaded
+    config = resolve_data(config, paths)
     examples = load_examples(config.data, config.accuracy_samples, split="test")
     made = ssh.run(["mktemp", "-d", "/tmp/hrm-deploy-bench.XXXXXX"])
     if made.returncode != 0:

@@ -30,7 +30,7 @@ BYTES_PER_TOKEN_UNIT = 4 * 32
 
 @dataclass(frozen=True)
 class BenchConfig:
-    data: str
+    data: str | None = None  # default: the reference checkpoint's own dataset (hrm_deploy.provenance)
     batches: tuple[int, ...] = (1, 8)
     iters: int = 20
     warmup: int = 3
@@ -40,6 +40,9 @@ class BenchConfig:
     provider: str = "cpu"  # ONNX Runtime provider for .onnx artifacts
     accuracy_samples: int = 256
     out_dir: str = "bench"
+    halt: tuple[str, ...] = ()  # early-halting rules to measure where an artifact exposes steps
+    min_steps: int = 1
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.target not in ("desktop", "jetson"):
@@ -159,6 +162,21 @@ def _hidden_size(paths: list[Path], reference: str | None) -> int:
     return 512
 
 
+def resolve_data(config: BenchConfig, paths: list[Path]) -> BenchConfig:
+    """``config`` with its data set: as given, else the reference checkpoint's own dataset
+    (announced on stderr in one line)."""
+    if config.data:
+        return config
+    import sys
+    from dataclasses import replace
+
+    from hrm_deploy.provenance import default_data
+
+    choice = default_data(config.reference or (paths[0] if paths else None), "--data")
+    print(choice.message, file=sys.stderr, flush=True)
+    return replace(config, data=str(choice.path))
+
+
 def _default_artifacts() -> list[Path]:
     """Every engine in engines/ (TensorRT and PyTorch engines, by the runner table's suffixes)."""
     from hrm_deploy.runners import runner_name
@@ -180,13 +198,16 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
     on_jetson = jetson_model() is not None
     if config.target == "jetson" and not on_jetson:
         raise ConfigError("--target jetson: this machine is not a Jetson (no /etc/nv_tegra_release or Jetson "
-                          "device-tree model); run it on the Jetson or pass --host USER@JETSON")
+                          "device-tree model); run `hrm-deploy bench --target jetson` on the Jetson, or from here "
+                          "`hrm-deploy bench --target jetson --host USER@JETSON`")
     paths = [Path(a) for a in artifacts] or _default_artifacts()
     if not paths and not config.include_reference:
         raise ConfigError("nothing to bench: pass artifacts or build engines first (hrm-deploy build-engine)")
     out = Path(config.out_dir)
     for name in ("report.json", "report.md", "latency.png"):
         check_output_path(out / name)  # before the work: never write through a link out of the workspace
+    config = resolve_data(config, paths)
+    assert config.data is not None
     examples = load_examples(config.data, config.accuracy_samples, split="test")
     check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
     measured = {path: (check_artifact(path) or {}).get("sha256") for path in paths if path.is_file()}
@@ -205,6 +226,8 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
                 row["power"] = summarize(tegra.samples)
             else:
                 row.update(_measure(runner, examples, config))
+            if config.halt:
+                row["halting"] = _halting(path, runner, examples, config)
             row["status"] = "ok"
             steps = steps or runner.steps
         except HRMDeployError as exc:  # e.g. an engine on a machine without a GPU: recorded, not fatal
@@ -220,6 +243,8 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
         row = {"artifact": str(reference), "runner": "torch_ref", "reference": True,
                "size_mb": reference.stat().st_size / 1e6}
         row.update(_measure(TorchRunner(reference, steps=steps), examples, config))
+        if config.halt:
+            row["halting"] = _halting(reference, TorchRunner(reference, steps=steps), examples, config)
         row["status"] = "ok"
         rows.append(row)
         _add_ratios(rows, row)
@@ -235,7 +260,36 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
     plot = _plot(report, out / "latency.png")
     if plot:
         report["plot"] = str(plot)
+    if config.halt:
+        _halting_files(report, out)
     return report
+
+
+def _halting(path: Path, runner, examples, config: BenchConfig) -> dict[str, Any]:
+    """Per rule: exact accuracy, mean/p90 steps and puzzles/s at the largest batch, plus the curve."""
+    from hrm_deploy.runners.halting import evaluate_halting, prepare_rules
+
+    rules = prepare_rules(list(config.halt), str(path), config.data, min_steps=config.min_steps,
+                          max_steps=config.max_steps, **({"provider": config.provider} if path.suffix == ".onnx" else {}))
+    runner.activate()
+    try:
+        return evaluate_halting(runner, examples, rules, max(config.batches), min_steps=config.min_steps,
+                                max_steps=config.max_steps)
+    finally:
+        runner.close()
+
+
+def _halting_files(report: dict[str, Any], out: Path) -> None:
+    from hrm_deploy.runners.halting import halting_markdown, plot_curve
+
+    rows = {Path(r["artifact"]).name: r["halting"] for r in report["rows"] if "halting" in r}
+    write_json(out / "halting.json", rows)
+    with (out / "report.md").open("a") as md:
+        for name, result in rows.items():
+            md.write(f"\nEarly halting, {name}:\n\n" + halting_markdown(result))
+    first = next((r for r in rows.values() if r.get("curve")), None)
+    if first is not None and plot_curve(first, out / "halting.png"):
+        report["halting_plot"] = str(out / "halting.png")
 
 
 def _add_ratios(rows: list[dict[str, Any]], reference: dict[str, Any]) -> None:

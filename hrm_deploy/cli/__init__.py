@@ -30,7 +30,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version_cal
 
 def _register() -> None:
     # Command modules import only typer and light helpers at module level.
-    from hrm_deploy.cli import bench, data, doctor, engine, export, inspect, train, verify  # noqa: F401
+    from hrm_deploy.cli import bench, data, doctor, engine, export, inspect, solve, train, verify  # noqa: F401
     from hrm_deploy.cli import serve  # noqa: F401
 
 

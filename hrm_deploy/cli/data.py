@@ -27,7 +27,7 @@ def _generate(label: str, total: int, run: Callable, output: Path) -> None:
 @data_app.command("sudoku")
 @user_errors
 def sudoku(
-    output: Path = typer.Option(Path("data/sudoku-gen"), "-o", "--output", help="Dataset folder to create."),
+    output: Path = typer.Option(Path("data/sudoku-gen"), "-o", "--out", "--output", help="Dataset folder to create."),
     train: int = typer.Option(1000, help="Original train puzzles (each one group)."),
     test: int = typer.Option(200, help="Test puzzles (never augmented)."),
     min_blanks: int = typer.Option(10, help="Fewest empty cells per puzzle."),
@@ -49,7 +49,7 @@ def sudoku(
 @data_app.command("maze")
 @user_errors
 def maze(
-    output: Path = typer.Option(Path("data/maze-gen"), "-o", "--output", help="Dataset folder to create."),
+    output: Path = typer.Option(Path("data/maze-gen"), "-o", "--out", "--output", help="Dataset folder to create."),
     train: int = typer.Option(1000, help="Train mazes (each one group)."),
     test: int = typer.Option(200, help="Test mazes (never augmented)."),
     size: int = typer.Option(30, help="Grid side N (seq_len N*N)."),

@@ -18,9 +18,11 @@ def build_engine(
                                           "with --backend torch also a checkpoint."),
     fp16: bool = typer.Option(False, "--fp16", help="FP16 with float32 islands (default precision)."),
     bf16: bool = typer.Option(False, "--bf16", help="BF16 with float32 islands."),
-    int8: bool = typer.Option(False, "--int8", help="INT8 Q/DQ (calibrates an FP32 graph first; needs --calib-data)."),
+    int8: bool = typer.Option(False, "--int8", help="INT8 Q/DQ (calibrates an FP32 graph first; data default: the "
+                                                    "checkpoint's own dataset)."),
     fp32: bool = typer.Option(False, "--fp32", help="Plain FP32 engine."),
-    calib_data: Optional[Path] = typer.Option(None, help="Dataset folder (upstream format) or .npz of inputs."),
+    calib_data: Optional[Path] = typer.Option(None, help="Dataset folder (upstream format) or .npz of inputs "
+                                                         "(default: the checkpoint's own dataset, from its provenance)."),
     calib_method: str = typer.Option("entropy", help="entropy, minmax or percentile."),
     calib_samples: int = typer.Option(512, help="Calibration examples K (chosen deterministically)."),
     accuracy_budget: Optional[float] = typer.Option(
@@ -37,7 +39,7 @@ def build_engine(
     timing_cache: str = typer.Option(
         "engines/timing.cache", help="TensorRT timing cache base path; the file name gets the GPU and TensorRT "
         "version (engines/timing.<gpu>-sm<cc>.tensorrt-<version>.cache). 'none' builds without one."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Engine path (default engines/<name>.<target>.<backend>.engine)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--out", "--output", help="Engine path (default engines/<name>.<target>.<backend>.engine)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
 ) -> None:
     """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""

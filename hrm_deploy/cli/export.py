@@ -15,7 +15,7 @@ from hrm_deploy.cli.common import bundled_checkpoint, user_errors
 @user_errors
 def export(
     checkpoint: Optional[Path] = typer.Argument(None, help="step_N file, run folder, or our .pt; default: the bundled sudoku-tiny model."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output .onnx (default export/<name>.onnx)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--out", "--output", help="Output .onnx (default export/<name>.onnx)."),
     mode: str = typer.Option("unrolled", help="unrolled: all ACT steps in one graph; step: one segment, carry in/out."),
     steps: Optional[int] = typer.Option(None, help="ACT steps to unroll (default: halt_max_steps)."),
     max_batch: int = typer.Option(64, help="Largest batch the graph is meant for (engine profiles use it)."),

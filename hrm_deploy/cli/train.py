@@ -16,7 +16,7 @@ from hrm_deploy.cli.common import user_errors
 def train(
     data: Path = typer.Option(..., "--data", help="Dataset folder in upstream's format (train/ and test/)."),
     preset: str = typer.Option("sudoku-tiny", help="sudoku-tiny (CPU), sudoku or maze (upstream's GPU settings)."),
-    out: Path = typer.Option(Path("runs/hrm"), "--out", help="Run folder: last.pt, step_N.pt, metrics.jsonl."),
+    out: Path = typer.Option(Path("runs/hrm"), "-o", "--out", help="Run folder: last.pt, step_N.pt, metrics.jsonl."),
     steps: Optional[int] = typer.Option(
         None, help="Optimizer steps. One step = one ACT segment on one global batch; an example stays "
                    "up to halt_max_steps steps, so steps x batch / halt_max_steps ~ examples seen."),

@@ -138,6 +138,14 @@ def _precision_source(onnx_path: Path, config: EngineConfig, stages: Stages, qui
     if not quiet:
         what = "calibrating and quantizing" if config.precision == "int8" else "converting"
         print(f"{onnx_path.name} is FP32: {what} it to {config.precision} first", file=sys.stderr, flush=True)
+    if config.precision == "int8" and not config.calib_data:
+        from dataclasses import replace
+
+        from hrm_deploy.provenance import default_data
+
+        choice = default_data(onnx_path, "--calib-data")
+        print(choice.message, file=sys.stderr, flush=True)
+        config = replace(config, calib_data=str(choice.path))
     quant = QuantConfig(method=config.calib_method, samples=config.calib_samples)
     result = make_precision_graph(onnx_path, PrecisionConfig(config.precision, calib_data=config.calib_data,
                                                              quant=quant, accuracy_budget=config.accuracy_budget),

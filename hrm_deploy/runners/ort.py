@@ -18,6 +18,7 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "te
 
 class OrtRunner(Runner):
     name = "ort"
+    supports_halt = True  # step graphs; an unrolled graph refuses a halt rule with one clear error
 
     def __init__(self, path: str | Path, provider: str = "cpu", threads: int | None = None, steps: int | None = None):
         if provider not in PROVIDERS:
@@ -52,13 +53,32 @@ class OrtRunner(Runner):
                                   "matching CUDA/TensorRT, or use --provider cpu")
 
     def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
+        """Outputs for one batch; ``halt`` (e.g. ``HaltRule.should_halt``) stops rows early on
+        a step graph (see runners.halting); ``steps_used`` int32 [B] says where each stopped."""
+        batch = len(feeds["inputs"])
         if self.mode != "step":
-            names = ["logits", "q_halt_logits"] + (["step_predictions"] if self._per_step else [])
-            return dict(zip(names, self._session.run(names, feeds)))
-        from hrm_deploy.export.parity import run_stepwise
+            if halt is not None:
+                from hrm_deploy.errors import ConfigError
 
-        out = run_stepwise(self._session, feeds, None, self.steps)
-        return {k: out[k] for k in ("logits", "q_halt_logits", "step_predictions")}
+                raise ConfigError(f"{self.path.name} is an unrolled graph: it always runs all {self.steps} ACT steps; "
+                                  "for --halt export the step graph (hrm-deploy export --mode step)")
+            names = ["logits", "q_halt_logits", "q_continue_logits"] + (["step_predictions"] if self._per_step else [])
+            out = dict(zip(names, self._session.run(names, feeds)))
+            return {**out, "steps_used": np.full(batch, self.steps, np.int32)}
+        from hrm_deploy.runners.halting import OrtStep, drive
+
+        return drive(OrtStep(self._session, self.steps), feeds["inputs"], feeds["puzzle_identifiers"], halt)
+
+    def step_function(self):
+        """The step graph as a :class:`hrm_deploy.runners.halting.StepFunction` (continuous batching)."""
+        from hrm_deploy.runners.halting import OrtStep
+
+        if self.mode != "step":
+            from hrm_deploy.errors import ConfigError
+
+            raise ConfigError(f"{self.path.name} is an unrolled graph; continuous batching needs the step graph "
+                              "(hrm-deploy export --mode step)")
+        return OrtStep(self._session, self.steps)
 
     def _close(self) -> None:
         self._session = None

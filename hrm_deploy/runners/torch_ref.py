@@ -17,6 +17,7 @@ from hrm_deploy.runners.base import HaltFn, Runner
 
 class TorchRunner(Runner):
     name = "torch_ref"
+    supports_halt = True
 
     def __init__(self, checkpoint: str | Path, steps: int | None = None, device: str = "cpu",
                  dtype: str = "float32", compile: bool = False, **checkpoint_overrides: Any):
@@ -43,16 +44,32 @@ class TorchRunner(Runner):
         module = unroll(model, self.steps, step_predictions=True).to(self.device)
         if self.compile:
             module = torch.compile(module, mode="reduce-overhead" if self.device.type == "cuda" else "default")
-        self._module, self._torch = module, torch
+        self._module, self._torch, self._model = module, torch, model
 
     def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
+        """Outputs for one batch; with ``halt`` (e.g. ``HaltRule.should_halt``) rows stop early
+        through the one-segment module (runners.halting); ``steps_used`` int32 [B]."""
+        if halt is not None:
+            from hrm_deploy.runners.halting import drive
+
+            return drive(self.step_function(), np.asarray(feeds["inputs"]), np.asarray(feeds["puzzle_identifiers"]), halt)
         torch = self._torch
         with torch.inference_mode():
             inputs = torch.from_numpy(np.ascontiguousarray(feeds["inputs"])).to(self.device)
             pids = torch.from_numpy(np.ascontiguousarray(feeds["puzzle_identifiers"])).to(self.device)
-            logits, q_halt, _, predictions = self._module(inputs, pids)
+            logits, q_halt, q_continue, predictions = self._module(inputs, pids)
             return {"logits": logits.float().cpu().numpy(), "q_halt_logits": q_halt.float().cpu().numpy(),
-                    "step_predictions": predictions.cpu().numpy()}
+                    "q_continue_logits": q_continue.float().cpu().numpy(),
+                    "step_predictions": predictions.cpu().numpy(),
+                    "steps_used": np.full(len(feeds["inputs"]), self.steps, np.int32)}
+
+    def step_function(self):
+        """One ACT segment as a :class:`hrm_deploy.runners.halting.StepFunction` (eager, no compile)."""
+        from hrm_deploy.runners.halting import TorchStep
+
+        if getattr(self, "_step_fn", None) is None:
+            self._step_fn = TorchStep(self._model, self.device, self.steps)
+        return self._step_fn
 
     def _close(self) -> None:
-        self._module = None
+        self._module = self._step_fn = None

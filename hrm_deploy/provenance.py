@@ -1,0 +1,152 @@
+"""Default data from a checkpoint's own provenance, so the user's commands run as written
+(``hrm-deploy build-engine --int8``, ``hrm-deploy bench``, ``hrm-deploy verify ARTIFACT``).
+
+In order: a dataset spec stored in the checkpoint (bundled presets and checkpoints written by
+``scripts/refresh_bundled_checkpoint.py``) is regenerated deterministically into a cache
+folder (``$HRM_DEPLOY_CACHE`` or ``~/.cache/hrm-deploy``); else the data path a checkpoint
+records (our trainer's ``train_config.data_path``, upstream's ``all_config.yaml`` ``data_path``,
+resolved as the loader does). With none of these: one error naming the flag to pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hrm_deploy.errors import ArtifactError, ConfigError
+
+ENGINE_SUFFIXES = (".engine", ".plan")
+
+
+@dataclass(frozen=True)
+class DataChoice:
+    """The dataset folder chosen and a one-line announcement of why."""
+
+    path: Path
+    message: str
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HRM_DEPLOY_CACHE") or Path.home() / ".cache" / "hrm-deploy")
+
+
+def checkpoint_of(artifact: str | Path) -> Path:
+    """The checkpoint behind an artifact: itself, or its manifests' parent chain."""
+    path = Path(artifact)
+    if path.suffix in (".onnx", *ENGINE_SUFFIXES):
+        from hrm_deploy.verify import find_reference
+
+        return find_reference(path)
+    return path
+
+
+def _regenerate(spec: dict[str, Any]) -> Path:
+    """The stored dataset spec's dataset, generated once into the cache (same spec, same data)."""
+    generator = spec.get("generator")
+    fields = {k: v for k, v in spec.items() if k not in ("generator", "workers")}
+    key = hashlib.sha256(json.dumps({"generator": generator, **fields}, sort_keys=True, default=list).encode())
+    folder = cache_dir() / "datasets" / f"{generator}-{key.hexdigest()[:12]}"
+    if (folder / "train" / "dataset.json").is_file() and (folder / "test" / "dataset.json").is_file():
+        return folder
+    import shutil
+    import tempfile
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        if generator == "sudoku":
+            from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+
+            tuples = {k: tuple(v) for k, v in fields.items() if isinstance(v, list)}
+            generate_sudoku(SudokuSpec(**{**fields, **tuples}), str(work / "data"))
+        elif generator == "maze":
+            from hrm_deploy.data.maze import MazeSpec, generate_maze
+
+            generate_maze(MazeSpec(**fields), str(work / "data"))
+        else:
+            raise ConfigError(f"the checkpoint's dataset spec names generator {generator!r}, which this version "
+                              "cannot regenerate")
+        if not folder.exists():
+            os.replace(work / "data", folder)  # atomic: a half-written cache folder is never seen
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def _describe(spec: dict[str, Any]) -> str:
+    parts = [f"{spec.get('train')} train / {spec.get('test')} test"]
+    if "blanks" in spec:
+        lo, hi = spec["blanks"]
+        parts.append(f"{lo}-{hi} blanks")
+    if "size" in spec:
+        parts.append(f"{spec['size']}x{spec['size']}")
+    parts.append(f"seed {spec.get('seed')}")
+    return f"{spec.get('generator')}, " + ", ".join(parts)
+
+
+def provenance_data(checkpoint: str | Path, flag: str) -> DataChoice:
+    """The dataset a checkpoint was trained on (see the module doc); ``flag`` names the option
+    the user would otherwise pass, for the announcement and the error."""
+    from hrm_deploy.model.checkpoint import _find_dataset_json, read_checkpoint
+
+    contents = read_checkpoint(checkpoint)
+    name = Path(checkpoint).name
+    spec = contents.extra.get("dataset")
+    if isinstance(spec, dict) and spec.get("generator"):
+        folder = _regenerate(spec)
+        return DataChoice(folder, f"no {flag} given: using {name}'s own dataset, regenerated from its provenance "
+                                  f"({_describe(spec)}) in {folder}")
+    data_path = contents.train_config.get("data_path")
+    if data_path:
+        meta = _find_dataset_json(str(data_path), contents.path.parent)
+        if meta is not None:
+            folder = meta.parent.parent
+            return DataChoice(folder, f"no {flag} given: using the dataset {name} was trained on ({folder})")
+        raise ConfigError(f"{name} was trained on {data_path}, which is not here (no train/ or test/dataset.json "
+                          f"found as given or beside the checkpoint); pass {flag} DATASET_DIR")
+    raise ConfigError(f"{name} records no dataset it was trained on; pass {flag} DATASET_DIR")
+
+
+def default_data(artifact: str | Path | None, flag: str) -> DataChoice:
+    """Default data for a command on ``artifact`` (checkpoint, ONNX or engine; None: the bundled model)."""
+    if artifact is None:
+        from hrm_deploy.cli.common import bundled_checkpoint
+
+        artifact = bundled_checkpoint()
+    try:
+        checkpoint = checkpoint_of(artifact)
+    except ArtifactError:
+        raise ConfigError(f"no {flag} given and the checkpoint {Path(artifact).name} came from is unknown (no "
+                          f"manifest names it, or it changed); pass {flag} DATASET_DIR") from None
+    return provenance_data(checkpoint, flag)
+
+
+HELDOUT_SEED_OFFSET = 1_000_003  # a seed stream the checkpoint's own dataset never used
+
+
+def heldout_data(artifact: str | Path, samples: int = 512) -> DataChoice | None:
+    """Fresh puzzles of the checkpoint's own dataset spec from a seed its data never used (in
+    the ``train`` split), for calibrations that must not see training data; None when the
+    checkpoint stores no dataset spec."""
+    from hrm_deploy.errors import CheckpointError
+    from hrm_deploy.model.checkpoint import read_checkpoint
+
+    try:
+        checkpoint = checkpoint_of(artifact)
+        spec = read_checkpoint(checkpoint).extra.get("dataset")
+    except (ArtifactError, CheckpointError, ConfigError):
+        return None
+    if not isinstance(spec, dict) or spec.get("generator") not in ("sudoku", "maze"):
+        return None
+    fresh = {**spec, "train": int(samples), "test": 1, "seed": int(spec.get("seed", 0)) + HELDOUT_SEED_OFFSET}
+    if spec["generator"] == "sudoku":
+        fresh["augment"] = 0
+    else:
+        fresh["augment"] = False
+    folder = _regenerate(fresh)
+    return DataChoice(folder, f"{samples} fresh puzzles of {Path(checkpoint).name}'s dataset spec "
+                              f"(seed {fresh['seed']}, never trained on) in {folder}")
