@@ -29,7 +29,8 @@ def infer_remote(url: str, feeds: dict[str, np.ndarray], *, model_name: str = "h
     """Run one batch on a Triton server; same keys as ``Runner.infer`` plus the server's extras.
 
     ``feeds``: ``inputs`` int32 [B, S], ``puzzle_identifiers`` int32 [B]. Returns float32
-    ``logits`` [B, S, V], ``q_halt_logits`` [B, steps], int32 ``answer`` [B, S] and ``steps`` [B].
+    ``logits`` [B, S, V], ``q_halt_logits`` [B, steps], int32 ``answer`` [B, S] and ``steps`` [B]
+    (also as ``steps_used``, Runner.infer's key).
     Any failure (connection refused, timeout, server-side error) raises :class:`RemoteError`
     with the server's message; nothing waits longer than ``timeout_s``.
     """
@@ -64,4 +65,5 @@ def infer_remote(url: str, feeds: dict[str, np.ndarray], *, model_name: str = "h
         out["answer"] = out["logits"].argmax(-1).astype(np.int32)
     out["steps"] = (out["steps"].reshape(-1) if "steps" in out
                     else np.full(len(tokens), out["q_halt_logits"].shape[1], np.int32))
+    out["steps_used"] = out["steps"]  # Runner.infer's name for it
     return out

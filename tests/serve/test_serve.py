@@ -326,3 +326,18 @@ def test_act_driver_halting_in_bundled_tritonserver(tiny_model, tmp_path):
         assert np.array_equal(thr["steps"], want_steps)
         rows = np.arange(12)
         assert np.array_equal(thr["answer"], ref["step_predictions"][rows, want_steps - 1])
+
+
+def test_solve_url_answers_like_the_in_process_runner(server, reference, tmp_path):
+    """`hrm-deploy solve --url` end to end: the library call the command makes, against the real server."""
+    from hrm_deploy.solve import solve
+
+    tokens, _, ref = reference
+    digits = ["".join("." if t == 1 else str(t - 1) for t in row) for row in tokens[:4]]
+    source = tmp_path / "puzzles.txt"
+    source.write_text("\n".join(digits) + "\n")
+    solutions = solve(source, url=server.url)
+    assert len(solutions) == 4
+    for i, solution in enumerate(solutions):
+        np.testing.assert_array_equal(solution.answer, ref["logits"][i].argmax(-1))
+        assert solution.steps_used == ref["steps_used"][i]
