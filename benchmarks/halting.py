@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--preset", default=None, help="dataset spec of this preset when the checkpoint has none")
     parser.add_argument("--spec", default=None, help="JSON SudokuSpec fields when the checkpoint has no spec")
+    parser.add_argument("--note", default=None, help="free text recorded in the result (e.g. where the file came from)")
     parser.add_argument("--out", default=None, help="result JSON (default benchmarks/results/halting_<model>.json)")
     args = parser.parse_args()
 
@@ -124,6 +125,7 @@ def main() -> None:
         full_acc = float(exact_at(preds, all_steps, labels).mean())
         result: dict = {
             "checkpoint": str(checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint),
+            "note": args.note,
             "steps": steps, "eval_puzzles": len(evaluation), "calib_puzzles": len(calibration),
             "data": "fresh held-out puzzles of the checkpoint's dataset spec (seed + 7919): calibration = train "
                     "split, evaluation = test split",
