@@ -24,7 +24,8 @@ def build_engine(
     calib_samples: int = typer.Option(512, help="Calibration examples K (chosen deterministically)."),
     accuracy_budget: Optional[float] = typer.Option(
         None, help="INT8: exact-accuracy points INT8 may lose on the holdout; harmful layers stay float until it holds."),
-    target: str = typer.Option("desktop", help="desktop (RTX 50, sm_120), jetson-orin-8gb or datacenter."),
+    target: str = typer.Option("desktop", help="desktop (RTX 50, sm_120), jetson-orin-8gb, datacenter or cpu "
+                               "(ONNX Runtime CPU: ORT-optimized graph, INT8 = dynamic integer GEMMs)."),
     backend: Optional[str] = typer.Option(None, help="tensorrt or tensorrt-rtx (default: the target's first)."),
     min_batch: Optional[int] = typer.Option(None, help="Optimization profile: smallest batch."),
     opt_batch: Optional[int] = typer.Option(None, help="Optimization profile: batch tuned for."),
@@ -32,7 +33,9 @@ def build_engine(
     workspace: Optional[int] = typer.Option(None, help="Builder workspace limit in MiB."),
     opt_level: Optional[int] = typer.Option(None, help="Builder optimization level 0-5 (lower builds faster)."),
     compute_capability: Optional[str] = typer.Option(None, help="TensorRT-RTX AOT target, e.g. SM120, SM89, SM86."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Engine path (default engines/<name>.<target>.<backend>.engine)."),
+    threads: Optional[int] = typer.Option(None, help="cpu target: ONNX Runtime intra-op threads (default: one per core)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Engine path (default engines/<name>.<target>.<backend>.engine; "
+                                          "cpu: engines/<name>.<precision>.cpu.ort.onnx)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
 ) -> None:
     """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""
@@ -42,11 +45,12 @@ def build_engine(
     chosen = [name for name, flag in (("fp16", fp16), ("bf16", bf16), ("int8", int8), ("fp32", fp32)) if flag]
     if len(chosen) > 1:
         raise ConfigError(f"choose one precision, not {' and '.join('--' + c for c in chosen)}")
-    config = EngineConfig(precision=chosen[0] if chosen else "fp16", target=target, backend=backend,
+    default = "fp32" if target == "cpu" else "fp16"
+    config = EngineConfig(precision=chosen[0] if chosen else default, target=target, backend=backend,
                           min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch, workspace_mib=workspace,
                           optimization_level=opt_level, compute_capability=compute_capability,
                           calib_data=str(calib_data) if calib_data else None, calib_method=calib_method,
-                          calib_samples=calib_samples, accuracy_budget=accuracy_budget)
+                          calib_samples=calib_samples, accuracy_budget=accuracy_budget, threads=threads)
     result = build(onnx, config, output, quiet=quiet)
     seconds = result.build.get("build_seconds", 0.0)
     typer.echo(f"wrote {result.path} ({result.build.get('engine_bytes', 0) / 2**20:.1f} MiB, built in {seconds:.1f} s) "

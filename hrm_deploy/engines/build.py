@@ -49,6 +49,7 @@ class EngineConfig:
     calib_samples: int = 512
     accuracy_budget: float | None = None
     timing_cache: str | None = "engines/timing.cache"
+    threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
 
     def __post_init__(self) -> None:
         if self.precision not in ENGINE_PRECISIONS:
@@ -145,8 +146,15 @@ def _check_precision_took(precision: str, build: dict[str, Any]) -> None:
 
 def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out: str | os.PathLike | None = None,
                  quiet: bool = False) -> EngineResult:
-    """Build an engine for ``config.target`` from ``onnx_path`` (default: newest export)."""
+    """Build an engine for ``config.target`` from ``onnx_path`` (default: newest export).
+    The ``cpu`` target makes an ORT-optimized ONNX instead (:mod:`hrm_deploy.engines.cpu`)."""
     target = get_target(config.target)
+    if target.name == "cpu":
+        from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
+
+        cpu = build_cpu(onnx_path if onnx_path else newest_export(), CpuBuildConfig(config.precision, config.threads),
+                        out, quiet)
+        return EngineResult(cpu.path, cpu.manifest, cpu.source_onnx, cpu.build)
     backend_name = config.backend or target.backends[0]
     if backend_name not in target.backends:
         raise ConfigError(f"target {target.name} builds with {' or '.join(target.backends)}, not {backend_name}")
