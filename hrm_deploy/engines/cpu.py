@@ -26,9 +26,9 @@ import io
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 from hrm_deploy.errors import ArtifactError, ConfigError, require
