@@ -19,7 +19,6 @@ import fnmatch
 import io
 import logging
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -160,18 +159,11 @@ def calibration_key(onnx_sha: str, method: str, data_sha: str, samples: int, mod
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
 
 
-@contextlib.contextmanager
-def _progress(total: int, label: str, quiet: bool) -> Iterator[Callable[[], None] | None]:
-    """A progress bar over calibration feeds on a terminal; nothing otherwise."""
-    if quiet or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import Progress
+def _progress(total: int, label: str, quiet: bool):
+    """Calibration progress with ETA: a bar on a terminal, a line every few seconds in logs."""
+    from hrm_deploy.progress import progress
 
-    with Progress(console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda: bar.advance(task)
+    return progress(total, label, quiet, unit="batches")
 
 
 @contextlib.contextmanager
