@@ -72,8 +72,11 @@ def progress(total: int, label: str, quiet: bool = False, every: float = 5.0,
     """``with progress(n, "calibrating") as advance: ... advance(1)``: a bar with ETA on a
     terminal, one plain line every ``every`` seconds otherwise (CI logs, nohup), nothing when quiet.
     ``advance`` takes the number of units just finished."""
+    def nothing(n: int = 1) -> None:
+        return None
+
     if quiet:
-        yield lambda n=1: None
+        yield nothing
         return
     if sys.stderr.isatty():
         from rich.console import Console
@@ -89,7 +92,11 @@ def progress(total: int, label: str, quiet: bool = False, every: float = 5.0,
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task(label, total=total)
-            yield lambda n=1: bar.advance(task, n)
+
+            def advance(n: int = 1) -> None:
+                bar.advance(task, n)
+
+            yield advance
         return
     line = _LineProgress(total, label, every, unit)
     yield line.advance

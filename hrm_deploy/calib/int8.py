@@ -212,13 +212,15 @@ def _calibrate(fp32_path: str, tensors: list[str], examples: Examples, config: Q
             for name, value in values.items():
                 peaks[name] = max(peaks[name], float(np.abs(value).max()))
         else:
-            collector.collect({name: [value] for name, value in values.items()})
+            with contextlib.redirect_stdout(io.StringIO()):  # ORT's collector prints per batch
+                collector.collect({name: [value] for name, value in values.items()})
     if collector is None:
         ranges = {name: (np.array(-p, np.float32), np.array(p, np.float32)) for name, p in peaks.items()}
         data = TensorsData(CalibrationMethod.MinMax, ranges)
     else:
         method = CalibrationMethod.Entropy if config.method == "entropy" else CalibrationMethod.Percentile
-        data = TensorsData(method, collector.compute_collection_result())
+        with contextlib.redirect_stdout(io.StringIO()):
+            data = TensorsData(method, collector.compute_collection_result())
     save_tensors_data(data, cache_file)
 
 

@@ -223,7 +223,8 @@ def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
     traced. Graph input/output names, node names and weight initializer names are kept.
     Returns (model, {"nodes_before", "nodes_after", "folder"}).
     """
-    info = {"nodes_before": len(model.graph.node), "nodes_after": len(model.graph.node), "folder": None}
+    info: dict[str, int | str | None] = {"nodes_before": len(model.graph.node),
+                                         "nodes_after": len(model.graph.node), "folder": None}
     try:
         import onnxslim
     except ImportError:
