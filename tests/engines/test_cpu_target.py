@@ -78,3 +78,16 @@ def test_cpu_target_refuses_bf16_and_non_fp32_sources(cpu_graphs):
         CpuBuildConfig("bf16")
     with pytest.raises(ConfigError, match="starts from the FP32 export"):
         build_cpu(cpu_graphs["int8"].path, CpuBuildConfig("int8"), quiet=True)
+
+
+def test_cli_build_engine_target_cpu(tiny_onnx, tmp_path):
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+
+    out = tmp_path / "m.int8.cpu.ort.onnx"
+    result = CliRunner().invoke(app, ["build-engine", str(tiny_onnx.unrolled), "--target", "cpu", "--int8",
+                                      "--threads", "2", "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert out.is_file() and "wrote" in result.output
+    assert json.loads(out.with_name(out.name + ".manifest.json").read_text())["runtime"]["intra_op_num_threads"] == 2
