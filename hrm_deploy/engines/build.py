@@ -45,8 +45,8 @@ class EngineConfig:
     optimization_level: int | None = None
     compute_capability: str | None = None
     calib_data: str | None = None
-    calib_method: str = "entropy"
-    calib_samples: int = 512
+    calib_method: str = "minmax"  # see QuantConfig: measured defaults
+    calib_samples: int = 128
     accuracy_budget: float | None = None
     timing_cache: str | None = "engines/timing.cache"
     threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
