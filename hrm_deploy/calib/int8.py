@@ -19,9 +19,9 @@ import fnmatch
 import io
 import logging
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -192,8 +192,12 @@ def _calibrate(fp32_path: str, tensors: list[str], examples: Examples, config: Q
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
-    from onnxruntime.quantization.calibrate import (CalibrationMethod, HistogramCollector, TensorsData,
-                                                    save_tensors_data)
+    from onnxruntime.quantization.calibrate import (
+        CalibrationMethod,
+        HistogramCollector,
+        TensorsData,
+        save_tensors_data,
+    )
 
     model = onnx.load(fp32_path)
     present = {o.name for o in model.graph.output}
@@ -233,7 +237,12 @@ def quantize_int8(fp32_path: str, out_path: str, examples: Examples, config: Qua
     """Write the Q/DQ graph of ``fp32_path`` to ``out_path``; ranges from ``cache_file``
     when it exists (same key), else calibrated on ``examples`` and cached there."""
     import onnx
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     model = onnx.load(fp32_path)
     plan = plan_nodes(model, config, extra_exclude)
