@@ -126,6 +126,7 @@ def main() -> None:
     parser.add_argument("--methods", default="minmax,entropy,percentile")
     parser.add_argument("--sudoku-k", type=int, default=8)
     parser.add_argument("--skip-sudoku", action="store_true")
+    parser.add_argument("--sudoku-methods", default="minmax,entropy")
     parser.add_argument("--out", default="benchmarks/results/calib_size.json")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -136,7 +137,7 @@ def main() -> None:
         report["bundled"] = bundled_sweep(Path(tmp), sizes, methods)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         if not args.skip_sudoku:
-            report["sudoku_size"] = sudoku_timing(Path(tmp), args.sudoku_k, ["minmax", "entropy"])
+            report["sudoku_size"] = sudoku_timing(Path(tmp), args.sudoku_k, args.sudoku_methods.split(","))
     report["machine"]["load_average_at_end"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

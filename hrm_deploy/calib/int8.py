@@ -200,10 +200,21 @@ def _calibrate(fp32_path: str, tensors: list[str], examples: Examples, config: Q
     )
 
     model = onnx.load(fp32_path)
-    present = {o.name for o in model.graph.output}
-    for name in tensors:
-        if name not in present:
-            model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    fetch = list(tensors)
+    if config.method == "minmax":
+        # The reduction runs inside the graph (Abs -> ReduceMax to a scalar, ORT's threads), so
+        # no activation is copied out: range collection costs little over plain inference.
+        fetch = [f"{name}__calib_absmax" for name in tensors]
+        for name, out in zip(tensors, fetch):
+            model.graph.node.extend([
+                helper.make_node("Abs", [name], [f"{out}__abs"], name=f"{out}/Abs"),
+                helper.make_node("ReduceMax", [f"{out}__abs"], [out], name=f"{out}/ReduceMax", keepdims=0)])
+            model.graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, []))
+    else:
+        present = {o.name for o in model.graph.output}
+        for name in tensors:
+            if name not in present:
+                model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -215,10 +226,10 @@ def _calibrate(fp32_path: str, tensors: list[str], examples: Examples, config: Q
         collector = HistogramCollector(method=config.method, symmetric=True, num_bins=128, num_quantized_bins=128,
                                        percentile=config.percentile, scenario="same")
     while (feeds := reader.get_next()) is not None:
-        values = dict(zip(tensors, session.run(tensors, feeds)))
+        values = dict(zip(tensors, session.run(fetch, feeds)))
         if collector is None:
-            for name, value in values.items():  # no |x| temporary: max and -min
-                peaks[name] = max(peaks[name], float(value.max()), -float(value.min()))
+            for name, value in values.items():  # value: max |x| of this batch (a scalar)
+                peaks[name] = max(peaks[name], float(value))
         else:
             with contextlib.redirect_stdout(io.StringIO()):  # ORT's collector prints per batch
                 collector.collect({name: [value] for name, value in values.items()})
