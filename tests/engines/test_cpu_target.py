@@ -2,7 +2,6 @@
 run by the existing ORT runner, INT8 keeps accuracy and is not slower than FP32."""
 
 import json
-import statistics
 import time
 
 import numpy as np
@@ -46,7 +45,9 @@ def test_cpu_int8_runs_integer_gemms_and_keeps_accuracy(cpu_graphs, tiny_onnx):
 
 
 def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
-    """A ratio measured in one run, interleaved, with a loose bound for a shared machine."""
+    """A ratio measured in one run, interleaved, with a loose bound for a shared machine. The
+    tiny model's calls take ~1 ms, shorter than a scheduler time slice, so on a loaded machine a
+    call is either untouched or preempted for several ms: the fastest call of each is compared."""
     examples = load_examples(tiny_onnx.data, 64, split="test")
     feeds = examples.feeds(0, 64)
     runners = {p: open_runner(g.path, threads=1) for p, g in cpu_graphs.items()}
@@ -59,7 +60,7 @@ def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
             start = time.perf_counter()
             r.infer(feeds)
             times[p].append(time.perf_counter() - start)
-    ratio = statistics.median(times["int8"]) / statistics.median(times["fp32"])
+    ratio = min(times["int8"]) / min(times["fp32"])
     assert ratio <= 1.3, f"CPU INT8 takes {ratio:.2f}x the FP32 time"
 
 
