@@ -51,10 +51,11 @@ class EngineConfig:
     optimization_level: int | None = None
     compute_capability: str | None = None
     calib_data: str | None = None
-    calib_method: str = "entropy"
-    calib_samples: int = 512
+    calib_method: str = "minmax"  # see QuantConfig: measured defaults
+    calib_samples: int = 128
     accuracy_budget: float | None = None
     timing_cache: str | None = "engines/timing.cache"  # base name; the file is keyed by GPU + TensorRT version
+    threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
 
     def __post_init__(self) -> None:
         if self.precision not in ENGINE_PRECISIONS:
@@ -211,13 +212,20 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
                  quiet: bool = False) -> EngineResult:
     """Build an engine for ``config.target`` from ``onnx_path`` (default: newest export).
     ``config.backend == "torch"``: a PyTorch (AOTInductor) engine for this machine instead
-    (:mod:`hrm_deploy.engines.torch_engine`); ``onnx_path`` may then also be a checkpoint."""
+    (:mod:`hrm_deploy.engines.torch_engine`); ``onnx_path`` may then also be a checkpoint.
+    The ``cpu`` target makes an ORT-optimized ONNX instead (:mod:`hrm_deploy.engines.cpu`)."""
     if config.backend == "torch":
         from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
 
         torch_config = TorchEngineConfig(precision=config.precision, max_batch=config.max_batch or 1024)
         return build_torch_engine(onnx_path or newest_export(), torch_config, out, quiet=quiet)
     target = get_target(config.target)
+    if target.name == "cpu":
+        from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
+
+        cpu = build_cpu(onnx_path if onnx_path else newest_export(), CpuBuildConfig(config.precision, config.threads),
+                        out, quiet)
+        return EngineResult(cpu.path, cpu.manifest, cpu.source_onnx, cpu.build)
     backend_name = config.backend or target.backends[0]
     if backend_name not in target.backends:
         raise ConfigError(f"target {target.name} builds with {' or '.join(target.backends)}, not {backend_name}")

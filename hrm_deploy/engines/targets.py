@@ -38,6 +38,10 @@ TARGETS: dict[str, TargetProfile] = {
     "datacenter": TargetProfile(
         name="datacenter", description="datacenter GPU (generic TensorRT 10/11)",
         backends=("tensorrt",), compute_capability=None, workspace_mib=8192, opt_batch=64, max_batch=256),
+    # No TensorRT: an ORT-optimized graph for ONNX Runtime's CPU provider (hrm_deploy.engines.cpu).
+    "cpu": TargetProfile(
+        name="cpu", description="ONNX Runtime CPU execution provider (no GPU)",
+        backends=("onnxruntime",), compute_capability=None, workspace_mib=0, opt_batch=1, max_batch=64),
 }
 
 

@@ -109,6 +109,27 @@ def initializer_bytes(model: onnx.ModelProto) -> int:
     return total
 
 
+def _bypass_weight_identities(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The TorchScript exporter reads a weight used several times (HRM reuses each layer
+    H_cycles x L_cycles times per segment) through one ``Identity`` per use; a folder turns
+    each into its own copy of the weight. Consumers are pointed at the initializer instead."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    inits = {t.name for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    alias = {n.output[0]: n.input[0] for n in graph.node
+             if n.op_type == "Identity" and n.input[0] in inits and n.output[0] not in outputs}
+    if not alias:
+        return copy
+    kept = [n for n in graph.node if not (n.op_type == "Identity" and n.output[0] in alias)]
+    for node in kept:
+        node.input[:] = [alias.get(i, i) for i in node.input]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return copy
+
+
 FORBIDDEN_OPS = ("Loop", "If", "Scan")
 
 
@@ -184,3 +205,42 @@ def topological_sort(graph) -> None:
         copies.append(copy)
     del graph.node[:]
     graph.node.extend(copies)
+
+
+# onnxslim passes kept: constant folding with shape inference (the Shape/Gather/Concat
+# chains left by dynamic-batch tracing fold because only the batch dimension is symbolic) and
+# dead-node elimination. Pattern fusion, weight tying and common-subexpression elimination are
+# skipped: they would not change the node count of HRM's segment and cost seconds.
+SLIM_SKIP = ["graph_fusion", "weight_tying", "subexpression_elimination"]
+
+
+def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
+    """Fold the shape arithmetic out of a traced piece (the embedding or one ACT segment).
+
+    Runs before the unroll is assembled, so folding sees one segment (~3.6k nodes for the
+    Sudoku-size model, seconds) instead of the 16-step unroll (where a folder duplicates the
+    shared weights). Uses onnxslim (the ``onnx`` extra); without it the graph is returned as
+    traced. Graph input/output names, node names and weight initializer names are kept.
+    Returns (model, {"nodes_before", "nodes_after", "folder"}).
+    """
+    info: dict[str, int | str | None] = {"nodes_before": len(model.graph.node),
+                                         "nodes_after": len(model.graph.node), "folder": None}
+    try:
+        import onnxslim
+    except ImportError:
+        return model, info
+    import contextlib
+    import io
+
+    model = _bypass_weight_identities(model)
+    weight_bytes = initializer_bytes(model)
+    with contextlib.redirect_stdout(io.StringIO()):
+        folded = onnxslim.slim(model, skip_optimizations=SLIM_SKIP)
+    if initializer_bytes(folded) > 1.05 * weight_bytes + (1 << 20):
+        raise ExportError("constant folding duplicated weights; please report this (export with fold=False meanwhile)")
+    if [o.name for o in folded.graph.output] != [o.name for o in model.graph.output] or \
+            [i.name for i in folded.graph.input] != [i.name for i in model.graph.input]:
+        raise ExportError("constant folding changed the traced graph's inputs or outputs; please report this")
+    folded.ir_version = model.ir_version
+    info.update(nodes_after=len(folded.graph.node), folder=f"onnxslim {onnxslim.__version__}")
+    return folded, info

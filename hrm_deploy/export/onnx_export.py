@@ -48,6 +48,7 @@ class ExportConfig:
     parity: bool = True
     parity_batches: tuple[int, ...] = (1, 2)
     external_data: bool | None = None  # None: automatic above ~1.5 GB of weights
+    fold: bool = True  # fold the traced pieces' shape arithmetic (onnxslim) before the unroll is assembled
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -69,6 +70,7 @@ class ExportResult:
     parity: dict[str, Any] | None
     timings: dict[str, float] = field(default_factory=dict)
     nodes: int = 0
+    folding: dict[str, Any] = field(default_factory=dict)
 
 
 def default_name(source: Any) -> str:
@@ -122,9 +124,15 @@ def _restore_table(model: "onnx.ModelProto", core, table) -> None:  # noqa: F821
     raise InternalError("could not find the puzzle-embedding table in the traced graph")
 
 
-def trace_pieces(core, opset: int):
-    """Trace (embedding + init) and one ACT segment; returns their ONNX models."""
+def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = None):
+    """Trace (embedding + init) and one ACT segment; returns their ONNX models. With ``fold``
+    their shape arithmetic is folded (:func:`hrm_deploy.export.graph.fold_constants`, on the
+    embedding before a large puzzle table is put back) and node counts go into ``folding``."""
     import torch
+
+    from hrm_deploy.export.graph import fold_constants
+
+    folding = folding if folding is not None else {}
 
     cfg = core.config
     batch = 2
@@ -136,11 +144,15 @@ def trace_pieces(core, opset: int):
     finally:
         if table is not None:
             core.puzzle_emb.weights = table
+    if fold:
+        embed, folding["embed"] = fold_constants(embed)
     if table is not None:
         _restore_table(embed, core, table)
     state = torch.zeros(batch, cfg.total_seq_len, cfg.hidden_size)
     step = _trace(StepCore(core), (state, state, state), ("z_H", "z_L", "x"),
                   ("z_H_out", "z_L_out", "logits", "q_halt", "q_continue"), opset)
+    if fold:
+        step, folding["segment"] = fold_constants(step)
     return embed, step
 
 
@@ -292,10 +304,12 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
         out = DEFAULT_WORKSPACE / (default_name(source if source else model_or_ckpt) + suffix)
     out = check_output_path(out)  # fail before the work, not after
 
-    with stages.stage("tracing embedding and one ACT segment"):
-        embed, step = trace_pieces(core, config.opset)
+    folding: dict[str, Any] = {}
+    with stages.stage("tracing embedding and one ACT segment" + (", folding shapes" if config.fold else "")):
+        embed, step = trace_pieces(core, config.opset, config.fold, folding)
     with stages.stage(f"assembling {'the single-step graph' if config.mode == 'step' else f'{steps}-step unroll'}"):
         graph, io_spec = assemble(embed, step, cfg, config.mode, steps, config.step_predictions)
+    folding["graph_nodes"] = len(graph.graph.node)
     external = config.external_data if config.external_data is not None else initializer_bytes(graph) > EXTERNAL_DATA_BYTES
     meta = {
         "hrm_deploy.mode": config.mode, "hrm_deploy.steps": str(steps), "hrm_deploy.max_batch": str(config.max_batch),
@@ -340,6 +354,6 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
                 io={k: {n: [onnx.TensorProto.DataType.Name(t), list(s)] for n, (t, s) in v.items()}
                     for k, v in io_spec.items()},
                 opset=config.opset, max_batch=config.max_batch, external_data=external,
-                nodes=len(graph.graph.node), parity=parity, timings=stages.timings,
+                nodes=len(graph.graph.node), folding=folding, parity=parity, timings=stages.timings,
             )
-    return ExportResult(out, manifest, parity, stages.timings, len(graph.graph.node))
+    return ExportResult(out, manifest, parity, stages.timings, len(graph.graph.node), folding)

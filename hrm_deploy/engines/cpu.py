@@ -1,0 +1,207 @@
+"""The ``cpu`` target: an exported graph -> the graph ONNX Runtime's CPU provider runs fastest.
+
+* Graph optimizations are applied offline (``SessionOptions.optimized_model_filepath``) at the
+  ``extended`` level: fusions into ORT's CPU kernels (``SimplifiedLayerNormalization``,
+  ``FusedMatMul``, ``DynamicQuantizeMatMul`` ...) are done once at build time, so starting a
+  session is fast. The layout-dependent ``all`` level is left to session start (it is
+  machine-specific and ORT does not recommend saving it).
+* INT8 is **dynamic quantization of the weight MatMuls** (``quantize_dynamic``): int8 weights
+  per output column, activations quantized to uint8 per call, computed by ORT's integer GEMM
+  (U8S8 ``MatMulInteger`` fused into ``DynamicQuantizeMatMul``). No calibration data is
+  needed. The Q/DQ graphs of the TensorRT targets stay as they are: on ORT CPU they are
+  dequantized back to float and are slower than FP32 (see README, CPU).
+  Which weights are quantized follows the TensorRT recipe's plan (``lm_head`` and ``q_head``
+  stay float): :func:`hrm_deploy.calib.int8.plan_nodes`.
+* FP16 is the precision stage's FP16 graph, optimized the same way (on x86 ORT runs most FP16
+  ops by casting; measured in ``benchmarks/results/cpu_latency.json``).
+
+Output: ``engines/<name>.<precision>.cpu.ort.onnx`` + manifest (ORT version, optimization
+level, intra-op threads, node counts), runnable by ``hrm_deploy.runners.open_runner``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hrm_deploy.errors import ArtifactError, ConfigError, require
+from hrm_deploy.io import sha256_file, staging_dir
+from hrm_deploy.manifest import check_artifact, publish_artifact
+from hrm_deploy.progress import Stages
+
+CPU_PRECISIONS = ("fp32", "fp16", "int8")
+OPTIMIZATION_LEVEL = "extended"
+
+
+@dataclass(frozen=True)
+class CpuBuildConfig:
+    """How to build for ONNX Runtime CPU. ``threads`` None = ORT's default (one per core);
+    the value is recorded in the manifest and is what runners should pass as intra-op threads."""
+
+    precision: str = "fp32"
+    threads: int | None = None
+    per_channel: bool = True
+    exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")
+
+    def __post_init__(self) -> None:
+        if self.precision not in CPU_PRECISIONS:
+            raise ConfigError(f"the cpu target builds {', '.join(CPU_PRECISIONS)}, not {self.precision}; "
+                              "BF16 needs a GPU")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("--threads must be >= 1")
+
+
+@dataclass
+class CpuBuildResult:
+    path: Path
+    manifest: Path
+    source_onnx: Path
+    build: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _quiet_ort() -> Iterator[None]:
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def quantize_weights_dynamic(src: str, out: str, per_channel: bool = True,
+                             exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")) -> list[str]:
+    """Dynamic INT8 of the weight MatMuls of ``src`` (shared weights quantized once);
+    returns the quantized node names."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from hrm_deploy.calib.int8 import QuantConfig, plan_nodes
+
+    model = onnx.load(src)
+    plan = plan_nodes(model, QuantConfig(exclude_patterns=exclude_patterns))
+    # Only plain MatMul (Gemm has no integer kernel in ORT's dynamic path).
+    by_name = {n.name: n.op_type for n in model.graph.node}
+    nodes = [n for n in plan.quantize if by_name[n] == "MatMul"]
+    del model
+    with _quiet_ort():
+        quantize_dynamic(src, out, weight_type=QuantType.QInt8, per_channel=per_channel, nodes_to_quantize=nodes,
+                         op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
+    return nodes
+
+
+def optimize_offline(src: str, out: str, threads: int | None) -> float:
+    """Apply ORT's graph optimizations to ``src`` and save the result to ``out``; returns seconds."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = out
+    if threads:
+        options.intra_op_num_threads = threads
+    start = time.perf_counter()
+    ort.InferenceSession(src, options, providers=["CPUExecutionProvider"])
+    return time.perf_counter() - start
+
+
+def _restore_metadata(path: Path, props: dict[str, str], precision: str) -> None:
+    """ORT's saved model may drop model metadata; the runners need ``hrm_deploy.*``."""
+    import onnx
+
+    model = onnx.load(str(path))
+    have = {p.key: p.value for p in model.metadata_props}
+    wanted = {**props, "hrm_deploy.precision": precision, "hrm_deploy.target": "cpu",
+              "hrm_deploy.ort_optimization": OPTIMIZATION_LEVEL}
+    if all(have.get(k) == v for k, v in wanted.items()):
+        return
+    onnx.helper.set_model_props(model, {**have, **wanted})
+    onnx.save(model, str(path))
+
+
+def cpu_output_path(src: Path, precision: str, engines: str | Path = "engines") -> Path:
+    stem = src.name[:-len(".onnx")] if src.name.endswith(".onnx") else src.stem
+    for p in ("fp16", "bf16", "int8", "fp32"):
+        if stem.endswith(f".{p}"):
+            stem = stem[:-len(p) - 1]
+    return Path(engines) / f"{stem}.{precision}.cpu.ort.onnx"
+
+
+def build_cpu(onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None,
+              quiet: bool = False) -> CpuBuildResult:
+    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export."""
+    onnx = require("onnx", "onnx", "The cpu target")
+    ort = require("onnxruntime", "onnx", "The cpu target")
+    from hrm_deploy.calib.accuracy import graph_metadata
+
+    src = Path(onnx_path)
+    if not src.is_file():
+        raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first or pass the ONNX path")
+    src_sha256 = (check_artifact(src) or {}).get("sha256")  # the export is what its manifest says
+    model = onnx.load(str(src), load_external_data=False)
+    meta = graph_metadata(model)
+    props = {p.key: p.value for p in model.metadata_props}
+    nodes_in = len(model.graph.node)
+    del model
+    have = meta.get("precision", "fp32")
+    if have != "fp32":
+        raise ConfigError(f"{src} is a {have} graph; the cpu target starts from the FP32 export")
+    target = Path(out) if out else cpu_output_path(src, config.precision)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stages = Stages(quiet)
+    build: dict[str, Any] = {"onnx_nodes_in": nodes_in}
+    start = time.perf_counter()
+    with staging_dir(target.parent, "cpu-build") as staging:
+        tmp = staging / target.name
+        work = tmp.with_name(tmp.name + ".pre.onnx")
+        try:
+            source = str(src)
+            if config.precision == "int8":
+                with stages.stage("dynamic INT8 of the weight MatMuls (integer GEMMs on ORT CPU; no calibration)"):
+                    build["quantized_nodes"] = len(quantize_weights_dynamic(
+                        source, str(work), config.per_channel, config.exclude_patterns))
+                source = str(work)
+            elif config.precision == "fp16":
+                from hrm_deploy.calib.fp16 import convert_half
+
+                with stages.stage("converting to fp16 (float32 islands: norms, softmax, sigmoid)"):
+                    converted, _ = convert_half(onnx.load(source), "fp16", True)
+                    onnx.save(converted, str(work))
+                source = str(work)
+            with stages.stage(f"ONNX Runtime {ort.__version__} graph optimizations ({OPTIMIZATION_LEVEL}), offline"):
+                build["optimize_seconds"] = round(optimize_offline(source, str(tmp), config.threads), 3)
+        finally:
+            work.unlink(missing_ok=True)
+        _restore_metadata(tmp, props, config.precision)
+        optimized = onnx.load(str(tmp), load_external_data=False)
+        ops: dict[str, int] = {}
+        for node in optimized.graph.node:
+            key = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+            ops[key] = ops.get(key, 0) + 1
+        build.update(onnx_nodes_out=len(optimized.graph.node), op_types=dict(sorted(ops.items())))
+        del optimized
+        if config.precision == "int8" and not any(k.endswith(("MatMulInteger", "DynamicQuantizeMatMul"))
+                                                  for k in ops):
+            raise ConfigError("dynamic quantization produced no integer MatMul; the engine was not written. "
+                              "Check the ONNX with `hrm-deploy inspect`")
+        build["build_seconds"] = round(time.perf_counter() - start, 3)
+        build["engine_bytes"] = tmp.stat().st_size
+        manifest = publish_artifact(
+            tmp, target, stage="engine", parent=src, parent_sha256=src_sha256, config={"cpu": asdict(config)},
+            backend={"name": "onnxruntime", "version": ort.__version__, "provider": "CPUExecutionProvider"},
+            target={"name": "cpu", "description": "ONNX Runtime CPU execution provider"},
+            precision=config.precision, mode=meta["mode"], steps=meta["steps"],
+            recipe={"int8": "dynamic (weights int8 per-channel, activations uint8 per call; U8S8 integer GEMM)"}
+            if config.precision == "int8" else {},
+            runtime={"graph_optimization_level": OPTIMIZATION_LEVEL, "saved_optimized": True,
+                     "intra_op_num_threads": config.threads or os.cpu_count(), "inter_op_num_threads": 1,
+                     "execution_mode": "sequential", "threads_requested": config.threads},
+            onnx_sha256=sha256_file(tmp), build=build, timings=stages.timings)
+    return CpuBuildResult(target, manifest, src, build)

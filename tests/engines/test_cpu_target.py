@@ -1,0 +1,94 @@
+"""The ``cpu`` target on the trained tiny fixture: ORT-optimized FP32 and dynamic-INT8 graphs,
+run by the existing ORT runner, INT8 keeps accuracy and is not slower than FP32."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from hrm_deploy.calib.accuracy import accuracy, predict
+from hrm_deploy.calib.data import load_examples
+from hrm_deploy.engines.build import EngineConfig, build_engine
+from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu, cpu_output_path
+from hrm_deploy.errors import ConfigError
+from hrm_deploy.runners import open_runner
+
+
+@pytest.fixture(scope="module")
+def cpu_graphs(tiny_onnx, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cpu")
+    return {p: build_cpu(tiny_onnx.unrolled, CpuBuildConfig(p, threads=1), folder / f"tiny.{p}.cpu.ort.onnx",
+                         quiet=True) for p in ("fp32", "int8")}
+
+
+def test_cpu_int8_runs_integer_gemms_and_keeps_accuracy(cpu_graphs, tiny_onnx):
+    int8 = cpu_graphs["int8"]
+    ops = int8.build["op_types"]
+    assert ops.get("com.microsoft.DynamicQuantizeMatMul", 0) + ops.get("MatMulInteger", 0) >= 4
+    assert not any(k in ops for k in ("QuantizeLinear", "DequantizeLinear"))  # no Q/DQ that ORT would dequantize
+    manifest = json.loads(int8.manifest.read_text())
+    assert manifest["target"]["name"] == "cpu" and manifest["precision"] == "int8"
+    assert manifest["runtime"]["intra_op_num_threads"] == 1 and manifest["runtime"]["saved_optimized"]
+    examples = load_examples(tiny_onnx.data, None, split="test")
+    exact = {}
+    for precision in ("fp32", "int8"):
+        runner = open_runner(cpu_graphs[precision].path)
+        runner.activate()
+        assert runner.precision == precision
+        exact[precision] = 100 * accuracy(predict(runner, examples), examples.labels)["exact_accuracy"]
+        runner.close()
+    fp32_export = open_runner(tiny_onnx.unrolled)
+    fp32_export.activate()
+    assert 100 * accuracy(predict(fp32_export, examples), examples.labels)["exact_accuracy"] == exact["fp32"]
+    assert exact["fp32"] > 85 and exact["int8"] >= exact["fp32"] - 1.0, exact
+
+
+def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
+    """A ratio measured in one run, interleaved, with a loose bound for a shared machine. The
+    tiny model's calls take ~1 ms, shorter than a scheduler time slice, so on a loaded machine a
+    call is either untouched or preempted for several ms: the fastest call of each is compared."""
+    examples = load_examples(tiny_onnx.data, 64, split="test")
+    feeds = examples.feeds(0, 64)
+    runners = {p: open_runner(g.path, threads=1) for p, g in cpu_graphs.items()}
+    for r in runners.values():
+        r.activate()
+        r.infer(feeds)
+    times: dict[str, list[float]] = {p: [] for p in runners}
+    for _ in range(15):
+        for p, r in runners.items():
+            start = time.perf_counter()
+            r.infer(feeds)
+            times[p].append(time.perf_counter() - start)
+    ratio = min(times["int8"]) / min(times["fp32"])
+    assert ratio <= 1.3, f"CPU INT8 takes {ratio:.2f}x the FP32 time"
+
+
+def test_build_engine_dispatches_cpu_target(tiny_onnx, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = build_engine(tiny_onnx.unrolled, EngineConfig("int8", target="cpu"), quiet=True)
+    assert result.path == cpu_output_path(tiny_onnx.unrolled, "int8") and result.path.name == "tiny.int8.cpu.ort.onnx"
+    runner = open_runner(result.path)
+    runner.activate()
+    out = runner.infer(load_examples(tiny_onnx.data, 2, split="test").feeds(0, 2))
+    assert out["logits"].shape == (2, 81, 11) and np.isfinite(out["logits"]).all()
+
+
+def test_cpu_target_refuses_bf16_and_non_fp32_sources(cpu_graphs):
+    with pytest.raises(ConfigError, match="BF16 needs a GPU"):
+        CpuBuildConfig("bf16")
+    with pytest.raises(ConfigError, match="starts from the FP32 export"):
+        build_cpu(cpu_graphs["int8"].path, CpuBuildConfig("int8"), quiet=True)
+
+
+def test_cli_build_engine_target_cpu(tiny_onnx, tmp_path):
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+
+    out = tmp_path / "m.int8.cpu.ort.onnx"
+    result = CliRunner().invoke(app, ["build-engine", str(tiny_onnx.unrolled), "--target", "cpu", "--int8",
+                                      "--threads", "2", "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert out.is_file() and "wrote" in result.output
+    assert json.loads(out.with_name(out.name + ".manifest.json").read_text())["runtime"]["intra_op_num_threads"] == 2
