@@ -66,7 +66,7 @@ def main() -> None:
     provenance: dict = {
         "dataset": {"generator": "sudoku", **dataclasses.asdict(spec)},
         "training": {"wall_s": round(train_s, 1), "generate_s": round(generate_s, 1), "device": args.device,
-                     "threads": torch.get_num_threads(), "torch": torch.__version__,
+                     "threads": torch.get_num_threads(), "torch": str(torch.__version__),
                      "machine": platform.machine(), "script": "scripts/refresh_bundled_checkpoint.py"},
     }
     report = None
