@@ -22,7 +22,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     # The embedded default: real ACT on CPU. 8 ACT segments of 2 H x 2 L cycles (1 + 1 layers,
     # hidden 64), trained once by scripts/refresh_bundled_checkpoint.py --preset sudoku-small on
-    # 2 shared cores (about an hour). 10-30 blanks need 1-4 rounds of row/column/box elimination,
+    # 2 shared cores (35 min, 15000 steps). 10-30 blanks need 1-4 rounds of row/column/box elimination,
     # more than one segment resolves, so exact accuracy rises over the steps (two 2000-step probes:
     # 12-30 blanks gave 2 % after step 1 and 45 % after step 8). ``heldout``: the evaluation
     # set's overrides of ``data`` (same spec, a seed training never used).
