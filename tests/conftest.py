@@ -83,7 +83,24 @@ def trained_tiny(tmp_path_factory):
     spec = preset("sudoku-tiny")["data"]
     data = tmp_path_factory.mktemp("heldout") / "sudoku-tiny-heldout"
     generate_sudoku(SudokuSpec(train=200, test=200, blanks=spec["blanks"], seed=12345), str(data))
-    return SimpleNamespace(checkpoint=bundled_checkpoint(), data=str(data))
+    return SimpleNamespace(checkpoint=bundled_checkpoint("sudoku-tiny"), data=str(data))
+
+
+@pytest.fixture(scope="session")
+def trained_small(tmp_path_factory):
+    """The ACT fixture: the bundled sudoku-small checkpoint (8 ACT steps of 2 H x 2 L cycles, the
+    embedded default, made by scripts/refresh_bundled_checkpoint.py --preset sudoku-small) and 100
+    held-out puzzles of its dataset spec from a seed its training data did not use (plus 100 in train/)."""
+    from types import SimpleNamespace
+
+    from hrm_deploy.cli.common import bundled_checkpoint
+    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+    from hrm_deploy.train.presets import preset
+
+    spec = preset("sudoku-small")["data"]
+    data = tmp_path_factory.mktemp("heldout") / "sudoku-small-heldout"
+    generate_sudoku(SudokuSpec(**{**spec, "train": 100, "test": 100, "augment": 0, "seed": 54321}), str(data))
+    return SimpleNamespace(checkpoint=bundled_checkpoint("sudoku-small"), data=str(data))
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from typing import Any, Callable, TypeVar
 
 import typer
 
-from hrm_deploy.errors import HRMDeployError, InternalError
+from hrm_deploy.errors import ConfigError, HRMDeployError, InternalError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,8 +56,16 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def bundled_checkpoint() -> str:
-    """Path of the small trained checkpoint shipped with the package (the embedded default)."""
+DEFAULT_PRESET = "sudoku-small"
+
+
+def bundled_checkpoint(preset: str = DEFAULT_PRESET) -> str:
+    """Path of a trained checkpoint shipped with the package: ``sudoku-small`` (the embedded
+    default: 8 ACT steps, the model every command uses when none is given) or ``sudoku-tiny``
+    (one ACT step, the fast CPU test fixture)."""
     from importlib import resources
 
-    return str(resources.files("hrm_deploy") / "train" / "presets" / "sudoku-tiny.pt")
+    path = resources.files("hrm_deploy") / "train" / "presets" / f"{preset}.pt"
+    if not path.is_file():
+        raise ConfigError(f"no bundled checkpoint for preset {preset!r}; bundled: sudoku-small, sudoku-tiny")
+    return str(path)

@@ -14,7 +14,7 @@ from hrm_deploy.cli.common import bundled_checkpoint, user_errors
 @app.command()
 @user_errors
 def export(
-    checkpoint: Optional[Path] = typer.Argument(None, help="step_N file, run folder, or our .pt; default: the bundled sudoku-tiny model."),
+    checkpoint: Optional[Path] = typer.Argument(None, help="step_N file, run folder, or our .pt; default: the bundled sudoku-small model (8 ACT steps)."),
     output: Optional[Path] = typer.Option(None, "-o", "--out", "--output", help="Output .onnx (default export/<name>.onnx)."),
     mode: str = typer.Option("unrolled", help="unrolled: all ACT steps in one graph; step: one segment, carry in/out."),
     steps: Optional[int] = typer.Option(None, help="ACT steps to unroll (default: halt_max_steps)."),
@@ -37,7 +37,7 @@ def export(
 
     if checkpoint is None:
         checkpoint = Path(bundled_checkpoint())
-        typer.echo(f"no checkpoint given: exporting the bundled sudoku-tiny model ({checkpoint})", err=True)
+        typer.echo(f"no checkpoint given: exporting the bundled sudoku-small model ({checkpoint})", err=True)
     result = export_onnx(
         checkpoint, output,
         ExportConfig(mode=mode, steps=steps, max_batch=max_batch, opset=opset,

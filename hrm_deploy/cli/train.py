@@ -15,7 +15,8 @@ from hrm_deploy.cli.common import user_errors
 @user_errors
 def train(
     data: Path = typer.Option(..., "--data", help="Dataset folder in upstream's format (train/ and test/)."),
-    preset: str = typer.Option("sudoku-tiny", help="sudoku-tiny (CPU), sudoku or maze (upstream's GPU settings)."),
+    preset: str = typer.Option("sudoku-tiny", help="sudoku-tiny (CPU, 1 ACT step), sudoku-small (CPU, 8 ACT steps), "
+                                                   "sudoku or maze (upstream's GPU settings)."),
     out: Path = typer.Option(Path("runs/hrm"), "-o", "--out", help="Run folder: last.pt, step_N.pt, metrics.jsonl."),
     steps: Optional[int] = typer.Option(
         None, help="Optimizer steps. One step = one ACT segment on one global batch; an example stays "

@@ -4,10 +4,16 @@ import pytest
 import torch
 
 from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+from hrm_deploy.errors import ConfigError
 from hrm_deploy.model.checkpoint import load_checkpoint
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.train.loop import TrainConfig, lr_at, train
 from hrm_deploy.train.optim import AdamATan2
+
+# Measured on held-out puzzles by scripts/refresh_bundled_checkpoint.py --preset sudoku-small
+# (benchmarks/results/sudoku_small_preset.json); the bound sits a few points under it for the
+# fixture's 100 fresh puzzles.
+SMALL_MIN_EXACT = 0.72
 
 MICRO = HRMConfig(seq_len=81, vocab_size=11, hidden_size=32, num_heads=2, H_layers=1, L_layers=1, H_cycles=1,
                   L_cycles=1, halt_max_steps=3, puzzle_emb_ndim=32)
@@ -112,6 +118,24 @@ def test_bundled_default_is_trained(trained_tiny):
     model, config = load_checkpoint(trained_tiny.checkpoint)
     metrics = evaluate(model, load_split(trained_tiny.data, "test"))
     assert metrics["count"] == 200 and metrics["exact_accuracy"] >= 0.9, metrics
+
+
+def test_bundled_act_model_uses_its_steps(trained_small):
+    """The shipped sudoku-small checkpoint (the embedded default) solves held-out puzzles it never
+    saw, and its ACT steps matter: exact accuracy after step 1 is well below the final step's."""
+    from hrm_deploy.cli.common import bundled_checkpoint
+    from hrm_deploy.data.format import load_split
+    from hrm_deploy.train.act_eval import act_report, step_outcomes
+
+    assert bundled_checkpoint() == trained_small.checkpoint  # the default model of every command
+    model, config = load_checkpoint(trained_small.checkpoint)
+    assert config.halt_max_steps >= 8 and config.H_cycles >= 2 and config.L_cycles >= 2
+    report = act_report(step_outcomes(model, load_split(trained_small.data, "test")))
+    curve = report["per_step_exact"]
+    assert report["count"] == 100 and curve[-1] >= SMALL_MIN_EXACT, report
+    assert curve[0] + 0.2 <= curve[-1] and curve[1] < curve[-1], curve
+    with pytest.raises(ConfigError, match="no bundled checkpoint for preset 'nope'"):
+        bundled_checkpoint("nope")
 
 
 def test_metric_sinks_log_when_asked_and_fail_clearly_when_missing(micro_data, tmp_path, monkeypatch):
