@@ -2,6 +2,8 @@
 
 import json
 
+import numpy as np
+
 import onnx
 from onnx import numpy_helper
 from typer.testing import CliRunner
@@ -33,7 +35,9 @@ def test_verify_catches_broken_int8_scales(tiny_onnx, tmp_path):
     scales = {n.input[1] for n in model.graph.node if n.op_type == "QuantizeLinear"}  # activation scales
     for init in model.graph.initializer:
         if init.name in scales:
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 40.0, init.name))
+            scale = numpy_helper.to_array(init)
+            init.CopyFrom(numpy_helper.from_array(np.asarray(scale * 40.0, dtype=scale.dtype).reshape(scale.shape),
+                                                  init.name))
     broken = tmp_path / "broken.int8.onnx"
     onnx.save(model, broken)
     result = runner.invoke(app, ["verify", str(broken), "--data", tiny_onnx.data, "--samples", "100",

@@ -49,7 +49,7 @@ def read_contract(artifact: str | Path) -> Contract:
     ONNX graphs and engines are read from their manifests (an engine's I/O and model sizes come
     from its parent ONNX's manifest); a checkpoint is loaded (torch) for its config.
     """
-    from hrm_deploy.manifest import manifest_path, read_manifest
+    from hrm_deploy.manifest import check_artifact, manifest_path, resolve_parent
 
     path = Path(artifact)
     if not path.exists():
@@ -64,7 +64,7 @@ def read_contract(artifact: str | Path) -> Contract:
     if not manifest_path(path).is_file():
         raise ArtifactError(f"{path} has no manifest ({manifest_path(path).name}); re-create it with "
                             "`hrm-deploy export` / `hrm-deploy build-engine` so its I/O is known")
-    manifest = read_manifest(path)
+    manifest = check_artifact(path, require_manifest=True) or {}  # the bytes are what the manifest says
     target = (manifest.get("target") or {}).get("name") if kind == "engine" else None
     # The model config and I/O live in the FP32 export's manifest; precision graphs and engines
     # point to it through their "parent" (engine -> precision graph -> export), I/O unchanged.
@@ -72,12 +72,13 @@ def read_contract(artifact: str | Path) -> Contract:
     for _ in range(4):
         if (source.get("config") or {}).get("model") and source.get("io"):
             break
-        parent = Path((source.get("parent") or {}).get("path", ""))
-        if not parent.name or not manifest_path(parent).is_file():
-            raise ArtifactError(f"{where.name}'s manifest names no model config/I/O and its parent manifest "
-                                f"{manifest_path(parent) if parent.name else '(none)'} is missing; keep the ONNX "
-                                "graphs an artifact was made from (with their manifests) where they were, or re-export")
-        source, where = read_manifest(parent), parent
+        parent = resolve_parent(where, source)  # sha256-checked, relative to the manifest
+        if parent is None or not manifest_path(parent).is_file():
+            named = (source.get("parent") or {}).get("path") or "(none)"
+            raise ArtifactError(f"{where.name}'s manifest names no model config/I/O and its parent {named} or its "
+                                "manifest is missing; keep the ONNX graphs an artifact was made from (with their "
+                                "manifests) where they were, or re-export")
+        source, where = check_artifact(parent, require_manifest=True) or {}, parent
     model, io = (source.get("config") or {}).get("model"), source.get("io")
     if not model or not io:
         raise ArtifactError(f"manifest of {path.name} lacks the model config or I/O; re-export it")

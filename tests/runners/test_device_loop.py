@@ -243,7 +243,8 @@ def test_auto_memory_falls_back_to_cuda_python_when_torch_has_no_cuda(monkeypatc
     assert isinstance(memory.device_memory(0, "auto"), Probe) and tried == [0]
     monkeypatch.undo()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setitem(sys.modules, "cuda", None)  # no cuda-python either: one clear error naming it
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):  # no cuda-python either:
+        monkeypatch.setitem(sys.modules, name, None)  # one clear error naming it (even where it is installed)
     with pytest.raises(DependencyError, match="cuda-python"):
         memory.device_memory(0, "auto")
     with pytest.raises(DependencyError, match="torch sees no CUDA GPU"):

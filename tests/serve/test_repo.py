@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hrm_deploy.errors import ArtifactError, ConfigError
+from hrm_deploy.manifest import write_manifest
 from hrm_deploy.serve.repo import (
     Device,
     OnnxBackend,
@@ -43,10 +44,9 @@ def fake_engine(onnx: Path, folder: Path, backend: str = "tensorrt", max_batch: 
     engine.write_bytes(b"not a real plan")
     meta = json.loads(Path(str(onnx) + ".manifest.json").read_text())
     shapes = {"inputs": [[1, 81], [8, 81], [max_batch, 81]], "puzzle_identifiers": [[1], [8], [max_batch]]}
-    manifest = {"artifact": engine.name, "stage": "engine", "parent": {"path": str(onnx)}, "mode": meta["mode"],
-                "steps": 1, "profile_shapes": shapes, "backend": {"name": backend, "version": "10.3"},
-                "target": {"name": "datacenter"}, "precision": "fp16"}
-    Path(str(engine) + ".manifest.json").write_text(json.dumps(manifest))
+    write_manifest(engine, stage="engine", config={}, parent=onnx, mode=meta["mode"], steps=1,
+                   profile_shapes=shapes, backend={"name": backend, "version": "10.3"},
+                   target={"name": "datacenter"}, precision="fp16")
     return engine
 
 
@@ -117,9 +117,8 @@ def test_engine_from_precision_graph_reads_the_export_manifest(tiny_onnx, tmp_pa
 
     fp16 = tmp_path / "tiny.fp16.onnx"
     shutil.copyfile(tiny_onnx.unrolled, fp16)
-    Path(str(fp16) + ".manifest.json").write_text(json.dumps(
-        {"stage": "precision-fp16", "parent": {"path": str(tiny_onnx.unrolled)}, "mode": "unrolled", "steps": 1,
-         "config": {"precision": "fp16"}}))
+    write_manifest(fp16, stage="precision-fp16", config={"precision": "fp16"}, parent=tiny_onnx.unrolled,
+                   mode="unrolled", steps=1)
     contract = read_contract(fake_engine(fp16, tmp_path, max_batch=8))
     assert contract.kind == "engine" and contract.max_batch == 8 and contract.target == "datacenter"
     assert contract.seq_len == 81 and contract.vocab_size == 11 and contract.steps == 1
@@ -128,7 +127,7 @@ def test_engine_from_precision_graph_reads_the_export_manifest(tiny_onnx, tmp_pa
     export_manifest = Path(str(tiny_onnx.unrolled) + ".manifest.json")
     export_manifest.rename(tmp_path / "moved.json")
     try:
-        with pytest.raises(ArtifactError, match="parent manifest"):
+        with pytest.raises(ArtifactError, match="or its manifest is missing"):
             read_contract(fp16)
     finally:
         (tmp_path / "moved.json").rename(export_manifest)
