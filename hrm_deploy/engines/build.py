@@ -93,7 +93,7 @@ def newest_export(folder: str | Path = "export") -> Path:
 def _graph_info(path: Path, data: bytes | None = None) -> tuple[dict[str, Any], dict[str, list[Any]], int]:
     """(hrm_deploy metadata, input name -> dims with None for dynamic, node count)."""
     onnx = require("onnx", "onnx", "Building engines")
-    from hrm_deploy.calib.accuracy import graph_metadata
+    from hrm_deploy.export.metadata import graph_metadata
 
     try:
         model = onnx.load_model_from_string(data) if data is not None else \

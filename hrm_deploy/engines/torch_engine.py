@@ -83,7 +83,7 @@ def _source(source: Path) -> tuple[Path, dict[str, Any]]:
     if source.suffix != ".onnx":
         raise ArtifactError(f"{source} is neither an ONNX export nor a checkpoint; pass one of them")
     onnx = require("onnx", "onnx", "Reading the ONNX export's metadata")
-    from hrm_deploy.calib.accuracy import graph_metadata
+    from hrm_deploy.export.metadata import graph_metadata
 
     # the checkpoint the ONNX came from, its sha256 checked against the ONNX manifest
     return find_reference(source), graph_metadata(onnx.load(str(source), load_external_data=False))
