@@ -69,9 +69,9 @@ def main() -> None:
         for batch in (1, 8):
             feeds = sample_inputs(SUDOKU, batch, seed=batch)
             t_in = torch.from_numpy(feeds["inputs"]), torch.from_numpy(feeds["puzzle_identifiers"])
-            ort_ms = median_ms(lambda: session.run(None, feeds), args.iters)
+            ort_ms = median_ms(lambda feeds=feeds: session.run(None, feeds), args.iters)
             with torch.inference_mode():
-                torch_ms = median_ms(lambda: fixed(*t_in), args.iters)
+                torch_ms = median_ms(lambda t_in=t_in: fixed(*t_in), args.iters)
             latency[str(batch)] = {"ort_fp32_ms_per_puzzle": round(ort_ms / batch, 2),
                                    "torch_eager_fp32_ms_per_puzzle": round(torch_ms / batch, 2),
                                    "ratio_torch_over_ort": round(torch_ms / ort_ms, 3)}

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-from hrm_deploy.model.checkpoint import read_checkpoint, model_from_contents, save_checkpoint
+from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint, save_checkpoint
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.train.loop import TrainConfig, train
 from hrm_deploy.train.presets import preset

@@ -96,8 +96,8 @@ def build_torch_engine(source: str | os.PathLike, config: TorchEngineConfig, out
     torch = require("torch", "torch", "The PyTorch engine")
     from hrm_deploy.engines.build import EngineResult
     from hrm_deploy.export.unroll import single_step, unroll
-    from hrm_deploy.system import IDENTITY, nvidia_smi
     from hrm_deploy.model.checkpoint import load_checkpoint
+    from hrm_deploy.system import IDENTITY, nvidia_smi
 
     src = Path(source)
     checkpoint, meta = _source(src)

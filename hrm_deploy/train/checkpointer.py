@@ -16,6 +16,7 @@ from hrm_deploy.io import check_output_path
 from hrm_deploy.model.checkpoint import save_checkpoint, write_upstream_run
 from hrm_deploy.model.hrm import ACTCarry
 from hrm_deploy.train.distributed import Distributed, agree
+from hrm_deploy.train.optim import PuzzleEmbeddingSignSGD
 from hrm_deploy.train.state import carry_state, rng_state
 
 RUN_FILES = ("last.pt", "metrics.jsonl")
@@ -71,7 +72,7 @@ class Checkpointer:
     at least every ``checkpoint_minutes`` (a kill -9 loses at most that much)."""
 
     def __init__(self, out: Path, config: Any, dist_info: Distributed, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, emb_opt: torch.optim.Optimizer | None):
+                 optimizer: torch.optim.Optimizer, emb_opt: PuzzleEmbeddingSignSGD | None):
         self.out, self.config, self.dist_info = out, config, dist_info
         self.model, self.optimizer, self.emb_opt = model, optimizer, emb_opt
         self.last = out / "last.pt"

@@ -24,10 +24,9 @@ from hrm_deploy.errors import CheckpointError, ConfigError, DataError, HRMDeploy
 from hrm_deploy.io import append_line
 from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint
 from hrm_deploy.model.config import HRMConfig
-from hrm_deploy.model.hrm import ACTCarry, HRMACT, build_model
+from hrm_deploy.model.hrm import HRMACT, ACTCarry, build_model
 from hrm_deploy.train.checkpointer import Checkpointer, StopRequest, check_out_dir
-from hrm_deploy.train.distributed import (Distributed, agree, barrier, init_distributed, reduce_metrics,
-                                          resolve_device)
+from hrm_deploy.train.distributed import Distributed, agree, barrier, init_distributed, reduce_metrics, resolve_device
 from hrm_deploy.train.losses import IGNORE_LABEL_ID, act_loss
 from hrm_deploy.train.optim import AdamATan2, PuzzleEmbeddingSignSGD
 from hrm_deploy.train.sampler import EpochSampler, to_batch

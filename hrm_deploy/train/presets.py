@@ -3,7 +3,7 @@ into the configs a run trains with."""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.errors import ConfigError
@@ -49,7 +49,7 @@ def preset(name: str) -> dict[str, dict[str, Any]]:
     return PRESETS[name]
 
 
-def train_configs(name: str, data: str | os.PathLike, out: str | os.PathLike, *,
+def train_configs(name: str, data: str | Path, out: str | Path, *,
                   overrides: dict[str, Any] | None = None, **settings: Any) -> tuple[HRMConfig, TrainConfig]:
     """The model and train configs for preset ``name`` on the dataset at ``data``.
 

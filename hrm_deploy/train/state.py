@@ -22,7 +22,7 @@ def seed_all(seed: int, rank: int = 0) -> None:
 
 def rng_state() -> dict[str, Any]:
     """Every generator's state (python, numpy, torch, CUDA) in a torch.save-able dict."""
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # legacy tuple: ("MT19937", keys, pos, has_gauss, cached)
     return {"python": list(random.getstate()[1]), "python_pos": random.getstate()[2],
             "numpy": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2]),
             "torch": torch.get_rng_state(),

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from hrm_deploy.bench.jetson import _clocks_pinned, parse_tegrastats, summarize
-from hrm_deploy.system import jetson_model
 from hrm_deploy.bench.run import BenchConfig, bench
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.system import jetson_model
 
 NANO = ("RAM 2785/7620MB (lfb 2x4MB) SWAP 0/3810MB (cached 0MB) CPU [2%@1510,1%@1510,0%@1510,0%@1510,off,off] "
         "EMC_FREQ 0%@2133 GR3D_FREQ 0%@[305] NVDEC off NVJPG off cpu@48.5C soc2@47.4C soc0@47.9C gpu@48.0C "

@@ -33,7 +33,7 @@ def test_resume_reaches_the_same_weights(micro_data, tmp_path):
     b, _ = load_checkpoint(resumed.checkpoint)
     for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(va, vb), k
-    lines = [json.loads(l) for l in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["final"]["eval"]["count"] == 8 and "samples_per_s" in lines[0]
 
 
