@@ -77,7 +77,7 @@ def test_bench_cpu_runners_table_json_plot(tiny_onnx, tmp_path):
 
 def test_target_jetson_off_jetson_refuses(tiny_onnx, tmp_path):
     if jetson_model() is not None:
-        pytest.skip("this machine is a Jetson")
+        pytest.skip("checks the refusal off a Jetson; this is a Jetson, where the on-device bench tests apply")
     with pytest.raises(ConfigError, match="not a Jetson"):
         bench([str(tiny_onnx.unrolled)], BenchConfig(data=tiny_onnx.data, target="jetson", out_dir=str(tmp_path)))
 

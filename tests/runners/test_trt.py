@@ -54,9 +54,9 @@ def test_engine_manifest_mismatch_names_both_sides():
 
 def test_adapter_surface_exists_in_installed_tensorrt_rtx():
     """Every TensorRT attribute the adapter uses exists in the installed tensorrt_rtx (no GPU needed)."""
-    trt = pytest.importorskip("tensorrt_rtx")
+    trt = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is not installed (pip install 'hrm-deploy[rtx]')")
     if not hasattr(trt, "Builder"):
-        pytest.skip("tensorrt_rtx is stubs only")
+        pytest.skip("tensorrt_rtx here is type stubs only; pip install tensorrt-rtx for the real package")
     from hrm_deploy.runners.adapter import TRT_DTYPES
 
     assert set(TRT_DTYPES) <= set(trt.DataType.__members__)
