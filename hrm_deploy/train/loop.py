@@ -284,6 +284,15 @@ def _diverged(loss: torch.Tensor, position: int, carry: ACTCarry | None, metrics
         f"checkpoint {ckpt.last if ckpt.last.exists() else '(none written yet)'}; lower --lr or check the data")
 
 
+def _optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
+                    emb_opt: PuzzleEmbeddingSignSGD | None) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    if emb_opt:
+        emb_opt.step()
+
+
 def _step_metrics(position: int, lr: float, loss: torch.Tensor, sums: dict[str, float], rows: int,
                   config: TrainConfig, step_s: float, data_s: float, compute_s: float) -> dict[str, Any]:
     count = max(1.0, sums["count"])
@@ -309,7 +318,8 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
     if dist_info.main:
         check_out_dir(out, config.overwrite, resume)
     train_split, test_split = _load_splits(model_config, config)
-    sampler, example_pids = EpochSampler(train_split, config.global_batch_size, config.seed), train_split.example_puzzle_ids()
+    sampler = EpochSampler(train_split, config.global_batch_size, config.seed)
+    example_pids = train_split.example_puzzle_ids()
     run = _setup(model_config, config, resume, dist_info)
     model, optimizer, emb_opt, device, position, carry = (run.model, run.optimizer, run.emb_opt, run.device,
                                                           run.position, run.carry)
@@ -336,11 +346,7 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
             loss, metrics = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps, config.loss_type)
             if agree(not bool(torch.isfinite(loss.detach())), dist_info, device):
                 raise _diverged(loss, position, carry, last_metrics, model, ckpt)
-            optimizer.zero_grad(set_to_none=True)
-            (loss * loss_scale).backward()
-            optimizer.step()
-            if emb_opt:
-                emb_opt.step()
+            _optimizer_step(loss * loss_scale, optimizer, emb_opt)
             position += 1
             sums = reduce_metrics(metrics, dist_info)  # also the per-step host sync for honest timing
             t2 = time.perf_counter()
