@@ -1,5 +1,4 @@
-"""Named presets (model config overrides, train config overrides) and the function that turns one
-into the configs a run trains with."""
+"""Named presets: (model config overrides, train config overrides)."""
 
 from __future__ import annotations
 
