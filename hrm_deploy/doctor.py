@@ -32,9 +32,8 @@ def working_ort_providers() -> tuple[list[str], dict[str, str]]:
     """Providers that really run a graph: build a tiny session per provider and check
     which provider the session ended up with."""
     import onnx
-    from onnx import TensorProto, helper
-
     import onnxruntime as ort
+    from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "probe",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],

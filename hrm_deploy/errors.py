@@ -75,3 +75,10 @@ class InternalError(Exception):
 class RemoteError(HRMDeployError):
     """Another machine (an ssh host for ``bench --host``, a server for ``solve --url``) could not
     be reached, timed out or refused the request; its message follows."""
+
+
+class VerifyError(HRMDeployError):
+    """An artifact failed ``verify``: its answers differ from the PyTorch reference beyond the
+    budget (argmax agreement or exact-accuracy drop). Exit code 3, as a parity failure."""
+
+    exit_code = 3

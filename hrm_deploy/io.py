@@ -17,8 +17,9 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 # Debris written by versions before the pid was in the name is removed when older than this.
 LEGACY_DEBRIS_AGE_S = 3600.0

@@ -27,8 +27,8 @@ import os
 import platform
 import re
 import sys
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from hrm_deploy import __version__

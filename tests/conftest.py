@@ -115,3 +115,51 @@ def tiny_onnx(trained_tiny, tmp_path_factory):
     step = export_onnx(trained_tiny.checkpoint, folder / "tiny.step.onnx", ExportConfig(mode="step", parity=False),
                        quiet=True)
     return SimpleNamespace(unrolled=unrolled.path, step=step.path, data=trained_tiny.data, folder=folder)
+
+
+# -- markers: gpu / jetson skip with an actionable reason; every skip's reason is summarised ----------
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests skip without a CUDA GPU and ``@pytest.mark.jetson`` tests off a
+    Jetson, each saying where to run them (the probes run only when such a test is collected)."""
+    if any(item.get_closest_marker("gpu") for item in items) and not _has_cuda():
+        skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none): run on a GPU machine")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip_gpu)
+    if any(item.get_closest_marker("jetson") for item in items):
+        from hrm_deploy.system import jetson_model
+
+        if jetson_model() is None:
+            skip_jetson = pytest.mark.skip(reason="needs a Jetson: run on the device, or `hrm-deploy bench --host`")
+            for item in items:
+                if item.get_closest_marker("jetson"):
+                    item.add_marker(skip_jetson)
+
+
+_SKIPS: dict[str, list[str]] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr or "")
+        reason = reason.removeprefix("Skipped: ").strip()
+        _SKIPS.setdefault(reason or "(no reason given: give this skip one that says what to install or where to run)",
+                          []).append(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Why tests skipped, one line per reason (with how many), so a skip never hides silently."""
+    if not _SKIPS:
+        return
+    terminalreporter.section("why tests skipped")
+    for reason, ids in sorted(_SKIPS.items(), key=lambda kv: -len(kv[1])):
+        terminalreporter.write_line(f"{len(ids):3d} x {reason}  (e.g. {ids[0]})")

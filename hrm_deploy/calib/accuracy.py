@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import numpy as np
 
 from hrm_deploy.calib.data import Examples
-from hrm_deploy.errors import ArtifactError, DataError
-
-
-def graph_metadata(model) -> dict[str, Any]:
-    """The ``hrm_deploy.*`` metadata an export wrote into the graph (mode, steps, config...)."""
-    meta = {p.key[len("hrm_deploy."):]: p.value for p in model.metadata_props if p.key.startswith("hrm_deploy.")}
-    if "mode" not in meta:
-        raise ArtifactError("this ONNX has no hrm_deploy metadata; use a graph written by `hrm-deploy export`")
-    meta["steps"] = int(meta.get("steps", 1))
-    meta["config"] = json.loads(meta.get("config", "{}"))
-    return meta
+from hrm_deploy.errors import DataError
+from hrm_deploy.export.metadata import graph_metadata  # noqa: F401 - moved to export/; old import path kept
 
 
 def infer_all(runner, examples: Examples, batch: int = 64) -> dict[str, np.ndarray]:

@@ -117,7 +117,7 @@ def _sensitivity_fallback(fp32: Path, out_tmp: Path, examples, holdout, config: 
 def make_precision_graph(onnx_path: str | os.PathLike, config: PrecisionConfig,
                          out: str | os.PathLike | None = None, quiet: bool = False) -> PrecisionResult:
     """Write ``<name>.<precision>.onnx`` (beside the FP32 graph unless ``out``) and its manifest."""
-    from hrm_deploy.calib.accuracy import graph_metadata
+    from hrm_deploy.export.metadata import graph_metadata
 
     src = Path(onnx_path)
     if not src.is_file():

@@ -44,21 +44,14 @@ def train(
     sudoku-tiny reaches >= 90% exact accuracy in about 3 minutes on 2 CPU cores on data from
     `hrm-deploy data sudoku --train 5000 --test 300 --min-blanks 3 --max-blanks 6`.
     Multi-GPU: `torchrun --nproc-per-node N -m hrm_deploy train ...` (DDP)."""
-    from hrm_deploy.data.format import load_split
-    from hrm_deploy.model.config import HRMConfig
-    from hrm_deploy.train.loop import TrainConfig, train as run_training
-    from hrm_deploy.train.presets import preset as get_preset
+    from hrm_deploy.train.loop import train as run_training
+    from hrm_deploy.train.presets import train_configs
 
-    chosen = get_preset(preset)
-    meta = load_split(data, "train").metadata
-    model_config = HRMConfig(seq_len=meta.seq_len, vocab_size=meta.vocab_size,
-                             num_puzzle_identifiers=meta.num_puzzle_identifiers, **chosen["model"])
-    overrides = dict(steps=steps, global_batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed,
-                     checkpoint_every=checkpoint_every)
-    config = TrainConfig(data_path=str(data), out_dir=str(out), device=device, compile=compile, threads=threads,
-                         export_upstream=export_upstream, log_to=tuple(log_to or ()),
-                         checkpoint_minutes=checkpoint_minutes, overwrite=overwrite,
-                         **{**chosen["train"], **{k: v for k, v in overrides.items() if v is not None}})
+    model_config, config = train_configs(
+        preset, data, out, device=device, compile=compile, threads=threads, export_upstream=export_upstream,
+        log_to=tuple(log_to or ()), checkpoint_minutes=checkpoint_minutes, overwrite=overwrite,
+        overrides=dict(steps=steps, global_batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed,
+                       checkpoint_every=checkpoint_every))
     result = run_training(model_config, config, resume=str(resume) if resume else None)
     if result.interrupted:
         typer.echo(f"interrupted at step {result.metrics.get('step', 0)}: wrote {result.checkpoint}; continue with "

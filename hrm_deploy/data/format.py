@@ -39,7 +39,7 @@ class DatasetMetadata:
     sets: list[str] = field(default_factory=lambda: ["all"])
 
     @classmethod
-    def from_json(cls, path: Path) -> "DatasetMetadata":
+    def from_json(cls, path: Path) -> DatasetMetadata:
         try:
             data = json.loads(path.read_text())
             known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}

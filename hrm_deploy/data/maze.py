@@ -74,7 +74,8 @@ def make_maze(size: int, rng: np.random.Generator, min_path: int = 0, max_tries:
     for _ in range(max_tries):
         grid = _carve(size, rng)
         open_cells = np.argwhere(grid == OPEN)
-        seed_cell = tuple(int(x) for x in open_cells[int(rng.integers(len(open_cells)))])
+        row, col = open_cells[int(rng.integers(len(open_cells)))]
+        seed_cell = (int(row), int(col))
         far = list(_bfs(grid, seed_cell))[-1]  # BFS order: the last cell is a farthest one
         parents = _bfs(grid, far)
         goal = list(parents)[-1]

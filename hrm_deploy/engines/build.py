@@ -24,10 +24,10 @@ from hrm_deploy.engines.backend import (
 from hrm_deploy.engines.layers import precision_verdict
 from hrm_deploy.engines.targets import TargetProfile, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
-from hrm_deploy.system import IDENTITY, nvidia_smi
 from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact, read_verified
 from hrm_deploy.progress import Stages
+from hrm_deploy.system import IDENTITY, nvidia_smi
 
 ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # Host memory of a TensorRT build per ONNX node, measured: the 16-step Sudoku unroll
@@ -94,7 +94,7 @@ def newest_export(folder: str | Path = "export") -> Path:
 def _graph_info(path: Path, data: bytes | None = None) -> tuple[dict[str, Any], dict[str, list[Any]], int]:
     """(hrm_deploy metadata, input name -> dims with None for dynamic, node count)."""
     onnx = require("onnx", "onnx", "Building engines")
-    from hrm_deploy.calib.accuracy import graph_metadata
+    from hrm_deploy.export.metadata import graph_metadata
 
     try:
         model = onnx.load_model_from_string(data) if data is not None else \

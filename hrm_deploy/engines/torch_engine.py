@@ -83,7 +83,7 @@ def _source(source: Path) -> tuple[Path, dict[str, Any]]:
     if source.suffix != ".onnx":
         raise ArtifactError(f"{source} is neither an ONNX export nor a checkpoint; pass one of them")
     onnx = require("onnx", "onnx", "Reading the ONNX export's metadata")
-    from hrm_deploy.calib.accuracy import graph_metadata
+    from hrm_deploy.export.metadata import graph_metadata
 
     # the checkpoint the ONNX came from, its sha256 checked against the ONNX manifest
     return find_reference(source), graph_metadata(onnx.load(str(source), load_external_data=False))
@@ -96,8 +96,8 @@ def build_torch_engine(source: str | os.PathLike, config: TorchEngineConfig, out
     torch = require("torch", "torch", "The PyTorch engine")
     from hrm_deploy.engines.build import EngineResult
     from hrm_deploy.export.unroll import single_step, unroll
-    from hrm_deploy.system import IDENTITY, nvidia_smi
     from hrm_deploy.model.checkpoint import load_checkpoint
+    from hrm_deploy.system import IDENTITY, nvidia_smi
 
     src = Path(source)
     checkpoint, meta = _source(src)

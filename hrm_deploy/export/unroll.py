@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hrm_deploy.model.hrm import Carry, HRMACT, HRMCore
+from hrm_deploy.model.hrm import HRMACT, Carry, HRMCore
 
 # The I/O contract of exported graphs (names are part of the public interface).
 UNROLLED_INPUTS = ("inputs", "puzzle_identifiers")
@@ -84,7 +84,7 @@ class FixedStepHRM(nn.Module):
             q_continues.append(q_continue)
             if self.step_predictions:
                 predictions.append(logits.argmax(-1).to(torch.int32))
-        outputs = (logits, torch.stack(q_halts, 1), torch.stack(q_continues, 1))
+        outputs: tuple[torch.Tensor, ...] = (logits, torch.stack(q_halts, 1), torch.stack(q_continues, 1))
         if self.step_predictions:
             outputs += (torch.stack(predictions, 1),)
         return outputs

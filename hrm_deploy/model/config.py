@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from hrm_deploy.errors import ConfigError
 
@@ -118,11 +119,11 @@ class HRMConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def replace(self, **changes: Any) -> "HRMConfig":
+    def replace(self, **changes: Any) -> HRMConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, strict: bool = False) -> "HRMConfig":
+    def from_dict(cls, data: Mapping[str, Any], *, strict: bool = False) -> HRMConfig:
         """Build from a mapping; unknown keys (upstream's ``name``, ``loss``...) are ignored
         unless ``strict``. Numbers given as strings or floats are coerced where exact."""
         known = {f.name: f for f in dataclasses.fields(cls)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,8 @@ class PuzzleEmbedding(nn.Module):
     rows are updated, and the table never enters ``parameters()``.
     """
 
+    weights: torch.Tensor  # buffer [num_ids, dim]
+
     def __init__(self, num_ids: int, dim: int):
         super().__init__()
         self.register_buffer("weights", torch.zeros(num_ids, dim))
@@ -57,6 +60,9 @@ class Carry:
 
 class HRMCore(nn.Module):
     """One ACT segment of HRM (upstream ``HierarchicalReasoningModel_ACTV1_Inner``)."""
+
+    H_init: torch.Tensor  # buffers [D]
+    L_init: torch.Tensor
 
     def __init__(self, config: HRMConfig):
         super().__init__()
@@ -88,6 +94,7 @@ class HRMCore(nn.Module):
         self.register_buffer("L_init", trunc_normal_(torch.empty(d), std=1.0).bfloat16().float())
         with torch.no_grad():  # Q head starts at "never halt": weight 0, bias -5.
             self.q_head.weight.zero_()
+            assert self.q_head.bias is not None  # built with bias=True just above
             self.q_head.bias.fill_(-5.0)
 
     # -- pieces, also used by the exporter --------------------------------------------------
@@ -170,6 +177,8 @@ class HRMACT(nn.Module):
     In eval every row runs exactly ``halt_max_steps`` segments; in training rows halt on
     ``q_halt > q_continue`` with exploration and the bootstrapped Q target is returned.
     """
+
+    checkpoint_info: dict[str, Any]  # set by load_checkpoint: the loaded file's description
 
     def __init__(self, config: HRMConfig):
         super().__init__()

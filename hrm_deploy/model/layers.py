@@ -85,6 +85,9 @@ class CastedEmbedding(nn.Module):
 class RotaryTables(nn.Module):
     """Precomputed cos/sin tables (not saved: upstream's are non-persistent too)."""
 
+    cos_cached: torch.Tensor  # buffers [max_positions, head_dim]
+    sin_cached: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, base: float):
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))

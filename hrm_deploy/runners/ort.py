@@ -31,7 +31,7 @@ class OrtRunner(Runner):
     def _activate(self) -> None:
         ort = require("onnxruntime", "onnx", "The ONNX Runtime runner")
         onnx = require("onnx", "onnx", "The ONNX Runtime runner")
-        from hrm_deploy.calib.accuracy import graph_metadata
+        from hrm_deploy.export.metadata import graph_metadata
         from hrm_deploy.manifest import check_artifact
 
         check_artifact(self.path)  # a graph whose manifest describes other bytes is refused

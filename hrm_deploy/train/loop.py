@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +21,20 @@ import torch
 
 from hrm_deploy.data.format import Split, check_fits_model, load_split, select_examples
 from hrm_deploy.errors import CheckpointError, ConfigError, DataError, HRMDeployError
-from hrm_deploy.io import append_line, check_output_path
-from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint, save_checkpoint, write_upstream_run
+from hrm_deploy.io import append_line
+from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint
 from hrm_deploy.model.config import HRMConfig
-from hrm_deploy.model.hrm import ACTCarry, Carry, HRMACT, build_model
+from hrm_deploy.model.hrm import HRMACT, ACTCarry, build_model
+from hrm_deploy.train.checkpointer import Checkpointer, StopRequest, check_out_dir
+from hrm_deploy.train.distributed import Distributed, agree, barrier, init_distributed, reduce_metrics, resolve_device
 from hrm_deploy.train.losses import IGNORE_LABEL_ID, act_loss
 from hrm_deploy.train.optim import AdamATan2, PuzzleEmbeddingSignSGD
+from hrm_deploy.train.sampler import EpochSampler, to_batch
 from hrm_deploy.train.sinks import MetricSinks
+from hrm_deploy.train.state import carry_from, seed_all, set_rng_state
+
+__all__ = ["EpochSampler", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "lr_at", "to_batch",
+           "train"]
 
 
 @dataclass(frozen=True)
@@ -97,98 +102,6 @@ def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> 
     return base * (min_ratio + max(0.0, (1 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))))
 
 
-class EpochSampler:
-    """Deterministic upstream-style sampling: each epoch visits every group once in a
-    seeded order, taking a random puzzle of the group and a random example of it."""
-
-    def __init__(self, split: Split, batch: int, seed: int):
-        self.split, self.batch, self.seed = split, batch, seed
-        self.groups = len(split.group_indices) - 1
-        self._cached: tuple[int, np.ndarray] | None = None  # (epoch, example order)
-        if self.groups < batch:
-            raise DataError(f"the train split has {self.groups} puzzle groups, fewer than the global batch "
-                            f"{batch}; lower --batch-size or generate more puzzles")
-
-    def epoch_examples(self, epoch: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, epoch])
-        g = self.split.group_indices
-        p = self.split.puzzle_indices
-        out = np.empty(self.groups, dtype=np.int64)
-        for i, group in enumerate(rng.permutation(self.groups)):
-            puzzle = rng.integers(g[group], g[group + 1])
-            out[i] = rng.integers(p[puzzle], p[puzzle + 1])
-        return out
-
-    def batch_at(self, position: int) -> np.ndarray:
-        per_epoch = self.groups // self.batch  # the partial last batch is dropped, as upstream
-        epoch, index = divmod(position, per_epoch)
-        if self._cached is None or self._cached[0] != epoch:
-            self._cached = (epoch, self.epoch_examples(epoch))
-        return self._cached[1][index * self.batch:(index + 1) * self.batch]
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto``: CUDA when available. Under torchrun each rank takes GPU ``LOCAL_RANK``."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} asked for but torch sees no CUDA GPU; use --device cpu")
-    if name == "cuda":
-        return torch.device("cuda", local_rank)
-    return torch.device(name)
-
-
-@dataclass(frozen=True)
-class Distributed:
-    """This process's place in a torchrun job (rank 0 of 1 without torchrun)."""
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed(device_name: str) -> Distributed:
-    """Join the process group torchrun describes in the environment (NCCL on GPUs, gloo on CPU)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Distributed()
-    import torch.distributed as dist
-
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if not dist.is_initialized():
-        use_cuda = device_name != "cpu" and torch.cuda.is_available()
-        if use_cuda:
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl" if use_cuda else "gloo")
-    return Distributed(dist.get_rank(), dist.get_world_size(), local_rank)
-
-
-def _gather_rows(t: torch.Tensor, dist_info: Distributed) -> torch.Tensor:
-    """Concatenate every rank's rows (rank order) so the saved carry is the global batch's."""
-    if dist_info.world == 1:
-        return t
-    import torch.distributed as dist
-
-    parts = [torch.empty_like(t) for _ in range(dist_info.world)]
-    dist.all_gather(parts, t.contiguous())
-    return torch.cat(parts)
-
-
-def to_batch(split: Split, idx: np.ndarray, ignore_label_id: int | None,
-             example_pids: np.ndarray | None = None, device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    labels = torch.from_numpy(np.asarray(split.labels[idx]).astype(np.int64))
-    if ignore_label_id is not None:
-        labels = torch.where(labels == ignore_label_id, IGNORE_LABEL_ID, labels)
-    pids = (example_pids if example_pids is not None else split.example_puzzle_ids())[idx]
-    batch = {"inputs": torch.from_numpy(np.asarray(split.inputs[idx]).astype(np.int64)),
-             "labels": labels, "puzzle_identifiers": torch.from_numpy(pids.astype(np.int64))}
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()} if device is not None else batch
-
-
 @torch.inference_mode()
 def evaluate(model: HRMACT, split: Split, samples: int | None = None, batch: int = 256) -> dict[str, float]:
     """Exact and token accuracy of the fixed-step unroll (upstream's eval) on a subset."""
@@ -212,40 +125,6 @@ def evaluate(model: HRMACT, split: Split, samples: int | None = None, batch: int
     return {"exact_accuracy": exact / max(count, 1), "accuracy": tokens / max(count, 1), "count": count}
 
 
-def _rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    return {"python": list(random.getstate()[1]), "python_pos": random.getstate()[2],
-            "numpy": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2]),
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate((3, tuple(state["python"]), state["python_pos"]))
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _carry_state(carry: ACTCarry | None, dist_info: Distributed) -> dict[str, Any] | None:
-    if carry is None:
-        return None
-    state = {"z_H": carry.inner.z_H, "z_L": carry.inner.z_L, "steps": carry.steps, "halted": carry.halted,
-             **{f"data.{k}": v for k, v in carry.current_data.items()}}
-    return {k: _gather_rows(v, dist_info).cpu() for k, v in state.items()}
-
-
-def _carry_from(state: dict[str, Any] | None, device: torch.device, dist_info: Distributed) -> ACTCarry | None:
-    """This rank's rows of a saved global-batch carry."""
-    if state is None:
-        return None
-    rows = len(state["steps"]) // dist_info.world
-    state = {k: v[dist_info.rank * rows:(dist_info.rank + 1) * rows].to(device) for k, v in state.items()}
-    data = {k[5:]: v for k, v in state.items() if k.startswith("data.")}
-    return ACTCarry(Carry(state["z_H"], state["z_L"]), state["steps"], state["halted"], data)
-
-
 @dataclass
 class TrainResult:
     checkpoint: Path
@@ -255,24 +134,6 @@ class TrainResult:
 
 class TrainingDiverged(HRMDeployError):
     """The loss became NaN/inf; the last good checkpoint is kept."""
-
-
-RUN_FILES = ("last.pt", "metrics.jsonl")
-
-
-def _check_out_dir(out: Path, config: TrainConfig, resume: str | None) -> None:
-    """Refuse to replace another run's files unless asked to (``--resume`` or ``--overwrite``)."""
-    check_output_path(out / "last.pt")
-    existing = [out / n for n in RUN_FILES if (out / n).exists()] + sorted(out.glob("step_*.pt"))
-    if not existing:
-        return
-    if config.overwrite:
-        for path in existing:
-            path.unlink()
-        return
-    if resume is None:
-        raise ConfigError(f"{out} already holds a run ({existing[0].name}); continue it with --resume "
-                          f"{out / 'last.pt'}, start over with --overwrite, or pick another --out")
 
 
 def _check_splits(train_split: Split, test_split: Split, vocab_size: int, where: str) -> None:
@@ -292,35 +153,6 @@ def _check_splits(train_split: Split, test_split: Split, vocab_size: int, where:
             bad = int(labels[~valid].flat[0])
             raise DataError(f"{where}: the {name} split has label {bad}, outside the vocabulary [0, {vocab_size}) "
                             "and not the ignore label; the dataset is damaged or built for another vocabulary")
-
-
-class _StopRequest:
-    """SIGINT/SIGTERM during training: finish the step, checkpoint, stop cleanly. A second
-    signal interrupts at once (the last checkpoint stays)."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> "_StopRequest":
-        import signal
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal is not None:
-            raise KeyboardInterrupt
-        self.signal = signum
-
-    def __exit__(self, *exc: Any) -> None:
-        import signal
-
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _build_optimizers(model: HRMACT, config: TrainConfig, fused: bool):
@@ -346,16 +178,6 @@ def _set_lrs(position: int, config: TrainConfig, optimizer, emb_opt) -> float:
         emb_opt.param_groups[0]["lr"] = lr_at(position, config.puzzle_emb_lr, config.lr_warmup_steps,
                                               config.steps, config.lr_min_ratio)
     return lr
-
-
-def _reduce_metrics(metrics: dict[str, torch.Tensor], dist_info: Distributed) -> dict[str, float]:
-    keys = ("count", "accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
-    stacked = torch.stack([metrics[k].detach().float() for k in keys])
-    if dist_info.world > 1:
-        import torch.distributed as dist
-
-        dist.all_reduce(stacked)
-    return dict(zip(keys, stacked.tolist()))
 
 
 class _ProgressBar:
@@ -392,15 +214,92 @@ def _out_of_memory(config: TrainConfig, dist_info: Distributed, out: Path) -> Co
                        f"{smaller} (and --resume {out / 'last.pt'} if it exists), or a smaller model")
 
 
-def _agree(flag: bool, dist_info: Distributed, device: torch.device | None = None) -> bool:
-    """True when any rank says so (a signal or NaN on one rank stops all ranks together)."""
-    if dist_info.world == 1:
-        return flag
-    import torch.distributed as dist
+def _load_splits(model_config: HRMConfig, config: TrainConfig) -> tuple[Split, Split]:
+    train_split = load_split(config.data_path, "train")
+    test_split = load_split(config.data_path, "test")
+    check_fits_model(train_split.metadata, model_config, config.data_path)
+    _check_splits(train_split, test_split, model_config.vocab_size, config.data_path)
+    return train_split, test_split
 
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+
+@dataclass
+class _Setup:
+    """What a (resumed) run starts from."""
+
+    model: HRMACT
+    step_model: torch.nn.Module  # the DDP wrapper under torchrun, else the model
+    optimizer: torch.optim.Optimizer
+    emb_opt: PuzzleEmbeddingSignSGD | None
+    device: torch.device
+    position: int
+    carry: ACTCarry | None
+
+
+def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dist_info: Distributed) -> _Setup:
+    """Build (or restore) model, optimizers, RNG state, step position and ACT carry."""
+    position, carry_saved, contents = 0, None, None
+    if resume:
+        contents = read_checkpoint(resume)
+        if contents.kind != "hrm-deploy" or not all(k in contents.extra for k in ("optimizer", "rng")):
+            raise CheckpointError(f"{resume} is not a trainer checkpoint (it has weights but no optimizer and "
+                                  "random state, e.g. an upstream step_N or a bundled preset); --resume takes a "
+                                  "last.pt/step_N.pt written by hrm-deploy train")
+        model = model_from_contents(contents)
+        if contents.config != model_config:
+            raise ConfigError(f"{resume} was trained with a different model config; resume it without overrides")
+        position = int(contents.step or 0)
+        carry_saved = contents.extra.get("carry")
+    else:
+        model = build_model(model_config, seed=config.seed)
+        seed_all(config.seed, dist_info.rank)
+    device = resolve_device(config.device, dist_info.local_rank)
+    if device.type == "cuda" and config.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model.to(device).train()
+    optimizer, emb_opt = _build_optimizers(model, config, fused=device.type == "cuda")
+    if contents is not None:
+        optimizer.load_state_dict(contents.extra["optimizer"])
+        if emb_opt is not None and contents.extra.get("puzzle_emb_optimizer"):
+            emb_opt.load_state_dict(contents.extra["puzzle_emb_optimizer"])
+        set_rng_state(contents.extra["rng"])
+    carry = carry_from(carry_saved, device, dist_info)
+    if config.compile:
+        model.inner.compile()  # in place: state-dict keys stay upstream's
+    step_model: torch.nn.Module = model
+    if dist_info.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return _Setup(model, step_model, optimizer, emb_opt, device, position, carry)
+
+
+def _diverged(loss: torch.Tensor, position: int, carry: ACTCarry | None, metrics: dict[str, Any],
+              model: HRMACT, ckpt: Checkpointer) -> TrainingDiverged:
+    """Keep the last good weights (those before this step, if finite) and say so."""
+    if all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        ckpt.save(ckpt.last, position, carry, metrics)
+    return TrainingDiverged(
+        f"the loss became {float(loss.detach())} at step {position + 1}; stopped with the last good "
+        f"checkpoint {ckpt.last if ckpt.last.exists() else '(none written yet)'}; lower --lr or check the data")
+
+
+def _optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
+                    emb_opt: PuzzleEmbeddingSignSGD | None) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    if emb_opt:
+        emb_opt.step()
+
+
+def _step_metrics(position: int, lr: float, loss: torch.Tensor, sums: dict[str, float], rows: int,
+                  config: TrainConfig, step_s: float, data_s: float, compute_s: float) -> dict[str, Any]:
+    count = max(1.0, sums["count"])
+    return {"step": position, "lr": lr, "loss": float(loss.detach()) / rows, "count": int(sums["count"]),
+            **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")},
+            "samples_per_s": config.global_batch_size / max(step_s, 1e-9),
+            "data_s": round(data_s, 3), "compute_s": round(compute_s, 3)}
 
 
 def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = None,
@@ -415,79 +314,17 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
     if config.threads:
         torch.set_num_threads(config.threads)
     dist_info = init_distributed(config.device)
-    if config.global_batch_size % dist_info.world:
-        raise ConfigError(f"global batch {config.global_batch_size} does not split over {dist_info.world} "
-                          "processes; choose a multiple of the process count")
-    rows = config.global_batch_size // dist_info.world
-    out = Path(config.out_dir)
+    rows, out = dist_info.rows(config.global_batch_size), Path(config.out_dir)
     if dist_info.main:
-        _check_out_dir(out, config, resume)
-    train_split = load_split(config.data_path, "train")
-    test_split = load_split(config.data_path, "test")
-    check_fits_model(train_split.metadata, model_config, config.data_path)
-    _check_splits(train_split, test_split, model_config.vocab_size, config.data_path)
+        check_out_dir(out, config.overwrite, resume)
+    train_split, test_split = _load_splits(model_config, config)
     sampler = EpochSampler(train_split, config.global_batch_size, config.seed)
     example_pids = train_split.example_puzzle_ids()
-
-    position, carry_state = 0, None
-    if resume:
-        contents = read_checkpoint(resume)
-        if contents.kind != "hrm-deploy" or not all(k in contents.extra for k in ("optimizer", "rng")):
-            raise CheckpointError(f"{resume} is not a trainer checkpoint (it has weights but no optimizer and "
-                                  "random state, e.g. an upstream step_N or a bundled preset); --resume takes a "
-                                  "last.pt/step_N.pt written by hrm-deploy train")
-        model = model_from_contents(contents)
-        if contents.config != model_config:
-            raise ConfigError(f"{resume} was trained with a different model config; resume it without overrides")
-        position = int(contents.step or 0)
-        carry_state = contents.extra.get("carry")
-    else:
-        model = build_model(model_config, seed=config.seed)
-        random.seed(config.seed)
-        np.random.seed(config.seed)
-        torch.manual_seed(config.seed + dist_info.rank)  # exploration draws differ per rank
-    device = resolve_device(config.device, dist_info.local_rank)
-    if device.type == "cuda" and config.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    model.to(device).train()
-    optimizer, emb_opt = _build_optimizers(model, config, fused=device.type == "cuda")
-    if resume:
-        optimizer.load_state_dict(contents.extra["optimizer"])
-        if emb_opt is not None and contents.extra.get("puzzle_emb_optimizer"):
-            emb_opt.load_state_dict(contents.extra["puzzle_emb_optimizer"])
-        _set_rng_state(contents.extra["rng"])
-    carry = _carry_from(carry_state, device, dist_info)
-    if config.compile:
-        model.inner.compile()  # in place: state-dict keys stay upstream's
-    step_model: torch.nn.Module = model
-    if dist_info.world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    def save(path: Path, metrics: dict | None = None) -> Path:
-        carry_saved = _carry_state(carry, dist_info)  # collective: every rank takes part
-        if dist_info.main:
-            save_checkpoint(path, model, step=position, train_config=dataclasses.asdict(config),
-                            optimizer=optimizer.state_dict(),
-                            puzzle_emb_optimizer=emb_opt.state_dict() if emb_opt else None,
-                            rng=_rng_state(), carry=carry_saved, metrics=metrics or {},
-                            world_size=dist_info.world)
-            if config.export_upstream:
-                write_upstream_run(out / "upstream", model, step=position, data_path=str(config.data_path),
-                                   train_config=dataclasses.asdict(config), loss_type=config.loss_type)
-        return path
-
-    def run_eval(samples: int | None) -> dict[str, float]:
-        result = evaluate(model, test_split, samples) if dist_info.main else {}
-        if dist_info.world > 1:
-            torch.distributed.barrier()
-        return result
-
+    run = _setup(model_config, config, resume, dist_info)
+    model, optimizer, emb_opt, device, position, carry = (run.model, run.optimizer, run.emb_opt, run.device,
+                                                          run.position, run.carry)
     out.mkdir(parents=True, exist_ok=True)
     sinks = MetricSinks(config.log_to if dist_info.main else (), str(out), dataclasses.asdict(config))
-    log = dist_info.main
     end = config.steps if stop_after is None else min(config.steps, position + stop_after)
     bar = _ProgressBar(progress and dist_info.main, config.steps, position)
     data_time = compute_time = 0.0
@@ -495,59 +332,33 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
     # Under DDP the averaged gradient is (1/world) sum over ranks; scaling by world / global
     # batch gives upstream's sum of per-example losses over the global batch.
     loss_scale = dist_info.world / config.global_batch_size
-    stop = _StopRequest()
-    last_save = time.monotonic()
-    last_good = out / "last.pt"
+    stop, ckpt = StopRequest(), Checkpointer(out, config, dist_info, model, optimizer, emb_opt)
     try:
         stop.__enter__()
-        while position < end:
-            if _agree(stop.signal is not None, dist_info, device):
-                break
+        while position < end and not agree(stop.signal is not None, dist_info, device):
             t0 = time.perf_counter()
-            idx = sampler.batch_at(position)[dist_info.rank * rows:(dist_info.rank + 1) * rows]
+            idx = dist_info.my_rows(sampler.batch_at(position), rows)
             batch = to_batch(train_split, idx, train_split.metadata.ignore_label_id, example_pids, device)
             t1 = time.perf_counter()
-            if carry is None:
-                carry = model.initial_carry(batch)
+            carry = model.initial_carry(batch) if carry is None else carry
             lr = _set_lrs(position, config, optimizer, emb_opt)
-            carry, outputs = step_model(carry, batch)
+            carry, outputs = run.step_model(carry, batch)
             loss, metrics = act_loss(outputs, carry.current_data["labels"], carry.halted, carry.steps, config.loss_type)
-            if _agree(not bool(torch.isfinite(loss.detach())), dist_info, device):
-                # weights are still those of the last good step; keep them if they are finite
-                if all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-                    save(last_good, last_metrics)
-                raise TrainingDiverged(
-                    f"the loss became {float(loss.detach())} at step {position + 1}; stopped with the last good "
-                    f"checkpoint {last_good if last_good.exists() else '(none written yet)'}; lower --lr or "
-                    "check the data")
-            optimizer.zero_grad(set_to_none=True)
-            (loss * loss_scale).backward()
-            optimizer.step()
-            if emb_opt:
-                emb_opt.step()
+            if agree(not bool(torch.isfinite(loss.detach())), dist_info, device):
+                raise _diverged(loss, position, carry, last_metrics, model, ckpt)
+            _optimizer_step(loss * loss_scale, optimizer, emb_opt)
             position += 1
-            sums = _reduce_metrics(metrics, dist_info)  # also the per-step host sync for honest timing
+            sums = reduce_metrics(metrics, dist_info)  # also the per-step host sync for honest timing
             t2 = time.perf_counter()
-            data_time += t1 - t0
-            compute_time += t2 - t1
-            count = max(1.0, sums["count"])
-            last_metrics = {"step": position, "lr": lr, "loss": float(loss.detach()) / rows,
-                            "count": int(sums["count"]),
-                            **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")},
-                            "samples_per_s": config.global_batch_size / max(t2 - t0, 1e-9),
-                            "data_s": round(data_time, 3), "compute_s": round(compute_time, 3)}
+            data_time, compute_time = data_time + t1 - t0, compute_time + t2 - t1
+            last_metrics = _step_metrics(position, lr, loss, sums, rows, config, t2 - t0, data_time, compute_time)
             if config.eval_every and position % config.eval_every == 0 and position < config.steps:
-                last_metrics["eval"] = run_eval(config.eval_samples)
-            if log:
+                last_metrics["eval"] = _evaluate_on_main(model, test_split, config.eval_samples, dist_info)
+            if dist_info.main:
                 append_line(out / "metrics.jsonl", json.dumps(last_metrics))
                 sinks.log(last_metrics)
             bar.update(last_metrics)
-            if config.checkpoint_every and position % config.checkpoint_every == 0:
-                save(out / f"step_{position}.pt", last_metrics)
-            due = bool(config.checkpoint_minutes) and time.monotonic() - last_save >= 60 * config.checkpoint_minutes
-            if _agree(due, dist_info, device) and position < end:
-                save(last_good, last_metrics)  # periodic: a kill -9 loses at most checkpoint_minutes
-                last_save = time.monotonic()
+            ckpt.after_step(position, carry, last_metrics, end, device)
     except torch.cuda.OutOfMemoryError:
         raise _out_of_memory(config, dist_info, out) from None
     finally:
@@ -555,10 +366,17 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
         bar.stop()
         sinks.close()
     if stop.signal is not None:
-        return TrainResult(save(last_good, last_metrics), last_metrics, interrupted=True)
+        return TrainResult(ckpt.save(ckpt.last, position, carry, last_metrics), last_metrics, interrupted=True)
     if position >= config.steps:
-        last_metrics["eval"] = run_eval(None)  # full evaluation at the end
+        last_metrics["eval"] = _evaluate_on_main(model, test_split, None, dist_info)  # full evaluation at the end
         last_metrics["timing"] = {"data_s": data_time, "compute_s": compute_time}
         if dist_info.main:
             append_line(out / "metrics.jsonl", json.dumps({"final": last_metrics}))
-    return TrainResult(save(out / "last.pt", last_metrics), last_metrics)
+    return TrainResult(ckpt.save(ckpt.last, position, carry, last_metrics), last_metrics)
+
+
+def _evaluate_on_main(model: HRMACT, split: Split, samples: int | None, dist_info: Distributed) -> dict[str, float]:
+    """Rank 0 evaluates; the others wait for it."""
+    result = evaluate(model, split, samples) if dist_info.main else {}
+    barrier(dist_info)
+    return result

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.train.loop import TrainConfig
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # CPU-sized: >= 90% exact on held-out generated Sudoku with 3-6 blanks in <= 3 minutes on
@@ -57,3 +62,23 @@ def preset(name: str) -> dict[str, dict[str, Any]]:
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[name]
+
+
+def train_configs(name: str, data: str | Path, out: str | Path, *,
+                  overrides: dict[str, Any] | None = None, **settings: Any) -> tuple[HRMConfig, TrainConfig]:
+    """The model and train configs for preset ``name`` on the dataset at ``data``.
+
+    The model's sequence length, vocabulary and puzzle count come from the dataset's metadata;
+    ``overrides`` (``None`` values mean "the preset's") replace the preset's train settings;
+    ``settings`` are the remaining ``TrainConfig`` fields (device, compile, threads, ...)."""
+    from hrm_deploy.data.format import load_split
+    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.train.loop import TrainConfig
+
+    chosen = preset(name)
+    meta = load_split(data, "train").metadata
+    model_config = HRMConfig(seq_len=meta.seq_len, vocab_size=meta.vocab_size,
+                             num_puzzle_identifiers=meta.num_puzzle_identifiers, **chosen["model"])
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    config = TrainConfig(data_path=str(data), out_dir=str(out), **settings, **{**chosen["train"], **given})
+    return model_config, config

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from hrm_deploy.bench.jetson import _clocks_pinned, parse_tegrastats, summarize
-from hrm_deploy.system import jetson_model
 from hrm_deploy.bench.run import BenchConfig, bench
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.system import jetson_model
 
 NANO = ("RAM 2785/7620MB (lfb 2x4MB) SWAP 0/3810MB (cached 0MB) CPU [2%@1510,1%@1510,0%@1510,0%@1510,off,off] "
         "EMC_FREQ 0%@2133 GR3D_FREQ 0%@[305] NVDEC off NVJPG off cpu@48.5C soc2@47.4C soc0@47.9C gpu@48.0C "
@@ -77,7 +77,7 @@ def test_bench_cpu_runners_table_json_plot(tiny_onnx, tmp_path):
 
 def test_target_jetson_off_jetson_refuses(tiny_onnx, tmp_path):
     if jetson_model() is not None:
-        pytest.skip("this machine is a Jetson")
+        pytest.skip("checks the refusal off a Jetson; this is a Jetson, where the on-device bench tests apply")
     with pytest.raises(ConfigError, match="not a Jetson"):
         bench([str(tiny_onnx.unrolled)], BenchConfig(data=tiny_onnx.data, target="jetson", out_dir=str(tmp_path)))
 

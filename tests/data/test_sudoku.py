@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from hrm_deploy.data.format import load_split, select_examples, check_fits_model
+from hrm_deploy.data.format import check_fits_model, load_split, select_examples
 from hrm_deploy.data.sudoku import SudokuSpec, count_solutions, generate_sudoku, shuffle_sudoku
 from hrm_deploy.errors import ConfigError, DataError
 

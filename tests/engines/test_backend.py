@@ -329,7 +329,7 @@ def test_rtx_without_cache_file_and_tensorrt_without_runtime_config(tmp_path):
 
 
 def test_jetson_extra_pins_cuda_python_below_13():
-    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+: run the suite on Python 3.11 to check this")
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     from packaging.specifiers import SpecifierSet
 

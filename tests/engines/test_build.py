@@ -117,9 +117,10 @@ def test_no_export_is_one_clear_error(tmp_path):
         newest_export(tmp_path)
 
 
+@pytest.mark.slow  # a mypy run: ~20 s on 2 cores
 def test_tensorrt_path_type_checks_against_stubs():
     pytest.importorskip("tensorrt_stubs", reason="pip install --no-deps tensorrt-stubs")
-    pytest.importorskip("mypy")
+    pytest.importorskip("mypy", reason="mypy is not installed (pip install 'hrm-deploy[dev]')")
     script = Path(__file__).resolve().parents[2] / "scripts" / "typecheck_tensorrt.py"
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr

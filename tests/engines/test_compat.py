@@ -91,7 +91,7 @@ def test_rtx_runtime_validity_decides_when_available():
 
 
 def test_real_rtx_validity_enum_matches_what_compat_reads():
-    trt = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is not installed")
+    trt = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is not installed (pip install 'hrm-deploy[rtx]')")
     assert set(trt.EngineValidity.__members__) == {"VALID", "SUBOPTIMAL", "INVALID"}
     from hrm_deploy.engines.compat import _DIAGNOSTICS
 

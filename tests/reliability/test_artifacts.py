@@ -24,8 +24,14 @@ from typer.testing import CliRunner
 from hrm_deploy.cli import app
 from hrm_deploy.errors import ArtifactError
 from hrm_deploy.io import clean_debris, staging_dir
-from hrm_deploy.manifest import (check_artifact, manifest_path, publish_artifact, read_manifest, read_verified,
-                                 resolve_parent)
+from hrm_deploy.manifest import (
+    check_artifact,
+    manifest_path,
+    publish_artifact,
+    read_manifest,
+    read_verified,
+    resolve_parent,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()

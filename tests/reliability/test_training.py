@@ -79,14 +79,15 @@ def test_sigterm_checkpoints_then_resume_continues(micro_data, tmp_path):
 
 
 def test_periodic_checkpoint_by_default(micro_data, tmp_path, monkeypatch):
+    import hrm_deploy.train.checkpointer as checkpointer
     import hrm_deploy.train.loop as loop
 
     assert TrainConfig(data_path="x").checkpoint_minutes > 0  # on by default
     clock = iter(range(0, 10**6, 400))  # every step looks 400 s after the previous one
     monkeypatch.setattr(loop.time, "monotonic", lambda: float(next(clock)))
     saves = []
-    real = loop.save_checkpoint
-    monkeypatch.setattr(loop, "save_checkpoint", lambda path, *a, **k: saves.append(Path(path)) or real(path, *a, **k))
+    real = checkpointer.save_checkpoint
+    monkeypatch.setattr(checkpointer, "save_checkpoint", lambda path, *a, **k: saves.append(Path(path)) or real(path, *a, **k))
     train(MICRO, _cfg(micro_data, tmp_path / "run"), progress=False)
     assert saves.count(tmp_path / "run" / "last.pt") >= 3  # periodic ones plus the final one
 

@@ -24,7 +24,7 @@ if os.environ.get("HRM_REQUIRE_SERVE") == "1":  # CI: these must run, never skip
     from tritonclient.grpc import model_config_pb2
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2",
                                        reason="tritonclient not installed (pip install 'hrm-deploy[serve]')")
-text_format = pytest.importorskip("google.protobuf.text_format")
+text_format = pytest.importorskip("google.protobuf.text_format", reason="protobuf is not installed (pip install 'hrm-deploy[serve]')")
 
 
 def parse(folder: Path):

@@ -39,7 +39,7 @@ def test_resume_reaches_the_same_weights(micro_data, tmp_path):
     b, _ = load_checkpoint(resumed.checkpoint)
     for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(va, vb), k
-    lines = [json.loads(l) for l in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["final"]["eval"]["count"] == 8 and "samples_per_s" in lines[0]
 
 
@@ -159,3 +159,15 @@ def test_metric_sinks_log_when_asked_and_fail_clearly_when_missing(micro_data, t
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(DependencyError, match="pip install wandb"):
         train(MICRO, _cfg(micro_data, tmp_path / "run2", log_to=("wandb",)), progress=False)
+
+
+def test_preset_train_configs_take_sizes_from_the_data_and_only_given_overrides(micro_data, tmp_path):
+    from hrm_deploy.train.presets import PRESETS, train_configs
+
+    model_config, config = train_configs("sudoku-tiny", micro_data, tmp_path / "run", device="cpu", threads=1,
+                                         overrides={"steps": 7, "lr": None, "seed": 3})
+    assert (model_config.seq_len, model_config.vocab_size) == (81, 11)
+    assert model_config.hidden_size == PRESETS["sudoku-tiny"]["model"]["hidden_size"]
+    assert (config.steps, config.seed, config.device, config.threads) == (7, 3, "cpu", 1)
+    assert config.lr == PRESETS["sudoku-tiny"]["train"]["lr"]  # None means "the preset's"
+    assert config.out_dir == str(tmp_path / "run") and config.data_path == micro_data

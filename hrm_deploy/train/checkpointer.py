@@ -1,0 +1,106 @@
+"""Checkpoints that never lose work: the run folder guard, the signal catcher and the
+``Checkpointer`` (``step_N.pt`` every N steps, ``last.pt`` every few minutes, on a signal and
+at the end). Rank 0 writes; every rank takes part in the collectives a save needs."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hrm_deploy.errors import ConfigError
+from hrm_deploy.io import check_output_path
+from hrm_deploy.model.checkpoint import save_checkpoint, write_upstream_run
+from hrm_deploy.model.hrm import ACTCarry
+from hrm_deploy.train.distributed import Distributed, agree
+from hrm_deploy.train.optim import PuzzleEmbeddingSignSGD
+from hrm_deploy.train.state import carry_state, rng_state
+
+RUN_FILES = ("last.pt", "metrics.jsonl")
+
+
+def check_out_dir(out: Path, overwrite: bool, resume: str | None) -> None:
+    """Refuse to replace another run's files unless asked to (``--resume`` or ``--overwrite``)."""
+    check_output_path(out / "last.pt")
+    existing = [out / n for n in RUN_FILES if (out / n).exists()] + sorted(out.glob("step_*.pt"))
+    if not existing:
+        return
+    if overwrite:
+        for path in existing:
+            path.unlink()
+        return
+    if resume is None:
+        raise ConfigError(f"{out} already holds a run ({existing[0].name}); continue it with --resume "
+                          f"{out / 'last.pt'}, start over with --overwrite, or pick another --out")
+
+
+class StopRequest:
+    """SIGINT/SIGTERM during training: finish the step, checkpoint, stop cleanly. A second
+    signal interrupts at once (the last checkpoint stays)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class Checkpointer:
+    """Writes trainer checkpoints of one run: weights, optimizers, RNG state and the ACT carry
+    (resumable bit for bit), ``step_N.pt`` every ``checkpoint_every`` steps and ``last.pt``
+    at least every ``checkpoint_minutes`` (a kill -9 loses at most that much)."""
+
+    def __init__(self, out: Path, config: Any, dist_info: Distributed, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, emb_opt: PuzzleEmbeddingSignSGD | None):
+        self.out, self.config, self.dist_info = out, config, dist_info
+        self.model, self.optimizer, self.emb_opt = model, optimizer, emb_opt
+        self.last = out / "last.pt"
+        self._last_save = time.monotonic()
+
+    def save(self, path: Path, position: int, carry: ACTCarry | None, metrics: dict | None = None) -> Path:
+        """Write ``path`` (collective: call it on every rank)."""
+        carry_saved = carry_state(carry, self.dist_info)  # collective: every rank takes part
+        if self.dist_info.main:
+            config = dataclasses.asdict(self.config)
+            save_checkpoint(path, self.model, step=position, train_config=config,
+                            optimizer=self.optimizer.state_dict(),
+                            puzzle_emb_optimizer=self.emb_opt.state_dict() if self.emb_opt else None,
+                            rng=rng_state(), carry=carry_saved, metrics=metrics or {},
+                            world_size=self.dist_info.world)
+            if self.config.export_upstream:
+                write_upstream_run(self.out / "upstream", self.model, step=position,
+                                   data_path=str(self.config.data_path), train_config=config,
+                                   loss_type=self.config.loss_type)
+        return path
+
+    def after_step(self, position: int, carry: ACTCarry | None, metrics: dict, end: int,
+                   device: torch.device | None = None) -> None:
+        """The periodic checkpoints due after step ``position`` (of a session ending at ``end``)."""
+        if self.config.checkpoint_every and position % self.config.checkpoint_every == 0:
+            self.save(self.out / f"step_{position}.pt", position, carry, metrics)
+        minutes = self.config.checkpoint_minutes
+        due = bool(minutes) and time.monotonic() - self._last_save >= 60 * minutes
+        if agree(due, self.dist_info, device) and position < end:
+            self.save(self.last, position, carry, metrics)  # the final save follows at ``end`` anyway
+            self._last_save = time.monotonic()

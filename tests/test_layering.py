@@ -1,0 +1,109 @@
+"""The package's rooms are layered like the pipeline: no import goes up (issue 12, item 1).
+
+Every ``import``/``from ... import`` of ``hrm_deploy`` in every module is checked, including
+imports inside functions (lazy imports are still dependencies). A module may import modules of
+its own rank or lower ranks; anything else must be in ``ALLOWED_UPWARD`` with its reason.
+
+Rank  Rooms (first package level below ``hrm_deploy``)
+----  -----------------------------------------------------------------------------------------
+0     base: the package itself (``hrm_deploy/__init__``: lazy exports only), ``errors``, ``io``,
+      ``manifest``, ``system``, ``progress``, ``metrics`` -- used by everything, import only base
+1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format)
+2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
+3     ``runners`` (run an artifact: torch reference, ORT, TensorRT, PyTorch engine)
+4     ``calib``, ``precision`` (FP16/INT8 conversion, calibration, accuracy on examples)
+5     ``engines`` (build TensorRT / AOTInductor engines)
+6     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``
+7     ``cli``, ``__main__`` (thin Typer commands over the applications)
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hrm_deploy"
+
+RANKS: dict[str, int] = {
+    "": 0, "errors": 0, "io": 0, "manifest": 0, "system": 0, "progress": 0, "metrics": 0,
+    "model": 1, "data": 1,
+    "export": 2,
+    "runners": 3,
+    "calib": 4, "precision": 4,
+    "engines": 5,
+    "verify": 6, "bench": 6, "serve": 6, "solve": 6, "train": 6, "doctor": 6, "inspection": 6,
+    "cli": 7, "__main__": 7,
+}
+
+# (importer, imported) pairs that go up today, each with why and what removes it. Empty it, don't grow it.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    # TensorRT backend selection (tensorrt vs tensorrt_rtx) and engine-compatibility checks are used both to
+    # build engines and to run them; they belong in a room below runners (e.g. runners/ or a trt/ base room).
+    ("hrm_deploy.runners.adapter", "hrm_deploy.engines.backend"): "create_context: move engines/backend.py down",
+    ("hrm_deploy.runners.trt", "hrm_deploy.engines.backend"): "load_backend, runtime_cache_path: as above",
+    ("hrm_deploy.runners.trt", "hrm_deploy.engines.compat"): "check_compatible: move engines/compat.py down",
+    ("hrm_deploy.runners.torch_engine", "hrm_deploy.engines.compat"): "check_compatible: as above",
+    # The PyTorch engine build finds the checkpoint beside an ONNX with verify.find_reference; that lookup is
+    # artifact plumbing and belongs in base (manifest) -- verify.py is being edited on the `halting` branch.
+    ("hrm_deploy.engines.torch_engine", "hrm_deploy.verify"): "find_reference: move it to manifest.py",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _rank(module: str) -> int:
+    parts = module.split(".")
+    room = parts[1] if len(parts) > 1 else ""
+    if room not in RANKS:
+        pytest.fail(f"{module}: room {room!r} has no rank; add it to RANKS in tests/test_layering.py")
+    return RANKS[room]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every hrm_deploy module ``path`` imports, top-level or inside functions."""
+    found: set[str] = set()
+    module = _module_name(path)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "hrm_deploy")
+        elif isinstance(node, ast.ImportFrom):
+            name = node.module or ""
+            if node.level:  # relative import: resolve against this module's package
+                base = module.split(".")[: len(module.split(".")) - node.level + (path.name == "__init__.py")]
+                name = ".".join([*base, name] if name else base)
+            if name.split(".")[0] == "hrm_deploy":
+                found.add(name)
+    return found
+
+
+def _edges() -> list[tuple[str, str]]:
+    return [(_module_name(p), target) for p in sorted(PACKAGE.rglob("*.py")) for target in sorted(_imports(p))]
+
+
+def test_no_import_goes_up():
+    upward = [(src, dst) for src, dst in _edges() if _rank(dst) > _rank(src) and (src, dst) not in ALLOWED_UPWARD]
+    assert not upward, "imports that go up the layering (see the table in tests/test_layering.py):\n" + "\n".join(
+        f"  {src} (rank {_rank(src)}) imports {dst} (rank {_rank(dst)})" for src, dst in upward)
+
+
+def test_allow_list_is_not_stale():
+    """An allowed upward import that no longer exists must leave the list (so the list only shrinks)."""
+    edges = set(_edges())
+    stale = [pair for pair in ALLOWED_UPWARD if pair not in edges or _rank(pair[1]) <= _rank(pair[0])]
+    assert not stale, f"remove from ALLOWED_UPWARD (no longer an upward import): {stale}"
+
+
+def test_the_checker_sees_function_level_imports():
+    """Lazy imports count: runners/adapter.py imports engines.backend only inside a method."""
+    assert "hrm_deploy.engines.backend" in _imports(PACKAGE / "runners" / "adapter.py")
+
+
+def test_every_room_has_a_rank():
+    rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists() or p.suffix == ".py"}
+    missing = sorted(r.removesuffix(".py") for r in rooms if r.removesuffix(".py") not in RANKS | {"__init__": 0})
+    assert not missing, f"give these rooms a rank in tests/test_layering.py: {missing}"
