@@ -114,7 +114,7 @@ def provenance_data(checkpoint: str | Path, flag: str) -> DataChoice:
 def default_data(artifact: str | Path | None, flag: str) -> DataChoice:
     """Default data for a command on ``artifact`` (checkpoint, ONNX or engine; None: the bundled model)."""
     if artifact is None:
-        from hrm_deploy.cli.common import bundled_checkpoint
+        from hrm_deploy.train.presets import bundled_checkpoint
 
         artifact = bundled_checkpoint()
     try:

@@ -275,7 +275,7 @@ def solve(source: str | Path, artifact: str | Path | None = None, halt: str | No
         out = infer_remote(url, {"inputs": inputs, "puzzle_identifiers": pids}, model_name=model_name)
     else:
         if artifact is None:
-            from hrm_deploy.cli.common import bundled_checkpoint
+            from hrm_deploy.train.presets import bundled_checkpoint
 
             artifact = bundled_checkpoint()
         path = Path(artifact)

@@ -62,7 +62,9 @@ def test_unsolvable_givens_are_reported_not_valid():
 
 
 def test_sudoku_checks():
-    tokens = lambda s: np.array([int(c) + 1 for c in s], np.int32)
+    def tokens(s: str) -> np.ndarray:
+        return np.array([int(c) + 1 for c in s], np.int32)
+
     assert sudoku_checks(tokens(PUZZLE), tokens(SOLVED))["valid"]
     swapped = SOLVED[1] + SOLVED[0] + SOLVED[2:]  # rows still fine, columns and a given broken
     checks = sudoku_checks(tokens(PUZZLE), tokens(swapped))

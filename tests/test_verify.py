@@ -3,7 +3,6 @@
 import json
 
 import numpy as np
-
 import onnx
 from onnx import numpy_helper
 from typer.testing import CliRunner

@@ -18,7 +18,6 @@ from typing import Any
 
 from hrm_deploy.system import TEGRA_RELEASE, jetson_model
 
-
 _RAM = re.compile(r"RAM (\d+)/(\d+)MB")
 _GR3D = re.compile(r"GR3D_FREQ (\d+)%(?:@\[?(\d+)(?:,\d+)*\]?)?")
 _TEMP = re.compile(r"(\w+)@(-?[\d.]+)C")
@@ -69,7 +68,7 @@ class Tegrastats:
         self.interval_ms = interval_ms
         self.samples: list[dict[str, Any]] = []
 
-    def __enter__(self) -> "Tegrastats":
+    def __enter__(self) -> Tegrastats:
         exe = shutil.which("tegrastats")
         if exe is None:
             raise FileNotFoundError("tegrastats not found (it ships with JetPack)")

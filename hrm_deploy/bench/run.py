@@ -113,8 +113,8 @@ def _environment(target: str) -> dict[str, Any]:
     import os
     import sys
 
-    from hrm_deploy.system import CLOCKS, IDENTITY, nvidia_smi
     from hrm_deploy.manifest import library_versions
+    from hrm_deploy.system import CLOCKS, IDENTITY, nvidia_smi
 
     env: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
                            **nvidia_smi({**IDENTITY, **CLOCKS}), "versions": library_versions()}
@@ -248,7 +248,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
         row["status"] = "ok"
         rows.append(row)
         _add_ratios(rows, row)
-    report = {"config": asdict(config), "environment": _environment(config.target), "rows": rows,
+    report: dict[str, Any] = {"config": asdict(config), "environment": _environment(config.target), "rows": rows,
               "examples": len(examples), "data": examples.source,
               "timing": "end to end per call (host in, host out), after warm-up"}
     _energy(report)

@@ -16,7 +16,7 @@ BF16 reuses the same islands: the FP16 graph's 16-bit floats are retyped to bflo
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

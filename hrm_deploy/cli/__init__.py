@@ -30,8 +30,18 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version_cal
 
 def _register() -> None:
     # Command modules import only typer and light helpers at module level.
-    from hrm_deploy.cli import bench, data, doctor, engine, export, inspect, solve, train, verify  # noqa: F401
-    from hrm_deploy.cli import serve  # noqa: F401
+    from hrm_deploy.cli import (  # noqa: F401
+        bench,
+        data,
+        doctor,
+        engine,
+        export,
+        inspect,
+        serve,  # noqa: F401
+        solve,
+        train,
+        verify,
+    )
 
 
 _register()

@@ -11,7 +11,10 @@ from typing import Any, Callable, TypeVar
 
 import typer
 
-from hrm_deploy.errors import ConfigError, HRMDeployError, InternalError
+from hrm_deploy.errors import HRMDeployError, InternalError
+
+# The bundled presets live with the trainer; re-exported here for the commands.
+from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint  # noqa: F401
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,16 +59,3 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-DEFAULT_PRESET = "sudoku-small"
-
-
-def bundled_checkpoint(preset: str = DEFAULT_PRESET) -> str:
-    """Path of a trained checkpoint shipped with the package: ``sudoku-small`` (the embedded
-    default: 8 ACT steps, the model every command uses when none is given) or ``sudoku-tiny``
-    (one ACT step, the fast CPU test fixture)."""
-    from importlib import resources
-
-    path = resources.files("hrm_deploy") / "train" / "presets" / f"{preset}.pt"
-    if not path.is_file():
-        raise ConfigError(f"no bundled checkpoint for preset {preset!r}; bundled: sudoku-small, sudoku-tiny")
-    return str(path)

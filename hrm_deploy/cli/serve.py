@@ -27,8 +27,7 @@ def serve(
     provider: Optional[str] = typer.Option(None, help="ONNX Runtime provider for ONNX artifacts: cpu, cuda, tensorrt."),
 ) -> None:
     """Serve an artifact on PyTriton's Triton Inference Server until Ctrl-C / SIGTERM."""
-    from hrm_deploy.serve.server import ServeConfig, main_ready_line
-    from hrm_deploy.serve.server import serve as run_server
+    from hrm_deploy.serve.server import ServeConfig, main_ready_line, serve as run_server
 
     code = run_server(ServeConfig(artifact=artifact, host=host, http_port=http_port, grpc_port=grpc_port,
                                   metrics_port=metrics_port, max_batch=max_batch, halt=halt,

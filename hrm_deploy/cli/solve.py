@@ -31,8 +31,7 @@ def solve(
     out: Path | None = typer.Option(None, "-o", "--out", help="Also write the output to this file."),
 ) -> None:
     """Solve your own puzzles with a trained model and check the answers."""
-    from hrm_deploy.solve import format_solutions
-    from hrm_deploy.solve import solve as run_solve
+    from hrm_deploy.solve import format_solutions, solve as run_solve
 
     options: dict[str, Any] = {"provider": provider} if artifact is not None and artifact.suffix == ".onnx" else {}
     solutions = run_solve(puzzle, artifact, halt, min_steps=min_steps, max_steps=max_steps, url=url,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -33,9 +33,11 @@ def verify(
 
     overrides = {k: v for k, v in (("min_argmax_agreement", min_agreement), ("max_exact_drop_points", max_drop))
                  if v is not None}
-    options = {"provider": provider} if artifact.suffix == ".onnx" else {}
+    options: dict[str, Any] = {"provider": provider} if artifact.suffix == ".onnx" else {}
     report = run_verify(artifact, data, against=against, samples=samples or None, overrides=overrides, halt=halt,
                         min_steps=min_steps, max_steps=max_steps, **options)
     typer.echo(markdown(report))
     if not report["passed"]:
-        raise typer.Exit(3)
+        from hrm_deploy.errors import VerifyError
+
+        raise VerifyError(f"{artifact.name} FAILED verify: {'; '.join(report['failures'])}")

@@ -116,6 +116,9 @@ def build(spec: dict[str, Any]) -> int:
         profile.set_shape(name, lo, opt, hi)
     config.add_optimization_profile(profile)
     backend.set_compute_capability(config, spec.get("compute_capability"))
+    if backend.is_rtx:  # the device loop captures the step loop as a CUDA graph: RTX needs user allocation for that
+        config.set_flag(trt.BuilderFlag.REQUIRE_USER_ALLOCATION)
+        result["require_user_allocation"] = True
     cache = None
     if spec.get("timing_cache"):
         cache = _attach_timing_cache(backend, config, Path(spec["timing_cache"]), result)

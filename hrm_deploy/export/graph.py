@@ -8,8 +8,8 @@ are stored once and tracing cost does not grow with the number of steps.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import onnx
 from onnx import TensorProto, helper
@@ -25,7 +25,7 @@ class GraphBuilder:
     initializers: dict[str, TensorProto]
 
     @classmethod
-    def empty(cls) -> "GraphBuilder":
+    def empty(cls) -> GraphBuilder:
         return cls([], {})
 
     def add_initializers(self, tensors: Iterable[TensorProto], prefix: str) -> dict[str, str]:

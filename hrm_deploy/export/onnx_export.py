@@ -15,14 +15,16 @@ import re
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityError, require
-from hrm_deploy.export.unroll import (STEP_PREDICTIONS, UNROLLED_INPUTS,
-                                      EmbedInit, FixedStepHRM, StepCore)
+from hrm_deploy.export.unroll import STEP_PREDICTIONS, UNROLLED_INPUTS, EmbedInit, FixedStepHRM, StepCore
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import publish_artifact
 from hrm_deploy.progress import Stages
+
+if TYPE_CHECKING:
+    import onnx
 
 MODES = ("unrolled", "step")
 MIN_OPSET = 17
@@ -89,7 +91,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "hrm"
 
 
-def _trace(module, args, input_names, output_names, opset: int) -> "onnx.ModelProto":  # noqa: F821
+def _trace(module, args, input_names, output_names, opset: int) -> onnx.ModelProto:
     import onnx
     import torch
 
@@ -97,7 +99,7 @@ def _trace(module, args, input_names, output_names, opset: int) -> "onnx.ModelPr
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(module, args, buffer, dynamo=False, input_names=list(input_names),
+        torch.onnx.export(module, args, buffer,  # type: ignore[arg-type]  # a file-like object works too dynamo=False, input_names=list(input_names),
                           output_names=list(output_names), dynamic_axes=dynamic, opset_version=opset,
                           do_constant_folding=True)
     return onnx.load_from_string(buffer.getvalue())
@@ -113,7 +115,7 @@ def _swap_large_table(core):
     return table
 
 
-def _restore_table(model: "onnx.ModelProto", core, table) -> None:  # noqa: F821
+def _restore_table(model: onnx.ModelProto, core, table) -> None:
     from onnx import numpy_helper
 
     core.puzzle_emb.weights = table

@@ -30,7 +30,7 @@ class TensorDiff:
     argmax_agreement: float | None = None
 
     @classmethod
-    def of(cls, candidate: np.ndarray, reference: np.ndarray, argmax: bool = False) -> "TensorDiff":
+    def of(cls, candidate: np.ndarray, reference: np.ndarray, argmax: bool = False) -> TensorDiff:
         c, r = candidate.astype(np.float64), reference.astype(np.float64)
         diff = np.abs(c - r)
         rel = diff / np.maximum(np.abs(r), 1e-6)
@@ -136,7 +136,7 @@ def check_segment(step_model_bytes: bytes, core, batch: int = 2, seed: int = 7) 
     return report
 
 
-def _state_outputs(path: str, steps: int):
+def _state_outputs(path: str, steps: int) -> tuple[bytes, list[str]] | None:
     """The unrolled graph at ``path`` with every step's carry (``step{i}/z_H_out``,
     ``step{i}/z_L_out``) added as outputs, serialized for a parity session; None when the
     graph keeps its weights outside (protobuf's 2 GiB limit) or lacks those tensors."""
@@ -192,7 +192,7 @@ def check_parity(path: str, reference_module, config: HRMConfig, steps: int, bat
     :func:`check_parity_end_to_end`."""
     core = reference_module.step.core
     names = ("logits", "q_halt_logits", "q_continue_logits")
-    state_names = None
+    state_names: list[str] = []
     if stepwise:
         session = ort_session(path)
     else:

@@ -223,7 +223,9 @@ class TorchStep:
     def __call__(self, inputs, puzzle_ids, carry, reset):
         torch = self.torch
         with torch.inference_mode():
-            to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+            def to(a: np.ndarray):
+                return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
             z_H, z_L, logits, q_halt, q_continue = self.module(to(inputs.astype(np.int32)), to(puzzle_ids.astype(np.int32)),
                                                                carry[0], carry[1], to(reset.astype(bool)))
             return ((z_H, z_L), logits.float().cpu().numpy(), q_halt.float().cpu().numpy(),

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.errors import DependencyError, require
+from hrm_deploy.errors import ConfigError, DependencyError, require
 from hrm_deploy.runners.base import HaltFn, Runner
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
@@ -22,7 +22,7 @@ class OrtRunner(Runner):
 
     def __init__(self, path: str | Path, provider: str = "cpu", threads: int | None = None, steps: int | None = None):
         if provider not in PROVIDERS:
-            raise DependencyError(f"ORT provider {provider!r} unknown; use one of {', '.join(PROVIDERS)}")
+            raise ConfigError(f"ORT provider {provider!r} unknown; use one of {', '.join(PROVIDERS)}")
         self.path, self.provider, self.threads = Path(path), provider, threads
         self.requested_steps = steps
         self.precision, self.mode, self.steps = "fp32", "unrolled", steps or 1

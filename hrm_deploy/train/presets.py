@@ -82,3 +82,18 @@ def train_configs(name: str, data: str | Path, out: str | Path, *,
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     config = TrainConfig(data_path=str(data), out_dir=str(out), **settings, **{**chosen["train"], **given})
     return model_config, config
+
+
+DEFAULT_PRESET = "sudoku-small"
+
+
+def bundled_checkpoint(preset: str = DEFAULT_PRESET) -> str:
+    """Path of a trained checkpoint shipped with the package: ``sudoku-small`` (the embedded
+    default: 8 ACT steps, the model every command uses when none is given) or ``sudoku-tiny``
+    (one ACT step, the fast CPU test fixture)."""
+    from importlib import resources
+
+    path = resources.files("hrm_deploy") / "train" / "presets" / f"{preset}.pt"
+    if not path.is_file():
+        raise ConfigError(f"no bundled checkpoint for preset {preset!r}; bundled: sudoku-small, sudoku-tiny")
+    return str(path)
