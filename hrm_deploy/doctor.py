@@ -35,9 +35,12 @@ def working_ort_providers() -> tuple[list[str], dict[str, str]]:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "probe",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     blob = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
     onnx.checker.check_model(onnx.load_from_string(blob))
     working, failed = [], {}
@@ -67,8 +70,14 @@ def diagnose() -> list[Check]:
             cc = ".".join(map(str, torch.cuda.get_device_capability(0)))
             checks.append(Check("torch", True, f"{torch_v}, CUDA {torch.version.cuda}: {name} (sm {cc})"))
         else:
-            checks.append(Check("torch", True, f"{torch_v}, no CUDA device (CPU only)",
-                                "for GPU reference/bench runs install a CUDA build of torch"))
+            checks.append(
+                Check(
+                    "torch",
+                    True,
+                    f"{torch_v}, no CUDA device (CPU only)",
+                    "for GPU reference/bench runs install a CUDA build of torch",
+                )
+            )
     else:
         checks.append(Check("torch", False, "not installed", "pip install 'hrm-deploy[torch]' (export, verify, train)"))
     if _version("onnx"):
@@ -81,18 +90,35 @@ def diagnose() -> list[Check]:
             detail = f"{_version('onnxruntime')}; working providers: {', '.join(working) or 'none'}"
             if failed:
                 detail += "; not working: " + "; ".join(f"{k} ({v})" for k, v in failed.items())
-            checks.append(Check("onnxruntime", bool(working), detail,
-                                "" if "CUDAExecutionProvider" in working else "GPU runs: pip install onnxruntime-gpu"))
+            checks.append(
+                Check(
+                    "onnxruntime",
+                    bool(working),
+                    detail,
+                    "" if "CUDAExecutionProvider" in working else "GPU runs: pip install onnxruntime-gpu",
+                )
+            )
         except Exception as exc:  # noqa: BLE001
             checks.append(Check("onnxruntime", False, f"probe failed: {exc}", "reinstall onnxruntime"))
     else:
         checks.append(Check("onnxruntime", False, "not installed", "pip install 'hrm-deploy[onnx]'"))
-    for module, extra, what in (("tensorrt", "trt", "TensorRT (desktop/datacenter; JetPack on Jetson)"),
-                                ("tensorrt_rtx", "rtx", "TensorRT-RTX (desktop RTX GPUs)")):
+    for module, extra, what in (
+        ("tensorrt", "trt", "TensorRT (desktop/datacenter; JetPack on Jetson)"),
+        ("tensorrt_rtx", "rtx", "TensorRT-RTX (desktop RTX GPUs)"),
+    ):
         v = _version(module)
-        checks.append(Check(module, v is not None, v or "not importable",
-                            "" if v else f"{what}: pip install 'hrm-deploy[{extra}]'"))
+        checks.append(
+            Check(
+                module, v is not None, v or "not importable", "" if v else f"{what}: pip install 'hrm-deploy[{extra}]'"
+            )
+        )
     jetson = jetson_model()
-    checks.append(Check("jetson", jetson is not None, jetson or "not a Jetson",
-                        "" if not jetson else "use JetPack's TensorRT: see jetson/README.md"))
+    checks.append(
+        Check(
+            "jetson",
+            jetson is not None,
+            jetson or "not a Jetson",
+            "" if not jetson else "use JetPack's TensorRT: see jetson/README.md",
+        )
+    )
     return checks

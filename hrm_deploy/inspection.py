@@ -40,10 +40,14 @@ def _onnx_summary(path: Path) -> dict[str, Any]:
     for node in model.graph.node:
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
     return {
-        "kind": "onnx", "path": str(path), "size_bytes": path.stat().st_size,
+        "kind": "onnx",
+        "path": str(path),
+        "size_bytes": path.stat().st_size,
         "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
-        "inputs": io(model.graph.input), "outputs": io(model.graph.output),
-        "nodes": len(model.graph.node), "initializer_elements": params,
+        "inputs": io(model.graph.input),
+        "outputs": io(model.graph.output),
+        "nodes": len(model.graph.node),
+        "initializer_elements": params,
         "top_ops": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:8]),
         "metadata": {p.key: p.value for p in model.metadata_props},
     }
@@ -55,16 +59,19 @@ def _checkpoint_summary(path: Path) -> dict[str, Any]:
     contents = read_checkpoint(path)
     tensors = sum(int(v.numel()) for v in contents.state_dict.values())
     return {
-        **contents.describe(), "kind": f"checkpoint ({contents.kind})",
+        **contents.describe(),
+        "kind": f"checkpoint ({contents.kind})",
         "size_bytes": contents.path.stat().st_size,
-        "parameters": contents.config.parameter_count(), "tensor_elements": tensors,
-        "keys": len(contents.state_dict), "config": contents.config.to_dict(),
+        "parameters": contents.config.parameter_count(),
+        "tensor_elements": tensors,
+        "keys": len(contents.state_dict),
+        "config": contents.config.to_dict(),
         "metrics": contents.extra.get("metrics"),
     }
 
 
 def _artifact_status(artifact: Path) -> str:
-    """"ok" when ``artifact`` matches its manifest, else the one-line reason it does not."""
+    """ "ok" when ``artifact`` matches its manifest, else the one-line reason it does not."""
     try:
         check_artifact(artifact, require_manifest=True)
     except ArtifactError as exc:
@@ -91,8 +98,11 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
                 raise ArtifactError(f"{p} is not valid JSON") from None
             data = validate_manifest(raw, p)
         artifact = p.with_name(str(data["artifact"])) if p.name.endswith(MANIFEST_SUFFIX) else None
-        status = _artifact_status(artifact) if artifact is not None and Path(str(data["artifact"])).name == \
-            str(data["artifact"]) else "not checked (manifest not beside its artifact)"
+        status = (
+            _artifact_status(artifact)
+            if artifact is not None and Path(str(data["artifact"])).name == str(data["artifact"])
+            else "not checked (manifest not beside its artifact)"
+        )
         if status != "ok":
             data = {k: v for k, v in data.items() if k not in _JUDGEMENTS}
         return {"kind": "manifest", "path": str(p), "artifact_check": status, **data}
@@ -101,8 +111,11 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         status = _artifact_status(p)
         summary["artifact_check"] = status
         if status == "ok":
-            summary["manifest"] = {k: v for k, v in read_manifest(p).items()
-                                   if k in ("stage", "created", "precision", "mode", "parity", "verify")}
+            summary["manifest"] = {
+                k: v
+                for k, v in read_manifest(p).items()
+                if k in ("stage", "created", "precision", "mode", "parity", "verify")
+            }
         else:
             summary["manifest"] = None
         return summary
@@ -111,8 +124,23 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         status = _artifact_status(p)
         summary = {"kind": "engine", "path": str(p), "size_bytes": p.stat().st_size, "artifact_check": status}
         if status == "ok":
-            summary["manifest"] = {k: v for k, v in read_manifest(p).items()
-                                   if k in ("stage", "created", "precision", "mode", "steps", "backend", "target",
-                                            "compute_capability", "profile_shapes", "onnx_sha256", "verify")}
+            summary["manifest"] = {
+                k: v
+                for k, v in read_manifest(p).items()
+                if k
+                in (
+                    "stage",
+                    "created",
+                    "precision",
+                    "mode",
+                    "steps",
+                    "backend",
+                    "target",
+                    "compute_capability",
+                    "profile_shapes",
+                    "onnx_sha256",
+                    "verify",
+                )
+            }
         return summary
     return _checkpoint_summary(p)

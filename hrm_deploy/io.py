@@ -99,8 +99,10 @@ def check_output_path(path: str | os.PathLike) -> Path:
     ws = workspace()
 
     def refuse(link: Path) -> ArtifactError:
-        return ArtifactError(f"{p} goes through the symlink {link} -> {link.resolve()}, outside the workspace "
-                             f"{ws}; remove the link or write somewhere else")
+        return ArtifactError(
+            f"{p} goes through the symlink {link} -> {link.resolve()}, outside the workspace "
+            f"{ws}; remove the link or write somewhere else"
+        )
 
     if lexical.is_relative_to(cwd):
         current = cwd

@@ -71,9 +71,17 @@ def _relative(path: Path, base: Path) -> str:
         return str(Path(path).resolve())
 
 
-def manifest_data(artifact: str | Path, *, stage: str, config: dict[str, Any], sha256: str | None = None,
-                  size_bytes: int | None = None, parent: str | Path | None = None,
-                  parent_sha256: str | None = None, **fields: Any) -> dict[str, Any]:
+def manifest_data(
+    artifact: str | Path,
+    *,
+    stage: str,
+    config: dict[str, Any],
+    sha256: str | None = None,
+    size_bytes: int | None = None,
+    parent: str | Path | None = None,
+    parent_sha256: str | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
     """The manifest dict of ``artifact`` (final path). ``sha256``/``size_bytes`` default to
     hashing the file now; ``parent`` is stored relative to the manifest's folder."""
     artifact = Path(artifact)
@@ -105,8 +113,9 @@ def mark_reports_stale(artifact: str | Path) -> None:
             pass
 
 
-def write_manifest(artifact: str | Path, *, stage: str, config: dict[str, Any],
-                   parent: str | Path | None = None, **fields: Any) -> Path:
+def write_manifest(
+    artifact: str | Path, *, stage: str, config: dict[str, Any], parent: str | Path | None = None, **fields: Any
+) -> Path:
     """Write the sidecar manifest of an artifact already in place (atomically), hashing it now.
 
     Prefer :func:`publish_artifact`, which writes artifact and manifest as one unit and hashes
@@ -117,10 +126,19 @@ def write_manifest(artifact: str | Path, *, stage: str, config: dict[str, Any],
     return write_json(manifest_path(artifact), data)
 
 
-def publish_artifact(staged: str | Path, artifact: str | Path, *, stage: str, config: dict[str, Any],
-                     parent: str | Path | None = None, parent_sha256: str | None = None,
-                     companions: Iterable[tuple[Path, Path]] = (), sidecars: Iterable[tuple[Path, Path]] = (),
-                     remove: Iterable[Path] = (), **fields: Any) -> Path:
+def publish_artifact(
+    staged: str | Path,
+    artifact: str | Path,
+    *,
+    stage: str,
+    config: dict[str, Any],
+    parent: str | Path | None = None,
+    parent_sha256: str | None = None,
+    companions: Iterable[tuple[Path, Path]] = (),
+    sidecars: Iterable[tuple[Path, Path]] = (),
+    remove: Iterable[Path] = (),
+    **fields: Any,
+) -> Path:
     """Move a staged artifact into place together with its manifest; returns the manifest path.
 
     ``staged`` must be on the target's file system (a :func:`hrm_deploy.io.staging_dir` in the
@@ -138,8 +156,16 @@ def publish_artifact(staged: str | Path, artifact: str | Path, *, stage: str, co
     companions = list(companions)
     if companions:
         fields.setdefault("companions", {final.name: sha256_file(src) for src, final in companions})
-    data = manifest_data(artifact, stage=stage, config=config, sha256=sha256_file(staged),
-                         size_bytes=staged.stat().st_size, parent=parent, parent_sha256=parent_sha256, **fields)
+    data = manifest_data(
+        artifact,
+        stage=stage,
+        config=config,
+        sha256=sha256_file(staged),
+        size_bytes=staged.stat().st_size,
+        parent=parent,
+        parent_sha256=parent_sha256,
+        **fields,
+    )
     staged_manifest = staged.with_name(staged.name + ".manifest.staged")
     staged_manifest.write_text(json.dumps(data, indent=2, default=str) + "\n")
     final_manifest = manifest_path(artifact)
@@ -189,30 +215,41 @@ def read_manifest(artifact_or_manifest: str | Path) -> dict[str, Any]:
 def validate_manifest(data: Any, path: str | Path) -> dict[str, Any]:
     """``data`` if it has the shape of an hrm-deploy manifest, else one :class:`ArtifactError`."""
     if not isinstance(data, dict):
-        raise ArtifactError(f"manifest {path} holds a JSON {type(data).__name__}, not an object; "
-                            "re-create the artifact with hrm-deploy")
+        raise ArtifactError(
+            f"manifest {path} holds a JSON {type(data).__name__}, not an object; re-create the artifact with hrm-deploy"
+        )
     if "manifest_version" not in data or "sha256" not in data or "artifact" not in data:
-        raise ArtifactError(f"{path} is not an hrm-deploy manifest (no manifest_version/artifact/sha256); "
-                            "re-create the artifact with hrm-deploy")
+        raise ArtifactError(
+            f"{path} is not an hrm-deploy manifest (no manifest_version/artifact/sha256); "
+            "re-create the artifact with hrm-deploy"
+        )
     if data["manifest_version"] != MANIFEST_VERSION:
-        raise ArtifactError(f"manifest {path} has version {data['manifest_version']!r}; this hrm-deploy reads "
-                            f"version {MANIFEST_VERSION}: re-create the artifact or upgrade hrm-deploy")
+        raise ArtifactError(
+            f"manifest {path} has version {data['manifest_version']!r}; this hrm-deploy reads "
+            f"version {MANIFEST_VERSION}: re-create the artifact or upgrade hrm-deploy"
+        )
     if not isinstance(data["sha256"], str) or not _SHA.match(data["sha256"]):
-        raise ArtifactError(f"manifest {path} has no valid sha256 (got {str(data['sha256'])[:70]!r}); "
-                            "it was edited or damaged: re-create the artifact")
+        raise ArtifactError(
+            f"manifest {path} has no valid sha256 (got {str(data['sha256'])[:70]!r}); "
+            "it was edited or damaged: re-create the artifact"
+        )
     return data
 
 
 def _verify_digest(artifact: Path, manifest: dict[str, Any], digest: str, size: int) -> None:
     if digest != manifest["sha256"]:
-        raise ArtifactError(f"{artifact} does not match its manifest (sha256 {digest[:12]}... on disk, "
-                            f"{manifest['sha256'][:12]}... recorded, {size} vs {manifest.get('size_bytes')} bytes): "
-                            "the file was changed or replaced after it was made; re-create it")
+        raise ArtifactError(
+            f"{artifact} does not match its manifest (sha256 {digest[:12]}... on disk, "
+            f"{manifest['sha256'][:12]}... recorded, {size} vs {manifest.get('size_bytes')} bytes): "
+            "the file was changed or replaced after it was made; re-create it"
+        )
     for name, want in (manifest.get("companions") or {}).items():
         companion = artifact.with_name(str(name))
         if Path(str(name)).name != str(name) or not companion.is_file() or sha256_file(companion) != want:
-            raise ArtifactError(f"{companion} (part of {artifact.name}) is missing or does not match the manifest; "
-                                "re-create the artifact")
+            raise ArtifactError(
+                f"{companion} (part of {artifact.name}) is missing or does not match the manifest; "
+                "re-create the artifact"
+            )
 
 
 def check_artifact(artifact: str | Path, *, require_manifest: bool = False) -> dict[str, Any] | None:
@@ -267,8 +304,10 @@ def resolve_parent(artifact: str | Path, manifest: dict[str, Any]) -> Path | Non
         return None
     want = parent.get("sha256")
     if not isinstance(want, str) or not _SHA.match(want) or sha256_file(found) != want:
-        raise ArtifactError(f"{found} changed since {Path(artifact).name} was made from it (sha256 differs or is "
-                            "not recorded); pass the original explicitly, or re-create the artifact")
+        raise ArtifactError(
+            f"{found} changed since {Path(artifact).name} was made from it (sha256 differs or is "
+            "not recorded); pass the original explicitly, or re-create the artifact"
+        )
     return found
 
 

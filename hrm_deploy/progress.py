@@ -50,8 +50,10 @@ class _LineProgress:
         rate = self.done / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else float("nan")
         eta_text = "ETA ?" if math.isnan(eta) else f"ETA {_clock(eta)}"
-        return (f"    {self.label}: {self.done}/{self.total} {self.unit} ({100 * self.done / self.total:.0f} %), "
-                f"{rate:.2f} {self.unit}/s, elapsed {_clock(elapsed)}, {eta_text}")
+        return (
+            f"    {self.label}: {self.done}/{self.total} {self.unit} ({100 * self.done / self.total:.0f} %), "
+            f"{rate:.2f} {self.unit}/s, elapsed {_clock(elapsed)}, {eta_text}"
+        )
 
     def advance(self, n: int = 1) -> None:
         self.done += n
@@ -67,11 +69,13 @@ def _clock(seconds: float) -> str:
 
 
 @contextlib.contextmanager
-def progress(total: int, label: str, quiet: bool = False, every: float = 5.0,
-             unit: str = "items") -> Iterator[Callable[[int], None]]:
+def progress(
+    total: int, label: str, quiet: bool = False, every: float = 5.0, unit: str = "items"
+) -> Iterator[Callable[[int], None]]:
     """``with progress(n, "calibrating") as advance: ... advance(1)``: a bar with ETA on a
     terminal, one plain line every ``every`` seconds otherwise (CI logs, nohup), nothing when quiet.
     ``advance`` takes the number of units just finished."""
+
     def nothing(n: int = 1) -> None:
         return None
 
@@ -89,8 +93,16 @@ def progress(total: int, label: str, quiet: bool = False, every: float = 5.0,
             TimeRemainingColumn,
         )
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        ) as bar:
             task = bar.add_task(label, total=total)
 
             def advance(n: int = 1) -> None:

@@ -68,8 +68,9 @@ def _regenerate(spec: dict[str, Any]) -> Path:
 
             generate_maze(MazeSpec(**fields), str(work / "data"))
         else:
-            raise ConfigError(f"the checkpoint's dataset spec names generator {generator!r}, which this version "
-                              "cannot regenerate")
+            raise ConfigError(
+                f"the checkpoint's dataset spec names generator {generator!r}, which this version cannot regenerate"
+            )
         if not folder.exists():
             os.replace(work / "data", folder)  # atomic: a half-written cache folder is never seen
     finally:
@@ -98,16 +99,21 @@ def provenance_data(checkpoint: str | Path, flag: str) -> DataChoice:
     spec = contents.extra.get("dataset")
     if isinstance(spec, dict) and spec.get("generator"):
         folder = _regenerate(spec)
-        return DataChoice(folder, f"no {flag} given: using {name}'s own dataset, regenerated from its provenance "
-                                  f"({_describe(spec)}) in {folder}")
+        return DataChoice(
+            folder,
+            f"no {flag} given: using {name}'s own dataset, regenerated from its provenance "
+            f"({_describe(spec)}) in {folder}",
+        )
     data_path = contents.train_config.get("data_path")
     if data_path:
         meta = _find_dataset_json(str(data_path), contents.path.parent)
         if meta is not None:
             folder = meta.parent.parent
             return DataChoice(folder, f"no {flag} given: using the dataset {name} was trained on ({folder})")
-        raise ConfigError(f"{name} was trained on {data_path}, which is not here (no train/ or test/dataset.json "
-                          f"found as given or beside the checkpoint); pass {flag} DATASET_DIR")
+        raise ConfigError(
+            f"{name} was trained on {data_path}, which is not here (no train/ or test/dataset.json "
+            f"found as given or beside the checkpoint); pass {flag} DATASET_DIR"
+        )
     raise ConfigError(f"{name} records no dataset it was trained on; pass {flag} DATASET_DIR")
 
 
@@ -120,8 +126,10 @@ def default_data(artifact: str | Path | None, flag: str) -> DataChoice:
     try:
         checkpoint = checkpoint_of(artifact)
     except ArtifactError:
-        raise ConfigError(f"no {flag} given and the checkpoint {Path(artifact).name} came from is unknown (no "
-                          f"manifest names it, or it changed); pass {flag} DATASET_DIR") from None
+        raise ConfigError(
+            f"no {flag} given and the checkpoint {Path(artifact).name} came from is unknown (no "
+            f"manifest names it, or it changed); pass {flag} DATASET_DIR"
+        ) from None
     return provenance_data(checkpoint, flag)
 
 
@@ -148,5 +156,8 @@ def heldout_data(artifact: str | Path, samples: int = 512) -> DataChoice | None:
     else:
         fresh["augment"] = False
     folder = _regenerate(fresh)
-    return DataChoice(folder, f"{samples} fresh puzzles of {Path(checkpoint).name}'s dataset spec "
-                              f"(seed {fresh['seed']}, never trained on) in {folder}")
+    return DataChoice(
+        folder,
+        f"{samples} fresh puzzles of {Path(checkpoint).name}'s dataset spec "
+        f"(seed {fresh['seed']}, never trained on) in {folder}",
+    )

@@ -53,8 +53,14 @@ class Solution:
     checks: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"where": self.puzzle.where, "kind": self.puzzle.kind.value, "answer": decode(self.puzzle.kind, self.answer),
-                "steps_used": self.steps_used, "q_halt": self.q_halt, **self.checks}
+        data = {
+            "where": self.puzzle.where,
+            "kind": self.puzzle.kind.value,
+            "answer": decode(self.puzzle.kind, self.answer),
+            "steps_used": self.steps_used,
+            "q_halt": self.q_halt,
+            **self.checks,
+        }
         if self.puzzle.label is not None:
             data["correct"] = bool((self.answer == self.puzzle.label).all())
         return data
@@ -71,8 +77,10 @@ def _parse_sudoku(text: str, where: str, column_offset: int = 0) -> Puzzle:
         elif ch.isdigit():
             cells.append(int(ch))
         else:
-            raise DataError(f"{where}, position {pos}: {ch!r} is not a Sudoku cell; use digits 1-9 for givens and "
-                            "0 or . for blanks (81 cells)")
+            raise DataError(
+                f"{where}, position {pos}: {ch!r} is not a Sudoku cell; use digits 1-9 for givens and "
+                "0 or . for blanks (81 cells)"
+            )
         if len(cells) > 81:
             raise DataError(f"{where}, position {pos}: more than 81 cells; a Sudoku has 81 (one row after another)")
     if len(cells) != 81:
@@ -84,15 +92,21 @@ def _parse_maze(lines: list[str], where: str, first_line: int) -> Puzzle:
     size = len(lines)
     for i, line in enumerate(lines):
         if len(line) != size:
-            raise DataError(f"{where}, line {first_line + i}: {len(line)} characters, but the maze has {size} lines; "
-                            "a maze must be square (N lines of N characters from '# SGo')")
+            raise DataError(
+                f"{where}, line {first_line + i}: {len(line)} characters, but the maze has {size} lines; "
+                "a maze must be square (N lines of N characters from '# SGo')"
+            )
         for pos, ch in enumerate(line, start=1):
             if ch not in MAZE_CHARS:
-                raise DataError(f"{where}, line {first_line + i}, position {pos}: {ch!r} is not a maze cell; "
-                                "use '#' wall, ' ' open, 'S' start, 'G' goal")
+                raise DataError(
+                    f"{where}, line {first_line + i}, position {pos}: {ch!r} is not a maze cell; "
+                    "use '#' wall, ' ' open, 'S' start, 'G' goal"
+                )
     flat = "".join(lines)
     if flat.count("S") != 1 or flat.count("G") != 1:
-        raise DataError(f"{where}: a maze needs exactly one S and one G (found {flat.count('S')} and {flat.count('G')})")
+        raise DataError(
+            f"{where}: a maze needs exactly one S and one G (found {flat.count('S')} and {flat.count('G')})"
+        )
     return Puzzle(PuzzleKind.MAZE, np.array([MAZE_CHARS.index(c) + 1 for c in flat], np.int32), where)
 
 
@@ -152,13 +166,22 @@ def _dataset_puzzles(folder: Path) -> list[Puzzle]:
 
     examples = load_examples(folder, None, split="test")
     vocab = int(max(examples.inputs.max(), 0)) + 1
-    kind = PuzzleKind.SUDOKU if examples.inputs.shape[1] == 81 and vocab <= 11 and examples.inputs.max() > 5 \
+    kind = (
+        PuzzleKind.SUDOKU
+        if examples.inputs.shape[1] == 81 and vocab <= 11 and examples.inputs.max() > 5
         else PuzzleKind.MAZE
+    )
     labels = examples.labels
-    return [Puzzle(kind, examples.inputs[i], f"{folder} example {i}",
-                   None if labels is None else np.where(labels[i] == -100, examples.inputs[i], labels[i]).astype(np.int32),
-                   int(examples.puzzle_identifiers[i]))
-            for i in range(len(examples))]
+    return [
+        Puzzle(
+            kind,
+            examples.inputs[i],
+            f"{folder} example {i}",
+            None if labels is None else np.where(labels[i] == -100, examples.inputs[i], labels[i]).astype(np.int32),
+            int(examples.puzzle_identifiers[i]),
+        )
+        for i in range(len(examples))
+    ]
 
 
 # --------------------------------------------------------------------------------- output
@@ -167,7 +190,7 @@ def decode(kind: PuzzleKind, tokens: np.ndarray) -> str:
         return "".join(str(max(int(t) - 1, 0)) for t in tokens)
     size = math.isqrt(len(tokens))
     chars = "".join(MAZE_CHARS[int(t) - 1] if 1 <= t <= 5 else "?" for t in tokens)
-    return "\n".join(chars[r * size:(r + 1) * size] for r in range(size))
+    return "\n".join(chars[r * size : (r + 1) * size] for r in range(size))
 
 
 def sudoku_checks(givens: np.ndarray, answer: np.ndarray) -> dict[str, Any]:
@@ -177,10 +200,15 @@ def sudoku_checks(givens: np.ndarray, answer: np.ndarray) -> dict[str, Any]:
     full = set(range(1, 10))
     rows = all(set(grid[r].tolist()) == full for r in range(9))
     cols = all(set(grid[:, c].tolist()) == full for c in range(9))
-    boxes = all(set(grid[r:r + 3, c:c + 3].ravel().tolist()) == full for r in (0, 3, 6) for c in (0, 3, 6))
+    boxes = all(set(grid[r : r + 3, c : c + 3].ravel().tolist()) == full for r in (0, 3, 6) for c in (0, 3, 6))
     kept = bool(((given == 0) | (grid == given)).all())
-    return {"valid": bool(rows and cols and boxes and kept), "rows_ok": rows, "columns_ok": cols, "boxes_ok": boxes,
-            "givens_kept": kept}
+    return {
+        "valid": bool(rows and cols and boxes and kept),
+        "rows_ok": rows,
+        "columns_ok": cols,
+        "boxes_ok": boxes,
+        "givens_kept": kept,
+    }
 
 
 def sudoku_solvable(givens: np.ndarray) -> bool:
@@ -226,8 +254,8 @@ def pretty(solution: Solution) -> str:
     digits = decode(PuzzleKind.SUDOKU, solution.answer)
     rows = []
     for r in range(9):
-        row = digits[r * 9:(r + 1) * 9]
-        rows.append(" | ".join(" ".join(row[b * 3:(b + 1) * 3]) for b in range(3)))
+        row = digits[r * 9 : (r + 1) * 9]
+        rows.append(" | ".join(" ".join(row[b * 3 : (b + 1) * 3]) for b in range(3)))
         if r in (2, 5):
             rows.append("------+-------+------")
     return head + "\n" + "\n".join(rows) + "\n"
@@ -252,9 +280,19 @@ def _model_seq_len(artifact: Path) -> int | None:
         return None
 
 
-def solve(source: str | Path, artifact: str | Path | None = None, halt: str | None = "off", *,
-          min_steps: int = 1, max_steps: int | None = None, url: str | None = None, batch: int = 64,
-          model_name: str = "hrm", calib_data: str | Path | None = None, **runner_options: Any) -> list[Solution]:
+def solve(
+    source: str | Path,
+    artifact: str | Path | None = None,
+    halt: str | None = "off",
+    *,
+    min_steps: int = 1,
+    max_steps: int | None = None,
+    url: str | None = None,
+    batch: int = 64,
+    model_name: str = "hrm",
+    calib_data: str | Path | None = None,
+    **runner_options: Any,
+) -> list[Solution]:
     """Parse ``source``, run ``artifact`` (default: the bundled model) or the server at ``url``
     with the halting rule ``halt``, and check each answer. ``budget:P`` uses the threshold in
     the artifact's manifest, else calibrates it first on ``calib_data`` (default: fresh puzzles
@@ -281,27 +319,43 @@ def solve(source: str | Path, artifact: str | Path | None = None, halt: str | No
         path = Path(artifact)
         expected = _model_seq_len(path) if path.exists() else None
         if expected is not None and expected != inputs.shape[1]:
-            raise DataError(f"{puzzles[0].where}: a {puzzles[0].kind.value} of {inputs.shape[1]} cells, but "
-                            f"{path.name} expects {expected}; use a model trained on this puzzle size")
+            raise DataError(
+                f"{puzzles[0].where}: a {puzzles[0].kind.value} of {inputs.shape[1]} cells, but "
+                f"{path.name} expects {expected}; use a model trained on this puzzle size"
+            )
         rule = resolve_rule(rule, str(path))
         if rule.mode is HaltMode.BUDGET and rule.threshold is None:
             import sys
 
             from hrm_deploy.runners.halting import prepare_rules
 
-            [rule] = prepare_rules([rule.text], str(path), None, min_steps=min_steps, max_steps=max_steps,
-                                   calib_data=str(calib_data) if calib_data else None, flag="--calib-data",
-                                   **runner_options)
-            print(f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in the manifest of "
-                  f"{path.name}", file=sys.stderr, flush=True)
+            [rule] = prepare_rules(
+                [rule.text],
+                str(path),
+                None,
+                min_steps=min_steps,
+                max_steps=max_steps,
+                calib_data=str(calib_data) if calib_data else None,
+                flag="--calib-data",
+                **runner_options,
+            )
+            print(
+                f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in the manifest of {path.name}",
+                file=sys.stderr,
+                flush=True,
+            )
         from hrm_deploy.runners import open_runner
 
         runner = open_runner(path, **runner_options)
         runner.activate()
         try:
-            parts = [runner.infer({"inputs": inputs[s:s + batch], "puzzle_identifiers": pids[s:s + batch]},
-                                  **({"halt": rule.should_halt} if rule.active else {}))
-                     for s in range(0, len(inputs), batch)]
+            parts = [
+                runner.infer(
+                    {"inputs": inputs[s : s + batch], "puzzle_identifiers": pids[s : s + batch]},
+                    **({"halt": rule.should_halt} if rule.active else {}),
+                )
+                for s in range(0, len(inputs), batch)
+            ]
         finally:
             runner.close()
         out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

@@ -18,8 +18,9 @@ def nvidia_smi(fields: dict[str, str]) -> dict[str, str]:
     """One ``nvidia-smi --query-gpu`` for the first GPU, as {report key: value}; {} without one."""
     query = ",".join(fields.values())
     try:
-        done = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return {}
     if done.returncode != 0 or not done.stdout.strip():

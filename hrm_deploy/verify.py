@@ -72,7 +72,9 @@ def _run(runner, examples, batch: int) -> dict[str, np.ndarray]:
         runner.close()
 
 
-def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], labels: np.ndarray | None) -> dict[str, Any]:
+def compare(
+    reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], labels: np.ndarray | None
+) -> dict[str, Any]:
     """Output errors, answer agreement, accuracy of both and the puzzles that flipped."""
     from hrm_deploy.calib.accuracy import accuracy
 
@@ -80,11 +82,16 @@ def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], 
     scale = max(float(np.abs(ref_l).max()), 1e-6)
     ref_q, cand_q = reference["q_halt_logits"], candidate["q_halt_logits"]
     report: dict[str, Any] = {
-        "logits": {"max_abs": float(np.abs(ref_l - cand_l).max()), "max_rel": float(np.abs(ref_l - cand_l).max() / scale),
-                   "argmax_agreement": float((ref_l.argmax(-1) == cand_l.argmax(-1)).mean())},
-        "q_halt": {"max_abs": float(np.abs(ref_q - cand_q).max()),
-                   "max_rel": float(np.abs(ref_q[:, -1] - cand_q[:, -1]).max() / max(float(np.abs(ref_q).max()), 1.0)),
-                   "sign_agreement": float(((ref_q[:, -1] >= 0) == (cand_q[:, -1] >= 0)).mean())},
+        "logits": {
+            "max_abs": float(np.abs(ref_l - cand_l).max()),
+            "max_rel": float(np.abs(ref_l - cand_l).max() / scale),
+            "argmax_agreement": float((ref_l.argmax(-1) == cand_l.argmax(-1)).mean()),
+        },
+        "q_halt": {
+            "max_abs": float(np.abs(ref_q - cand_q).max()),
+            "max_rel": float(np.abs(ref_q[:, -1] - cand_q[:, -1]).max() / max(float(np.abs(ref_q).max()), 1.0)),
+            "sign_agreement": float(((ref_q[:, -1] >= 0) == (cand_q[:, -1] >= 0)).mean()),
+        },
     }
     if ref_q.shape == cand_q.shape:
         report["per_step_q_halt_sign_agreement"] = [float(x) for x in ((ref_q >= 0) == (cand_q >= 0)).mean(0)]
@@ -106,22 +113,27 @@ def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], 
             return ((logits.argmax(-1) == labels) | ~mask).all(-1)
 
         ref_ok, cand_ok = solved(ref_l), solved(cand_l)
-        report["flipped"] = {"lost": np.flatnonzero(ref_ok & ~cand_ok).tolist(),
-                             "gained": np.flatnonzero(~ref_ok & cand_ok).tolist()}
+        report["flipped"] = {
+            "lost": np.flatnonzero(ref_ok & ~cand_ok).tolist(),
+            "gained": np.flatnonzero(~ref_ok & cand_ok).tolist(),
+        }
     return report
 
 
 def judge(report: dict[str, Any], thresholds: Thresholds) -> list[str]:
     failures = []
     if report["logits"]["argmax_agreement"] < thresholds.min_argmax_agreement:
-        failures.append(f"argmax agreement {report['logits']['argmax_agreement']:.4f} < {thresholds.min_argmax_agreement}")
+        failures.append(
+            f"argmax agreement {report['logits']['argmax_agreement']:.4f} < {thresholds.min_argmax_agreement}"
+        )
     if report["logits"]["max_rel"] > thresholds.max_logits_rel_error:
         failures.append(f"logits relative error {report['logits']['max_rel']:.4g} > {thresholds.max_logits_rel_error}")
     if report["q_halt"].get("max_rel", 0.0) > thresholds.max_q_halt_rel_error:
         failures.append(f"q_halt relative error {report['q_halt']['max_rel']:.4g} > {thresholds.max_q_halt_rel_error}")
     if report["q_halt"]["sign_agreement"] < thresholds.min_q_halt_sign_agreement:
-        failures.append(f"q_halt sign agreement {report['q_halt']['sign_agreement']:.4f} < "
-                        f"{thresholds.min_q_halt_sign_agreement}")
+        failures.append(
+            f"q_halt sign agreement {report['q_halt']['sign_agreement']:.4f} < {thresholds.min_q_halt_sign_agreement}"
+        )
     if "reference" in report:
         drop = 100.0 * (report["reference"]["exact_accuracy"] - report["candidate"]["exact_accuracy"])
         report["exact_drop_points"] = drop
@@ -131,25 +143,36 @@ def judge(report: dict[str, Any], thresholds: Thresholds) -> list[str]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = [f"# verify {report['artifact']}", "",
-             f"**{'PASSED' if report['passed'] else 'FAILED'}** ({report['precision']}, {report['examples']} examples, "
-             f"reference {report['reference_checkpoint']})", "",
-             "| check | value |", "|---|---|",
-             f"| logits max abs / rel error | {report['logits']['max_abs']:.3g} / {report['logits']['max_rel']:.3g} |",
-             f"| argmax agreement | {report['logits']['argmax_agreement']:.4%} |",
-             f"| q_halt sign agreement | {report['q_halt']['sign_agreement']:.4%} |"]
+    lines = [
+        f"# verify {report['artifact']}",
+        "",
+        f"**{'PASSED' if report['passed'] else 'FAILED'}** ({report['precision']}, {report['examples']} examples, "
+        f"reference {report['reference_checkpoint']})",
+        "",
+        "| check | value |",
+        "|---|---|",
+        f"| logits max abs / rel error | {report['logits']['max_abs']:.3g} / {report['logits']['max_rel']:.3g} |",
+        f"| argmax agreement | {report['logits']['argmax_agreement']:.4%} |",
+        f"| q_halt sign agreement | {report['q_halt']['sign_agreement']:.4%} |",
+    ]
     if "reference" in report:
-        lines += [f"| exact accuracy reference / candidate | {report['reference']['exact_accuracy']:.2%} / "
-                  f"{report['candidate']['exact_accuracy']:.2%} |",
-                  f"| token accuracy reference / candidate | {report['reference']['token_accuracy']:.4%} / "
-                  f"{report['candidate']['token_accuracy']:.4%} |",
-                  f"| puzzles lost / gained | {len(report['flipped']['lost'])} / {len(report['flipped']['gained'])} |"]
+        lines += [
+            f"| exact accuracy reference / candidate | {report['reference']['exact_accuracy']:.2%} / "
+            f"{report['candidate']['exact_accuracy']:.2%} |",
+            f"| token accuracy reference / candidate | {report['reference']['token_accuracy']:.4%} / "
+            f"{report['candidate']['token_accuracy']:.4%} |",
+            f"| puzzles lost / gained | {len(report['flipped']['lost'])} / {len(report['flipped']['gained'])} |",
+        ]
     if "per_step_disagreement" in report:
         lines += ["", "| ACT step | token disagreement | exact (reference) | exact (candidate) |", "|---|---|---|---|"]
         for i, d in enumerate(report["per_step_disagreement"]):
             ref = report.get("per_step_exact_reference", [None] * (i + 1))[i]
             cand = report.get("per_step_exact_candidate", [None] * (i + 1))[i]
-            lines.append(f"| {i + 1} | {d:.4%} | {ref:.2%} | {cand:.2%} |" if ref is not None else f"| {i + 1} | {d:.4%} | - | - |")
+            lines.append(
+                f"| {i + 1} | {d:.4%} | {ref:.2%} | {cand:.2%} |"
+                if ref is not None
+                else f"| {i + 1} | {d:.4%} | - | - |"
+            )
     if "halting" in report:
         from hrm_deploy.runners.halting import halting_markdown
 
@@ -160,21 +183,28 @@ def markdown(report: dict[str, Any]) -> str:
 
 def _check_thresholds(thresholds: Thresholds) -> None:
     for name, value in asdict(thresholds).items():
-        if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0 or \
-                (name.startswith("min_") and value > 1):
-            raise ConfigError(f"threshold {name}={value} is out of range (agreements are fractions 0 to 1, "
-                              "errors and drops >= 0)")
+        if (
+            not isinstance(value, (int, float))
+            or not np.isfinite(value)
+            or value < 0
+            or (name.startswith("min_") and value > 1)
+        ):
+            raise ConfigError(
+                f"threshold {name}={value} is out of range (agreements are fractions 0 to 1, errors and drops >= 0)"
+            )
 
 
-def _halting(path: Path, candidate, examples, ref_out, cand_out, data, texts, batch, min_steps, max_steps,
-             runner_options) -> dict[str, Any]:
+def _halting(
+    path: Path, candidate, examples, ref_out, cand_out, data, texts, batch, min_steps, max_steps, runner_options
+) -> dict[str, Any]:
     from hrm_deploy.runners.halting import evaluate_halting, plot_curve, prepare_rules
 
     rules = prepare_rules(list(texts), str(path), str(data), min_steps=min_steps, max_steps=max_steps, **runner_options)
     candidate.activate()
     try:
-        result = evaluate_halting(candidate, examples, rules, batch, full=cand_out, min_steps=min_steps,
-                                  max_steps=max_steps)
+        result = evaluate_halting(
+            candidate, examples, rules, batch, full=cand_out, min_steps=min_steps, max_steps=max_steps
+        )
     finally:
         candidate.close()
     write_json(path.with_name(path.name + ".halting.json"), result)
@@ -183,10 +213,19 @@ def _halting(path: Path, candidate, examples, ref_out, cand_out, data, texts, ba
     return result
 
 
-def verify(artifact: str | Path, data: str | Path | None, against: str | Path | None = None, samples: int | None = 256,
-           thresholds: Thresholds | None = None, overrides: dict[str, float] | None = None, batch: int = 64,
-           halt: list[str] | None = None, min_steps: int = 1, max_steps: int | None = None,
-           **runner_options: Any) -> dict[str, Any]:
+def verify(
+    artifact: str | Path,
+    data: str | Path | None,
+    against: str | Path | None = None,
+    samples: int | None = 256,
+    thresholds: Thresholds | None = None,
+    overrides: dict[str, float] | None = None,
+    batch: int = 64,
+    halt: list[str] | None = None,
+    min_steps: int = 1,
+    max_steps: int | None = None,
+    **runner_options: Any,
+) -> dict[str, Any]:
     """Compare ``artifact`` with its checkpoint on K examples of ``data``'s test split; write
     the JSON/Markdown reports beside the artifact and into its manifest; return the report.
     ``thresholds`` default to the candidate's precision's; ``overrides`` replace single fields.
@@ -224,15 +263,22 @@ def verify(artifact: str | Path, data: str | Path | None, against: str | Path | 
     cand_out = _run(candidate, examples, batch)
     reference_ckpt = Path(against) if against else find_reference(path)
     ref_out = _run(TorchRunner(reference_ckpt, steps=candidate.steps), examples, batch)
-    report: dict[str, Any] = {"artifact": str(path), "runner": candidate.name, "precision": candidate.precision,
-                              "steps": candidate.steps, "reference_checkpoint": str(reference_ckpt),
-                              "data": examples.source, "examples": len(examples),
-                              **compare(ref_out, cand_out, examples.labels)}
+    report: dict[str, Any] = {
+        "artifact": str(path),
+        "runner": candidate.name,
+        "precision": candidate.precision,
+        "steps": candidate.steps,
+        "reference_checkpoint": str(reference_ckpt),
+        "data": examples.source,
+        "examples": len(examples),
+        **compare(ref_out, cand_out, examples.labels),
+    }
     chosen = replace(thresholds or THRESHOLDS.get(candidate.precision, THRESHOLDS["fp32"]), **(overrides or {}))
     report["thresholds"] = asdict(chosen)
     if halt:
-        report["halting"] = _halting(path, candidate, examples, ref_out, cand_out, data, halt, batch, min_steps,
-                                     max_steps, runner_options)
+        report["halting"] = _halting(
+            path, candidate, examples, ref_out, cand_out, data, halt, batch, min_steps, max_steps, runner_options
+        )
     report["failures"] = judge(report, chosen)
     report["passed"] = not report["failures"]
     if before is not None:
@@ -244,6 +290,9 @@ def verify(artifact: str | Path, data: str | Path | None, against: str | Path | 
     write_json(json_report, report)
     write_text(md_report, markdown(report))
     if manifest_path(path).is_file():
-        update_manifest(path, expect_sha256=before,
-                        verify={k: report[k] for k in ("passed", "failures", "examples", "data", "thresholds")})
+        update_manifest(
+            path,
+            expect_sha256=before,
+            verify={k: report[k] for k in ("passed", "failures", "examples", "data", "thresholds")},
+        )
     return report

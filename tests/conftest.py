@@ -7,9 +7,21 @@ from pathlib import Path
 
 import pytest
 
-TINY = dict(seq_len=81, vocab_size=11, num_puzzle_identifiers=1, hidden_size=64, num_heads=4,
-            H_layers=2, L_layers=2, H_cycles=2, L_cycles=2, halt_max_steps=4, expansion=4.0,
-            puzzle_emb_ndim=64, pos_encodings="rope")
+TINY = dict(
+    seq_len=81,
+    vocab_size=11,
+    num_puzzle_identifiers=1,
+    hidden_size=64,
+    num_heads=4,
+    H_layers=2,
+    L_layers=2,
+    H_cycles=2,
+    L_cycles=2,
+    halt_max_steps=4,
+    expansion=4.0,
+    puzzle_emb_ndim=64,
+    pos_encodings="rope",
+)
 
 
 @pytest.fixture
@@ -34,18 +46,39 @@ def tiny_model(tiny_config):
     return model
 
 
-def write_upstream_run(folder: Path, model, prefix: str = "_orig_mod.model.inner.", step: int = 100,
-                       with_config: bool = True, with_dataset: bool = True, data_rel: str = "data/sudoku-tiny") -> Path:
+def write_upstream_run(
+    folder: Path,
+    model,
+    prefix: str = "_orig_mod.model.inner.",
+    step: int = 100,
+    with_config: bool = True,
+    with_dataset: bool = True,
+    data_rel: str = "data/sudoku-tiny",
+) -> Path:
     """Write an upstream-style run: <folder>/checkpoints/<run>/step_N + all_config.yaml, dataset.json
     under <folder>/<data_rel>; data_path in the YAML is relative, as upstream writes it."""
     from hrm_deploy.model.checkpoint import upstream_state_dict, write_upstream_run
 
     cfg = model.inner.config
     run = folder / "checkpoints" / "Sudoku-tiny ACT-torch" / "HierarchicalReasoningModel_ACTV1 brave-otter"
-    hyper = {"global_batch_size": 768, "epochs": 20000, "lr": 1e-4, "lr_min_ratio": 1.0, "lr_warmup_steps": 2000,
-             "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "puzzle_emb_lr": 1e-2, "puzzle_emb_weight_decay": 0.1,
-             "project_name": "Sudoku-tiny ACT-torch", "run_name": "brave-otter", "seed": 0,
-             "checkpoint_every_eval": True, "eval_interval": 2000, "eval_save_outputs": []}
+    hyper = {
+        "global_batch_size": 768,
+        "epochs": 20000,
+        "lr": 1e-4,
+        "lr_min_ratio": 1.0,
+        "lr_warmup_steps": 2000,
+        "weight_decay": 0.1,
+        "beta1": 0.9,
+        "beta2": 0.95,
+        "puzzle_emb_lr": 1e-2,
+        "puzzle_emb_weight_decay": 0.1,
+        "project_name": "Sudoku-tiny ACT-torch",
+        "run_name": "brave-otter",
+        "seed": 0,
+        "checkpoint_every_eval": True,
+        "eval_interval": 2000,
+        "eval_save_outputs": [],
+    }
     if with_config:
         write_upstream_run(run, model, step=step, data_path=data_rel, train_config=hyper, prefix=prefix)
     else:
@@ -56,10 +89,21 @@ def write_upstream_run(folder: Path, model, prefix: str = "_orig_mod.model.inner
     if with_dataset:
         meta_dir = folder / data_rel / "train"
         meta_dir.mkdir(parents=True, exist_ok=True)
-        (meta_dir / "dataset.json").write_text(json.dumps({
-            "pad_id": 0, "ignore_label_id": 0, "blank_identifier_id": 0, "vocab_size": cfg.vocab_size,
-            "seq_len": cfg.seq_len, "num_puzzle_identifiers": cfg.num_puzzle_identifiers, "total_groups": 10,
-            "mean_puzzle_examples": 1.0, "sets": ["all"]}))
+        (meta_dir / "dataset.json").write_text(
+            json.dumps(
+                {
+                    "pad_id": 0,
+                    "ignore_label_id": 0,
+                    "blank_identifier_id": 0,
+                    "vocab_size": cfg.vocab_size,
+                    "seq_len": cfg.seq_len,
+                    "num_puzzle_identifiers": cfg.num_puzzle_identifiers,
+                    "total_groups": 10,
+                    "mean_puzzle_examples": 1.0,
+                    "sets": ["all"],
+                }
+            )
+        )
     return run / f"step_{step}"
 
 
@@ -112,12 +156,14 @@ def tiny_onnx(trained_tiny, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("export")
     unrolled = export_onnx(trained_tiny.checkpoint, folder / "tiny.onnx", ExportConfig(parity=False), quiet=True)
-    step = export_onnx(trained_tiny.checkpoint, folder / "tiny.step.onnx", ExportConfig(mode="step", parity=False),
-                       quiet=True)
+    step = export_onnx(
+        trained_tiny.checkpoint, folder / "tiny.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
+    )
     return SimpleNamespace(unrolled=unrolled.path, step=step.path, data=trained_tiny.data, folder=folder)
 
 
 # -- markers: gpu / jetson skip with an actionable reason; every skip's reason is summarised ----------
+
 
 def _has_cuda() -> bool:
     try:
@@ -152,8 +198,9 @@ def pytest_runtest_logreport(report):
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr or "")
         reason = reason.removeprefix("Skipped: ").strip()
-        _SKIPS.setdefault(reason or "(no reason given: give this skip one that says what to install or where to run)",
-                          []).append(report.nodeid)
+        _SKIPS.setdefault(
+            reason or "(no reason given: give this skip one that says what to install or where to run)", []
+        ).append(report.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -27,14 +27,30 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "hrm_deploy"
 
 RANKS: dict[str, int] = {
-    "": 0, "errors": 0, "io": 0, "manifest": 0, "system": 0, "progress": 0, "metrics": 0,
-    "model": 1, "data": 1,
+    "": 0,
+    "errors": 0,
+    "io": 0,
+    "manifest": 0,
+    "system": 0,
+    "progress": 0,
+    "metrics": 0,
+    "model": 1,
+    "data": 1,
     "export": 2,
     "runners": 3,
-    "calib": 4, "precision": 4,
+    "calib": 4,
+    "precision": 4,
     "engines": 5,
-    "verify": 6, "bench": 6, "serve": 6, "solve": 6, "provenance": 6, "train": 6, "doctor": 6, "inspection": 6,
-    "cli": 7, "__main__": 7,
+    "verify": 6,
+    "bench": 6,
+    "serve": 6,
+    "solve": 6,
+    "provenance": 6,
+    "train": 6,
+    "doctor": 6,
+    "inspection": 6,
+    "cli": 7,
+    "__main__": 7,
 }
 
 # (importer, imported) pairs that go up today, each with why and what removes it. Empty it, don't grow it.
@@ -97,7 +113,8 @@ def _edges() -> list[tuple[str, str]]:
 def test_no_import_goes_up():
     upward = [(src, dst) for src, dst in _edges() if _rank(dst) > _rank(src) and (src, dst) not in ALLOWED_UPWARD]
     assert not upward, "imports that go up the layering (see the table in tests/test_layering.py):\n" + "\n".join(
-        f"  {src} (rank {_rank(src)}) imports {dst} (rank {_rank(dst)})" for src, dst in upward)
+        f"  {src} (rank {_rank(src)}) imports {dst} (rank {_rank(dst)})" for src, dst in upward
+    )
 
 
 def test_allow_list_is_not_stale():

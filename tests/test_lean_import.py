@@ -23,10 +23,12 @@ def test_import_package_is_lean():
 
 
 def test_cli_help_is_lean():
-    body = ("from typer.testing import CliRunner\nfrom hrm_deploy.cli import app\n"
-            "r = CliRunner().invoke(app, ['--help'])\nassert r.exit_code == 0, r.output\n"
-            "for c in ('export', 'inspect', 'doctor', 'data', 'train'):\n"
-            "    assert CliRunner().invoke(app, [c, '--help']).exit_code == 0, c")
+    body = (
+        "from typer.testing import CliRunner\nfrom hrm_deploy.cli import app\n"
+        "r = CliRunner().invoke(app, ['--help'])\nassert r.exit_code == 0, r.output\n"
+        "for c in ('export', 'inspect', 'doctor', 'data', 'train'):\n"
+        "    assert CliRunner().invoke(app, [c, '--help']).exit_code == 0, c"
+    )
     assert _loaded_after(body) == ""
 
 
@@ -38,6 +40,8 @@ def test_console_script_help_runs():
 def test_engine_runner_and_device_loop_are_light():
     """The TensorRT runner, the device loop, its adapter and memory backends import no torch/onnx/TensorRT
     (TensorRT is imported on activate; torch only by the torch memory backend when chosen)."""
-    body = "import hrm_deploy.runners, hrm_deploy.runners.trt, hrm_deploy.runners.device_loop, " \
-           "hrm_deploy.runners.memory, hrm_deploy.runners.adapter, hrm_deploy.runners.base"
+    body = (
+        "import hrm_deploy.runners, hrm_deploy.runners.trt, hrm_deploy.runners.device_loop, "
+        "hrm_deploy.runners.memory, hrm_deploy.runners.adapter, hrm_deploy.runners.base"
+    )
     assert _loaded_after(body) == ""

@@ -118,8 +118,7 @@ def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tmp_path):
     ckpt = save_checkpoint(tmp_path / "rand.pt", tiny_model)
     data = tmp_path / "calib"
     generate_sudoku(SudokuSpec(train=32, test=8, blanks=(3, 6), seed=99), str(data))
-    result = runner.invoke(app, ["solve", PUZZLE, str(ckpt), "--halt", "budget:2", "--calib-data", str(data),
-                                 "--json"])
+    result = runner.invoke(app, ["solve", PUZZLE, str(ckpt), "--halt", "budget:2", "--calib-data", str(data), "--json"])
     assert result.exit_code == 0, result.output
     stored = read_manifest(ckpt)["halting"]["budgets"]
     assert list(stored) == ["2|min1|max0"] and stored["2|min1|max0"]["loss_points"] <= 2.0
@@ -138,8 +137,11 @@ def test_solve_url_asks_the_server_client(monkeypatch):
         logits = np.zeros((len(feeds["inputs"]), 81, 11), np.float32)
         solved = np.array([int(c) + 1 for c in SOLVED])
         logits[:, np.arange(81), solved] = 1.0
-        return {"logits": logits, "q_halt_logits": np.full((len(logits), 2), 3.0, np.float32),
-                "steps_used": np.full(len(logits), 2, np.int32)}
+        return {
+            "logits": logits,
+            "q_halt_logits": np.full((len(logits), 2), 3.0, np.float32),
+            "steps_used": np.full(len(logits), 2, np.int32),
+        }
 
     client = types.ModuleType("hrm_deploy.serve.client")
     client.infer_remote = infer_remote  # type: ignore[attr-defined]

@@ -87,8 +87,15 @@ def test_every_writing_command_takes_dash_o():
     from hrm_deploy.cli import app
 
     runner = CliRunner()
-    for command in (["export"], ["build-engine"], ["bench"], ["train"], ["data", "sudoku"], ["data", "maze"],
-                    ["solve"]):
+    for command in (
+        ["export"],
+        ["build-engine"],
+        ["bench"],
+        ["train"],
+        ["data", "sudoku"],
+        ["data", "maze"],
+        ["solve"],
+    ):
         text = runner.invoke(app, [*command, "--help"], terminal_width=200).output
         assert re.search(r"(?<!-)-o\b", text) and "--out" in text, command
 

@@ -27,20 +27,36 @@ def test_verify_fp32_onnx_passes_and_is_recorded(tiny_onnx):
 
 
 def test_verify_catches_broken_int8_scales(tiny_onnx, tmp_path):
-    cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, quant=QuantConfig(method="minmax", samples=64),
-                          cache_dir=str(tmp_path / "calib"))
+    cfg = PrecisionConfig(
+        "int8",
+        calib_data=tiny_onnx.data,
+        quant=QuantConfig(method="minmax", samples=64),
+        cache_dir=str(tmp_path / "calib"),
+    )
     good = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "good.int8.onnx", quiet=True)
     model = onnx.load(str(good.path))
     scales = {n.input[1] for n in model.graph.node if n.op_type == "QuantizeLinear"}  # activation scales
     for init in model.graph.initializer:
         if init.name in scales:
             scale = numpy_helper.to_array(init)
-            init.CopyFrom(numpy_helper.from_array(np.asarray(scale * 40.0, dtype=scale.dtype).reshape(scale.shape),
-                                                  init.name))
+            init.CopyFrom(
+                numpy_helper.from_array(np.asarray(scale * 40.0, dtype=scale.dtype).reshape(scale.shape), init.name)
+            )
     broken = tmp_path / "broken.int8.onnx"
     onnx.save(model, broken)
-    result = runner.invoke(app, ["verify", str(broken), "--data", tiny_onnx.data, "--samples", "100",
-                                 "--against", str(find_reference(tiny_onnx.unrolled))])
+    result = runner.invoke(
+        app,
+        [
+            "verify",
+            str(broken),
+            "--data",
+            tiny_onnx.data,
+            "--samples",
+            "100",
+            "--against",
+            str(find_reference(tiny_onnx.unrolled)),
+        ],
+    )
     assert result.exit_code == 3, result.output
     assert "FAILED" in result.output
     report = json.loads((tmp_path / "broken.int8.onnx.verify.json").read_text())
@@ -64,8 +80,9 @@ def test_verify_refuses_a_reference_that_changed(tiny_onnx, tmp_path):
 
     copy = tmp_path / "copy.onnx"
     shutil.copy(tiny_onnx.unrolled, copy)
-    shutil.copy(tiny_onnx.unrolled.with_name(tiny_onnx.unrolled.name + ".manifest.json"),
-                tmp_path / "copy.onnx.manifest.json")
+    shutil.copy(
+        tiny_onnx.unrolled.with_name(tiny_onnx.unrolled.name + ".manifest.json"), tmp_path / "copy.onnx.manifest.json"
+    )
     ckpt = tmp_path / "ckpt.pt"
     shutil.copy(find_reference(tiny_onnx.unrolled), ckpt)
     update_manifest(copy, parent={"path": str(ckpt), "sha256": "0" * 64})

@@ -73,8 +73,11 @@ class Tegrastats:
         if exe is None:
             raise FileNotFoundError("tegrastats not found (it ships with JetPack)")
         self._log = tempfile.NamedTemporaryFile("r", suffix=".log", delete=False)
-        self._proc = subprocess.Popen([exe, "--interval", str(self.interval_ms), "--logfile", self._log.name],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._proc = subprocess.Popen(
+            [exe, "--interval", str(self.interval_ms), "--logfile", self._log.name],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(self.interval_ms / 1000 * 2)
         return self
 

@@ -59,27 +59,34 @@ class _Ssh:
         done = subprocess.run(["ssh", *self.options, "--", self.host, remote], capture_output=True, text=True)
         if done.returncode == 255 and check_reachable:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise RemoteError(f"cannot reach {self.host} over SSH ({last}); check the address, that sshd runs "
-                              "there and that key-based login works (ssh-copy-id)")
+            raise RemoteError(
+                f"cannot reach {self.host} over SSH ({last}); check the address, that sshd runs "
+                "there and that key-based login works (ssh-copy-id)"
+            )
         return done
 
     def put(self, local: list[Path], remote_dir: str) -> None:
-        done = subprocess.run(["scp", "-q", *self.options, "--", *map(str, local), f"{self.host}:{remote_dir}/"],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["scp", "-q", *self.options, "--", *map(str, local), f"{self.host}:{remote_dir}/"],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             raise RemoteError(f"copying to {self.host}:{remote_dir} failed: {done.stderr.strip()[-300:]}")
 
     def get(self, remote_files: list[str], local_dir: Path) -> None:
         local_dir.mkdir(parents=True, exist_ok=True)
         sources = [f"{self.host}:{f}" for f in remote_files]
-        done = subprocess.run(["scp", "-q", *self.options, "--", *sources, str(local_dir) + "/"],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["scp", "-q", *self.options, "--", *sources, str(local_dir) + "/"], capture_output=True, text=True
+        )
         if done.returncode != 0:
             raise RemoteError(f"fetching the report from {self.host} failed: {done.stderr.strip()[-300:]}")
 
 
-def bench_remote(host: str, artifacts: list[str], config: Any, remote_python: str = "python3",
-                 ssh_options: Sequence[str] = ()) -> dict[str, Any]:
+def bench_remote(
+    host: str, artifacts: list[str], config: Any, remote_python: str = "python3", ssh_options: Sequence[str] = ()
+) -> dict[str, Any]:
     """Run :func:`hrm_deploy.bench.run.bench` on ``host`` and return its report (also written
     to ``config.out_dir``)."""
     from hrm_deploy.bench.run import _default_artifacts, resolve_data
@@ -104,25 +111,48 @@ def bench_remote(host: str, artifacts: list[str], config: Any, remote_python: st
     try:
         with tempfile.TemporaryDirectory() as tmp:
             inputs = Path(tmp) / "inputs.npz"
-            np.savez(inputs, inputs=examples.inputs, puzzle_identifiers=examples.puzzle_identifiers,
-                     **({"labels": examples.labels} if examples.labels is not None else {}))
+            np.savez(
+                inputs,
+                inputs=examples.inputs,
+                puzzle_identifiers=examples.puzzle_identifiers,
+                **({"labels": examples.labels} if examples.labels is not None else {}),
+            )
             files = [inputs, *paths, *[manifest_path(p) for p in paths if manifest_path(p).is_file()]]
             reference = None
             if config.include_reference:
                 reference = Path(config.reference) if config.reference else find_reference(paths[0])
                 files.append(reference)
             ssh.put(files, remote_dir)
-        argv = [remote_python, "-m", "hrm_deploy", "bench", *[f"{remote_dir}/{p.name}" for p in paths],
-                "--data", f"{remote_dir}/inputs.npz", "--target", config.target,
-                "--batch", ",".join(map(str, config.batches)), "--iters", str(config.iters),
-                "--warmup", str(config.warmup), "--provider", config.provider, "--out", f"{remote_dir}/out"]
+        argv = [
+            remote_python,
+            "-m",
+            "hrm_deploy",
+            "bench",
+            *[f"{remote_dir}/{p.name}" for p in paths],
+            "--data",
+            f"{remote_dir}/inputs.npz",
+            "--target",
+            config.target,
+            "--batch",
+            ",".join(map(str, config.batches)),
+            "--iters",
+            str(config.iters),
+            "--warmup",
+            str(config.warmup),
+            "--provider",
+            config.provider,
+            "--out",
+            f"{remote_dir}/out",
+        ]
         argv += ["--reference", f"{remote_dir}/{reference.name}"] if reference else ["--no-reference"]
         done = ssh.run(argv)
         if done.returncode != 0:
             text = done.stderr + done.stdout
             if "No module named" in text:
-                raise RemoteError(f"{host} has no hrm-deploy for {remote_python}; install it there (jetson/setup.sh) "
-                                  "or pass --remote-python")
+                raise RemoteError(
+                    f"{host} has no hrm-deploy for {remote_python}; install it there (jetson/setup.sh) "
+                    "or pass --remote-python"
+                )
             errors = [line for line in text.splitlines() if line.startswith("error:")]
             raise RemoteError(f"the bench on {host} failed: " + (errors[-1][7:] if errors else text.strip()[-300:]))
         listing = [n for n in ssh.run(["ls", f"{remote_dir}/out"]).stdout.split() if n in REPORT_FILES]

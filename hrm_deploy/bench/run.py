@@ -50,8 +50,10 @@ class BenchConfig:
         if not self.batches or min(self.batches) < 1 or self.iters < 1 or self.warmup < 0:
             raise ConfigError("batches must be >= 1, iters >= 1, warmup >= 0")
         if max(self.batches) > MAX_BATCH:
-            raise ConfigError(f"--batch {max(self.batches)} is too large; bench batches go up to {MAX_BATCH} "
-                              "(larger batches are tiled from the data and would exhaust memory)")
+            raise ConfigError(
+                f"--batch {max(self.batches)} is too large; bench batches go up to {MAX_BATCH} "
+                "(larger batches are tiled from the data and would exhaust memory)"
+            )
         if self.iters > 100_000 or self.warmup > 10_000:
             raise ConfigError("--iters must be <= 100000 and --warmup <= 10000")
         if self.accuracy_samples < 1:
@@ -97,13 +99,15 @@ def _measure(runner, examples, config: BenchConfig) -> dict[str, Any]:
             row["batches"][str(batch)] = latency_stats(times, batch)
             if phases:
                 row["batches"][str(batch)]["phases_median_ms"] = {
-                    k: float(np.median([p[k] for p in phases])) for k in ("h2d_ms", "compute_ms", "d2h_ms")}
+                    k: float(np.median([p[k] for p in phases])) for k in ("h2d_ms", "compute_ms", "d2h_ms")
+                }
                 peaks = [p["peak_gpu_mib"] for p in phases if p.get("peak_gpu_mib")]
                 if peaks:  # engine scratch + buffers (+ torch's allocator), reset per call
                     row["batches"][str(batch)]["peak_gpu_mib"] = max(peaks)
         row["peak_host_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        row["peak_gpu_mib"] = max([s.get("peak_gpu_mib", 0.0) for s in row["batches"].values()] +
-                                  [_peak_gpu_mib() or 0.0]) or None
+        row["peak_gpu_mib"] = (
+            max([s.get("peak_gpu_mib", 0.0) for s in row["batches"].values()] + [_peak_gpu_mib() or 0.0]) or None
+        )
         return row
     finally:
         runner.close()
@@ -116,8 +120,13 @@ def _environment(target: str) -> dict[str, Any]:
     from hrm_deploy.manifest import library_versions
     from hrm_deploy.system import CLOCKS, IDENTITY, nvidia_smi
 
-    env: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                           **nvidia_smi({**IDENTITY, **CLOCKS}), "versions": library_versions()}
+    env: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        **nvidia_smi({**IDENTITY, **CLOCKS}),
+        "versions": library_versions(),
+    }
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch.version, "cuda", None):
         env["cuda"] = torch.version.cuda
@@ -144,8 +153,10 @@ def check_batch_memory(batches: tuple[int, ...], seq_len: int, hidden_size: int)
     need = max(batches) * seq_len * hidden_size * BYTES_PER_TOKEN_UNIT
     if need > available:
         fits = max(1, available // (seq_len * hidden_size * BYTES_PER_TOKEN_UNIT))
-        raise ConfigError(f"--batch {max(batches)} needs about {need / 2**30:.1f} GiB for activations but "
-                          f"{available / 2**30:.1f} GiB is available; use a batch of at most {fits}")
+        raise ConfigError(
+            f"--batch {max(batches)} needs about {need / 2**30:.1f} GiB for activations but "
+            f"{available / 2**30:.1f} GiB is available; use a batch of at most {fits}"
+        )
 
 
 def _hidden_size(paths: list[Path], reference: str | None) -> int:
@@ -197,9 +208,11 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
 
     on_jetson = jetson_model() is not None
     if config.target == "jetson" and not on_jetson:
-        raise ConfigError("--target jetson: this machine is not a Jetson (no /etc/nv_tegra_release or Jetson "
-                          "device-tree model); run `hrm-deploy bench --target jetson` on the Jetson, or from here "
-                          "`hrm-deploy bench --target jetson --host USER@JETSON`")
+        raise ConfigError(
+            "--target jetson: this machine is not a Jetson (no /etc/nv_tegra_release or Jetson "
+            "device-tree model); run `hrm-deploy bench --target jetson` on the Jetson, or from here "
+            "`hrm-deploy bench --target jetson --host USER@JETSON`"
+        )
     paths = [Path(a) for a in artifacts] or _default_artifacts()
     if not paths and not config.include_reference:
         raise ConfigError("nothing to bench: pass artifacts or build engines first (hrm-deploy build-engine)")
@@ -240,21 +253,32 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
         reference = Path(config.reference) if config.reference else (find_reference(paths[0]) if paths else None)
         if reference is None:
             raise ConfigError("no reference checkpoint: pass --reference CKPT")
-        row = {"artifact": str(reference), "runner": "torch_ref", "reference": True,
-               "size_mb": reference.stat().st_size / 1e6}
+        row = {
+            "artifact": str(reference),
+            "runner": "torch_ref",
+            "reference": True,
+            "size_mb": reference.stat().st_size / 1e6,
+        }
         row.update(_measure(TorchRunner(reference, steps=steps), examples, config))
         if config.halt:
             row["halting"] = _halting(reference, TorchRunner(reference, steps=steps), examples, config)
         row["status"] = "ok"
         rows.append(row)
         _add_ratios(rows, row)
-    report: dict[str, Any] = {"config": asdict(config), "environment": _environment(config.target), "rows": rows,
-              "examples": len(examples), "data": examples.source,
-              "timing": "end to end per call (host in, host out), after warm-up"}
+    report: dict[str, Any] = {
+        "config": asdict(config),
+        "environment": _environment(config.target),
+        "rows": rows,
+        "examples": len(examples),
+        "data": examples.source,
+        "timing": "end to end per call (host in, host out), after warm-up",
+    }
     _energy(report)
     pinned = report["environment"].get("jetson", {}).get("jetson_clocks_pinned")
     if config.target == "jetson" and pinned is not True:
-        report["warnings"] = ["GPU clocks are not pinned (or could not be read): run sudo jetson_clocks for stable numbers"]
+        report["warnings"] = [
+            "GPU clocks are not pinned (or could not be read): run sudo jetson_clocks for stable numbers"
+        ]
     write_json(out / "report.json", report)
     write_text(out / "report.md", table(report))
     plot = _plot(report, out / "latency.png")
@@ -269,12 +293,19 @@ def _halting(path: Path, runner, examples, config: BenchConfig) -> dict[str, Any
     """Per rule: exact accuracy, mean/p90 steps and puzzles/s at the largest batch, plus the curve."""
     from hrm_deploy.runners.halting import evaluate_halting, prepare_rules
 
-    rules = prepare_rules(list(config.halt), str(path), config.data, min_steps=config.min_steps,
-                          max_steps=config.max_steps, **({"provider": config.provider} if path.suffix == ".onnx" else {}))
+    rules = prepare_rules(
+        list(config.halt),
+        str(path),
+        config.data,
+        min_steps=config.min_steps,
+        max_steps=config.max_steps,
+        **({"provider": config.provider} if path.suffix == ".onnx" else {}),
+    )
     runner.activate()
     try:
-        return evaluate_halting(runner, examples, rules, max(config.batches), min_steps=config.min_steps,
-                                max_steps=config.max_steps)
+        return evaluate_halting(
+            runner, examples, rules, max(config.batches), min_steps=config.min_steps, max_steps=config.max_steps
+        )
     finally:
         runner.close()
 
@@ -312,27 +343,38 @@ def _energy(report: dict[str, Any]) -> None:
 def table(report: dict[str, Any]) -> str:
     """Markdown table in the Ultralytics benchmark style."""
     batches = report["config"]["batches"]
-    head = ["Format", "Status", "Size (MB)", "Exact acc"] + \
-        [f"b{b} ms (p90)" for b in batches] + [f"b{b} puzzles/s" for b in batches] + \
-        [f"b{b} vs ref" for b in batches]
+    head = (
+        ["Format", "Status", "Size (MB)", "Exact acc"]
+        + [f"b{b} ms (p90)" for b in batches]
+        + [f"b{b} puzzles/s" for b in batches]
+        + [f"b{b} vs ref" for b in batches]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in report["rows"]:
         name = f"{row.get('runner', '?')} {row.get('precision', '')} {Path(row['artifact']).name}".strip()
         status = "ok" if row["status"] == "ok" else "skipped"
         acc = row.get("accuracy", {}).get("exact_accuracy")
-        cells = [name, status, f"{row['size_mb']:.1f}" if row.get("size_mb") else "-",
-                 f"{acc:.2%}" if acc is not None else "-"]
+        cells = [
+            name,
+            status,
+            f"{row['size_mb']:.1f}" if row.get("size_mb") else "-",
+            f"{acc:.2%}" if acc is not None else "-",
+        ]
         stats = row.get("batches", {})
-        cells += [f"{stats[str(b)]['median_ms']:.2f} ({stats[str(b)]['p90_ms']:.2f})" if str(b) in stats else "-"
-                  for b in batches]
+        cells += [
+            f"{stats[str(b)]['median_ms']:.2f} ({stats[str(b)]['p90_ms']:.2f})" if str(b) in stats else "-"
+            for b in batches
+        ]
         cells += [f"{stats[str(b)]['puzzles_per_s']:.1f}" if str(b) in stats else "-" for b in batches]
         cells += [f"{stats[str(b)].get('speedup_vs_reference', 0):.2f}x" if str(b) in stats else "-" for b in batches]
         lines.append("| " + " | ".join(cells) + " |")
     skipped = [f"- {Path(r['artifact']).name}: {r['status']}" for r in report["rows"] if r["status"] != "ok"]
     skipped += [f"- warning: {w}" for w in report.get("warnings", [])]
     env = report["environment"]
-    footer = [f"\nMachine: {env.get('platform')}, {env.get('cpus')} CPUs, GPU: {env.get('gpu', 'none')}. "
-              f"{report['examples']} examples from {report['data']}; {report['timing']}."]
+    footer = [
+        f"\nMachine: {env.get('platform')}, {env.get('cpus')} CPUs, GPU: {env.get('gpu', 'none')}. "
+        f"{report['examples']} examples from {report['data']}; {report['timing']}."
+    ]
     return "\n".join(lines + [""] + skipped + footer) + "\n"
 
 
@@ -350,8 +392,12 @@ def _plot(report: dict[str, Any], path: Path) -> Path | None:
         if not stats:
             continue
         xs = [int(b) for b in stats]
-        ax.plot(xs, [stats[b]["median_ms"] for b in stats], marker="o",
-                label=f"{row.get('runner')} {row.get('precision', '')}")
+        ax.plot(
+            xs,
+            [stats[b]["median_ms"] for b in stats],
+            marker="o",
+            label=f"{row.get('runner')} {row.get('precision', '')}",
+        )
     ax.set_xlabel("batch")
     ax.set_ylabel("median latency (ms)")
     ax.set_xscale("log", base=2)

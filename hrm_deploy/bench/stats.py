@@ -11,6 +11,13 @@ def latency_stats(seconds: list[float], batch: int) -> dict[str, float]:
         raise ValueError("no timings")
     ms = np.asarray(seconds, dtype=np.float64) * 1e3
     median = float(np.percentile(ms, 50))
-    return {"median_ms": median, "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99)),
-            "mean_ms": float(ms.mean()), "std_ms": float(ms.std()), "min_ms": float(ms.min()),
-            "iterations": int(ms.size), "puzzles_per_s": batch * 1e3 / median if median > 0 else float("inf")}
+    return {
+        "median_ms": median,
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+        "std_ms": float(ms.std()),
+        "min_ms": float(ms.min()),
+        "iterations": int(ms.size),
+        "puzzles_per_s": batch * 1e3 / median if median > 0 else float("inf"),
+    }

@@ -37,8 +37,10 @@ class PrecisionConfig:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(PRECISIONS)}")
         if self.precision == "int8" and not self.calib_data:
-            raise ConfigError("INT8 needs calibration data: pass --calib-data DATASET_DIR or a .npz of inputs "
-                              "(hrm-deploy never invents scales)")
+            raise ConfigError(
+                "INT8 needs calibration data: pass --calib-data DATASET_DIR or a .npz of inputs "
+                "(hrm-deploy never invents scales)"
+            )
 
 
 @dataclass
@@ -68,8 +70,17 @@ def _holdout_accuracy(path: str, examples, meta) -> float:
     return 100.0 * onnx_accuracy(path, examples)["exact_accuracy"]
 
 
-def _sensitivity_fallback(fp32: Path, out_tmp: Path, examples, holdout, config: PrecisionConfig, cache: Path,
-                          meta, plan: QuantPlan, stages: Stages) -> dict[str, Any]:
+def _sensitivity_fallback(
+    fp32: Path,
+    out_tmp: Path,
+    examples,
+    holdout,
+    config: PrecisionConfig,
+    cache: Path,
+    meta,
+    plan: QuantPlan,
+    stages: Stages,
+) -> dict[str, Any]:
     """Keep whole layers (all unrolled copies of one weight) in float, most harmful first,
     until INT8 loses at most the budget on the holdout. Sensitivity of a layer = accuracy lost
     when only that layer is quantized (ranges come from the cache: no recalibration)."""
@@ -94,18 +105,22 @@ def _sensitivity_fallback(fp32: Path, out_tmp: Path, examples, holdout, config: 
             if not others:
                 losses[weight] = base - current
                 continue
-            quantize_int8(str(fp32), str(probe), examples, config.quant, cache, meta["mode"], meta["steps"],
-                          extra_exclude=others)
+            quantize_int8(
+                str(fp32), str(probe), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=others
+            )
             losses[weight] = base - _holdout_accuracy(str(probe), holdout, meta)
     kept: list[str] = []
     for weight in sorted(losses, key=lambda w: losses[w], reverse=True):
         kept.append(weight)
         exclude = tuple(n for w in kept for n in by_weight[w])
         if len(exclude) == len(plan.quantize):
-            raise ConfigError(f"INT8 cannot meet the {budget} point budget even with one layer quantized; "
-                              "use --fp16 or a larger --accuracy-budget")
-        quantize_int8(str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"],
-                      extra_exclude=exclude)
+            raise ConfigError(
+                f"INT8 cannot meet the {budget} point budget even with one layer quantized; "
+                "use --fp16 or a larger --accuracy-budget"
+            )
+        quantize_int8(
+            str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
+        )
         current = _holdout_accuracy(str(out_tmp), holdout, meta)
         if base - current <= budget:
             break
@@ -114,8 +129,9 @@ def _sensitivity_fallback(fp32: Path, out_tmp: Path, examples, holdout, config: 
     return report
 
 
-def make_precision_graph(onnx_path: str | os.PathLike, config: PrecisionConfig,
-                         out: str | os.PathLike | None = None, quiet: bool = False) -> PrecisionResult:
+def make_precision_graph(
+    onnx_path: str | os.PathLike, config: PrecisionConfig, out: str | os.PathLike | None = None, quiet: bool = False
+) -> PrecisionResult:
     """Write ``<name>.<precision>.onnx`` (beside the FP32 graph unless ``out``) and its manifest."""
     from hrm_deploy.export.metadata import graph_metadata
 
@@ -128,7 +144,7 @@ def make_precision_graph(onnx_path: str | os.PathLike, config: PrecisionConfig,
     meta = graph_metadata(model)
     if meta.get("precision", "fp32") != "fp32":
         raise ConfigError(f"{src} is already {meta['precision']}; convert the FP32 export instead")
-    stem = src.name[:-len(".onnx")] if src.name.endswith(".onnx") else src.stem
+    stem = src.name[: -len(".onnx")] if src.name.endswith(".onnx") else src.stem
     target = Path(out) if out else src.with_name(f"{stem}.{config.precision}.onnx")
     stages = Stages(quiet)
     report: dict[str, Any] = {}
@@ -147,29 +163,53 @@ def make_precision_graph(onnx_path: str | os.PathLike, config: PrecisionConfig,
             from hrm_deploy.calib.data import load_examples
 
             examples = load_examples(str(config.calib_data), config.quant.samples)
-            key = calibration_key(src_sha256, config.quant.method, examples.sha256, len(examples),
-                                  f"{meta['mode']}{meta['steps']}")
+            key = calibration_key(
+                src_sha256, config.quant.method, examples.sha256, len(examples), f"{meta['mode']}{meta['steps']}"
+            )
             cache = Path(config.cache_dir) / f"{key}.json"
             cached = cache.is_file() and _cache_readable(cache)
-            label = "reusing cached calibration" if cached else \
-                f"calibrating INT8 ({config.quant.method}, {len(examples)} examples, all {meta['steps']} ACT steps)"
+            label = (
+                "reusing cached calibration"
+                if cached
+                else f"calibrating INT8 ({config.quant.method}, {len(examples)} examples, all {meta['steps']} ACT steps)"
+            )
             with stages.stage(label):
-                plan = quantize_int8(str(src), str(tmp), examples, config.quant, cache, meta["mode"], meta["steps"],
-                                     quiet=quiet)
-            report.update(calibration={"key": key, "cache": str(cache), "reused": cached, "method": config.quant.method,
-                                       "samples": len(examples), "data": examples.source, "data_sha256": examples.sha256},
-                          quantized_nodes=len(plan.quantize), excluded=plan.excluded)
+                plan = quantize_int8(
+                    str(src), str(tmp), examples, config.quant, cache, meta["mode"], meta["steps"], quiet=quiet
+                )
+            report.update(
+                calibration={
+                    "key": key,
+                    "cache": str(cache),
+                    "reused": cached,
+                    "method": config.quant.method,
+                    "samples": len(examples),
+                    "data": examples.source,
+                    "data_sha256": examples.sha256,
+                },
+                quantized_nodes=len(plan.quantize),
+                excluded=plan.excluded,
+            )
             if config.accuracy_budget is not None:
                 holdout = load_examples(str(config.calib_data), config.holdout_samples, split="test")
-                report["accuracy_budget"] = _sensitivity_fallback(src, tmp, examples, holdout, config, cache, meta,
-                                                                  plan, stages)
+                report["accuracy_budget"] = _sensitivity_fallback(
+                    src, tmp, examples, holdout, config, cache, meta, plan, stages
+                )
             quantized = onnx.load(str(tmp))
             _set_precision_metadata(quantized, "int8")
             onnx.save(quantized, str(tmp))
         # artifact + manifest as one unit (manifest renamed last, sha256 of the staged bytes)
-        manifest = publish_artifact(tmp, target, stage=f"precision-{config.precision}", parent=src,
-                                    parent_sha256=src_sha256,
-                                    config={**asdict(config), "quant": asdict(config.quant)},
-                                    precision=config.precision, mode=meta["mode"], steps=meta["steps"], report=report,
-                                    timings=stages.timings)
+        manifest = publish_artifact(
+            tmp,
+            target,
+            stage=f"precision-{config.precision}",
+            parent=src,
+            parent_sha256=src_sha256,
+            config={**asdict(config), "quant": asdict(config.quant)},
+            precision=config.precision,
+            mode=meta["mode"],
+            steps=meta["steps"],
+            report=report,
+            timings=stages.timings,
+        )
     return PrecisionResult(target, manifest, report)

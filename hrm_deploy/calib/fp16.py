@@ -66,31 +66,43 @@ def _retype_float16_to_bfloat16(model) -> None:
     for i, init in enumerate(g.initializer):
         if init.data_type == TensorProto.FLOAT16:
             values = numpy_helper.to_array(init).astype(np.float32)
-            g.initializer[i].CopyFrom(helper.make_tensor(init.name, TensorProto.BFLOAT16, values.shape,
-                                                         values.flatten().tolist()))
+            g.initializer[i].CopyFrom(
+                helper.make_tensor(init.name, TensorProto.BFLOAT16, values.shape, values.flatten().tolist())
+            )
     for node in g.node:
         for attr in node.attribute:
             if attr.name == "to" and attr.i == TensorProto.FLOAT16:
                 attr.i = TensorProto.BFLOAT16
             if attr.name == "value" and attr.t.data_type == TensorProto.FLOAT16:
                 values = numpy_helper.to_array(attr.t).astype(np.float32)
-                attr.t.CopyFrom(helper.make_tensor(attr.t.name, TensorProto.BFLOAT16, values.shape,
-                                                   values.flatten().tolist()))
+                attr.t.CopyFrom(
+                    helper.make_tensor(attr.t.name, TensorProto.BFLOAT16, values.shape, values.flatten().tolist())
+                )
     for value in list(g.value_info) + list(g.input) + list(g.output):
         if value.type.tensor_type.elem_type == TensorProto.FLOAT16:
             value.type.tensor_type.elem_type = TensorProto.BFLOAT16
 
 
-def convert_half(model, dtype: str = "fp16", keep_io_types: bool = True,
-                 extra_float32_ops: Iterable[str] = (), extra_float32_nodes: Iterable[str] = ()):
+def convert_half(
+    model,
+    dtype: str = "fp16",
+    keep_io_types: bool = True,
+    extra_float32_ops: Iterable[str] = (),
+    extra_float32_nodes: Iterable[str] = (),
+):
     """Return a 16-bit copy of an FP32 ``onnx.ModelProto`` (``dtype`` fp16 or bf16) and the
     list of node names kept in float32."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
     keep_nodes = norm_island_nodes(model.graph) + list(extra_float32_nodes)
     op_block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(FLOAT32_OP_TYPES) | set(extra_float32_ops))
-    converted = convert_float_to_float16(model, keep_io_types=keep_io_types, op_block_list=op_block,
-                                         node_block_list=keep_nodes, disable_shape_infer=False)
+    converted = convert_float_to_float16(
+        model,
+        keep_io_types=keep_io_types,
+        op_block_list=op_block,
+        node_block_list=keep_nodes,
+        disable_shape_infer=False,
+    )
     topological_sort(converted.graph)
     if dtype == "bf16":
         _retype_float16_to_bfloat16(converted)

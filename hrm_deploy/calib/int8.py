@@ -92,8 +92,9 @@ def _restrict_qdq_to_matmul_inputs(path: str) -> None:
     model = onnx.load(path)
     nodes = model.graph.node
     q_input = {n.output[0]: n.input[0] for n in nodes if n.op_type == "QuantizeLinear"}
-    float_of = {n.output[0]: q_input[n.input[0]] for n in nodes
-                if n.op_type == "DequantizeLinear" and n.input[0] in q_input}
+    float_of = {
+        n.output[0]: q_input[n.input[0]] for n in nodes if n.op_type == "DequantizeLinear" and n.input[0] in q_input
+    }
     for node in nodes:
         if node.op_type in ("MatMul", "Gemm"):
             continue
@@ -114,8 +115,15 @@ class _Reader:
     """ORT CalibrationDataReader over the examples; for a single-step graph each batch is
     driven through every segment with an FP32 session, yielding each segment's feeds."""
 
-    def __init__(self, examples: Examples, batch: int, fp32_path: str, mode: str, steps: int,
-                 on_feed: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        examples: Examples,
+        batch: int,
+        fp32_path: str,
+        mode: str,
+        steps: int,
+        on_feed: Callable[[], None] | None = None,
+    ):
         self.examples, self.batch, self.mode, self.steps = examples, batch, mode, steps
         self.fp32_path, self.on_feed = fp32_path, on_feed
         self._iter: Iterator[dict[str, np.ndarray]] | None = None
@@ -181,8 +189,16 @@ def _quiet_ort() -> Iterator[None]:
         logging.disable(logging.NOTSET)
 
 
-def _calibrate(fp32_path: str, tensors: list[str], examples: Examples, config: QuantConfig, mode: str, steps: int,
-               cache_file: Path, on_feed: Callable[[], None] | None) -> None:
+def _calibrate(
+    fp32_path: str,
+    tensors: list[str],
+    examples: Examples,
+    config: QuantConfig,
+    mode: str,
+    steps: int,
+    cache_file: Path,
+    on_feed: Callable[[], None] | None,
+) -> None:
     """Ranges of the MatMul activation inputs only, written as ORT's calibration cache.
 
     ORT's own calibrators first add ReduceMin/Max (or output) nodes for every tensor and rebuild
@@ -206,9 +222,12 @@ def _calibrate(fp32_path: str, tensors: list[str], examples: Examples, config: Q
         # no activation is copied out: range collection costs little over plain inference.
         fetch = [f"{name}__calib_absmax" for name in tensors]
         for name, out in zip(tensors, fetch):
-            model.graph.node.extend([
-                helper.make_node("Abs", [name], [f"{out}__abs"], name=f"{out}/Abs"),
-                helper.make_node("ReduceMax", [f"{out}__abs"], [out], name=f"{out}/ReduceMax", keepdims=0)])
+            model.graph.node.extend(
+                [
+                    helper.make_node("Abs", [name], [f"{out}__abs"], name=f"{out}/Abs"),
+                    helper.make_node("ReduceMax", [f"{out}__abs"], [out], name=f"{out}/ReduceMax", keepdims=0),
+                ]
+            )
             model.graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, []))
     else:
         present = {o.name for o in model.graph.output}
@@ -223,8 +242,14 @@ def _calibrate(fp32_path: str, tensors: list[str], examples: Examples, config: Q
     peaks = {name: 0.0 for name in tensors}
     collector = None
     if config.method != "minmax":
-        collector = HistogramCollector(method=config.method, symmetric=True, num_bins=128, num_quantized_bins=128,
-                                       percentile=config.percentile, scenario="same")
+        collector = HistogramCollector(
+            method=config.method,
+            symmetric=True,
+            num_bins=128,
+            num_quantized_bins=128,
+            percentile=config.percentile,
+            scenario="same",
+        )
     while (feeds := reader.get_next()) is not None:
         values = dict(zip(tensors, session.run(fetch, feeds)))
         if collector is None:
@@ -256,8 +281,17 @@ def _cache_readable(cache_file: Path) -> bool:
     return True
 
 
-def quantize_int8(fp32_path: str, out_path: str, examples: Examples, config: QuantConfig, cache_file: Path,
-                  mode: str, steps: int, extra_exclude: tuple[str, ...] = (), quiet: bool = True) -> QuantPlan:
+def quantize_int8(
+    fp32_path: str,
+    out_path: str,
+    examples: Examples,
+    config: QuantConfig,
+    cache_file: Path,
+    mode: str,
+    steps: int,
+    extra_exclude: tuple[str, ...] = (),
+    quiet: bool = True,
+) -> QuantPlan:
     """Write the Q/DQ graph of ``fp32_path`` to ``out_path``; ranges from ``cache_file``
     when it exists (same key), else calibrated on ``examples`` and cached there."""
     import onnx
@@ -275,10 +309,14 @@ def quantize_int8(fp32_path: str, out_path: str, examples: Examples, config: Qua
     all_weighted = plan_nodes(model, QuantConfig(method=config.method, exclude_patterns=()))
     tensors = sorted({by_name[n].input[0] for n in all_weighted.quantize})
     del model, by_name
-    method = {"entropy": CalibrationMethod.Entropy, "minmax": CalibrationMethod.MinMax,
-              "percentile": CalibrationMethod.Percentile}[config.method]
+    method = {
+        "entropy": CalibrationMethod.Entropy,
+        "minmax": CalibrationMethod.MinMax,
+        "percentile": CalibrationMethod.Percentile,
+    }[config.method]
     extra = {
-        "ActivationSymmetric": True, "WeightSymmetric": True,  # TensorRT: zero point 0
+        "ActivationSymmetric": True,
+        "WeightSymmetric": True,  # TensorRT: zero point 0
         "QuantizeBias": False,  # TensorRT rejects an int32 bias DequantizeLinear
         "OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"],  # Q/DQ on MatMul inputs only
     }
@@ -290,9 +328,19 @@ def quantize_int8(fp32_path: str, out_path: str, examples: Examples, config: Qua
         with _progress(total, "calibrating", quiet) as on_feed:
             _calibrate(fp32_path, tensors, examples, config, mode, steps, cache_file, on_feed)
     with _quiet_ort():
-        quantize_static(fp32_path, out_path, None, quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                        nodes_to_quantize=plan.quantize, op_types_to_quantize=["MatMul", "Gemm"],
-                        calibrate_method=method, extra_options=extra, calibration_cache_path=str(cache_file))
+        quantize_static(
+            fp32_path,
+            out_path,
+            None,
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            nodes_to_quantize=plan.quantize,
+            op_types_to_quantize=["MatMul", "Gemm"],
+            calibrate_method=method,
+            extra_options=extra,
+            calibration_cache_path=str(cache_file),
+        )
     _restrict_qdq_to_matmul_inputs(out_path)
     return plan

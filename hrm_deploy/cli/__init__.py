@@ -23,8 +23,11 @@ def _version_callback(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """checkpoint -> export (ONNX) -> build-engine (TensorRT) -> verify / bench."""
 
 

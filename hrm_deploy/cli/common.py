@@ -41,8 +41,11 @@ def user_errors(fn: F) -> F:
             import traceback
 
             traceback.print_exc()
-            typer.echo("internal error: this is a bug in hrm-deploy, not a problem with your input; "
-                       "please report it with the traceback above", err=True)
+            typer.echo(
+                "internal error: this is a bug in hrm-deploy, not a problem with your input; "
+                "please report it with the traceback above",
+                err=True,
+            )
             raise typer.Exit(70) from None
         except KeyboardInterrupt:
             typer.echo("interrupted; nothing half-written was left behind", err=True)
@@ -57,5 +60,3 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-

@@ -41,8 +41,15 @@ def sudoku(
     """Generate unique-solution Sudoku puzzles with a chosen number of blanks."""
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
 
-    spec = SudokuSpec(train=train, test=test, blanks=(min_blanks, max_blanks), augment=augment, seed=seed, workers=workers,
-                      rating=(min_rating, max_rating))
+    spec = SudokuSpec(
+        train=train,
+        test=test,
+        blanks=(min_blanks, max_blanks),
+        augment=augment,
+        seed=seed,
+        workers=workers,
+        rating=(min_rating, max_rating),
+    )
     _generate("generating puzzles", train + test, lambda progress: generate_sudoku(spec, str(output), progress), output)
 
 

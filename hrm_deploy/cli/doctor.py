@@ -18,5 +18,7 @@ def doctor() -> None:
 
     table = Table("capability", "status", "detail", "to enable")
     for check in diagnose():
-        table.add_row(check.name, "[green]ok[/]" if check.ok else "[yellow]missing[/]", escape(check.detail), escape(check.fix))
+        table.add_row(
+            check.name, "[green]ok[/]" if check.ok else "[yellow]missing[/]", escape(check.detail), escape(check.fix)
+        )
     Console().print(table)

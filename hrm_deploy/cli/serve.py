@@ -29,10 +29,22 @@ def serve(
     """Serve an artifact on PyTriton's Triton Inference Server until Ctrl-C / SIGTERM."""
     from hrm_deploy.serve.server import ServeConfig, main_ready_line, serve as run_server
 
-    code = run_server(ServeConfig(artifact=artifact, host=host, http_port=http_port, grpc_port=grpc_port,
-                                  metrics_port=metrics_port, max_batch=max_batch, halt=halt,
-                                  allow_remote=allow_remote, model_name=model_name, queue_delay_us=queue_delay_us,
-                                  provider=provider), ready=main_ready_line)
+    code = run_server(
+        ServeConfig(
+            artifact=artifact,
+            host=host,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
+            max_batch=max_batch,
+            halt=halt,
+            allow_remote=allow_remote,
+            model_name=model_name,
+            queue_delay_us=queue_delay_us,
+            provider=provider,
+        ),
+        ready=main_ready_line,
+    )
     if code:
         typer.echo("error: tritonserver stopped unexpectedly; see the log above", err=True)
         raise typer.Exit(code)
@@ -44,14 +56,22 @@ def serve(
 def triton_repo(
     artifacts: List[Path] = typer.Argument(..., help="ONNX graphs and/or engines (with their manifests)."),
     output: Path = typer.Option(..., "-o", "--output", help="Repository folder to write."),
-    max_batch: Optional[int] = typer.Option(None, help="max_batch_size (default: engine profile max / export max batch)."),
+    max_batch: Optional[int] = typer.Option(
+        None, help="max_batch_size (default: engine profile max / export max batch)."
+    ),
     queue_delay_us: int = typer.Option(2000, help="dynamic_batching max_queue_delay_microseconds."),
     instances: int = typer.Option(1, help="Instances per model (per GPU for GPU models)."),
     device: Optional[str] = typer.Option(None, help="ONNX graphs: cpu (default) or gpu; engines are always gpu."),
-    onnx_backend: str = typer.Option("onnxruntime", help="onnxruntime backend, or python (ONNX Runtime inside the Python backend)."),
-    trt_accelerator: Optional[str] = typer.Option(None, help="ONNX on GPU: ONNX Runtime's TensorRT accelerator, fp16 or fp32."),
+    onnx_backend: str = typer.Option(
+        "onnxruntime", help="onnxruntime backend, or python (ONNX Runtime inside the Python backend)."
+    ),
+    trt_accelerator: Optional[str] = typer.Option(
+        None, help="ONNX on GPU: ONNX Runtime's TensorRT accelerator, fp16 or fp32."
+    ),
     halt: str = typer.Option("off", help="Step models' ACT driver: off | q | threshold:X."),
-    name: Optional[List[str]] = typer.Option(None, "--name", help="Model name per artifact (default from the file name)."),
+    name: Optional[List[str]] = typer.Option(
+        None, "--name", help="Model name per artifact (default from the file name)."
+    ),
     overwrite: bool = typer.Option(False, help="Replace an existing repository."),
 ) -> None:
     """Write a Triton Inference Server model repository (config.pbtxt, versions, manifests)."""
@@ -62,12 +82,26 @@ def triton_repo(
         dev = Device(device) if device else None
         backend = OnnxBackend(onnx_backend)
     except ValueError:
-        raise ConfigError(f"--device is cpu or gpu and --onnx-backend onnxruntime or python, got {device}, {onnx_backend}") from None
+        raise ConfigError(
+            f"--device is cpu or gpu and --onnx-backend onnxruntime or python, got {device}, {onnx_backend}"
+        ) from None
     if trt_accelerator and trt_accelerator.lower() not in ("fp16", "fp32"):
         raise ConfigError(f"--trt-accelerator is fp16 or fp32, got {trt_accelerator}")
-    models = write_triton_repo(artifacts, RepoConfig(
-        output=output, max_batch=max_batch, queue_delay_us=queue_delay_us, instances=instances, device=dev,
-        onnx_backend=backend, trt_accelerator=trt_accelerator, halt=halt, names=tuple(name or ()), overwrite=overwrite))
+    models = write_triton_repo(
+        artifacts,
+        RepoConfig(
+            output=output,
+            max_batch=max_batch,
+            queue_delay_us=queue_delay_us,
+            instances=instances,
+            device=dev,
+            onnx_backend=backend,
+            trt_accelerator=trt_accelerator,
+            halt=halt,
+            names=tuple(name or ()),
+            overwrite=overwrite,
+        ),
+    )
     for m in models:
         typer.echo(f"{m.name}: {m.kind} ({m.path})")
     typer.echo(f"wrote {output}; serve it with: tritonserver --model-repository {output}")

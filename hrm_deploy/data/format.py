@@ -1,10 +1,10 @@
 """Upstream HRM's dataset format, read and written exactly.
 
-    <root>/identifiers.json                      id -> name (list)
-    <root>/{train,test}/dataset.json             PuzzleDatasetMetadata
-    <root>/{train,test}/<set>__<field>.npy       inputs, labels [N_ex, seq_len] (uint8 as upstream writes),
-                                                 puzzle_identifiers [N_puz] int32,
-                                                 puzzle_indices [N_puz+1], group_indices [N_grp+1] int32
+<root>/identifiers.json                      id -> name (list)
+<root>/{train,test}/dataset.json             PuzzleDatasetMetadata
+<root>/{train,test}/<set>__<field>.npy       inputs, labels [N_ex, seq_len] (uint8 as upstream writes),
+                                             puzzle_identifiers [N_puz] int32,
+                                             puzzle_indices [N_puz+1], group_indices [N_grp+1] int32
 """
 
 from __future__ import annotations
@@ -70,13 +70,16 @@ class Split:
     def validate(self, where: str) -> None:
         m = self.metadata
         if self.inputs.ndim != 2 or self.inputs.shape[1] != m.seq_len:
-            raise DataError(f"{where}: inputs have shape {self.inputs.shape}, expected [N, {m.seq_len}] (dataset.json seq_len)")
+            raise DataError(
+                f"{where}: inputs have shape {self.inputs.shape}, expected [N, {m.seq_len}] (dataset.json seq_len)"
+            )
         if self.labels.shape != self.inputs.shape:
             raise DataError(f"{where}: labels shape {self.labels.shape} differs from inputs {self.inputs.shape}")
         if int(self.inputs.max(initial=0)) >= m.vocab_size:
             raise DataError(f"{where}: token id {int(self.inputs.max())} >= vocab_size {m.vocab_size}")
-        if self.puzzle_indices.shape[0] != self.puzzle_identifiers.shape[0] + 1 or \
-                int(self.puzzle_indices[-1]) != len(self):
+        if self.puzzle_indices.shape[0] != self.puzzle_identifiers.shape[0] + 1 or int(self.puzzle_indices[-1]) != len(
+            self
+        ):
             raise DataError(f"{where}: puzzle_indices do not cover the {len(self)} examples; the dataset is damaged")
         if self.puzzle_identifiers.size and int(self.puzzle_identifiers.max()) >= m.num_puzzle_identifiers:
             raise DataError(f"{where}: puzzle identifier >= num_puzzle_identifiers {m.num_puzzle_identifiers}")
@@ -87,8 +90,10 @@ def load_split(root: str | Path, split: str = "test", set_name: str | None = Non
     folder = Path(root) / split
     meta_path = folder / "dataset.json"
     if not meta_path.is_file():
-        raise DataError(f"{meta_path} not found; pass the dataset folder that holds train/ and test/ "
-                        "(built by upstream's dataset scripts or `hrm-deploy data`)")
+        raise DataError(
+            f"{meta_path} not found; pass the dataset folder that holds train/ and test/ "
+            "(built by upstream's dataset scripts or `hrm-deploy data`)"
+        )
     meta = DatasetMetadata.from_json(meta_path)
     set_name = set_name or meta.sets[0]
     arrays = {}
@@ -148,15 +153,18 @@ def check_fits_model(meta: DatasetMetadata, config: Any, where: str) -> None:
     """A dataset must match the model's seq_len / vocab / puzzle ids."""
     for name, model_value in (("seq_len", config.seq_len), ("vocab_size", config.vocab_size)):
         if getattr(meta, name) != model_value:
-            raise DataError(f"{where}: dataset {name} {getattr(meta, name)} != model {name} {model_value}; "
-                            "use the dataset the model was trained on")
+            raise DataError(
+                f"{where}: dataset {name} {getattr(meta, name)} != model {name} {model_value}; "
+                "use the dataset the model was trained on"
+            )
     if meta.num_puzzle_identifiers > config.num_puzzle_identifiers:
-        raise DataError(f"{where}: dataset has {meta.num_puzzle_identifiers} puzzle identifiers, "
-                        f"model only {config.num_puzzle_identifiers}")
+        raise DataError(
+            f"{where}: dataset has {meta.num_puzzle_identifiers} puzzle identifiers, "
+            f"model only {config.num_puzzle_identifiers}"
+        )
 
 
-def pack_groups(inputs: list[list[np.ndarray]], labels: list[list[np.ndarray]], seq_len: int,
-                vocab_size: int) -> Split:
+def pack_groups(inputs: list[list[np.ndarray]], labels: list[list[np.ndarray]], seq_len: int, vocab_size: int) -> Split:
     """Pack groups of (variants of) puzzles, already token-encoded, into upstream's arrays:
     one example per puzzle, one group per original puzzle, one puzzle identifier (0)."""
     flat_in, flat_lab, puzzle_indices, group_indices = [], [], [0], [0]
@@ -166,10 +174,23 @@ def pack_groups(inputs: list[list[np.ndarray]], labels: list[list[np.ndarray]], 
             flat_lab.append(np.asarray(y, dtype=np.uint8).flatten())
             puzzle_indices.append(len(flat_in))
         group_indices.append(len(puzzle_indices) - 1)
-    meta = DatasetMetadata(seq_len=seq_len, vocab_size=vocab_size, pad_id=0, ignore_label_id=0, blank_identifier_id=0,
-                           num_puzzle_identifiers=1, total_groups=len(group_indices) - 1,
-                           mean_puzzle_examples=1.0, sets=["all"])
+    meta = DatasetMetadata(
+        seq_len=seq_len,
+        vocab_size=vocab_size,
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        num_puzzle_identifiers=1,
+        total_groups=len(group_indices) - 1,
+        mean_puzzle_examples=1.0,
+        sets=["all"],
+    )
     n_puz = len(puzzle_indices) - 1
-    return Split(meta, np.array(flat_in, dtype=np.uint8).reshape(-1, seq_len),
-                 np.array(flat_lab, dtype=np.uint8).reshape(-1, seq_len), np.zeros(n_puz, dtype=np.int32),
-                 np.array(puzzle_indices, dtype=np.int32), np.array(group_indices, dtype=np.int32))
+    return Split(
+        meta,
+        np.array(flat_in, dtype=np.uint8).reshape(-1, seq_len),
+        np.array(flat_lab, dtype=np.uint8).reshape(-1, seq_len),
+        np.zeros(n_puz, dtype=np.int32),
+        np.array(puzzle_indices, dtype=np.int32),
+        np.array(group_indices, dtype=np.int32),
+    )

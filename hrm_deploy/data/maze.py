@@ -45,8 +45,11 @@ def _carve(size: int, rng: np.random.Generator) -> np.ndarray:
     stack = [start]
     while stack:
         r, c = stack[-1]
-        options = [(dr, dc) for dr, dc in ((-2, 0), (2, 0), (0, -2), (0, 2))
-                   if 1 <= r + dr < size - 1 and 1 <= c + dc < size - 1 and grid[r + dr, c + dc] == WALL]
+        options = [
+            (dr, dc)
+            for dr, dc in ((-2, 0), (2, 0), (0, -2), (0, 2))
+            if 1 <= r + dr < size - 1 and 1 <= c + dc < size - 1 and grid[r + dr, c + dc] == WALL
+        ]
         if not options:
             stack.pop()
             continue

@@ -110,8 +110,9 @@ class SudokuSpec:
     def __post_init__(self) -> None:
         lo, hi = self.blanks
         if not 1 <= lo <= hi <= 64:
-            raise ConfigError(f"blanks {self.blanks} must satisfy 1 <= min <= max <= 64 "
-                              "(a unique Sudoku has at least 17 givens)")
+            raise ConfigError(
+                f"blanks {self.blanks} must satisfy 1 <= min <= max <= 64 (a unique Sudoku has at least 17 givens)"
+            )
         if self.train < 0 or self.test < 0 or self.augment < 0 or self.workers < 0:
             raise ConfigError("counts must be >= 0")
         if self.rating[0] < 0 or self.rating[1] < 0 or (self.rating[1] and self.rating[0] > self.rating[1]):
@@ -141,8 +142,9 @@ def make_puzzle(rng: np.random.Generator, blanks: int, max_tries: int = 50) -> t
 
 def _split(boards: list[list[np.ndarray]], solutions: list[list[np.ndarray]]) -> Split:
     """Upstream's arrays; +1 shifts digits 0..9 (0 = blank) to tokens 1..10 (0 = pad)."""
-    return pack_groups([[b + 1 for b in g] for g in boards], [[s + 1 for s in g] for g in solutions],
-                       seq_len=81, vocab_size=11)
+    return pack_groups(
+        [[b + 1 for b in g] for g in boards], [[s + 1 for s in g] for g in solutions], seq_len=81, vocab_size=11
+    )
 
 
 def _make_group(job: tuple[SudokuSpec, int, int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -157,8 +159,10 @@ def _make_group(job: tuple[SudokuSpec, int, int]) -> tuple[list[np.ndarray], lis
         if nodes >= low and (not high or nodes <= high):
             break
     else:
-        raise ConfigError(f"no puzzle with {lo}-{hi} blanks rated {low}-{high or 'any'} solver nodes in 1000 tries; "
-                          "widen --min-rating/--max-rating or change the blanks")
+        raise ConfigError(
+            f"no puzzle with {lo}-{hi} blanks rated {low}-{high or 'any'} solver nodes in 1000 tries; "
+            "widen --min-rating/--max-rating or change the blanks"
+        )
     group_b, group_s = [board], [solution]
     for _ in range(spec.augment if split_id == 0 else 0):
         b, s = shuffle_sudoku(board, solution, rng)

@@ -67,8 +67,10 @@ class Backend:
             return None
         members = self.trt.ComputeCapability.__members__
         if target not in members:
-            raise ConfigError(f"compute capability {target} is not one TensorRT-RTX {self.version} builds for; "
-                              f"choose one of {', '.join(k for k in members if k.startswith('SM'))}")
+            raise ConfigError(
+                f"compute capability {target} is not one TensorRT-RTX {self.version} builds for; "
+                f"choose one of {', '.join(k for k in members if k.startswith('SM'))}"
+            )
         return members[target]
 
     def set_compute_capability(self, config: Any, target: str | None) -> None:
@@ -85,16 +87,21 @@ def load_backend(name: str) -> Backend:
     try:
         module: ModuleType = importlib.import_module(MODULES[name])
     except ImportError as exc:
-        raise DependencyError(f"the {name} backend needs the Python package {MODULES[name]} ({exc}); install it with "
-                              f"pip install 'hrm-deploy[{EXTRAS[name]}]' (on Jetson: JetPack's TensorRT, see jetson/)") from None
+        raise DependencyError(
+            f"the {name} backend needs the Python package {MODULES[name]} ({exc}); install it with "
+            f"pip install 'hrm-deploy[{EXTRAS[name]}]' (on Jetson: JetPack's TensorRT, see jetson/)"
+        ) from None
     if not hasattr(module, "Builder"):
         # tensorrt-stubs alone makes `import tensorrt` succeed with no library behind it
-        raise DependencyError(f"{MODULES[name]} is importable but has no Builder (type stubs only?); install the real "
-                              f"package: pip install 'hrm-deploy[{EXTRAS[name]}]'")
+        raise DependencyError(
+            f"{MODULES[name]} is importable but has no Builder (type stubs only?); install the real "
+            f"package: pip install 'hrm-deploy[{EXTRAS[name]}]'"
+        )
     return Backend(name, module)
 
 
 # ---------------------------------------------------------------- timing cache (TensorRT)
+
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower() or "unknown"
@@ -151,8 +158,9 @@ class EngineContext:
         return self.cache_path
 
 
-def create_context(engine: Any, backend: Backend, runtime_cache: str | Path | None = None, *,
-                   allocation_strategy: str | None = None) -> EngineContext:
+def create_context(
+    engine: Any, backend: Backend, runtime_cache: str | Path | None = None, *, allocation_strategy: str | None = None
+) -> EngineContext:
     """Create an execution context for ``engine``; on TensorRT-RTX with a runtime cache.
 
     ``runtime_cache`` is the cache file (usually :func:`runtime_cache_path` of the engine). On RTX
@@ -170,11 +178,15 @@ def create_context(engine: Any, backend: Backend, runtime_cache: str | Path | No
     if allocation_strategy is not None:
         members = trt.ExecutionContextAllocationStrategy.__members__
         if allocation_strategy.upper() not in members:
-            raise ConfigError(f"allocation strategy {allocation_strategy!r} unknown; use one of "
-                              f"{', '.join(m.lower() for m in members)}")
+            raise ConfigError(
+                f"allocation strategy {allocation_strategy!r} unknown; use one of "
+                f"{', '.join(m.lower() for m in members)}"
+            )
         strategy = members[allocation_strategy.upper()]
     if not backend.is_rtx:
-        context = engine.create_execution_context(strategy) if strategy is not None else engine.create_execution_context()
+        context = (
+            engine.create_execution_context(strategy) if strategy is not None else engine.create_execution_context()
+        )
         return EngineContext(context)
     runtime_config = engine.create_runtime_config()
     if strategy is not None:
@@ -186,8 +198,10 @@ def create_context(engine: Any, backend: Backend, runtime_cache: str | Path | No
         if handle.cache_path.is_file():
             handle.cache_loaded = bool(handle.cache.deserialize(handle.cache_path.read_bytes()))
             if not handle.cache_loaded:
-                handle.notes.append(f"runtime cache {handle.cache_path} was made for another GPU, driver or "
-                                    "TensorRT-RTX version; starting empty (it is rewritten on save)")
+                handle.notes.append(
+                    f"runtime cache {handle.cache_path} was made for another GPU, driver or "
+                    "TensorRT-RTX version; starting empty (it is rewritten on save)"
+                )
         if not runtime_config.set_runtime_cache(handle.cache):
             handle.notes.append("TensorRT-RTX refused the runtime cache; running without one")
             handle.cache = None
@@ -199,13 +213,22 @@ def create_context(engine: Any, backend: Backend, runtime_cache: str | Path | No
 
 # ---------------------------------------------------------------- reproducing a build
 
+
 def _shape_arg(shapes: dict[str, list[list[int]]], which: int) -> str:
     return ",".join(f"{name}:{'x'.join(str(d) for d in dims[which])}" for name, dims in shapes.items())
 
 
-def reproduce_command(backend: Backend, *, onnx: str | Path, engine: str | Path,
-                      shapes: dict[str, list[list[int]]], workspace_mib: int, optimization_level: int,
-                      compute_capability: str | None = None, timing_cache: str | Path | None = None) -> str:
+def reproduce_command(
+    backend: Backend,
+    *,
+    onnx: str | Path,
+    engine: str | Path,
+    shapes: dict[str, list[list[int]]],
+    workspace_mib: int,
+    optimization_level: int,
+    compute_capability: str | None = None,
+    timing_cache: str | Path | None = None,
+) -> str:
     """The ``trtexec`` (TensorRT) or ``tensorrt_rtx`` (TensorRT-RTX) line that builds the same engine.
 
     Flags as documented for each tool: ``--onnx --saveEngine --minShapes/--optShapes/--maxShapes
@@ -215,9 +238,15 @@ def reproduce_command(backend: Backend, *, onnx: str | Path, engine: str | Path,
     ``--computeCapabilities=120`` for an AOT target (none: the portable default).
     """
     tool = "tensorrt_rtx" if backend.is_rtx else "trtexec"
-    args = [tool, f"--onnx={onnx}", f"--saveEngine={engine}", f"--minShapes={_shape_arg(shapes, 0)}",
-            f"--optShapes={_shape_arg(shapes, 1)}", f"--maxShapes={_shape_arg(shapes, 2)}",
-            f"--memPoolSize=workspace:{int(workspace_mib)}M"]
+    args = [
+        tool,
+        f"--onnx={onnx}",
+        f"--saveEngine={engine}",
+        f"--minShapes={_shape_arg(shapes, 0)}",
+        f"--optShapes={_shape_arg(shapes, 1)}",
+        f"--maxShapes={_shape_arg(shapes, 2)}",
+        f"--memPoolSize=workspace:{int(workspace_mib)}M",
+    ]
     if backend.is_rtx:
         cc = (compute_capability or "").upper()
         if cc.startswith("SM") and cc[2:].isdigit():

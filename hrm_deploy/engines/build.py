@@ -67,7 +67,9 @@ class EngineConfig:
         if self.workspace_mib is not None and not 16 <= self.workspace_mib <= MAX_WORKSPACE_MIB:
             raise ConfigError(f"--workspace must be between 16 and {MAX_WORKSPACE_MIB} MiB, got {self.workspace_mib}")
         if self.optimization_level is not None and not 0 <= self.optimization_level <= 5:
-            raise ConfigError(f"--opt-level must be between 0 and 5 (TensorRT's builder levels), got {self.optimization_level}")
+            raise ConfigError(
+                f"--opt-level must be between 0 and 5 (TensorRT's builder levels), got {self.optimization_level}"
+            )
         if not 1 <= self.calib_samples <= 1_000_000:
             raise ConfigError(f"--calib-samples must be between 1 and 1000000, got {self.calib_samples}")
         if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
@@ -84,8 +86,12 @@ class EngineResult:
 
 def newest_export(folder: str | Path = "export") -> Path:
     """The most recently written FP32 export in ``folder``."""
-    candidates = [p for p in Path(folder).glob("*.onnx") if not p.name.startswith(".")  # temp files
-                  and not any(p.name.endswith(f".{x}.onnx") for x in ("fp16", "bf16", "int8"))]
+    candidates = [
+        p
+        for p in Path(folder).glob("*.onnx")
+        if not p.name.startswith(".")  # temp files
+        and not any(p.name.endswith(f".{x}.onnx") for x in ("fp16", "bf16", "int8"))
+    ]
     if not candidates:
         raise ArtifactError(f"no ONNX export in {folder}/; run `hrm-deploy export` first or pass the ONNX path")
     return max(candidates, key=lambda p: p.stat().st_mtime)
@@ -97,13 +103,17 @@ def _graph_info(path: Path, data: bytes | None = None) -> tuple[dict[str, Any], 
     from hrm_deploy.export.metadata import graph_metadata
 
     try:
-        model = onnx.load_model_from_string(data) if data is not None else \
-            onnx.load(str(path), load_external_data=False)
+        model = (
+            onnx.load_model_from_string(data) if data is not None else onnx.load(str(path), load_external_data=False)
+        )
     except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
-        raise ArtifactError(f"{path} is not a readable ONNX file ({type(exc).__name__}); it is truncated or "
-                            "damaged: re-export it") from None
-    dims = {i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
-            for i in model.graph.input}
+        raise ArtifactError(
+            f"{path} is not a readable ONNX file ({type(exc).__name__}); it is truncated or damaged: re-export it"
+        ) from None
+    dims = {
+        i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
+        for i in model.graph.input
+    }
     return graph_metadata(model), dims, len(model.graph.node)
 
 
@@ -122,7 +132,8 @@ def _check_memory_budget(target: TargetProfile, nodes: int, onnx_bytes: int) -> 
         raise EngineError(
             f"building this graph ({nodes} nodes) needs about {estimate} MiB of host memory, more than "
             f"{target.name}'s shared {target.memory_budget_mib} MiB allows; export the single-step graph "
-            f"(hrm-deploy export --mode step) and build that")
+            f"(hrm-deploy export --mode step) and build that"
+        )
     return estimate
 
 
@@ -148,9 +159,13 @@ def _precision_source(onnx_path: Path, config: EngineConfig, stages: Stages, qui
         print(choice.message, file=sys.stderr, flush=True)
         config = replace(config, calib_data=str(choice.path))
     quant = QuantConfig(method=config.calib_method, samples=config.calib_samples)
-    result = make_precision_graph(onnx_path, PrecisionConfig(config.precision, calib_data=config.calib_data,
-                                                             quant=quant, accuracy_budget=config.accuracy_budget),
-                                  quiet=quiet)
+    result = make_precision_graph(
+        onnx_path,
+        PrecisionConfig(
+            config.precision, calib_data=config.calib_data, quant=quant, accuracy_budget=config.accuracy_budget
+        ),
+        quiet=quiet,
+    )
     return result.path
 
 
@@ -180,8 +195,10 @@ def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
         if verdict == "fp32":
             missing = f"the built engine shows no {precision.upper()} tensor: {why}"
     if missing:
-        raise EngineError(f"requested {precision} but {missing}; the engine was not written. Check the ONNX "
-                          "with `hrm-deploy inspect` and rebuild it from the FP32 export")
+        raise EngineError(
+            f"requested {precision} but {missing}; the engine was not written. Check the ONNX "
+            "with `hrm-deploy inspect` and rebuild it from the FP32 export"
+        )
     return verdict
 
 
@@ -208,8 +225,9 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out: str | os.PathLike | None = None,
-                 quiet: bool = False) -> EngineResult:
+def build_engine(
+    onnx_path: str | os.PathLike | None, config: EngineConfig, out: str | os.PathLike | None = None, quiet: bool = False
+) -> EngineResult:
     """Build an engine for ``config.target`` from ``onnx_path`` (default: newest export).
     ``config.backend == "torch"``: a PyTorch (AOTInductor) engine for this machine instead
     (:mod:`hrm_deploy.engines.torch_engine`); ``onnx_path`` may then also be a checkpoint.
@@ -223,8 +241,9 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
     if target.name == "cpu":
         from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
 
-        cpu = build_cpu(onnx_path if onnx_path else newest_export(), CpuBuildConfig(config.precision, config.threads),
-                        out, quiet)
+        cpu = build_cpu(
+            onnx_path if onnx_path else newest_export(), CpuBuildConfig(config.precision, config.threads), out, quiet
+        )
         return EngineResult(cpu.path, cpu.manifest, cpu.source_onnx, cpu.build)
     backend_name = config.backend or target.backends[0]
     if backend_name not in target.backends:
@@ -248,16 +267,26 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
     opt = config.opt_batch or min(max(target.opt_batch, lo), hi)
     if not lo <= opt <= hi:
         raise ConfigError(f"batch profile needs min <= opt <= max, got {lo}/{opt}/{hi}")
-    spec: dict[str, Any] = {"backend": backend.name, "onnx": str(graph.resolve()), "shapes": _shapes(dims, lo, opt, hi),
-            "workspace_mib": config.workspace_mib or target.workspace_mib,
-            "optimization_level": config.optimization_level if config.optimization_level is not None
-            else target.builder_optimization_level,
-            "compute_capability": config.compute_capability or target.compute_capability}
+    spec: dict[str, Any] = {
+        "backend": backend.name,
+        "onnx": str(graph.resolve()),
+        "shapes": _shapes(dims, lo, opt, hi),
+        "workspace_mib": config.workspace_mib or target.workspace_mib,
+        "optimization_level": config.optimization_level
+        if config.optimization_level is not None
+        else target.builder_optimization_level,
+        "compute_capability": config.compute_capability or target.compute_capability,
+    }
     machine = nvidia_smi(IDENTITY)
-    spec["timing_cache"] = (str(timing_cache_path(config.timing_cache, backend, machine))
-                            if config.timing_cache and backend.supports_timing_cache() else None)
-    stem = graph.name[:-len(".onnx")]
-    target_path = check_output_path(Path(out) if out else Path("engines") / f"{stem}.{target.name}.{backend.name}.engine")
+    spec["timing_cache"] = (
+        str(timing_cache_path(config.timing_cache, backend, machine))
+        if config.timing_cache and backend.supports_timing_cache()
+        else None
+    )
+    stem = graph.name[: -len(".onnx")]
+    target_path = check_output_path(
+        Path(out) if out else Path("engines") / f"{stem}.{target.name}.{backend.name}.engine"
+    )
     with staging_dir(target_path.parent, "build") as work:
         built_from = work / graph.name
         built_from.write_bytes(onnx_bytes)
@@ -265,40 +294,76 @@ def build_engine(onnx_path: str | os.PathLike | None, config: EngineConfig, out:
             os.symlink(graph.resolve().with_name(companion), work / companion)  # checked by read_verified
         staged = work / target_path.name
         spec_file, result_file = work / "spec.json", work / "result.json"
-        spec.update(onnx=str(built_from.resolve()), out=str(staged), result=str(result_file),
-                    layers_out=str(work / "layers.json"))
+        spec.update(
+            onnx=str(built_from.resolve()),
+            out=str(staged),
+            result=str(result_file),
+            layers_out=str(work / "layers.json"),
+        )
         spec_file.write_text(json.dumps(spec))
         if spec["timing_cache"]:
             Path(spec["timing_cache"]).parent.mkdir(parents=True, exist_ok=True)
-        with stages.stage(f"building {config.precision} engine with {backend.name} {backend.version} "
-                          f"for {target.name} ({nodes} ONNX nodes, in a child process)"):
-            child = subprocess.run([sys.executable, "-m", "hrm_deploy.engines.worker", str(spec_file)],
-                                   check=False, capture_output=True, text=True,
-                                   preexec_fn=_die_with_parent)
+        with stages.stage(
+            f"building {config.precision} engine with {backend.name} {backend.version} "
+            f"for {target.name} ({nodes} ONNX nodes, in a child process)"
+        ):
+            child = subprocess.run(
+                [sys.executable, "-m", "hrm_deploy.engines.worker", str(spec_file)],
+                check=False,
+                capture_output=True,
+                text=True,
+                preexec_fn=_die_with_parent,
+            )
         build = json.loads(result_file.read_text()) if result_file.is_file() else {}
         if child.returncode != 0:
             if build.get("parser_errors"):
-                raise EngineError(f"{backend.name} could not parse {graph.name}:\n  " + "\n  ".join(build["parser_errors"]))
+                raise EngineError(
+                    f"{backend.name} could not parse {graph.name}:\n  " + "\n  ".join(build["parser_errors"])
+                )
             tail = "\n".join((child.stderr or child.stdout).strip().splitlines()[-8:])
             raise EngineError(f"{backend.name} failed to build {graph.name} (exit {child.returncode}):\n{tail}")
         _check_precision_took(config.precision, build)
         layers_file = layers_path(target_path)
         have_layers = Path(spec["layers_out"]).is_file()
-        command = reproduce_command(backend, onnx=graph, engine=target_path, shapes=spec["shapes"],
-                                    workspace_mib=spec["workspace_mib"], optimization_level=spec["optimization_level"],
-                                    compute_capability=spec["compute_capability"], timing_cache=spec["timing_cache"])
+        command = reproduce_command(
+            backend,
+            onnx=graph,
+            engine=target_path,
+            shapes=spec["shapes"],
+            workspace_mib=spec["workspace_mib"],
+            optimization_level=spec["optimization_level"],
+            compute_capability=spec["compute_capability"],
+            timing_cache=spec["timing_cache"],
+        )
         recipe = (graph_manifest or {}).get("report", {})
         # engine + layers.json + manifest as one unit: layers.json renamed in before the engine,
         # a previous build's layers (describing another engine) removed
         manifest = publish_artifact(
-            staged, target_path, stage="engine", parent=graph, parent_sha256=onnx_sha256, config=asdict(config),
+            staged,
+            target_path,
+            stage="engine",
+            parent=graph,
+            parent_sha256=onnx_sha256,
+            config=asdict(config),
             sidecars=[(Path(spec["layers_out"]), layers_file)] if have_layers else [],
             remove=[] if have_layers else [layers_file],
-            backend={"name": backend.name, "version": backend.version}, target=asdict(target),
-            compute_capability=spec["compute_capability"], build_machine=machine,
-            precision=config.precision, recipe=recipe, calibration_key=recipe.get("calibration", {}).get("key"),
-            mode=meta["mode"], steps=meta["steps"], profile_shapes=spec["shapes"], workspace_mib=spec["workspace_mib"],
-            onnx_sha256=onnx_sha256, build=build, estimated_build_mib=estimate, timings=stages.timings,
-            trtexec_command=command, layers_json=layers_file.name if have_layers else None,
-            timing_cache=spec["timing_cache"])
+            backend={"name": backend.name, "version": backend.version},
+            target=asdict(target),
+            compute_capability=spec["compute_capability"],
+            build_machine=machine,
+            precision=config.precision,
+            recipe=recipe,
+            calibration_key=recipe.get("calibration", {}).get("key"),
+            mode=meta["mode"],
+            steps=meta["steps"],
+            profile_shapes=spec["shapes"],
+            workspace_mib=spec["workspace_mib"],
+            onnx_sha256=onnx_sha256,
+            build=build,
+            estimated_build_mib=estimate,
+            timings=stages.timings,
+            trtexec_command=command,
+            layers_json=layers_file.name if have_layers else None,
+            timing_cache=spec["timing_cache"],
+        )
     return EngineResult(target_path, manifest, graph, build)

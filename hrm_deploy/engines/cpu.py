@@ -52,8 +52,9 @@ class CpuBuildConfig:
 
     def __post_init__(self) -> None:
         if self.precision not in CPU_PRECISIONS:
-            raise ConfigError(f"the cpu target builds {', '.join(CPU_PRECISIONS)}, not {self.precision}; "
-                              "BF16 needs a GPU")
+            raise ConfigError(
+                f"the cpu target builds {', '.join(CPU_PRECISIONS)}, not {self.precision}; BF16 needs a GPU"
+            )
         if self.threads is not None and self.threads < 1:
             raise ConfigError("--threads must be >= 1")
 
@@ -76,8 +77,9 @@ def _quiet_ort() -> Iterator[None]:
         logging.disable(logging.NOTSET)
 
 
-def quantize_weights_dynamic(src: str, out: str, per_channel: bool = True,
-                             exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")) -> list[str]:
+def quantize_weights_dynamic(
+    src: str, out: str, per_channel: bool = True, exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")
+) -> list[str]:
     """Dynamic INT8 of the weight MatMuls of ``src`` (shared weights quantized once);
     returns the quantized node names."""
     import onnx
@@ -92,8 +94,15 @@ def quantize_weights_dynamic(src: str, out: str, per_channel: bool = True,
     nodes = [n for n in plan.quantize if by_name[n] == "MatMul"]
     del model
     with _quiet_ort():
-        quantize_dynamic(src, out, weight_type=QuantType.QInt8, per_channel=per_channel, nodes_to_quantize=nodes,
-                         op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
+        quantize_dynamic(
+            src,
+            out,
+            weight_type=QuantType.QInt8,
+            per_channel=per_channel,
+            nodes_to_quantize=nodes,
+            op_types_to_quantize=["MatMul"],
+            extra_options={"MatMulConstBOnly": True},
+        )
     return nodes
 
 
@@ -118,8 +127,12 @@ def _restore_metadata(path: Path, props: dict[str, str], precision: str) -> None
 
     model = onnx.load(str(path))
     have = {p.key: p.value for p in model.metadata_props}
-    wanted = {**props, "hrm_deploy.precision": precision, "hrm_deploy.target": "cpu",
-              "hrm_deploy.ort_optimization": OPTIMIZATION_LEVEL}
+    wanted = {
+        **props,
+        "hrm_deploy.precision": precision,
+        "hrm_deploy.target": "cpu",
+        "hrm_deploy.ort_optimization": OPTIMIZATION_LEVEL,
+    }
     if all(have.get(k) == v for k, v in wanted.items()):
         return
     onnx.helper.set_model_props(model, {**have, **wanted})
@@ -127,15 +140,16 @@ def _restore_metadata(path: Path, props: dict[str, str], precision: str) -> None
 
 
 def cpu_output_path(src: Path, precision: str, engines: str | Path = "engines") -> Path:
-    stem = src.name[:-len(".onnx")] if src.name.endswith(".onnx") else src.stem
+    stem = src.name[: -len(".onnx")] if src.name.endswith(".onnx") else src.stem
     for p in ("fp16", "bf16", "int8", "fp32"):
         if stem.endswith(f".{p}"):
-            stem = stem[:-len(p) - 1]
+            stem = stem[: -len(p) - 1]
     return Path(engines) / f"{stem}.{precision}.cpu.ort.onnx"
 
 
-def build_cpu(onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None,
-              quiet: bool = False) -> CpuBuildResult:
+def build_cpu(
+    onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None, quiet: bool = False
+) -> CpuBuildResult:
     """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export."""
     onnx = require("onnx", "onnx", "The cpu target")
     ort = require("onnxruntime", "onnx", "The cpu target")
@@ -165,8 +179,9 @@ def build_cpu(onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | o
             source = str(src)
             if config.precision == "int8":
                 with stages.stage("dynamic INT8 of the weight MatMuls (integer GEMMs on ORT CPU; no calibration)"):
-                    build["quantized_nodes"] = len(quantize_weights_dynamic(
-                        source, str(work), config.per_channel, config.exclude_patterns))
+                    build["quantized_nodes"] = len(
+                        quantize_weights_dynamic(source, str(work), config.per_channel, config.exclude_patterns)
+                    )
                 source = str(work)
             elif config.precision == "fp16":
                 from hrm_deploy.calib.fp16 import convert_half
@@ -187,21 +202,38 @@ def build_cpu(onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | o
             ops[key] = ops.get(key, 0) + 1
         build.update(onnx_nodes_out=len(optimized.graph.node), op_types=dict(sorted(ops.items())))
         del optimized
-        if config.precision == "int8" and not any(k.endswith(("MatMulInteger", "DynamicQuantizeMatMul"))
-                                                  for k in ops):
-            raise ConfigError("dynamic quantization produced no integer MatMul; the engine was not written. "
-                              "Check the ONNX with `hrm-deploy inspect`")
+        if config.precision == "int8" and not any(k.endswith(("MatMulInteger", "DynamicQuantizeMatMul")) for k in ops):
+            raise ConfigError(
+                "dynamic quantization produced no integer MatMul; the engine was not written. "
+                "Check the ONNX with `hrm-deploy inspect`"
+            )
         build["build_seconds"] = round(time.perf_counter() - start, 3)
         build["engine_bytes"] = tmp.stat().st_size
         manifest = publish_artifact(
-            tmp, target, stage="engine", parent=src, parent_sha256=src_sha256, config={"cpu": asdict(config)},
+            tmp,
+            target,
+            stage="engine",
+            parent=src,
+            parent_sha256=src_sha256,
+            config={"cpu": asdict(config)},
             backend={"name": "onnxruntime", "version": ort.__version__, "provider": "CPUExecutionProvider"},
             target={"name": "cpu", "description": "ONNX Runtime CPU execution provider"},
-            precision=config.precision, mode=meta["mode"], steps=meta["steps"],
+            precision=config.precision,
+            mode=meta["mode"],
+            steps=meta["steps"],
             recipe={"int8": "dynamic (weights int8 per-channel, activations uint8 per call; U8S8 integer GEMM)"}
-            if config.precision == "int8" else {},
-            runtime={"graph_optimization_level": OPTIMIZATION_LEVEL, "saved_optimized": True,
-                     "intra_op_num_threads": config.threads or os.cpu_count(), "inter_op_num_threads": 1,
-                     "execution_mode": "sequential", "threads_requested": config.threads},
-            onnx_sha256=sha256_file(tmp), build=build, timings=stages.timings)
+            if config.precision == "int8"
+            else {},
+            runtime={
+                "graph_optimization_level": OPTIMIZATION_LEVEL,
+                "saved_optimized": True,
+                "intra_op_num_threads": config.threads or os.cpu_count(),
+                "inter_op_num_threads": 1,
+                "execution_mode": "sequential",
+                "threads_requested": config.threads,
+            },
+            onnx_sha256=sha256_file(tmp),
+            build=build,
+            timings=stages.timings,
+        )
     return CpuBuildResult(target, manifest, src, build)

@@ -92,8 +92,14 @@ def summarize_layers(info: Any) -> dict[str, Any]:
         return {"detail": "none", "layers": 0, "fused": 0, "with_dtype": 0, "dtypes": {}, "fused_dtypes": {}}
     dicts = [x for x in layers if isinstance(x, dict)]
     if not dicts:
-        return {"detail": "names_only", "layers": len(layers), "fused": 0, "with_dtype": 0, "dtypes": {},
-                "fused_dtypes": {}}
+        return {
+            "detail": "names_only",
+            "layers": len(layers),
+            "fused": 0,
+            "with_dtype": 0,
+            "dtypes": {},
+            "fused_dtypes": {},
+        }
     dtypes: dict[str, int] = {}
     fused_dtypes: dict[str, int] = {}
     fused = with_dtype = 0
@@ -106,8 +112,14 @@ def summarize_layers(info: Any) -> dict[str, Any]:
             into = fused_dtypes
         for d in found:
             into[d] = into.get(d, 0) + 1
-    return {"detail": "detailed", "layers": len(dicts), "fused": fused, "with_dtype": with_dtype,
-            "dtypes": dtypes, "fused_dtypes": fused_dtypes}
+    return {
+        "detail": "detailed",
+        "layers": len(dicts),
+        "fused": fused,
+        "with_dtype": with_dtype,
+        "dtypes": dtypes,
+        "fused_dtypes": fused_dtypes,
+    }
 
 
 def precision_verdict(precision: str, summary: dict[str, Any]) -> tuple[str, str]:
@@ -121,7 +133,10 @@ def precision_verdict(precision: str, summary: dict[str, Any]) -> tuple[str, str
         return "took", f"{precision} needs no reduced-precision evidence"
     detail = summary.get("detail")
     if detail == "names_only":
-        return "cannot_tell", "the inspector listed layer names only (engine built without detailed profiling verbosity)"
+        return (
+            "cannot_tell",
+            "the inspector listed layer names only (engine built without detailed profiling verbosity)",
+        )
     if detail != "detailed":
         return "cannot_tell", "the inspector returned no layers"
     seen = summary.get("dtypes", {}).get(want, 0) + summary.get("fused_dtypes", {}).get(want, 0)
@@ -130,6 +145,8 @@ def precision_verdict(precision: str, summary: dict[str, Any]) -> tuple[str, str
     if not summary.get("with_dtype"):
         return "cannot_tell", "the inspector showed no tensor formats (no input shapes were set)"
     if summary.get("fused"):
-        return "cannot_tell", (f"{summary['fused']} fused Myelin/ForeignNode layer(s) hide their inner precision; "
-                               f"no other layer shows {want}")
+        return "cannot_tell", (
+            f"{summary['fused']} fused Myelin/ForeignNode layer(s) hide their inner precision; "
+            f"no other layer shows {want}"
+        )
     return "fp32", f"no layer of {summary.get('layers')} shows {want} (a silently FP32 engine)"

@@ -28,20 +28,45 @@ class TargetProfile:
 
 TARGETS: dict[str, TargetProfile] = {
     "desktop": TargetProfile(
-        name="desktop", description="desktop RTX 50 (Blackwell, sm_120)",
-        backends=("tensorrt-rtx", "tensorrt"), compute_capability="SM120", workspace_mib=4096),
+        name="desktop",
+        description="desktop RTX 50 (Blackwell, sm_120)",
+        backends=("tensorrt-rtx", "tensorrt"),
+        compute_capability="SM120",
+        workspace_mib=4096,
+    ),
     "jetson-orin-8gb": TargetProfile(
-        name="jetson-orin-8gb", description="Jetson Orin Nano / NX 8 GB (sm_87, JetPack 6, TensorRT 10.3)",
-        backends=("tensorrt",), compute_capability=None, workspace_mib=1024, opt_batch=1, max_batch=16,
-        default_mode="step", memory_budget_mib=8192, builder_optimization_level=3, dla=False,
-        tensorrt_api="10.3"),
+        name="jetson-orin-8gb",
+        description="Jetson Orin Nano / NX 8 GB (sm_87, JetPack 6, TensorRT 10.3)",
+        backends=("tensorrt",),
+        compute_capability=None,
+        workspace_mib=1024,
+        opt_batch=1,
+        max_batch=16,
+        default_mode="step",
+        memory_budget_mib=8192,
+        builder_optimization_level=3,
+        dla=False,
+        tensorrt_api="10.3",
+    ),
     "datacenter": TargetProfile(
-        name="datacenter", description="datacenter GPU (generic TensorRT 10/11)",
-        backends=("tensorrt",), compute_capability=None, workspace_mib=8192, opt_batch=64, max_batch=256),
+        name="datacenter",
+        description="datacenter GPU (generic TensorRT 10/11)",
+        backends=("tensorrt",),
+        compute_capability=None,
+        workspace_mib=8192,
+        opt_batch=64,
+        max_batch=256,
+    ),
     # No TensorRT: an ORT-optimized graph for ONNX Runtime's CPU provider (hrm_deploy.engines.cpu).
     "cpu": TargetProfile(
-        name="cpu", description="ONNX Runtime CPU execution provider (no GPU)",
-        backends=("onnxruntime",), compute_capability=None, workspace_mib=0, opt_batch=1, max_batch=64),
+        name="cpu",
+        description="ONNX Runtime CPU execution provider (no GPU)",
+        backends=("onnxruntime",),
+        compute_capability=None,
+        workspace_mib=0,
+        opt_batch=1,
+        max_batch=64,
+    ),
 }
 
 

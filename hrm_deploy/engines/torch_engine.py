@@ -43,8 +43,9 @@ class TorchEngineConfig:
 
     def __post_init__(self) -> None:
         if self.precision not in TORCH_PRECISIONS:
-            raise ConfigError(f"the torch backend builds {' or '.join(TORCH_PRECISIONS)}, not {self.precision}; "
-                              "pass --fp32 or --bf16")
+            raise ConfigError(
+                f"the torch backend builds {' or '.join(TORCH_PRECISIONS)}, not {self.precision}; pass --fp32 or --bf16"
+            )
         if self.mode not in (None, "step", "unrolled"):
             raise ConfigError(f"mode {self.mode!r}: use step or unrolled")
         if self.compiler not in COMPILERS:
@@ -59,16 +60,26 @@ def io_specs(mode: str, config: Any, steps: int, dtypes: list[str] | None = None
     S, V, T, D = config.seq_len, config.vocab_size, config.total_seq_len, config.hidden_size
     feeds = [("inputs", True, "int32", [-1, S]), ("puzzle_identifiers", True, "int32", [-1])]
     if mode == "step":
-        io = feeds + [("z_H", True, "float32", [-1, T, D]), ("z_L", True, "float32", [-1, T, D]),
-                      ("reset", True, "bool", [-1]), ("z_H_out", False, "float32", [-1, T, D]),
-                      ("z_L_out", False, "float32", [-1, T, D]), ("logits", False, "float32", [-1, S, V]),
-                      ("q_halt_logits", False, "float32", [-1]), ("q_continue_logits", False, "float32", [-1])]
+        io = feeds + [
+            ("z_H", True, "float32", [-1, T, D]),
+            ("z_L", True, "float32", [-1, T, D]),
+            ("reset", True, "bool", [-1]),
+            ("z_H_out", False, "float32", [-1, T, D]),
+            ("z_L_out", False, "float32", [-1, T, D]),
+            ("logits", False, "float32", [-1, S, V]),
+            ("q_halt_logits", False, "float32", [-1]),
+            ("q_continue_logits", False, "float32", [-1]),
+        ]
     else:
-        io = feeds + [("logits", False, "float32", [-1, S, V]), ("q_halt_logits", False, "float32", [-1, steps]),
-                      ("q_continue_logits", False, "float32", [-1, steps]),
-                      ("step_predictions", False, "int32", [-1, steps, S])]
-    return [{"name": n, "is_input": i, "dtype": dtypes[k] if dtypes else d, "shape": s}
-            for k, (n, i, d, s) in enumerate(io)]
+        io = feeds + [
+            ("logits", False, "float32", [-1, S, V]),
+            ("q_halt_logits", False, "float32", [-1, steps]),
+            ("q_continue_logits", False, "float32", [-1, steps]),
+            ("step_predictions", False, "int32", [-1, steps, S]),
+        ]
+    return [
+        {"name": n, "is_input": i, "dtype": dtypes[k] if dtypes else d, "shape": s} for k, (n, i, d, s) in enumerate(io)
+    ]
 
 
 def _source(source: Path) -> tuple[Path, dict[str, Any]]:
@@ -89,8 +100,9 @@ def _source(source: Path) -> tuple[Path, dict[str, Any]]:
     return find_reference(source), graph_metadata(onnx.load(str(source), load_external_data=False))
 
 
-def build_torch_engine(source: str | os.PathLike, config: TorchEngineConfig, out: str | os.PathLike | None = None,
-                       quiet: bool = False) -> Any:
+def build_torch_engine(
+    source: str | os.PathLike, config: TorchEngineConfig, out: str | os.PathLike | None = None, quiet: bool = False
+) -> Any:
     """Compile ``source`` (an ONNX export: its parent checkpoint; or a checkpoint) into a PyTorch
     engine; returns an :class:`hrm_deploy.engines.build.EngineResult`."""
     torch = require("torch", "torch", "The PyTorch engine")
@@ -102,8 +114,10 @@ def build_torch_engine(source: str | os.PathLike, config: TorchEngineConfig, out
     src = Path(source)
     checkpoint, meta = _source(src)
     if meta.get("precision", "fp32") != "fp32":
-        raise ConfigError(f"{src} is a {meta['precision']} graph; build the torch engine from the FP32 export "
-                          "(or the checkpoint) and choose --fp32 or --bf16")
+        raise ConfigError(
+            f"{src} is a {meta['precision']} graph; build the torch engine from the FP32 export "
+            "(or the checkpoint) and choose --fp32 or --bf16"
+        )
     model, model_config = load_checkpoint(checkpoint)
     if config.precision == "bf16":
         state = model.state_dict()
@@ -117,8 +131,10 @@ def build_torch_engine(source: str | os.PathLike, config: TorchEngineConfig, out
         raise ConfigError("--device cuda but torch sees no CUDA GPU here; build for cpu or on the GPU machine")
     module = (single_step(model) if mode == "step" else unroll(model, steps, step_predictions=True)).to(device)
     batch, S, T, D = 2, model_config.seq_len, model_config.total_seq_len, model_config.hidden_size
-    args: tuple[Any, ...] = (torch.zeros(batch, S, dtype=torch.int32, device=device),
-                             torch.zeros(batch, dtype=torch.int32, device=device))
+    args: tuple[Any, ...] = (
+        torch.zeros(batch, S, dtype=torch.int32, device=device),
+        torch.zeros(batch, dtype=torch.int32, device=device),
+    )
     if mode == "step":
         carry = torch.zeros(batch, T, D, device=device)
         with torch.inference_mode():  # the carry's dtype is whatever the step returns (bf16 models: bf16)
@@ -128,7 +144,11 @@ def build_torch_engine(source: str | os.PathLike, config: TorchEngineConfig, out
         dtypes = [str(t.dtype).removeprefix("torch.") for t in (*args, *module(*args))]
     dim = torch.export.Dim("batch", min=1, max=config.max_batch)
     dynamic = tuple({0: dim} for _ in args)
-    target = Path(out) if out else Path("engines") / f"{src.name.removesuffix('.onnx')}.{mode}.{device.split(':')[0]}.torch.pt2"
+    target = (
+        Path(out)
+        if out
+        else Path("engines") / f"{src.name.removesuffix('.onnx')}.{mode}.{device.split(':')[0]}.torch.pt2"
+    )
     if target.suffix != ".pt2":
         raise ConfigError(f"a torch engine's file name must end in .pt2 (the runner table reads it): {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -146,24 +166,51 @@ def build_torch_engine(source: str | os.PathLike, config: TorchEngineConfig, out
             torch._inductor.aoti_compile_and_package(program, package_path=str(built))
         except Exception as exc:  # noqa: BLE001 - a missing host compiler / CUDA headers surface as many types
             if config.compiler == "aoti":
-                raise EngineError(f"AOTInductor could not compile for {device}: {str(exc).splitlines()[0][:300]}; "
-                                  "install a host compiler (gcc) and the CUDA headers, or use --compiler auto") from None
+                raise EngineError(
+                    f"AOTInductor could not compile for {device}: {str(exc).splitlines()[0][:300]}; "
+                    "install a host compiler (gcc) and the CUDA headers, or use --compiler auto"
+                ) from None
             compile_path, fallback_reason = "torch.compile", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             if not quiet and config.compiler == "auto":
-                print(f"AOTInductor could not compile ({fallback_reason}); saving the exported program, the runner "
-                      "will torch.compile it", file=sys.stderr)
+                print(
+                    f"AOTInductor could not compile ({fallback_reason}); saving the exported program, the runner "
+                    "will torch.compile it",
+                    file=sys.stderr,
+                )
             torch.export.save(program, str(built))
         os.replace(built, target)
     seconds = time.perf_counter() - started
     gpu = nvidia_smi(IDENTITY) if device.startswith("cuda") else {}
     if device.startswith("cuda"):
         cap = torch.cuda.get_device_capability(torch.device(device))
-        gpu = {**gpu, "gpu": torch.cuda.get_device_name(torch.device(device)), "compute_capability": f"{cap[0]}.{cap[1]}"}
+        gpu = {
+            **gpu,
+            "gpu": torch.cuda.get_device_name(torch.device(device)),
+            "compute_capability": f"{cap[0]}.{cap[1]}",
+        }
     manifest = write_manifest(
-        target, stage="engine", parent=src, config=asdict(config), backend={"name": "torch", "version": torch.__version__},
-        precision=config.precision, mode=mode, steps=steps, device=device.split(":")[0], compile_path=compile_path,
-        compile_fallback_reason=fallback_reason, checkpoint={"path": str(checkpoint), "sha256": sha256_file(checkpoint)},
-        compute_capability=None, build_machine=gpu, profile_shapes={"batch": [1, config.max_batch]},
-        io=io_specs(mode, model_config, steps, dtypes), model_config=asdict(model_config), build_seconds=seconds)
-    return EngineResult(target, manifest, src, {"build_seconds": seconds, "engine_bytes": target.stat().st_size,
-                                                "compile_path": compile_path})
+        target,
+        stage="engine",
+        parent=src,
+        config=asdict(config),
+        backend={"name": "torch", "version": torch.__version__},
+        precision=config.precision,
+        mode=mode,
+        steps=steps,
+        device=device.split(":")[0],
+        compile_path=compile_path,
+        compile_fallback_reason=fallback_reason,
+        checkpoint={"path": str(checkpoint), "sha256": sha256_file(checkpoint)},
+        compute_capability=None,
+        build_machine=gpu,
+        profile_shapes={"batch": [1, config.max_batch]},
+        io=io_specs(mode, model_config, steps, dtypes),
+        model_config=asdict(model_config),
+        build_seconds=seconds,
+    )
+    return EngineResult(
+        target,
+        manifest,
+        src,
+        {"build_seconds": seconds, "engine_bytes": target.stat().st_size, "compile_path": compile_path},
+    )

@@ -46,8 +46,9 @@ def _network_precisions(backend: Backend, network: tensorrt.INetworkDefinition) 
     return {"layers": network.num_layers, "output_dtypes": dtypes, "qdq_layers": qdq}
 
 
-def _inspect_engine(backend: Backend, logger: tensorrt.ILogger, plan: bytes,
-                    shapes: dict[str, list[list[int]]]) -> tuple[dict[str, Any], str | None]:
+def _inspect_engine(
+    backend: Backend, logger: tensorrt.ILogger, plan: bytes, shapes: dict[str, list[list[int]]]
+) -> tuple[dict[str, Any], str | None]:
     """(summary of the engine's per-layer precisions, the inspector's JSON text); needs a GPU
     the engine loads on. The builder set ``ProfilingVerbosity.DETAILED``; the inspector reads an
     execution context whose input shapes are the profile's opt shapes (without them TensorRT
@@ -68,8 +69,9 @@ def _inspect_engine(backend: Backend, logger: tensorrt.ILogger, plan: bytes,
         return {"available": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}, None
 
 
-def _attach_timing_cache(backend: Backend, config: tensorrt.IBuilderConfig, path: Path,
-                         result: dict[str, Any]) -> tensorrt.ITimingCache | None:
+def _attach_timing_cache(
+    backend: Backend, config: tensorrt.IBuilderConfig, path: Path, result: dict[str, Any]
+) -> tensorrt.ITimingCache | None:
     """Load the GPU/version-keyed timing cache; a stale one is dropped (and said so), not ignored."""
     if not backend.supports_timing_cache():
         result["timing_cache"] = {"used": False, "reason": f"{backend.name} has no timing cache"}
@@ -79,8 +81,10 @@ def _attach_timing_cache(backend: Backend, config: tensorrt.IBuilderConfig, path
     if config.set_timing_cache(cache, ignore_mismatch=False):
         result["timing_cache"] = {"used": True, "path": str(path), "loaded_bytes": len(blob)}
         return cache
-    warning = (f"timing cache {path} does not match this GPU and {backend.name} {backend.version}; "
-               "building without it (a fresh cache replaces it)")
+    warning = (
+        f"timing cache {path} does not match this GPU and {backend.name} {backend.version}; "
+        "building without it (a fresh cache replaces it)"
+    )
     print(f"warning: {warning}", file=sys.stderr, flush=True)
     result.setdefault("warnings", []).append(warning)
     cache = config.create_timing_cache(b"")
@@ -135,9 +139,12 @@ def build(spec: dict[str, Any]) -> int:
     inspection, layers_json = _inspect_engine(backend, logger, data, spec["shapes"])
     if layers_json is not None and spec.get("layers_out"):
         Path(spec["layers_out"]).write_text(layers_json)
-    result.update(build_seconds=round(time.perf_counter() - start, 2), engine_bytes=len(data),
-                  peak_host_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                  engine_inspection=inspection)
+    result.update(
+        build_seconds=round(time.perf_counter() - start, 2),
+        engine_bytes=len(data),
+        peak_host_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        engine_inspection=inspection,
+    )
     Path(spec["result"]).write_text(json.dumps(result))
     return 0
 

@@ -49,8 +49,9 @@ class GraphBuilder:
     def node(self, op: str, inputs: Sequence[str], outputs: Sequence[str], name: str, **attrs) -> None:
         self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=name, **attrs))
 
-    def inline(self, graph: onnx.GraphProto, prefix: str, inputs: Mapping[str, str],
-               initializer_names: Mapping[str, str]) -> dict[str, str]:
+    def inline(
+        self, graph: onnx.GraphProto, prefix: str, inputs: Mapping[str, str], initializer_names: Mapping[str, str]
+    ) -> dict[str, str]:
         """Copy ``graph``'s nodes into this graph.
 
         ``inputs`` maps the sub-graph's input names to tensors of this graph;
@@ -118,8 +119,11 @@ def _bypass_weight_identities(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = copy.graph
     inits = {t.name for t in graph.initializer}
     outputs = {o.name for o in graph.output}
-    alias = {n.output[0]: n.input[0] for n in graph.node
-             if n.op_type == "Identity" and n.input[0] in inits and n.output[0] not in outputs}
+    alias = {
+        n.output[0]: n.input[0]
+        for n in graph.node
+        if n.op_type == "Identity" and n.input[0] in inits and n.output[0] not in outputs
+    }
     if not alias:
         return copy
     kept = [n for n in graph.node if not (n.op_type == "Identity" and n.output[0] in alias)]
@@ -133,8 +137,9 @@ def _bypass_weight_identities(model: onnx.ModelProto) -> onnx.ModelProto:
 FORBIDDEN_OPS = ("Loop", "If", "Scan")
 
 
-def check_structure(model: onnx.ModelProto, expected_io: Mapping[str, Mapping[str, tuple[int, tuple]]],
-                    path: str | None = None) -> onnx.ModelProto:
+def check_structure(
+    model: onnx.ModelProto, expected_io: Mapping[str, Mapping[str, tuple[int, tuple]]], path: str | None = None
+) -> onnx.ModelProto:
     """Checker, shape inference, no control flow, and the documented I/O contract.
 
     ``expected_io`` is ``{"inputs": {name: (elem_type, shape)}, "outputs": {...}}`` where a
@@ -159,9 +164,13 @@ def check_structure(model: onnx.ModelProto, expected_io: Mapping[str, Mapping[st
         for name, (elem_type, shape) in expected.items():
             t = actual[name].type.tensor_type
             dims = tuple(d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim)
-            if t.elem_type != elem_type or len(dims) != len(shape) or any(
-                (isinstance(e, int) and a != e) or (isinstance(e, str) and not isinstance(a, str))
-                for a, e in zip(dims, shape)
+            if (
+                t.elem_type != elem_type
+                or len(dims) != len(shape)
+                or any(
+                    (isinstance(e, int) and a != e) or (isinstance(e, str) and not isinstance(a, str))
+                    for a, e in zip(dims, shape)
+                )
             ):
                 raise ExportError(
                     f"{kind[:-1]} {name} is {onnx.TensorProto.DataType.Name(t.elem_type)}{list(dims)}, "
@@ -223,8 +232,11 @@ def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
     traced. Graph input/output names, node names and weight initializer names are kept.
     Returns (model, {"nodes_before", "nodes_after", "folder"}).
     """
-    info: dict[str, int | str | None] = {"nodes_before": len(model.graph.node),
-                                         "nodes_after": len(model.graph.node), "folder": None}
+    info: dict[str, int | str | None] = {
+        "nodes_before": len(model.graph.node),
+        "nodes_after": len(model.graph.node),
+        "folder": None,
+    }
     try:
         import onnxslim
     except ImportError:
@@ -238,8 +250,9 @@ def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
         folded = onnxslim.slim(model, skip_optimizations=SLIM_SKIP)
     if initializer_bytes(folded) > 1.05 * weight_bytes + (1 << 20):
         raise ExportError("constant folding duplicated weights; please report this (export with fold=False meanwhile)")
-    if [o.name for o in folded.graph.output] != [o.name for o in model.graph.output] or \
-            [i.name for i in folded.graph.input] != [i.name for i in model.graph.input]:
+    if [o.name for o in folded.graph.output] != [o.name for o in model.graph.output] or [
+        i.name for i in folded.graph.input
+    ] != [i.name for i in model.graph.input]:
         raise ExportError("constant folding changed the traced graph's inputs or outputs; please report this")
     folded.ir_version = model.ir_version
     info.update(nodes_after=len(folded.graph.node), folder=f"onnxslim {onnxslim.__version__}")

@@ -20,7 +20,7 @@ def graph_metadata(model) -> dict[str, Any]:
 
     ``model`` is an ``onnx.ModelProto`` (weights need not be loaded). ``steps`` comes back as an
     int and ``config`` as a dict; a graph without the metadata is an :class:`ArtifactError`."""
-    meta = {p.key[len(PREFIX):]: p.value for p in model.metadata_props if p.key.startswith(PREFIX)}
+    meta = {p.key[len(PREFIX) :]: p.value for p in model.metadata_props if p.key.startswith(PREFIX)}
     if "mode" not in meta:
         raise ArtifactError("this ONNX has no hrm_deploy metadata; use a graph written by `hrm-deploy export`")
     meta["steps"] = int(meta.get("steps", 1))

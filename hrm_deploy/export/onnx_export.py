@@ -99,9 +99,17 @@ def _trace(module, args, input_names, output_names, opset: int) -> onnx.ModelPro
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(module, args, buffer,  # type: ignore[arg-type]  # a file-like object works too dynamo=False, input_names=list(input_names),
-                          output_names=list(output_names), dynamic_axes=dynamic, opset_version=opset,
-                          do_constant_folding=True)
+        torch.onnx.export(
+            module,
+            args,
+            buffer,  # type: ignore[arg-type]  # a file-like object works too
+            dynamo=False,
+            input_names=list(input_names),
+            output_names=list(output_names),
+            dynamic_axes=dynamic,
+            opset_version=opset,
+            do_constant_folding=True,
+        )
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -151,8 +159,13 @@ def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = No
     if table is not None:
         _restore_table(embed, core, table)
     state = torch.zeros(batch, cfg.total_seq_len, cfg.hidden_size)
-    step = _trace(StepCore(core), (state, state, state), ("z_H", "z_L", "x"),
-                  ("z_H_out", "z_L_out", "logits", "q_halt", "q_continue"), opset)
+    step = _trace(
+        StepCore(core),
+        (state, state, state),
+        ("z_H", "z_L", "x"),
+        ("z_H_out", "z_L_out", "logits", "q_halt", "q_continue"),
+        opset,
+    )
     if fold:
         step, folding["segment"] = fold_constants(step)
     return embed, step
@@ -164,16 +177,26 @@ def _io_contract(cfg, mode: str, steps: int, step_predictions: bool):
     s, t, d, v = cfg.seq_len, cfg.total_seq_len, cfg.hidden_size, cfg.vocab_size
     inputs = {"inputs": (TensorProto.INT32, ("batch", s)), "puzzle_identifiers": (TensorProto.INT32, ("batch",))}
     if mode == "step":
-        inputs.update({"z_H": (TensorProto.FLOAT, ("batch", t, d)), "z_L": (TensorProto.FLOAT, ("batch", t, d)),
-                       "reset": (TensorProto.BOOL, ("batch",))})
-        outputs = {"z_H_out": (TensorProto.FLOAT, ("batch", t, d)), "z_L_out": (TensorProto.FLOAT, ("batch", t, d)),
-                   "logits": (TensorProto.FLOAT, ("batch", s, v)),
-                   "q_halt_logits": (TensorProto.FLOAT, ("batch",)),
-                   "q_continue_logits": (TensorProto.FLOAT, ("batch",))}
+        inputs.update(
+            {
+                "z_H": (TensorProto.FLOAT, ("batch", t, d)),
+                "z_L": (TensorProto.FLOAT, ("batch", t, d)),
+                "reset": (TensorProto.BOOL, ("batch",)),
+            }
+        )
+        outputs = {
+            "z_H_out": (TensorProto.FLOAT, ("batch", t, d)),
+            "z_L_out": (TensorProto.FLOAT, ("batch", t, d)),
+            "logits": (TensorProto.FLOAT, ("batch", s, v)),
+            "q_halt_logits": (TensorProto.FLOAT, ("batch",)),
+            "q_continue_logits": (TensorProto.FLOAT, ("batch",)),
+        }
     else:
-        outputs = {"logits": (TensorProto.FLOAT, ("batch", s, v)),
-                   "q_halt_logits": (TensorProto.FLOAT, ("batch", steps)),
-                   "q_continue_logits": (TensorProto.FLOAT, ("batch", steps))}
+        outputs = {
+            "logits": (TensorProto.FLOAT, ("batch", s, v)),
+            "q_halt_logits": (TensorProto.FLOAT, ("batch", steps)),
+            "q_continue_logits": (TensorProto.FLOAT, ("batch", steps)),
+        }
         if step_predictions:
             outputs[STEP_PREDICTIONS] = (TensorProto.INT32, ("batch", steps, s))
     return {"inputs": inputs, "outputs": outputs}
@@ -198,8 +221,13 @@ def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool):
         b.node("Where", ["reset_mask", e["z_H0"], "z_H"], ["reset/z_H"], "reset/Where_H")
         b.node("Where", ["reset_mask", e["z_L0"], "z_L"], ["reset/z_L"], "reset/Where_L")
         o = b.inline(step.graph, "step/", {"z_H": "reset/z_H", "z_L": "reset/z_L", "x": e["x"]}, step_names)
-        rename = {"z_H_out": "z_H_out", "z_L_out": "z_L_out", "logits": "logits",
-                  "q_halt": "q_halt_logits", "q_continue": "q_continue_logits"}
+        rename = {
+            "z_H_out": "z_H_out",
+            "z_L_out": "z_L_out",
+            "logits": "logits",
+            "q_halt": "q_halt_logits",
+            "q_continue": "q_continue_logits",
+        }
         for src, dst in rename.items():
             b.node("Identity", [o[src]], [dst], f"output/{dst}")
     else:
@@ -227,7 +255,8 @@ def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool):
     nodes = prune_dead_nodes(b.nodes, outputs)
     used = {i for n in nodes for i in n.input}
     graph = helper.make_graph(
-        nodes, "hrm_unrolled" if mode == "unrolled" else "hrm_step",
+        nodes,
+        "hrm_unrolled" if mode == "unrolled" else "hrm_step",
         [value_info(n, *spec) for n, spec in io_spec["inputs"].items()],
         [value_info(n, *spec) for n, spec in io_spec["outputs"].items()],
         initializer=[t for name, t in b.initializers.items() if name in used],
@@ -269,14 +298,26 @@ def _save(model, path: Path, external: bool) -> None:
     import onnx
 
     if external:
-        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + ".data", size_threshold=1024)
+        onnx.save_model(
+            model,
+            path,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            size_threshold=1024,
+        )
     else:
         onnx.save_model(model, path)
 
 
-def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config: ExportConfig = ExportConfig(),
-                *, quiet: bool = False, **checkpoint_overrides: Any) -> ExportResult:
+def export_onnx(
+    model_or_ckpt: Any,
+    out: str | os.PathLike | None = None,
+    config: ExportConfig = ExportConfig(),
+    *,
+    quiet: bool = False,
+    **checkpoint_overrides: Any,
+) -> ExportResult:
     """Export a checkpoint path or an :class:`~hrm_deploy.model.hrm.HRMACT` to ONNX.
 
     Writes ``out`` (default ``export/<name>.onnx``, ``<name>.step.onnx`` in step mode)
@@ -296,8 +337,10 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
         model, source = _resolve_source(model_or_ckpt, {k: v for k, v in checkpoint_overrides.items() if v is not None})
         core = model.inner if hasattr(model, "inner") else model
         if core.compute_dtype != torch.float32:
-            raise ConfigError("export runs in float32; load the checkpoint with forward_dtype='float32' "
-                              "(precision is chosen later, per target)")
+            raise ConfigError(
+                "export runs in float32; load the checkpoint with forward_dtype='float32' "
+                "(precision is chosen later, per target)"
+            )
         core.eval()
     cfg = core.config
     steps = config.steps or cfg.halt_max_steps
@@ -312,12 +355,19 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
     with stages.stage(f"assembling {'the single-step graph' if config.mode == 'step' else f'{steps}-step unroll'}"):
         graph, io_spec = assemble(embed, step, cfg, config.mode, steps, config.step_predictions)
     folding["graph_nodes"] = len(graph.graph.node)
-    external = config.external_data if config.external_data is not None else initializer_bytes(graph) > EXTERNAL_DATA_BYTES
+    external = (
+        config.external_data if config.external_data is not None else initializer_bytes(graph) > EXTERNAL_DATA_BYTES
+    )
     meta = {
-        "hrm_deploy.mode": config.mode, "hrm_deploy.steps": str(steps), "hrm_deploy.max_batch": str(config.max_batch),
-        "hrm_deploy.seq_len": str(cfg.seq_len), "hrm_deploy.vocab_size": str(cfg.vocab_size),
-        "hrm_deploy.puzzle_emb_len": str(cfg.puzzle_emb_len), "hrm_deploy.hidden_size": str(cfg.hidden_size),
-        "hrm_deploy.precision": "fp32", "hrm_deploy.config": json.dumps(cfg.to_dict(), sort_keys=True),
+        "hrm_deploy.mode": config.mode,
+        "hrm_deploy.steps": str(steps),
+        "hrm_deploy.max_batch": str(config.max_batch),
+        "hrm_deploy.seq_len": str(cfg.seq_len),
+        "hrm_deploy.vocab_size": str(cfg.vocab_size),
+        "hrm_deploy.puzzle_emb_len": str(cfg.puzzle_emb_len),
+        "hrm_deploy.hidden_size": str(cfg.hidden_size),
+        "hrm_deploy.precision": "fp32",
+        "hrm_deploy.config": json.dumps(cfg.to_dict(), sort_keys=True),
     }
     onnx.helper.set_model_props(graph, meta)
 
@@ -327,15 +377,23 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
         with stages.stage("structural checks (checker, shape inference, I/O contract)"):
             staged = staging / out.name
             _save(graph, staged, external)
-            check_structure(onnx.load(staged, load_external_data=False) if external else graph, io_spec,
-                            path=str(staged) if external else None)
+            check_structure(
+                onnx.load(staged, load_external_data=False) if external else graph,
+                io_spec,
+                path=str(staged) if external else None,
+            )
         parity = None
         if config.parity:
             with stages.stage("parity vs PyTorch on ONNX Runtime CPU"):
                 segment = check_segment(step.SerializeToString(), core)
-                report = check_parity(str(staged), FixedStepHRM(core, steps).eval(), cfg, steps,
-                                      tuple(min(b, config.max_batch) for b in config.parity_batches),
-                                      stepwise=config.mode == "step")
+                report = check_parity(
+                    str(staged),
+                    FixedStepHRM(core, steps).eval(),
+                    cfg,
+                    steps,
+                    tuple(min(b, config.max_batch) for b in config.parity_batches),
+                    stepwise=config.mode == "step",
+                )
                 report.segment = segment
                 parity = report.to_dict()
             if not report.passed:
@@ -344,18 +402,35 @@ def export_onnx(model_or_ckpt: Any, out: str | os.PathLike | None = None, config
             # artifact + manifest as one unit: the manifest is renamed last, sha256 of the staged bytes
             data_file = out.parent / (out.name + ".data")
             manifest = publish_artifact(
-                staged, out, stage="export",
+                staged,
+                out,
+                stage="export",
                 config={"export": asdict(config), "model": cfg.to_dict()},
-                parent=source_file, parent_sha256=source_sha256,
+                parent=source_file,
+                parent_sha256=source_sha256,
                 companions=[(staging / data_file.name, data_file)] if external else [],
                 remove=[] if external else [data_file],  # weights of an earlier external-data export
                 source=getattr(model, "checkpoint_info", None),
-                precision="fp32", mode=config.mode,
-                unroll={"steps": steps, "H_cycles": cfg.H_cycles, "L_cycles": cfg.L_cycles, "H_layers": cfg.H_layers,
-                        "L_layers": cfg.L_layers, "blocks_per_step": cfg.blocks_per_step},
-                io={k: {n: [onnx.TensorProto.DataType.Name(t), list(s)] for n, (t, s) in v.items()}
-                    for k, v in io_spec.items()},
-                opset=config.opset, max_batch=config.max_batch, external_data=external,
-                nodes=len(graph.graph.node), folding=folding, parity=parity, timings=stages.timings,
+                precision="fp32",
+                mode=config.mode,
+                unroll={
+                    "steps": steps,
+                    "H_cycles": cfg.H_cycles,
+                    "L_cycles": cfg.L_cycles,
+                    "H_layers": cfg.H_layers,
+                    "L_layers": cfg.L_layers,
+                    "blocks_per_step": cfg.blocks_per_step,
+                },
+                io={
+                    k: {n: [onnx.TensorProto.DataType.Name(t), list(s)] for n, (t, s) in v.items()}
+                    for k, v in io_spec.items()
+                },
+                opset=config.opset,
+                max_batch=config.max_batch,
+                external_data=external,
+                nodes=len(graph.graph.node),
+                folding=folding,
+                parity=parity,
+                timings=stages.timings,
             )
     return ExportResult(out, manifest, parity, stages.timings, len(graph.graph.node), folding)

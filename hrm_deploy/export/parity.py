@@ -84,12 +84,17 @@ def run_stepwise(session, feeds: dict[str, np.ndarray], config: HRMConfig | None
         reset = np.full((batch,), i == 0, dtype=bool)
         z_H, z_L, logits, q_halt, q_continue = session.run(
             ["z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits"],
-            {**feeds, "z_H": z_H, "z_L": z_L, "reset": reset})
+            {**feeds, "z_H": z_H, "z_L": z_L, "reset": reset},
+        )
         halts.append(q_halt)
         continues.append(q_continue)
         predictions.append(logits.argmax(-1).astype(np.int32))
-    return {"logits": logits, "q_halt_logits": np.stack(halts, 1), "q_continue_logits": np.stack(continues, 1),
-            "step_predictions": np.stack(predictions, 1)}
+    return {
+        "logits": logits,
+        "q_halt_logits": np.stack(halts, 1),
+        "q_continue_logits": np.stack(continues, 1),
+        "step_predictions": np.stack(predictions, 1),
+    }
 
 
 def _torch_outputs(module, feeds) -> dict[str, np.ndarray]:
@@ -177,8 +182,15 @@ def _teacher_forced(core, feeds, got_states, steps: int):
     return out
 
 
-def check_parity(path: str, reference_module, config: HRMConfig, steps: int, batches: tuple[int, ...],
-                 stepwise: bool = False, seed: int = 0) -> ParityReport:
+def check_parity(
+    path: str,
+    reference_module,
+    config: HRMConfig,
+    steps: int,
+    batches: tuple[int, ...],
+    stepwise: bool = False,
+    seed: int = 0,
+) -> ParityReport:
     """Compare the ONNX graph at ``path`` with PyTorch float32 (``reference_module`` is a
     FixedStepHRM) at each batch size, step by step.
 
@@ -231,11 +243,19 @@ def check_parity(path: str, reference_module, config: HRMConfig, steps: int, bat
                 agree = diff.argmax_agreement if name == "logits" else agree
             step_index = steps - 1 if name == "logits" else worst_step
             ok = worst <= worst_limit
-            entry[name] = {"max_abs": worst, "strict_limit": worst_limit, "worst_step": step_index, "passed": ok,
-                           "argmax_agreement": agree, "check": "teacher-forced per step"}
+            entry[name] = {
+                "max_abs": worst,
+                "strict_limit": worst_limit,
+                "worst_step": step_index,
+                "passed": ok,
+                "argmax_agreement": agree,
+                "check": "teacher-forced per step",
+            }
             if not ok:
-                failures.append(f"batch {batch} {name} at ACT step {step_index}: max abs {worst:.3g} vs PyTorch "
-                                f"float32 from the same carry (limit {worst_limit:.3g})")
+                failures.append(
+                    f"batch {batch} {name} at ACT step {step_index}: max abs {worst:.3g} vs PyTorch "
+                    f"float32 from the same carry (limit {worst_limit:.3g})"
+                )
         report.batches[str(batch)] = entry
     if failures:
         report.passed = False
@@ -254,15 +274,23 @@ def _run_steps_with_states(session, feeds, config: HRMConfig, steps: int):
         reset = np.full((batch,), i == 0, dtype=bool)
         z_H, z_L, logits, q_halt, q_continue = session.run(
             ["z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits"],
-            {**feeds, "z_H": z_H, "z_L": z_L, "reset": reset})
+            {**feeds, "z_H": z_H, "z_L": z_L, "reset": reset},
+        )
         halts.append(q_halt)
         continues.append(q_continue)
         states.append((z_H, z_L))
     return {"logits": logits, "q_halt_logits": np.stack(halts, 1), "q_continue_logits": np.stack(continues, 1)}, states
 
 
-def check_parity_end_to_end(path: str, reference_module, config: HRMConfig, steps: int, batches: tuple[int, ...],
-                            stepwise: bool = False, seed: int = 0) -> ParityReport:
+def check_parity_end_to_end(
+    path: str,
+    reference_module,
+    config: HRMConfig,
+    steps: int,
+    batches: tuple[int, ...],
+    stepwise: bool = False,
+    seed: int = 0,
+) -> ParityReport:
     """End-to-end comparison with PyTorch float32, falling back to the float64 noise floor
     when the strict limit is missed (a chaotic model). Slower than :func:`check_parity` on
     random weights (the float64 reference); used where the per-step carry cannot be read."""
@@ -300,8 +328,10 @@ def check_parity_end_to_end(path: str, reference_module, config: HRMConfig, step
             ok = vs64 <= limit
             entry[name].update(max_abs_vs_float64=vs64, torch_float32_noise=noise, limit=limit, passed=ok)
             if not ok:
-                failures.append(f"batch {batch} {name}: max abs {diffs[name].max_abs:.3g} vs PyTorch "
-                                f"(vs float64 {vs64:.3g} > limit {limit:.3g})")
+                failures.append(
+                    f"batch {batch} {name}: max abs {diffs[name].max_abs:.3g} vs PyTorch "
+                    f"(vs float64 {vs64:.3g} > limit {limit:.3g})"
+                )
         report.batches[str(batch)] = entry
     if failures:
         report.passed = False

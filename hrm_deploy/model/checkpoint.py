@@ -25,9 +25,15 @@ DATASET_FIELDS = ("seq_len", "vocab_size", "num_puzzle_identifiers")
 # Architecture fields the weights cannot tell and a config file (or a flag) must: never defaulted
 # for an upstream checkpoint, since a wrong value gives a silently different model.
 NOT_IN_WEIGHTS = ("num_heads", "H_cycles", "L_cycles", "halt_max_steps")
-FLAGS = {"num_heads": "--num-heads", "H_cycles": "--h-cycles", "L_cycles": "--l-cycles",
-         "halt_max_steps": "--halt-max-steps", "seq_len": "--seq-len", "vocab_size": "--vocab-size",
-         "num_puzzle_identifiers": "--num-puzzle-ids"}
+FLAGS = {
+    "num_heads": "--num-heads",
+    "H_cycles": "--h-cycles",
+    "L_cycles": "--l-cycles",
+    "halt_max_steps": "--halt-max-steps",
+    "seq_len": "--seq-len",
+    "vocab_size": "--vocab-size",
+    "num_puzzle_identifiers": "--num-puzzle-ids",
+}
 
 
 @dataclass
@@ -62,9 +68,7 @@ def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
     ours = sorted(p.glob("*.pt"))
     if len(ours) == 1:
         return ours[0]
-    raise CheckpointError(
-        f"folder {p} holds no step_N file and {len(ours)} .pt files; pass the checkpoint file itself"
-    )
+    raise CheckpointError(f"folder {p} holds no step_N file and {len(ours)} .pt files; pass the checkpoint file itself")
 
 
 def _torch_load(path: Path) -> Any:
@@ -97,7 +101,7 @@ def _torch_load(path: Path) -> Any:
 def _strip_prefix(state: dict[str, Any], path: Path) -> tuple[dict[str, Any], str]:
     for prefix in UPSTREAM_PREFIXES:
         if all(k.startswith(prefix) for k in state):
-            return {k[len(prefix):]: v for k, v in state.items()}, prefix
+            return {k[len(prefix) :]: v for k, v in state.items()}, prefix
     if "H_init" in state or "embed_tokens.embedding_weight" in state:
         return dict(state), ""
     sample = sorted(state)[:3]
@@ -174,7 +178,8 @@ def _upstream_config(path: Path, state: dict[str, Any], overrides: dict[str, Any
     inferred = _infer_from_weights(state)
     intermediate = inferred.pop("_intermediate_size", None)
     sources: list[tuple[str, dict[str, Any]]] = [
-        ("arch.{} in " + cfg_file.name, {k: v for k, v in arch.items() if k not in ("name", "loss") and v is not None})]
+        ("arch.{} in " + cfg_file.name, {k: v for k, v in arch.items() if k not in ("name", "loss") and v is not None})
+    ]
     if "data_path" in overrides or train_cfg.get("data_path"):
         data_path = str(overrides.get("data_path") or train_cfg["data_path"])
         meta = _find_dataset_json(data_path, path.parent)
@@ -186,16 +191,26 @@ def _upstream_config(path: Path, state: dict[str, Any], overrides: dict[str, Any
             if not isinstance(info, dict):
                 raise ConfigError(f"{meta} is not a JSON object; rebuild the dataset")
             shown = str(meta.relative_to(meta.parents[2]) if len(meta.parents) > 2 else meta)
-            sources.append(("{} in " + shown.replace("{", "{{").replace("}", "}}"), {k: info[k] for k in DATASET_FIELDS if info.get(k) is not None}))
+            sources.append(
+                (
+                    "{} in " + shown.replace("{", "{{").replace("}", "}}"),
+                    {k: info[k] for k in DATASET_FIELDS if info.get(k) is not None},
+                )
+            )
     sources.append(("{flag}", {k: v for k, v in overrides.items() if k not in ("data_path", "forward_dtype")}))
     fields: dict[str, Any] = {}
     for origin, given in sources:
         for key, value in given.items():
-            if key in inferred and str(value) != str(inferred[key]) and not (
-                    key == "seq_len" and "embed_pos.embedding_weight" not in state):
+            if (
+                key in inferred
+                and str(value) != str(inferred[key])
+                and not (key == "seq_len" and "embed_pos.embedding_weight" not in state)
+            ):
                 where = origin.format(key, flag=FLAGS.get(key, "--" + key.replace("_", "-")))
-                raise CheckpointError(f"{path}: {where} is {value!r} but the weights have {key}={inferred[key]}; "
-                                      f"fix {where} (or leave it out: the weights determine it)")
+                raise CheckpointError(
+                    f"{path}: {where} is {value!r} but the weights have {key}={inferred[key]}; "
+                    f"fix {where} (or leave it out: the weights determine it)"
+                )
         fields.update(given)
     fields.update({k: v for k, v in inferred.items() if k != "seq_len" or "seq_len" not in fields})
     # Upstream computes in bf16; we load for float32 export unless the caller asks otherwise.
@@ -212,9 +227,13 @@ def _upstream_config(path: Path, state: dict[str, Any], overrides: dict[str, Any
     absent = [k for k in NOT_IN_WEIGHTS if fields.get(k) is None]
     if absent:
         options = " ".join(f"{FLAGS[k]} N" for k in absent)
-        where = (f"{cfg_file} has no arch section" if train_cfg and not arch else
-                 f"{cfg_file} lacks arch.{', arch.'.join(absent)}" if train_cfg else
-                 "no all_config.yaml beside the checkpoint")
+        where = (
+            f"{cfg_file} has no arch section"
+            if train_cfg and not arch
+            else f"{cfg_file} lacks arch.{', arch.'.join(absent)}"
+            if train_cfg
+            else "no all_config.yaml beside the checkpoint"
+        )
         raise ConfigError(
             f"{path}: {where} and {', '.join(absent)} cannot be read from the weights; copy upstream's "
             f"all_config.yaml next to it or pass {options} (never guessed: a wrong value is a different model)"
@@ -247,9 +266,12 @@ def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointCont
             state = obj["model_state"]
         except KeyError as exc:
             raise CheckpointError(f"{file}: hrm-deploy checkpoint lacks {exc}; the file is damaged") from None
-        extra = {k: v for k, v in obj.items() if k not in ("format", "model_config", "model_state", "train_config", "step")}
-        return CheckpointContents(file, "hrm-deploy", config, dict(state), "", obj.get("step"),
-                                  dict(obj.get("train_config") or {}), extra)
+        extra = {
+            k: v for k, v in obj.items() if k not in ("format", "model_config", "model_state", "train_config", "step")
+        }
+        return CheckpointContents(
+            file, "hrm-deploy", config, dict(state), "", obj.get("step"), dict(obj.get("train_config") or {}), extra
+        )
     if not isinstance(obj, dict) or not obj or not all(hasattr(v, "shape") for v in obj.values()):
         raise CheckpointError(
             f"{file} holds a {type(obj).__name__}, not a state dict of tensors; "
@@ -319,8 +341,9 @@ def model_from_contents(contents: CheckpointContents):
 
 
 # --------------------------------------------------------------------------------- writing
-def save_checkpoint(path: str | os.PathLike, model, *, step: int = 0,
-                    train_config: dict[str, Any] | None = None, **extra: Any) -> Path:
+def save_checkpoint(
+    path: str | os.PathLike, model, *, step: int = 0, train_config: dict[str, Any] | None = None, **extra: Any
+) -> Path:
     """Write our self-describing checkpoint atomically (temp file, then rename)."""
     import torch
 
@@ -354,14 +377,33 @@ def upstream_state_dict(model, prefix: str = "_orig_mod.model.inner.") -> dict[s
     return out
 
 
-UPSTREAM_ARCH_FIELDS = ("halt_exploration_prob", "halt_max_steps", "H_cycles", "L_cycles", "H_layers", "L_layers",
-                        "hidden_size", "num_heads", "expansion", "puzzle_emb_ndim", "pos_encodings", "rope_theta",
-                        "rms_norm_eps")
+UPSTREAM_ARCH_FIELDS = (
+    "halt_exploration_prob",
+    "halt_max_steps",
+    "H_cycles",
+    "L_cycles",
+    "H_layers",
+    "L_layers",
+    "hidden_size",
+    "num_heads",
+    "expansion",
+    "puzzle_emb_ndim",
+    "pos_encodings",
+    "rope_theta",
+    "rms_norm_eps",
+)
 
 
-def write_upstream_run(run_dir: str | os.PathLike, model, *, step: int, data_path: str,
-                       train_config: dict[str, Any] | None = None, loss_type: str = "stablemax_cross_entropy",
-                       prefix: str = "_orig_mod.model.inner.") -> Path:
+def write_upstream_run(
+    run_dir: str | os.PathLike,
+    model,
+    *,
+    step: int,
+    data_path: str,
+    train_config: dict[str, Any] | None = None,
+    loss_type: str = "stablemax_cross_entropy",
+    prefix: str = "_orig_mod.model.inner.",
+) -> Path:
     """Write upstream's checkpoint layout: ``<run_dir>/step_N`` (a bare state dict with
     upstream's key prefix) and ``all_config.yaml`` (arch + data_path + hyper-parameters),
     so upstream's ``evaluate.py`` and this toolkit's loader both read it. Returns step_N."""
@@ -373,9 +415,11 @@ def write_upstream_run(run_dir: str | os.PathLike, model, *, step: int, data_pat
     cfg = getattr(model, "inner", model).config
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    arch = {"name": "hrm.hrm_act_v1@HierarchicalReasoningModel_ACTV1",
-            "loss": {"name": "losses@ACTLossHead", "loss_type": loss_type},
-            **{k: getattr(cfg, k) for k in UPSTREAM_ARCH_FIELDS}}
+    arch = {
+        "name": "hrm.hrm_act_v1@HierarchicalReasoningModel_ACTV1",
+        "loss": {"name": "losses@ACTLossHead", "loss_type": loss_type},
+        **{k: getattr(cfg, k) for k in UPSTREAM_ARCH_FIELDS},
+    }
     all_config = {"arch": arch, "data_path": data_path, "checkpoint_path": str(run), **(train_config or {})}
     target = run / f"step_{step}"
     with atomic_path(target) as tmp:

@@ -51,8 +51,18 @@ class HRMConfig:
     version: int = field(default=CONFIG_VERSION)
 
     def __post_init__(self) -> None:
-        positive = ("seq_len", "vocab_size", "num_puzzle_identifiers", "H_cycles", "L_cycles",
-                    "H_layers", "L_layers", "hidden_size", "num_heads", "halt_max_steps")
+        positive = (
+            "seq_len",
+            "vocab_size",
+            "num_puzzle_identifiers",
+            "H_cycles",
+            "L_cycles",
+            "H_layers",
+            "L_layers",
+            "hidden_size",
+            "num_heads",
+            "halt_max_steps",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -65,13 +75,9 @@ class HRMConfig:
         if (self.hidden_size // self.num_heads) % 2:
             raise ConfigError("head dimension (hidden_size / num_heads) must be even for RoPE")
         if self.pos_encodings not in POS_ENCODINGS:
-            raise ConfigError(
-                f"pos_encodings {self.pos_encodings!r} is not supported; use one of {POS_ENCODINGS}"
-            )
+            raise ConfigError(f"pos_encodings {self.pos_encodings!r} is not supported; use one of {POS_ENCODINGS}")
         if self.forward_dtype not in FORWARD_DTYPES:
-            raise ConfigError(
-                f"forward_dtype {self.forward_dtype!r} is not supported; use one of {FORWARD_DTYPES}"
-            )
+            raise ConfigError(f"forward_dtype {self.forward_dtype!r} is not supported; use one of {FORWARD_DTYPES}")
         if self.puzzle_emb_ndim < 0:
             raise ConfigError("puzzle_emb_ndim must be >= 0")
         if self.version != CONFIG_VERSION:

@@ -22,8 +22,9 @@ LEARNED_POS_SCALE = 0.707106781
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16,
-            "float16": torch.float16, "float64": torch.float64}[name]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[
+        name
+    ]
 
 
 class PuzzleEmbedding(nn.Module):
@@ -148,7 +149,7 @@ class HRMCore(nn.Module):
 
     def heads(self, z_H: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """logits [B, S, V] (prefix tokens dropped), q_halt [B], q_continue [B] (float32)."""
-        logits = self.lm_head(z_H)[:, self.puzzle_emb_len:]
+        logits = self.lm_head(z_H)[:, self.puzzle_emb_len :]
         q = self.q_head(z_H[:, 0]).to(torch.promote_types(z_H.dtype, torch.float32))
         return logits, q[..., 0], q[..., 1]
 

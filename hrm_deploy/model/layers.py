@@ -148,9 +148,7 @@ class ReasoningModule(nn.Module):
 
     def __init__(self, num_layers: int, hidden_size: int, num_heads: int, intermediate_size: int, eps: float):
         super().__init__()
-        self.layers = nn.ModuleList(
-            Block(hidden_size, num_heads, intermediate_size, eps) for _ in range(num_layers)
-        )
+        self.layers = nn.ModuleList(Block(hidden_size, num_heads, intermediate_size, eps) for _ in range(num_layers))
 
     def forward(self, h: torch.Tensor, injection: torch.Tensor, rope) -> torch.Tensor:
         h = h + injection

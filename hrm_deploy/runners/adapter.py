@@ -20,8 +20,14 @@ if TYPE_CHECKING:  # checked against tensorrt-stubs by scripts/typecheck_tensorr
     import tensorrt
 
 # TensorRT DataType member name -> device dtype name (hrm_deploy.runners.memory.DTYPES)
-TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT32": "int32", "INT64": "int64",
-              "BOOL": "bool"}
+TRT_DTYPES = {
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "BF16": "bfloat16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "BOOL": "bool",
+}
 
 
 def _dims(dims: Any) -> tuple[int, ...]:
@@ -61,8 +67,15 @@ class TrtAdapter:
     scratch buffer (``update_device_memory_size_for_shapes``) shared by its contexts, which run
     one after another on one stream, so the engine's memory is counted and never reallocated."""
 
-    def __init__(self, trt: Any, engine: tensorrt.ICudaEngine, memory: Any, is_rtx: bool = False,
-                 backend: Any = None, runtime_cache: Any = None):
+    def __init__(
+        self,
+        trt: Any,
+        engine: tensorrt.ICudaEngine,
+        memory: Any,
+        is_rtx: bool = False,
+        backend: Any = None,
+        runtime_cache: Any = None,
+    ):
         # backend + runtime_cache (TensorRT-RTX): contexts come from engines.backend.create_context so
         # the JIT kernels are cached beside the engine instead of recompiled in every process.
         self.trt, self.memory, self.is_rtx = trt, memory, is_rtx
@@ -75,8 +88,10 @@ class TrtAdapter:
             kind = engine.get_tensor_dtype(name)
             dtype = TRT_DTYPES.get(getattr(kind, "name", str(kind).rsplit(".", 1)[-1]))
             if dtype is None:
-                raise EngineError(f"engine tensor {name} has dtype {kind}, which this runner cannot feed; "
-                                  "rebuild from an hrm-deploy export")
+                raise EngineError(
+                    f"engine tensor {name} has dtype {kind}, which this runner cannot feed; "
+                    "rebuild from an hrm-deploy export"
+                )
             shape = _dims(engine.get_tensor_shape(name))
             self.tensors[name] = TensorSpec(name, engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT, dtype, shape)
         first = next(s.name for s in self.tensors.values() if s.is_input)

@@ -84,11 +84,16 @@ class Runner(ABC):
             if array.ndim != ndim:
                 raise DataError(f"{name} must have {ndim} dimension(s) ([B, S] / [B]), got shape {array.shape}")
         if len(inputs) == 0 or len(ids) != len(inputs):
-            raise DataError(f"need a batch of at least one row and one puzzle id per row, got {inputs.shape} "
-                            f"inputs and {ids.shape} ids")
+            raise DataError(
+                f"need a batch of at least one row and one puzzle id per row, got {inputs.shape} "
+                f"inputs and {ids.shape} ids"
+            )
         if self.seq_len is not None and inputs.shape[1] != self.seq_len:
             raise DataError(f"inputs have sequence length {inputs.shape[1]} but this model takes {self.seq_len}")
-        return {"inputs": np.ascontiguousarray(inputs, np.int32), "puzzle_identifiers": np.ascontiguousarray(ids, np.int32)}
+        return {
+            "inputs": np.ascontiguousarray(inputs, np.int32),
+            "puzzle_identifiers": np.ascontiguousarray(ids, np.int32),
+        }
 
     def infer(self, feeds: dict[str, np.ndarray], *, halt: HaltFn | None = None) -> dict[str, np.ndarray]:
         """Run one batch of any size (chunked and padded to the backend's limits)."""
@@ -102,7 +107,7 @@ class Runner(ABC):
         size = self.max_batch or batch
         parts, timings = [], []
         for begin in range(0, batch, size):
-            chunk = {k: v[begin:begin + size] for k, v in feeds.items()}
+            chunk = {k: v[begin : begin + size] for k, v in feeds.items()}
             rows = len(chunk["inputs"])
             if rows < self.min_batch:  # pad with copies of the last row, drop them after
                 chunk = {k: np.concatenate([v, np.repeat(v[-1:], self.min_batch - rows, 0)]) for k, v in chunk.items()}
@@ -144,7 +149,11 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         if arrays[0].ndim >= 2 and key != "logits":
             width = max(a.shape[1] for a in arrays)
             fill = np.nan if arrays[0].dtype.kind == "f" else -1
-            arrays = [np.concatenate([a, np.full((a.shape[0], width - a.shape[1], *a.shape[2:]), fill, a.dtype)], 1)
-                      if a.shape[1] < width else a for a in arrays]
+            arrays = [
+                np.concatenate([a, np.full((a.shape[0], width - a.shape[1], *a.shape[2:]), fill, a.dtype)], 1)
+                if a.shape[1] < width
+                else a
+                for a in arrays
+            ]
         out[key] = np.concatenate(arrays)
     return out

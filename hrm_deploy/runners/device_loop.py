@@ -60,20 +60,30 @@ class DeviceLoop:
     ``step_predictions`` step engines keep each step's logits on the device and return the
     per-step argmax."""
 
-    def __init__(self, adapter: EngineAdapter, memory: DeviceMemory, steps: int | None = None, *,
-                 cuda_graph: bool = True, step_predictions: bool = True):
+    def __init__(
+        self,
+        adapter: EngineAdapter,
+        memory: DeviceMemory,
+        steps: int | None = None,
+        *,
+        cuda_graph: bool = True,
+        step_predictions: bool = True,
+    ):
         self.adapter, self.memory = adapter, memory
         names = set(adapter.tensors)
         self.mode = "step" if "z_H" in names else "unrolled"
         wanted = set(STEP_INPUTS + STEP_OUTPUTS) if self.mode == "step" else set(FEEDS + UNROLLED_OUTPUTS)
         if not wanted <= names:
-            raise EngineError(f"this {self.mode} engine lacks tensors {sorted(wanted - names)}; rebuild it from an "
-                              "hrm-deploy export")
+            raise EngineError(
+                f"this {self.mode} engine lacks tensors {sorted(wanted - names)}; rebuild it from an hrm-deploy export"
+            )
         if self.mode == "unrolled":
             fixed = adapter.tensors["q_halt_logits"].shape[-1]
             if steps is not None and steps != fixed:
-                raise ConfigError(f"this unrolled engine always runs {fixed} ACT steps, not {steps}; export and "
-                                  "build a step engine (hrm-deploy export --mode step) to choose the step count")
+                raise ConfigError(
+                    f"this unrolled engine always runs {fixed} ACT steps, not {steps}; export and "
+                    "build a step engine (hrm-deploy export --mode step) to choose the step count"
+                )
             self.steps = int(fixed)
         else:
             if steps is None or steps < 1:
@@ -90,8 +100,10 @@ class DeviceLoop:
             shape = self.adapter.tensors[name].at(batch)
             if not self.adapter.set_input_shape(context, name, shape):
                 low, high = self.adapter.batch_range
-                raise EngineError(f"the engine refused input {name} of shape {shape} (its profile takes batch "
-                                  f"{low}..{high}); rebuild with --max-batch or send smaller batches")
+                raise EngineError(
+                    f"the engine refused input {name} of shape {shape} (its profile takes batch "
+                    f"{low}..{high}); rebuild with --max-batch or send smaller batches"
+                )
 
     def _output(self, context: Any, spec: TensorSpec) -> Any:
         shape = self.adapter.output_shape(context, spec.name)
@@ -205,8 +217,9 @@ class DeviceLoop:
             q_continue = to_float32(stage["q_continue_logits"], specs["q_continue_logits"].dtype)
             stop = np.asarray(halt(k + 1, q_halt, q_continue))
             if stop.shape != (batch,) or stop.dtype != np.bool_:
-                raise ConfigError(f"the halt rule must return a bool array of shape ({batch},), got "
-                                  f"{stop.dtype} {stop.shape}")
+                raise ConfigError(
+                    f"the halt rule must return a bool array of shape ({batch},), got {stop.dtype} {stop.shape}"
+                )
             new = stop & ~done
             self._freeze(plan, new)
             used[new] = k + 1
@@ -224,15 +237,21 @@ class DeviceLoop:
         memory, device = self.memory, plan.device
         edges = np.flatnonzero(np.diff(np.concatenate([[0], rows.astype(np.int8), [0]])))
         for start, stop in zip(edges[::2], edges[1::2]):
-            memory.copy(memory.rows(device["final"], int(start), int(stop)),
-                        memory.rows(device["logits"], int(start), int(stop)))
+            memory.copy(
+                memory.rows(device["final"], int(start), int(stop)),
+                memory.rows(device["logits"], int(start), int(stop)),
+            )
 
     # -- one call ------------------------------------------------------------------------------
-    def run(self, feeds: dict[str, np.ndarray], halt: HaltFn | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def run(
+        self, feeds: dict[str, np.ndarray], halt: HaltFn | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Outputs (host numpy, float32 logits) and phase timings of one batch (within the profile)."""
         if halt is not None and self.mode != "step":
-            raise ConfigError("early halting needs a step engine (its loop can stop); this engine is unrolled: "
-                              "export --mode step and build that")
+            raise ConfigError(
+                "early halting needs a step engine (its loop can stop); this engine is unrolled: "
+                "export --mode step and build that"
+            )
         batch = len(feeds["inputs"])
         plan = self.plan(batch)
         memory, device, stage, specs = self.memory, plan.device, plan.stage, self.adapter.tensors
@@ -266,8 +285,9 @@ class DeviceLoop:
                         memory.synchronize()
                         plan.graph = memory.capture(lambda: self._all_steps(plan))
                         self.enqueued_steps -= self.steps  # captured, not run
-                downloads = ["q_halt_logits_hist", "q_continue_logits_hist"] + \
-                    (["logits_hist"] if self.step_predictions else [])
+                downloads = ["q_halt_logits_hist", "q_continue_logits_hist"] + (
+                    ["logits_hist"] if self.step_predictions else []
+                )
             memory.record(e_computed)
             if self.mode == "step":
                 memory.download(stage["logits"], final)
@@ -275,8 +295,11 @@ class DeviceLoop:
                 memory.download(stage[name], device[name])
             memory.record(e_done)
             memory.synchronize()
-        timing: dict[str, Any] = {"h2d_ms": memory.elapsed_ms(e_begin, e_uploaded), "compute_ms": memory.elapsed_ms(e_uploaded, e_computed),
-                  "d2h_ms": memory.elapsed_ms(e_computed, e_done)}
+        timing: dict[str, Any] = {
+            "h2d_ms": memory.elapsed_ms(e_begin, e_uploaded),
+            "compute_ms": memory.elapsed_ms(e_uploaded, e_computed),
+            "d2h_ms": memory.elapsed_ms(e_computed, e_done),
+        }
         peak = memory.peak_bytes()
         timing["peak_gpu_mib"] = peak / 2**20 if peak else None
         out = self._outputs(plan, steps_run, used)
@@ -286,8 +309,10 @@ class DeviceLoop:
     def _outputs(self, plan: _Plan, steps_run: int, used: np.ndarray) -> dict[str, np.ndarray]:
         stage, specs = plan.stage, self.adapter.tensors
         if self.mode == "unrolled":
-            out = {"logits": to_float32(stage["logits"], specs["logits"].dtype),
-                   "q_halt_logits": to_float32(stage["q_halt_logits"], specs["q_halt_logits"].dtype)}
+            out = {
+                "logits": to_float32(stage["logits"], specs["logits"].dtype),
+                "q_halt_logits": to_float32(stage["q_halt_logits"], specs["q_halt_logits"].dtype),
+            }
             if "q_continue_logits" in stage:
                 out["q_continue_logits"] = to_float32(stage["q_continue_logits"], specs["q_continue_logits"].dtype)
             if "step_predictions" in stage:
@@ -300,7 +325,7 @@ class DeviceLoop:
                 hist = to_float32(stage["logits_hist"][:steps_run], specs["logits"].dtype)
                 predictions = hist.argmax(-1).astype(np.int32).transpose(1, 0, 2).copy()
                 for row in np.flatnonzero(used < steps_run):  # a halted row's answer stays its halting step's
-                    predictions[row, used[row]:] = predictions[row, used[row] - 1]
+                    predictions[row, used[row] :] = predictions[row, used[row] - 1]
                 out["step_predictions"] = predictions
         out["steps_used"] = used
         return out

@@ -57,8 +57,9 @@ class HaltRule:
 
     def __post_init__(self) -> None:
         if self.min_steps < 1 or (self.max_steps is not None and self.max_steps < self.min_steps):
-            raise ConfigError(f"halting needs 1 <= --min-steps <= --max-steps, got {self.min_steps} and "
-                              f"{self.max_steps}")
+            raise ConfigError(
+                f"halting needs 1 <= --min-steps <= --max-steps, got {self.min_steps} and {self.max_steps}"
+            )
 
     @classmethod
     def parse(cls, text: str | None, *, min_steps: int | None = 1, max_steps: int | None = None) -> HaltRule:
@@ -99,8 +100,9 @@ class HaltRule:
     def with_threshold(self, threshold: float) -> HaltRule:
         return replace(self, threshold=float(threshold))
 
-    def should_halt(self, step: int | np.ndarray, q_halt: np.ndarray, q_continue: np.ndarray,
-                    total_steps: int | None = None) -> np.ndarray:
+    def should_halt(
+        self, step: int | np.ndarray, q_halt: np.ndarray, q_continue: np.ndarray, total_steps: int | None = None
+    ) -> np.ndarray:
         """Which rows stop after ``step`` (1-based; an int or one per row) given this step's
         ``q_halt`` / ``q_continue`` logits [B] -> bool [B]. ``total_steps`` (the model's
         ``halt_max_steps``) makes the last step halt; the driver stops there anyway."""
@@ -112,14 +114,19 @@ class HaltRule:
             halt = q_halt > np.asarray(q_continue, dtype=np.float32)
         else:
             if self.threshold is None:
-                raise ConfigError(f"--halt {self.text}: no calibrated threshold for this artifact; run "
-                                  f"`hrm-deploy verify ARTIFACT --halt {self.text}` or `hrm-deploy solve ... "
-                                  f"--halt {self.text}` (they calibrate and store it in the manifest) or use threshold:X")
+                raise ConfigError(
+                    f"--halt {self.text}: no calibrated threshold for this artifact; run "
+                    f"`hrm-deploy verify ARTIFACT --halt {self.text}` or `hrm-deploy solve ... "
+                    f"--halt {self.text}` (they calibrate and store it in the manifest) or use threshold:X"
+                )
             # sigmoid(q) > X  <=>  q > logit(X): no overflow for large |q|
             halt = q_halt > _logit(self.threshold)
         halt = halt & (step_arr >= self.min_steps)
-        last = min(x for x in (self.max_steps, total_steps) if x is not None) if (
-            self.max_steps is not None or total_steps is not None) else None
+        last = (
+            min(x for x in (self.max_steps, total_steps) if x is not None)
+            if (self.max_steps is not None or total_steps is not None)
+            else None
+        )
         if last is not None:
             halt = halt | (step_arr >= last)
         return halt
@@ -167,8 +174,9 @@ class StepFunction(Protocol):
         """The carry of ``rows`` (int64 indices) only, in that order."""
         ...
 
-    def __call__(self, inputs: np.ndarray, puzzle_ids: np.ndarray, carry: Any,
-                 reset: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+    def __call__(
+        self, inputs: np.ndarray, puzzle_ids: np.ndarray, carry: Any, reset: np.ndarray
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
         """(inputs int32 [B,S], puzzle_ids int32 [B], carry, reset bool [B]) -> (carry,
         logits float32 [B,S,V], q_halt [B], q_continue [B]); rows with reset start afresh."""
         ...
@@ -191,8 +199,14 @@ class OrtStep:
     def __call__(self, inputs, puzzle_ids, carry, reset):
         z_H, z_L, logits, q_halt, q_continue = self.session.run(
             ["z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits"],
-            {"inputs": inputs.astype(np.int32), "puzzle_identifiers": puzzle_ids.astype(np.int32),
-             "z_H": carry[0], "z_L": carry[1], "reset": reset.astype(bool)})
+            {
+                "inputs": inputs.astype(np.int32),
+                "puzzle_identifiers": puzzle_ids.astype(np.int32),
+                "z_H": carry[0],
+                "z_L": carry[1],
+                "reset": reset.astype(bool),
+            },
+        )
         return (z_H, z_L), logits, q_halt, q_continue
 
 
@@ -223,26 +237,40 @@ class TorchStep:
     def __call__(self, inputs, puzzle_ids, carry, reset):
         torch = self.torch
         with torch.inference_mode():
+
             def to(a: np.ndarray):
                 return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
 
-            z_H, z_L, logits, q_halt, q_continue = self.module(to(inputs.astype(np.int32)), to(puzzle_ids.astype(np.int32)),
-                                                               carry[0], carry[1], to(reset.astype(bool)))
-            return ((z_H, z_L), logits.float().cpu().numpy(), q_halt.float().cpu().numpy(),
-                    q_continue.float().cpu().numpy())
+            z_H, z_L, logits, q_halt, q_continue = self.module(
+                to(inputs.astype(np.int32)), to(puzzle_ids.astype(np.int32)), carry[0], carry[1], to(reset.astype(bool))
+            )
+            return (
+                (z_H, z_L),
+                logits.float().cpu().numpy(),
+                q_halt.float().cpu().numpy(),
+                q_continue.float().cpu().numpy(),
+            )
 
 
 # --------------------------------------------------------------------------------- the driver
 def _results(n: int, steps: int, seq_len: int, vocab: int) -> dict[str, np.ndarray]:
-    return {"logits": np.zeros((n, seq_len, vocab), np.float32),
-            "q_halt_logits": np.full((n, steps), np.nan, np.float32),
-            "q_continue_logits": np.full((n, steps), np.nan, np.float32),
-            "step_predictions": np.full((n, steps, seq_len), -1, np.int32),
-            "steps_used": np.zeros(n, np.int32)}
+    return {
+        "logits": np.zeros((n, seq_len, vocab), np.float32),
+        "q_halt_logits": np.full((n, steps), np.nan, np.float32),
+        "q_continue_logits": np.full((n, steps), np.nan, np.float32),
+        "step_predictions": np.full((n, steps, seq_len), -1, np.int32),
+        "steps_used": np.zeros(n, np.int32),
+    }
 
 
-def drive(step_fn: StepFunction, inputs: np.ndarray, puzzle_ids: np.ndarray, halt: HaltFn | None = None,
-          *, compact: bool = True) -> dict[str, np.ndarray]:
+def drive(
+    step_fn: StepFunction,
+    inputs: np.ndarray,
+    puzzle_ids: np.ndarray,
+    halt: HaltFn | None = None,
+    *,
+    compact: bool = True,
+) -> dict[str, np.ndarray]:
     """Run one batch segment by segment until every row halted (or ``step_fn.steps``).
 
     Returns ``logits`` [B,S,V] of each row's halting step, ``steps_used`` int32 [B], and per
@@ -266,8 +294,11 @@ def drive(step_fn: StepFunction, inputs: np.ndarray, puzzle_ids: np.ndarray, hal
         out["q_halt_logits"][active, step - 1] = q_halt
         out["q_continue_logits"][active, step - 1] = q_continue
         out["step_predictions"][active, step - 1] = logits.argmax(-1)
-        stop = np.asarray(halt(step, q_halt, q_continue), dtype=bool) if halt is not None else \
-            np.zeros(len(active), dtype=bool)
+        stop = (
+            np.asarray(halt(step, q_halt, q_continue), dtype=bool)
+            if halt is not None
+            else np.zeros(len(active), dtype=bool)
+        )
         if step == steps:
             stop = np.ones(len(active), dtype=bool)
         done = active[stop]
@@ -282,8 +313,9 @@ def drive(step_fn: StepFunction, inputs: np.ndarray, puzzle_ids: np.ndarray, hal
     return out
 
 
-def run_continuous(step_fn: StepFunction, inputs: np.ndarray, puzzle_ids: np.ndarray, batch: int,
-                   rule: HaltRule | HaltFn | None) -> dict[str, np.ndarray]:
+def run_continuous(
+    step_fn: StepFunction, inputs: np.ndarray, puzzle_ids: np.ndarray, batch: int, rule: HaltRule | HaltFn | None
+) -> dict[str, np.ndarray]:
     """Continuous batching over a stream: ``batch`` slots; a row that halts is replaced by the
     next puzzle through the step graph's per-row ``reset`` input, so the batch stays full
     until the stream runs dry. Returns :func:`drive`'s outputs for every puzzle, in input order."""
@@ -306,8 +338,11 @@ def run_continuous(step_fn: StepFunction, inputs: np.ndarray, puzzle_ids: np.nda
         out["q_halt_logits"][owner, step_of - 1] = q_halt
         out["q_continue_logits"][owner, step_of - 1] = q_continue
         out["step_predictions"][owner, step_of - 1] = logits.argmax(-1)
-        stop = np.asarray(halt(step_of, q_halt, q_continue), dtype=bool) if halt is not None else \
-            np.zeros(len(owner), dtype=bool)
+        stop = (
+            np.asarray(halt(step_of, q_halt, q_continue), dtype=bool)
+            if halt is not None
+            else np.zeros(len(owner), dtype=bool)
+        )
         stop |= step_of >= steps
         done = owner[stop]
         out["logits"][done] = logits[stop]
@@ -322,7 +357,7 @@ def run_continuous(step_fn: StepFunction, inputs: np.ndarray, puzzle_ids: np.nda
         reset[refill] = True
         next_puzzle += len(refill)
         keep = np.ones(len(owner), dtype=bool)
-        keep[freed[len(refill):]] = False  # the stream is empty: the batch shrinks
+        keep[freed[len(refill) :]] = False  # the stream is empty: the batch shrinks
         if not keep.all():
             rows = np.flatnonzero(keep)
             carry, owner, step_of, reset = step_fn.take(carry, rows), owner[rows], step_of[rows], reset[rows]
@@ -352,16 +387,25 @@ def exact_at(step_predictions: np.ndarray, steps_used: np.ndarray, labels: np.nd
 
 
 def rule_summary(steps_used: np.ndarray, solved: np.ndarray | None, steps: int) -> dict[str, float]:
-    summary = {"mean_steps": float(steps_used.mean()), "p90_steps": float(np.percentile(steps_used, 90)),
-               "max_steps": steps}
+    summary = {
+        "mean_steps": float(steps_used.mean()),
+        "p90_steps": float(np.percentile(steps_used, 90)),
+        "max_steps": steps,
+    }
     if solved is not None:
         summary["exact_accuracy"] = float(solved.mean())
     return summary
 
 
-def accuracy_vs_steps(q_halt: np.ndarray, q_continue: np.ndarray, step_predictions: np.ndarray,
-                      labels: np.ndarray, min_steps: int = 1, max_steps: int | None = None,
-                      thresholds: np.ndarray | None = None) -> list[dict[str, float]]:
+def accuracy_vs_steps(
+    q_halt: np.ndarray,
+    q_continue: np.ndarray,
+    step_predictions: np.ndarray,
+    labels: np.ndarray,
+    min_steps: int = 1,
+    max_steps: int | None = None,
+    thresholds: np.ndarray | None = None,
+) -> list[dict[str, float]]:
     """The accuracy-vs-mean-steps curve of ``threshold:X`` over a sweep of X (and the ``q``
     rule's point), from one all-steps run: [{threshold, mean_steps, p90_steps, exact_accuracy}]."""
     steps = q_halt.shape[1]
@@ -375,9 +419,16 @@ def accuracy_vs_steps(q_halt: np.ndarray, q_continue: np.ndarray, step_predictio
     return curve
 
 
-def calibrate_threshold(q_halt: np.ndarray, q_continue: np.ndarray, step_predictions: np.ndarray,
-                        labels: np.ndarray, budget_points: float, min_steps: int = 1,
-                        max_steps: int | None = None, max_candidates: int = 400) -> dict[str, float]:
+def calibrate_threshold(
+    q_halt: np.ndarray,
+    q_continue: np.ndarray,
+    step_predictions: np.ndarray,
+    labels: np.ndarray,
+    budget_points: float,
+    min_steps: int = 1,
+    max_steps: int | None = None,
+    max_candidates: int = 400,
+) -> dict[str, float]:
     """The ``threshold:X`` with the fewest mean steps whose exact accuracy is at most
     ``budget_points`` below running every step, on these (held-out) examples. Candidates are
     the sigmoid of every observed q_halt (just below each value, so it halts) plus 1.0 (never)."""
@@ -397,15 +448,29 @@ def calibrate_threshold(q_halt: np.ndarray, q_continue: np.ndarray, step_predict
         acc = exact_at(step_predictions, used, labels).mean()
         loss = 100.0 * (full - acc)
         if loss <= budget_points + 1e-9 and (best is None or used.mean() < best["mean_steps"]):
-            best = {"threshold": float(x), "mean_steps": float(used.mean()), "exact_accuracy": float(acc),
-                    "full_exact_accuracy": float(full), "loss_points": float(loss)}
+            best = {
+                "threshold": float(x),
+                "mean_steps": float(used.mean()),
+                "exact_accuracy": float(acc),
+                "full_exact_accuracy": float(full),
+                "loss_points": float(loss),
+            }
     assert best is not None  # the never-halt candidate loses nothing
     return best
 
 
-def calibrate_budget(artifact: str, data: str, budget_points: float, *, samples: int | None = 512,
-                     split: str = "train", min_steps: int = 1, max_steps: int | None = None, batch: int = 64,
-                     **runner_options: Any) -> dict[str, Any]:
+def calibrate_budget(
+    artifact: str,
+    data: str,
+    budget_points: float,
+    *,
+    samples: int | None = 512,
+    split: str = "train",
+    min_steps: int = 1,
+    max_steps: int | None = None,
+    batch: int = 64,
+    **runner_options: Any,
+) -> dict[str, Any]:
     """Calibrate ``budget:P`` for ``artifact`` on held-out examples of ``data`` (default: the
     dataset's train split, so verify's test split stays unseen) and store the threshold in the
     artifact's manifest under ``halting.budgets``. Returns the stored entry."""
@@ -431,13 +496,28 @@ def calibrate_budget(artifact: str, data: str, budget_points: float, *, samples:
     finally:
         runner.close()
     if "q_continue_logits" not in out or "step_predictions" not in out:
-        raise ConfigError(f"{artifact} does not expose per-step outputs; budget calibration needs a step graph, "
-                          "an unrolled graph exported with --step-predictions, an engine or a checkpoint")
+        raise ConfigError(
+            f"{artifact} does not expose per-step outputs; budget calibration needs a step graph, "
+            "an unrolled graph exported with --step-predictions, an engine or a checkpoint"
+        )
     rule = HaltRule(HaltMode.BUDGET, None, budget_points, min_steps, max_steps)
-    entry = {**calibrate_threshold(out["q_halt_logits"], out["q_continue_logits"], out["step_predictions"],
-                                   examples.labels, budget_points, min_steps, max_steps),
-             "budget_points": budget_points, "min_steps": min_steps, "max_steps": max_steps,
-             "data": examples.source, "split": split, "examples": len(examples)}
+    entry = {
+        **calibrate_threshold(
+            out["q_halt_logits"],
+            out["q_continue_logits"],
+            out["step_predictions"],
+            examples.labels,
+            budget_points,
+            min_steps,
+            max_steps,
+        ),
+        "budget_points": budget_points,
+        "min_steps": min_steps,
+        "max_steps": max_steps,
+        "data": examples.source,
+        "split": split,
+        "examples": len(examples),
+    }
     path = manifest_path(artifact)
     halting = dict(read_manifest(artifact).get("halting", {})) if path.is_file() else {}
     halting["budgets"] = {**halting.get("budgets", {}), _budget_key(rule): entry}
@@ -447,8 +527,10 @@ def calibrate_budget(artifact: str, data: str, budget_points: float, *, samples:
         else:  # e.g. a checkpoint: a manifest of its own, hashing it, so later reads are checked
             write_manifest(artifact, stage="halting-calibration", config={}, halting=halting)
     except OSError as exc:
-        raise ConfigError(f"cannot store the calibrated threshold in {path} ({exc.strerror}); copy {artifact} "
-                          "to a writable folder and use that copy") from None
+        raise ConfigError(
+            f"cannot store the calibrated threshold in {path} ({exc.strerror}); copy {artifact} "
+            "to a writable folder and use that copy"
+        ) from None
     return entry
 
 
@@ -470,9 +552,15 @@ def _solved(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return ((logits.argmax(-1) == labels) | ~mask).all(-1)
 
 
-def evaluate_halting(runner: Any, examples: Any, rules: list[HaltRule], batch: int = 64,
-                     full: dict[str, np.ndarray] | None = None, min_steps: int = 1,
-                     max_steps: int | None = None) -> dict[str, Any]:
+def evaluate_halting(
+    runner: Any,
+    examples: Any,
+    rules: list[HaltRule],
+    batch: int = 64,
+    full: dict[str, np.ndarray] | None = None,
+    min_steps: int = 1,
+    max_steps: int | None = None,
+) -> dict[str, Any]:
     """Per rule: exact accuracy, mean/p90 steps and puzzles/s of an early-exit run on an
     activated runner (rules it cannot run early, e.g. on an unrolled graph, are simulated from
     the per-step outputs and marked so), plus the accuracy-vs-mean-steps curve of ``threshold:X``.
@@ -488,8 +576,12 @@ def evaluate_halting(runner: Any, examples: Any, rules: list[HaltRule], batch: i
     q_cont = full.get("q_continue_logits")
     per_step = full.get("step_predictions")
     all_steps = np.full(len(examples), steps, np.int32)
-    report: dict[str, Any] = {"steps": steps, "examples": len(examples),
-                              "all_steps": rule_summary(all_steps, _solved(full["logits"], labels), steps), "rules": {}}
+    report: dict[str, Any] = {
+        "steps": steps,
+        "examples": len(examples),
+        "all_steps": rule_summary(all_steps, _solved(full["logits"], labels), steps),
+        "rules": {},
+    }
     for rule in rules:
         entry: dict[str, Any]
         simulated = None
@@ -499,22 +591,28 @@ def evaluate_halting(runner: Any, examples: Any, rules: list[HaltRule], batch: i
             start = time.perf_counter()
             out = _run_all(runner, examples, batch, rule.should_halt)
             seconds = time.perf_counter() - start
-            entry = {**rule_summary(out["steps_used"], _solved(out["logits"], labels), steps), "run": "early exit",
-                     "puzzles_per_s": len(examples) / seconds}
+            entry = {
+                **rule_summary(out["steps_used"], _solved(out["logits"], labels), steps),
+                "run": "early exit",
+                "puzzles_per_s": len(examples) / seconds,
+            }
             if simulated is not None:
                 entry["agrees_with_simulation"] = float((simulated == out["steps_used"]).mean())
         except ConfigError:
             if simulated is None or per_step is None:
                 entry = {"run": "not available: this artifact exposes no per-step outputs"}
             else:
-                entry = {**rule_summary(simulated, exact_at(per_step, simulated, labels), steps),
-                         "run": "simulated from every step's outputs (this artifact always computes all steps)"}
+                entry = {
+                    **rule_summary(simulated, exact_at(per_step, simulated, labels), steps),
+                    "run": "simulated from every step's outputs (this artifact always computes all steps)",
+                }
         if rule.mode is HaltMode.BUDGET:
             entry["threshold"] = rule.threshold
         report["rules"][rule.text] = entry
     if per_step is not None:
-        report["curve"] = accuracy_vs_steps(q_halt, q_cont if q_cont is not None else np.zeros_like(q_halt), per_step,
-                                            labels, min_steps, max_steps)
+        report["curve"] = accuracy_vs_steps(
+            q_halt, q_cont if q_cont is not None else np.zeros_like(q_halt), per_step, labels, min_steps, max_steps
+        )
     return report
 
 
@@ -526,8 +624,10 @@ def halting_markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {name} | - | - | - | {entry['run']} |")
             continue
         speed = f", {entry['puzzles_per_s']:.1f} puzzles/s" if "puzzles_per_s" in entry else ""
-        lines.append(f"| {name} | {entry.get('exact_accuracy', float('nan')):.2%} | {entry['mean_steps']:.2f} | "
-                     f"{entry['p90_steps']:.0f} of {report['steps']} | {entry['run']}{speed} |")
+        lines.append(
+            f"| {name} | {entry.get('exact_accuracy', float('nan')):.2%} | {entry['mean_steps']:.2f} | "
+            f"{entry['p90_steps']:.0f} of {report['steps']} | {entry['run']}{speed} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -543,8 +643,12 @@ def plot_curve(report: dict[str, Any], path: Any, title: str = "") -> Any:
     fig, ax = plt.subplots(figsize=(6, 4))
     curve = report.get("curve") or []
     if curve:
-        ax.plot([c["mean_steps"] for c in curve], [100 * c["exact_accuracy"] for c in curve], marker=".",
-                label="threshold:X sweep")
+        ax.plot(
+            [c["mean_steps"] for c in curve],
+            [100 * c["exact_accuracy"] for c in curve],
+            marker=".",
+            label="threshold:X sweep",
+        )
     for name, entry in [("all steps", report["all_steps"]), *report["rules"].items()]:
         if "mean_steps" in entry and "exact_accuracy" in entry:
             ax.scatter([entry["mean_steps"]], [100 * entry["exact_accuracy"]], zorder=3)
@@ -559,9 +663,17 @@ def plot_curve(report: dict[str, Any], path: Any, title: str = "") -> Any:
     return path
 
 
-def prepare_rules(texts: list[str], artifact: str, data: str | None, *, min_steps: int = 1,
-                  max_steps: int | None = None, calib_data: str | None = None, flag: str = "--data",
-                  **runner_options: Any) -> list[HaltRule]:
+def prepare_rules(
+    texts: list[str],
+    artifact: str,
+    data: str | None,
+    *,
+    min_steps: int = 1,
+    max_steps: int | None = None,
+    calib_data: str | None = None,
+    flag: str = "--data",
+    **runner_options: Any,
+) -> list[HaltRule]:
     """Parse ``--halt`` texts; ``budget:P`` takes the threshold stored in the artifact's manifest,
     else calibrates it now, on fresh puzzles of the checkpoint's dataset spec when it stores one
     (never trained on), else on ``data``'s train split (held out from the test split verify and
@@ -578,12 +690,18 @@ def prepare_rules(texts: list[str], artifact: str, data: str | None, *, min_step
             fresh = heldout_data(artifact) if calib_data is None else None
             source = calib_data or (str(fresh.path) if fresh is not None else data)
             if source is None:
-                raise ConfigError(f"--halt {rule.text} needs calibration data and {Path(artifact).name} records no "
-                                  f"dataset spec: pass {flag} DATASET_DIR")
-            print(f"calibrating --halt {rule.text} on " + (fresh.message if fresh else f"{source}'s train split"),
-                  file=sys.stderr, flush=True)
-            entry = calibrate_budget(artifact, source, float(rule.budget or 0.0), min_steps=min_steps,
-                                     max_steps=max_steps, **runner_options)
+                raise ConfigError(
+                    f"--halt {rule.text} needs calibration data and {Path(artifact).name} records no "
+                    f"dataset spec: pass {flag} DATASET_DIR"
+                )
+            print(
+                f"calibrating --halt {rule.text} on " + (fresh.message if fresh else f"{source}'s train split"),
+                file=sys.stderr,
+                flush=True,
+            )
+            entry = calibrate_budget(
+                artifact, source, float(rule.budget or 0.0), min_steps=min_steps, max_steps=max_steps, **runner_options
+            )
             rule = rule.with_threshold(entry["threshold"])
         rules.append(rule)
     return rules

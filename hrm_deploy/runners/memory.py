@@ -28,8 +28,14 @@ import numpy as np
 from hrm_deploy.errors import DependencyError
 
 DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
-_HOST_STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "int32": np.int32,
-                 "int64": np.int64, "bool": np.bool_}
+_HOST_STORAGE = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": np.uint16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "bool": np.bool_,
+}
 
 
 def host_dtype(dtype: str) -> np.dtype:
@@ -88,8 +94,10 @@ class TorchMemory:
         self.torch = torch
         self.device = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise DependencyError("torch sees no CUDA GPU here (CPU-only torch, or no driver); "
-                                  "use the cuda-python memory backend (--memory cuda-python) or a CUDA torch")
+            raise DependencyError(
+                "torch sees no CUDA GPU here (CPU-only torch, or no driver); "
+                "use the cuda-python memory backend (--memory cuda-python) or a CUDA torch"
+            )
         cuda = self.device.type == "cuda"
         self.kind = "torch-cuda" if cuda else "torch-cpu"
         self.stream = torch.cuda.Stream(self.device) if cuda else None
@@ -219,8 +227,10 @@ class CudaPythonMemory:
             try:
                 self.rt = importlib.import_module("cuda.cudart")
             except ImportError:
-                raise DependencyError("the light TensorRT runtime needs cuda-python for device memory: "
-                                      "pip install 'hrm-deploy[jetson]' (or install a CUDA torch)") from None
+                raise DependencyError(
+                    "the light TensorRT runtime needs cuda-python for device memory: "
+                    "pip install 'hrm-deploy[jetson]' (or install a CUDA torch)"
+                ) from None
         rt = self.rt
         self._check(rt.cudaSetDevice(device))
         self._stream = self._check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking))
@@ -228,7 +238,9 @@ class CudaPythonMemory:
         props = self._check(rt.cudaGetDeviceProperties(device))
         self.capability: tuple[int, int] | None = (int(props.major), int(props.minor))
         name = props.name
-        self.gpu_name: str | None = name.decode(errors="replace").rstrip("\x00") if isinstance(name, bytes) else str(name)
+        self.gpu_name: str | None = (
+            name.decode(errors="replace").rstrip("\x00") if isinstance(name, bytes) else str(name)
+        )
         self.kind, self.supports_graphs, self.allocations = "cuda-python", True, 0
         self._live = self._peak = 0
         self._host_buffers: list[int] = []
@@ -252,7 +264,9 @@ class CudaPythonMemory:
         ptr = int(self._check(self.rt.cudaMallocHost(size)))
         self._host_buffers.append(ptr)
         raw = (ctypes.c_byte * size).from_address(ptr)
-        return np.frombuffer(memoryview(raw), dtype=host_dtype(dtype), count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+        return np.frombuffer(
+            memoryview(raw), dtype=host_dtype(dtype), count=int(np.prod(shape, dtype=np.int64))
+        ).reshape(shape)
 
     @staticmethod
     def ptr(buffer: _CudaBuffer) -> int:
@@ -386,6 +400,7 @@ class HostMemory:
         def work() -> None:
             self.copies += 1
             np.copyto(dst, src.reshape(dst.shape))
+
         self.enqueue(work)
 
     upload = download = copy = _copy

@@ -48,9 +48,11 @@ class OrtRunner(Runner):
         self._per_step = any(o.name == "step_predictions" for o in self._session.get_outputs())
         used = self._session.get_providers()[0]
         if used != wanted:
-            raise DependencyError(f"ONNX Runtime fell back to {used} instead of {wanted} (available here: "
-                                  f"{', '.join(ort.get_available_providers())}); install onnxruntime-gpu with a "
-                                  "matching CUDA/TensorRT, or use --provider cpu")
+            raise DependencyError(
+                f"ONNX Runtime fell back to {used} instead of {wanted} (available here: "
+                f"{', '.join(ort.get_available_providers())}); install onnxruntime-gpu with a "
+                "matching CUDA/TensorRT, or use --provider cpu"
+            )
 
     def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
         """Outputs for one batch; ``halt`` (e.g. ``HaltRule.should_halt``) stops rows early on
@@ -60,8 +62,10 @@ class OrtRunner(Runner):
             if halt is not None:
                 from hrm_deploy.errors import ConfigError
 
-                raise ConfigError(f"{self.path.name} is an unrolled graph: it always runs all {self.steps} ACT steps; "
-                                  "for --halt export the step graph (hrm-deploy export --mode step)")
+                raise ConfigError(
+                    f"{self.path.name} is an unrolled graph: it always runs all {self.steps} ACT steps; "
+                    "for --halt export the step graph (hrm-deploy export --mode step)"
+                )
             names = ["logits", "q_halt_logits", "q_continue_logits"] + (["step_predictions"] if self._per_step else [])
             out = dict(zip(names, self._session.run(names, feeds)))
             return {**out, "steps_used": np.full(batch, self.steps, np.int32)}
@@ -76,8 +80,10 @@ class OrtRunner(Runner):
         if self.mode != "step":
             from hrm_deploy.errors import ConfigError
 
-            raise ConfigError(f"{self.path.name} is an unrolled graph; continuous batching needs the step graph "
-                              "(hrm-deploy export --mode step)")
+            raise ConfigError(
+                f"{self.path.name} is an unrolled graph; continuous batching needs the step graph "
+                "(hrm-deploy export --mode step)"
+            )
         return OrtStep(self._session, self.steps)
 
     def _close(self) -> None:

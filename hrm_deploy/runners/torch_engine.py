@@ -44,8 +44,11 @@ class TorchEngineAdapter:
     def set_input_shape(self, context: dict[str, Any], name: str, shape: tuple[int, ...]) -> bool:
         spec = self.tensors[name]
         low, high = self.batch_range
-        ok = len(shape) == len(spec.shape) and low <= shape[0] <= high and \
-            all(w in (-1, d) for w, d in zip(spec.shape, shape))
+        ok = (
+            len(shape) == len(spec.shape)
+            and low <= shape[0] <= high
+            and all(w in (-1, d) for w, d in zip(spec.shape, shape))
+        )
         if ok:
             context["shapes"][name] = tuple(shape)
         return ok
@@ -61,11 +64,13 @@ class TorchEngineAdapter:
 
     def bind(self, context: dict[str, Any], name: str, buffer: Any) -> None:
         torch = self.torch
-        context["bound"][name] = buffer if isinstance(buffer, torch.Tensor) else torch.as_tensor(buffer, device=self.device)
+        context["bound"][name] = (
+            buffer if isinstance(buffer, torch.Tensor) else torch.as_tensor(buffer, device=self.device)
+        )
 
     def execute(self, context: dict[str, Any]) -> None:
         torch, bound = self.torch, context["bound"]
-        with torch.no_grad(), (torch.cuda.stream(self._stream) if self._stream is not None else _null()):
+        with torch.no_grad(), torch.cuda.stream(self._stream) if self._stream is not None else _null():
             outs = self.fn(*[bound[n] for n in self.inputs])
             for name, value in zip(self.outputs, outs):
                 bound[name].copy_(value)
@@ -90,8 +95,15 @@ class TorchEngineRunner(Runner):
     name = "torch_engine"
     supports_halt = True
 
-    def __init__(self, path: str | Path, steps: int | None = None, device: int = 0, memory: str = "auto",
-                 cuda_graph: bool = True, step_predictions: bool = True):
+    def __init__(
+        self,
+        path: str | Path,
+        steps: int | None = None,
+        device: int = 0,
+        memory: str = "auto",
+        cuda_graph: bool = True,
+        step_predictions: bool = True,
+    ):
         self.path, self.device_index, self.memory_kind = Path(path), device, memory
         self.manifest = read_manifest(self.path)
         if self.manifest.get("backend", {}).get("name") != "torch":
@@ -111,8 +123,10 @@ class TorchEngineRunner(Runner):
 
         on_cuda = self.manifest.get("device") == "cuda"
         if on_cuda and not torch.cuda.is_available():
-            raise EngineError(f"{self.path.name} was compiled for CUDA but torch sees no GPU here; rebuild it here "
-                              "(hrm-deploy build-engine --backend torch builds for the CPU without a GPU)")
+            raise EngineError(
+                f"{self.path.name} was compiled for CUDA but torch sees no GPU here; rebuild it here "
+                "(hrm-deploy build-engine --backend torch builds for the CPU without a GPU)"
+            )
         self.memory = device_memory(self.device_index if on_cuda else "cpu", self.memory_kind if on_cuda else "auto")
         check_compatible(self.manifest, "torch", torch.__version__, self.memory.capability, self.memory.gpu_name)
         if on_cuda:
@@ -124,8 +138,13 @@ class TorchEngineRunner(Runner):
         specs = [TensorSpec(t["name"], t["is_input"], t["dtype"], tuple(t["shape"])) for t in self.manifest["io"]]
         low, high = self.manifest.get("profile_shapes", {}).get("batch", [1, 1024])
         adapter = TorchEngineAdapter(fn, specs, self.memory, (int(low), int(high)))
-        self.loop = DeviceLoop(adapter, self.memory, self.steps if self.mode == "step" else self.requested_steps,
-                               cuda_graph=self.cuda_graph, step_predictions=self.step_predictions)
+        self.loop = DeviceLoop(
+            adapter,
+            self.memory,
+            self.steps if self.mode == "step" else self.requested_steps,
+            cuda_graph=self.cuda_graph,
+            step_predictions=self.step_predictions,
+        )
         self.mode, self.steps = self.loop.mode, self.loop.steps
         self.min_batch, self.max_batch = int(low), int(high)
         self.seq_len = adapter.tensors["inputs"].shape[-1]

@@ -19,8 +19,15 @@ class TorchRunner(Runner):
     name = "torch_ref"
     supports_halt = True
 
-    def __init__(self, checkpoint: str | Path, steps: int | None = None, device: str = "cpu",
-                 dtype: str = "float32", compile: bool = False, **checkpoint_overrides: Any):
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        steps: int | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        compile: bool = False,
+        **checkpoint_overrides: Any,
+    ):
         if dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"torch_ref dtype {dtype!r}: use float32 or bfloat16")
         self.checkpoint, self.device_name, self.dtype, self.compile = Path(checkpoint), device, dtype, compile
@@ -52,16 +59,21 @@ class TorchRunner(Runner):
         if halt is not None:
             from hrm_deploy.runners.halting import drive
 
-            return drive(self.step_function(), np.asarray(feeds["inputs"]), np.asarray(feeds["puzzle_identifiers"]), halt)
+            return drive(
+                self.step_function(), np.asarray(feeds["inputs"]), np.asarray(feeds["puzzle_identifiers"]), halt
+            )
         torch = self._torch
         with torch.inference_mode():
             inputs = torch.from_numpy(np.ascontiguousarray(feeds["inputs"])).to(self.device)
             pids = torch.from_numpy(np.ascontiguousarray(feeds["puzzle_identifiers"])).to(self.device)
             logits, q_halt, q_continue, predictions = self._module(inputs, pids)
-            return {"logits": logits.float().cpu().numpy(), "q_halt_logits": q_halt.float().cpu().numpy(),
-                    "q_continue_logits": q_continue.float().cpu().numpy(),
-                    "step_predictions": predictions.cpu().numpy(),
-                    "steps_used": np.full(len(feeds["inputs"]), self.steps, np.int32)}
+            return {
+                "logits": logits.float().cpu().numpy(),
+                "q_halt_logits": q_halt.float().cpu().numpy(),
+                "q_continue_logits": q_continue.float().cpu().numpy(),
+                "step_predictions": predictions.cpu().numpy(),
+                "steps_used": np.full(len(feeds["inputs"]), self.steps, np.int32),
+            }
 
     def step_function(self):
         """One ACT segment as a :class:`hrm_deploy.runners.halting.StepFunction` (eager, no compile)."""

@@ -32,8 +32,15 @@ class TrtRunner(Runner):
     name = "trt"
     supports_halt = True  # step engines; an unrolled engine refuses a halt rule with one clear error
 
-    def __init__(self, path: str | Path, steps: int | None = None, device: int = 0, memory: str = "auto",
-                 cuda_graph: bool = True, step_predictions: bool = True):
+    def __init__(
+        self,
+        path: str | Path,
+        steps: int | None = None,
+        device: int = 0,
+        memory: str = "auto",
+        cuda_graph: bool = True,
+        step_predictions: bool = True,
+    ):
         self.path, self.device_index, self.memory_kind = Path(path), device, memory
         self.manifest = read_manifest(self.path)
         self.precision = self.manifest.get("precision", "?")
@@ -54,19 +61,41 @@ class TrtRunner(Runner):
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
         blob, _ = read_verified(self.path, require_manifest=True)  # the bytes we hash are the bytes we load
-        for warning in check_compatible(self.manifest, backend.name, backend.version, self.memory.capability,
-                                        self.memory.gpu_name, engine_bytes=blob, runtime=self._runtime) or []:
+        for warning in (
+            check_compatible(
+                self.manifest,
+                backend.name,
+                backend.version,
+                self.memory.capability,
+                self.memory.gpu_name,
+                engine_bytes=blob,
+                runtime=self._runtime,
+            )
+            or []
+        ):
             print(f"warning: {warning}", file=sys.stderr)
         engine = self._runtime.deserialize_cuda_engine(blob)
         if engine is None:
             raise EngineError(f"{backend.name} {backend.version} could not deserialize {self.path}; rebuild it here")
         self._engine = engine
-        adapter = TrtAdapter(trt, engine, self.memory, is_rtx=backend.is_rtx, backend=backend,
-                             runtime_cache=runtime_cache_path(self.path))
+        adapter = TrtAdapter(
+            trt,
+            engine,
+            self.memory,
+            is_rtx=backend.is_rtx,
+            backend=backend,
+            runtime_cache=runtime_cache_path(self.path),
+        )
         self._adapter = adapter
-        self.loop = DeviceLoop(adapter, self.memory, self.requested_steps or int(self.manifest.get("steps", 1))
-                               if "z_H" in adapter.tensors else self.requested_steps,
-                               cuda_graph=self.cuda_graph, step_predictions=self.step_predictions)
+        self.loop = DeviceLoop(
+            adapter,
+            self.memory,
+            self.requested_steps or int(self.manifest.get("steps", 1))
+            if "z_H" in adapter.tensors
+            else self.requested_steps,
+            cuda_graph=self.cuda_graph,
+            step_predictions=self.step_predictions,
+        )
         self.mode, self.steps = self.loop.mode, self.loop.steps
         self.min_batch, self.max_batch = adapter.batch_range
         self.seq_len = adapter.tensors["inputs"].shape[-1]

@@ -24,8 +24,9 @@ def _server_message(exc: Exception) -> str:
     return found[-1].strip() if found else text.strip().splitlines()[0]
 
 
-def infer_remote(url: str, feeds: dict[str, np.ndarray], *, model_name: str = "hrm",
-                 timeout_s: float = 30.0) -> dict[str, np.ndarray]:
+def infer_remote(
+    url: str, feeds: dict[str, np.ndarray], *, model_name: str = "hrm", timeout_s: float = 30.0
+) -> dict[str, np.ndarray]:
     """Run one batch on a Triton server; same keys as ``Runner.infer`` plus the server's extras.
 
     ``feeds``: ``inputs`` int32 [B, S], ``puzzle_identifiers`` int32 [B]. Returns float32
@@ -45,8 +46,10 @@ def infer_remote(url: str, feeds: dict[str, np.ndarray], *, model_name: str = "h
     except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
         raise RemoteError(f"cannot reach {url}: {exc}") from None
     try:
-        inputs = [httpclient.InferInput("inputs", list(tokens.shape), "INT32"),
-                  httpclient.InferInput("puzzle_identifiers", list(ids.shape), "INT32")]
+        inputs = [
+            httpclient.InferInput("inputs", list(tokens.shape), "INT32"),
+            httpclient.InferInput("puzzle_identifiers", list(ids.shape), "INT32"),
+        ]
         inputs[0].set_data_from_numpy(tokens)
         inputs[1].set_data_from_numpy(ids)
         # No output list: the server returns all its outputs (serve's model and a triton-repo
@@ -63,7 +66,8 @@ def infer_remote(url: str, feeds: dict[str, np.ndarray], *, model_name: str = "h
     out["q_halt_logits"] = out["q_halt_logits"].reshape(len(tokens), -1)
     if "answer" not in out:
         out["answer"] = out["logits"].argmax(-1).astype(np.int32)
-    out["steps"] = (out["steps"].reshape(-1) if "steps" in out
-                    else np.full(len(tokens), out["q_halt_logits"].shape[1], np.int32))
+    out["steps"] = (
+        out["steps"].reshape(-1) if "steps" in out else np.full(len(tokens), out["q_halt_logits"].shape[1], np.int32)
+    )
     out["steps_used"] = out["steps"]  # Runner.infer's name for it
     return out

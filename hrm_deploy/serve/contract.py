@@ -9,8 +9,14 @@ from typing import Any
 from hrm_deploy.errors import ArtifactError
 
 # ONNX tensor type names (manifest "io") -> Triton config data types
-TRITON_TYPES = {"INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "FLOAT": "TYPE_FP32", "FLOAT16": "TYPE_FP16",
-                "BFLOAT16": "TYPE_BF16", "BOOL": "TYPE_BOOL"}
+TRITON_TYPES = {
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FLOAT": "TYPE_FP32",
+    "FLOAT16": "TYPE_FP16",
+    "BFLOAT16": "TYPE_BF16",
+    "BOOL": "TYPE_BOOL",
+}
 ENGINE_SUFFIXES = (".engine", ".plan")
 
 
@@ -59,11 +65,14 @@ def read_contract(artifact: str | Path) -> Contract:
         from hrm_deploy.model.checkpoint import load_checkpoint
 
         _, cfg = load_checkpoint(path)
-        return Contract(path, kind, "unrolled", cfg.halt_max_steps, cfg.seq_len, cfg.vocab_size,
-                        cfg.num_puzzle_identifiers, 64)
+        return Contract(
+            path, kind, "unrolled", cfg.halt_max_steps, cfg.seq_len, cfg.vocab_size, cfg.num_puzzle_identifiers, 64
+        )
     if not manifest_path(path).is_file():
-        raise ArtifactError(f"{path} has no manifest ({manifest_path(path).name}); re-create it with "
-                            "`hrm-deploy export` / `hrm-deploy build-engine` so its I/O is known")
+        raise ArtifactError(
+            f"{path} has no manifest ({manifest_path(path).name}); re-create it with "
+            "`hrm-deploy export` / `hrm-deploy build-engine` so its I/O is known"
+        )
     manifest = check_artifact(path, require_manifest=True) or {}  # the bytes are what the manifest says
     target = (manifest.get("target") or {}).get("name") if kind == "engine" else None
     # The model config and I/O live in the FP32 export's manifest; precision graphs and engines
@@ -75,9 +84,11 @@ def read_contract(artifact: str | Path) -> Contract:
         parent = resolve_parent(where, source)  # sha256-checked, relative to the manifest
         if parent is None or not manifest_path(parent).is_file():
             named = (source.get("parent") or {}).get("path") or "(none)"
-            raise ArtifactError(f"{where.name}'s manifest names no model config/I/O and its parent {named} or its "
-                                "manifest is missing; keep the ONNX graphs an artifact was made from (with their "
-                                "manifests) where they were, or re-export")
+            raise ArtifactError(
+                f"{where.name}'s manifest names no model config/I/O and its parent {named} or its "
+                "manifest is missing; keep the ONNX graphs an artifact was made from (with their "
+                "manifests) where they were, or re-export"
+            )
         source, where = check_artifact(parent, require_manifest=True) or {}, parent
     model, io = (source.get("config") or {}).get("model"), source.get("io")
     if not model or not io:
@@ -88,9 +99,24 @@ def read_contract(artifact: str | Path) -> Contract:
     else:
         max_batch = int(manifest.get("max_batch", source.get("max_batch", 64)))
     mode = manifest.get("mode") or source.get("mode") or "unrolled"
-    steps = int(manifest.get("steps") or (manifest.get("unroll") or {}).get("steps")
-                or (source.get("unroll") or {}).get("steps") or 1)
+    steps = int(
+        manifest.get("steps")
+        or (manifest.get("unroll") or {}).get("steps")
+        or (source.get("unroll") or {}).get("steps")
+        or 1
+    )
     if mode == "step":
         steps = int(model.get("halt_max_steps", steps))
-    return Contract(path, kind, mode, steps, int(model["seq_len"]), int(model["vocab_size"]),
-                    int(model.get("num_puzzle_identifiers", 1)), max_batch, io, manifest, target)
+    return Contract(
+        path,
+        kind,
+        mode,
+        steps,
+        int(model["seq_len"]),
+        int(model["vocab_size"]),
+        int(model.get("num_puzzle_identifiers", 1)),
+        max_batch,
+        io,
+        manifest,
+        target,
+    )

@@ -96,9 +96,11 @@ def _io_block(io: dict[str, dict[str, tuple[str, list[Any]]]]) -> str:
 
 def _batching(max_batch: int, delay_us: int) -> str:
     preferred = sorted({b for b in (max_batch // 4, max_batch // 2, max_batch) if b >= 1})
-    return (f"max_batch_size: {max_batch}\n"
-            f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
-            f"  max_queue_delay_microseconds: {delay_us}\n}}\n")
+    return (
+        f"max_batch_size: {max_batch}\n"
+        f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
+        f"  max_queue_delay_microseconds: {delay_us}\n}}\n"
+    )
 
 
 def _instances(count: int, device: Device) -> str:
@@ -142,15 +144,19 @@ def _template(name: str) -> str:
     return (Path(__file__).parent / "triton_models" / f"{name}.py").read_text()
 
 
-def _model_config(name: str, contract: Contract, config: RepoConfig, max_batch: int) -> tuple[str, dict[str, Path | str], str]:
+def _model_config(
+    name: str, contract: Contract, config: RepoConfig, max_batch: int
+) -> tuple[str, dict[str, Path | str], str]:
     """(config.pbtxt text, version files, kind) of the model that runs the artifact itself."""
     head = f'name: "{name}"\n'
     if contract.kind == "engine":
         backend = ((contract.manifest.get("backend") or {}).get("name")) or "tensorrt"
         if backend != "tensorrt":
-            raise ArtifactError(f"{contract.path.name} is a {backend} engine; Triton's tensorrt_plan backend runs "
-                                "standard TensorRT engines only: build with `hrm-deploy build-engine --backend tensorrt` "
-                                "or put the ONNX graph in the repository")
+            raise ArtifactError(
+                f"{contract.path.name} is a {backend} engine; Triton's tensorrt_plan backend runs "
+                "standard TensorRT engines only: build with `hrm-deploy build-engine --backend tensorrt` "
+                "or put the ONNX graph in the repository"
+            )
         head += 'platform: "tensorrt_plan"\n'
         files: dict[str, Path | str] = {"model.plan": contract.path}
         device, kind = Device.gpu, "tensorrt_plan"
@@ -167,25 +173,49 @@ def _model_config(name: str, contract: Contract, config: RepoConfig, max_batch: 
         if config.trt_accelerator:
             if device is not Device.gpu:
                 raise ConfigError("--trt-accelerator needs --device gpu (ONNX Runtime's TensorRT provider is GPU-only)")
-            head += ("optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [ {\n"
-                     '      name: "tensorrt"\n'
-                     f'      parameters {{ key: "precision_mode" value: "{config.trt_accelerator.upper()}" }}\n'
-                     '      parameters { key: "max_workspace_size_bytes" value: "1073741824" }\n'
-                     "    } ]\n  }\n}\n")
-    text = head + _batching(max_batch, config.queue_delay_us) + _io_block(contract.io) + _instances(config.instances, device)
+            head += (
+                "optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [ {\n"
+                '      name: "tensorrt"\n'
+                f'      parameters {{ key: "precision_mode" value: "{config.trt_accelerator.upper()}" }}\n'
+                '      parameters { key: "max_workspace_size_bytes" value: "1073741824" }\n'
+                "    } ]\n  }\n}\n"
+            )
+    text = (
+        head
+        + _batching(max_batch, config.queue_delay_us)
+        + _io_block(contract.io)
+        + _instances(config.instances, device)
+    )
     return text, files, kind
 
 
 def _driver_config(name: str, step_name: str, contract: Contract, config: RepoConfig, max_batch: int) -> str:
     s, v = contract.seq_len, contract.vocab_size
     carry = contract.io["inputs"]["z_H"][1]  # ["batch", S + prefix, hidden]
-    io = {"inputs": {"inputs": ("INT32", ["batch", s]), "puzzle_identifiers": ("INT32", ["batch", 1])},
-          "outputs": {"answer": ("INT32", ["batch", s]), "logits": ("FLOAT", ["batch", s, v]),
-                      "q_halt_logits": ("FLOAT", ["batch", contract.steps]), "steps": ("INT32", ["batch", 1])}}
-    params = {"step_model": step_name, "steps": contract.steps, "carry_len": carry[1], "hidden_size": carry[2],
-              "vocab_size": v, "halt": config.halt}
-    return (f'name: "{name}"\nbackend: "python"\n' + _batching(max_batch, config.queue_delay_us) + _io_block(io)
-            + _instances(config.instances, Device.cpu) + _parameters(params))
+    io = {
+        "inputs": {"inputs": ("INT32", ["batch", s]), "puzzle_identifiers": ("INT32", ["batch", 1])},
+        "outputs": {
+            "answer": ("INT32", ["batch", s]),
+            "logits": ("FLOAT", ["batch", s, v]),
+            "q_halt_logits": ("FLOAT", ["batch", contract.steps]),
+            "steps": ("INT32", ["batch", 1]),
+        },
+    }
+    params = {
+        "step_model": step_name,
+        "steps": contract.steps,
+        "carry_len": carry[1],
+        "hidden_size": carry[2],
+        "vocab_size": v,
+        "halt": config.halt,
+    }
+    return (
+        f'name: "{name}"\nbackend: "python"\n'
+        + _batching(max_batch, config.queue_delay_us)
+        + _io_block(io)
+        + _instances(config.instances, Device.cpu)
+        + _parameters(params)
+    )
 
 
 def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> list[RepoModel]:
@@ -195,8 +225,10 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
     if not artifacts:
         raise ConfigError("give at least one ONNX graph or engine")
     if not HALT_RULE.match(config.halt):
-        raise ConfigError(f"--halt {config.halt!r}: the ACT driver knows off, q or threshold:X with 0 < X < 1 "
-                          "(budget:P needs calibration: calibrate with `hrm-deploy verify` and pass threshold:X)")
+        raise ConfigError(
+            f"--halt {config.halt!r}: the ACT driver knows off, q or threshold:X with 0 < X < 1 "
+            "(budget:P needs calibration: calibrate with `hrm-deploy verify` and pass threshold:X)"
+        )
     if config.instances < 1 or config.queue_delay_us < 0:
         raise ConfigError("--instances must be >= 1 and --queue-delay-us >= 0")
     names = list(config.names) or [model_name(Path(a)) for a in artifacts]
@@ -205,8 +237,10 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
     contracts = [read_contract(a) for a in artifacts]
     for c in contracts:
         if c.kind == "checkpoint":
-            raise ArtifactError(f"{c.path} is a checkpoint; export it first (`hrm-deploy export`), Triton runs "
-                                "ONNX graphs and TensorRT engines")
+            raise ArtifactError(
+                f"{c.path} is a checkpoint; export it first (`hrm-deploy export`), Triton runs "
+                "ONNX graphs and TensorRT engines"
+            )
     out = Path(config.output)
     if out.exists() and any(out.iterdir()) and not config.overwrite:
         raise ConfigError(f"{out} exists and is not empty; choose another -o or pass --overwrite")
@@ -223,8 +257,10 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
             if max_batch < 1:
                 raise ConfigError(f"--max-batch must be >= 1, got {max_batch}")
             if contract.kind == "engine" and max_batch > contract.max_batch:
-                raise ConfigError(f"--max-batch {max_batch} exceeds {contract.path.name}'s profile max "
-                                  f"{contract.max_batch}; rebuild the engine with a larger --max-batch")
+                raise ConfigError(
+                    f"--max-batch {max_batch} exceeds {contract.path.name}'s profile max "
+                    f"{contract.max_batch}; rebuild the engine with a larger --max-batch"
+                )
             step = contract.mode == "step"
             own = f"{name}_step" if step else name
             text, files, kind = _model_config(own, contract, config, max_batch)

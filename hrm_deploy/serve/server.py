@@ -70,8 +70,10 @@ def is_loopback(host: str) -> bool:
 def check_bind(config: ServeConfig) -> None:
     """Refuse a non-loopback bind unless ``allow_remote`` says it is meant."""
     if not is_loopback(config.host) and not config.allow_remote:
-        raise ConfigError(f"--host {config.host} would expose the server beyond this machine; add --allow-remote "
-                          "if that is meant (there is no authentication), or bind 127.0.0.1")
+        raise ConfigError(
+            f"--host {config.host} would expose the server beyond this machine; add --allow-remote "
+            "if that is meant (there is no authentication), or bind 127.0.0.1"
+        )
     ports = [config.http_port, config.grpc_port, config.metrics_port]
     if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
         raise ConfigError(f"HTTP, gRPC and metrics ports must be three different ports in 1..65535, got {ports}")
@@ -86,8 +88,10 @@ def halt_function(halt: str) -> Callable[..., Any] | None:
     try:
         from hrm_deploy.runners.halting import HaltRule  # type: ignore[import-not-found]
     except ImportError:
-        raise DependencyError(f"--halt {halt}: early halting is not available in this hrm-deploy "
-                              "(hrm_deploy.runners.halting is missing); use --halt off") from None
+        raise DependencyError(
+            f"--halt {halt}: early halting is not available in this hrm-deploy "
+            "(hrm_deploy.runners.halting is missing); use --halt off"
+        ) from None
     return HaltRule.parse(halt).should_halt
 
 
@@ -97,8 +101,15 @@ class BatchInfer:
     Called by PyTriton with a list of requests (mapping input name -> array with the batch axis);
     returns one dict of outputs per request."""
 
-    def __init__(self, runner: Any, *, seq_len: int, vocab_size: int, num_puzzle_identifiers: int,
-                 halt: Callable[..., Any] | None = None):
+    def __init__(
+        self,
+        runner: Any,
+        *,
+        seq_len: int,
+        vocab_size: int,
+        num_puzzle_identifiers: int,
+        halt: Callable[..., Any] | None = None,
+    ):
         self.runner, self.seq_len, self.vocab_size = runner, seq_len, vocab_size
         self.num_puzzle_identifiers, self.halt = num_puzzle_identifiers, halt
         self.batches: list[int] = []  # batch sizes run (kept short: for tests and the benchmark)
@@ -107,31 +118,41 @@ class BatchInfer:
         try:
             tokens, ids = np.asarray(request["inputs"]), np.asarray(request["puzzle_identifiers"])
         except KeyError as exc:
-            raise RequestError(f"request {index}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'") from None
+            raise RequestError(
+                f"request {index}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'"
+            ) from None
         if tokens.ndim != 2 or tokens.shape[1] != self.seq_len or tokens.shape[0] == 0:
-            raise RequestError(f"request {index}: 'inputs' has shape {list(tokens.shape)}; send int32 "
-                               f"[B, {self.seq_len}] with B >= 1")
+            raise RequestError(
+                f"request {index}: 'inputs' has shape {list(tokens.shape)}; send int32 [B, {self.seq_len}] with B >= 1"
+            )
         ids = ids.reshape(len(ids), -1)[:, 0] if ids.ndim == 2 else ids
         if ids.shape != (tokens.shape[0],):
-            raise RequestError(f"request {index}: 'puzzle_identifiers' has shape {list(ids.shape)}; send int32 "
-                               f"[B, 1] with the same B as 'inputs' ({tokens.shape[0]})")
+            raise RequestError(
+                f"request {index}: 'puzzle_identifiers' has shape {list(ids.shape)}; send int32 "
+                f"[B, 1] with the same B as 'inputs' ({tokens.shape[0]})"
+            )
         if tokens.dtype != np.int32 or ids.dtype != np.int32:
             raise RequestError(f"request {index}: inputs must be int32, got {tokens.dtype} / {ids.dtype}")
         bad = (tokens < 0) | (tokens >= self.vocab_size)
         if bad.any():
             where = np.argwhere(bad)[0]
-            raise RequestError(f"request {index}: token {int(tokens[tuple(where)])} at position {int(where[1])} is "
-                               f"outside the vocabulary 0..{self.vocab_size - 1}; encode puzzles as the model's data")
+            raise RequestError(
+                f"request {index}: token {int(tokens[tuple(where)])} at position {int(where[1])} is "
+                f"outside the vocabulary 0..{self.vocab_size - 1}; encode puzzles as the model's data"
+            )
         if ((ids < 0) | (ids >= self.num_puzzle_identifiers)).any():
-            raise RequestError(f"request {index}: puzzle identifier {int(ids.max())} is outside "
-                               f"0..{self.num_puzzle_identifiers - 1}")
+            raise RequestError(
+                f"request {index}: puzzle identifier {int(ids.max())} is outside 0..{self.num_puzzle_identifiers - 1}"
+            )
         return tokens, ids
 
     def __call__(self, requests: list[Any]) -> list[dict[str, np.ndarray]]:
         checked = [self._check(i, r) for i, r in enumerate(requests)]
         sizes = [t.shape[0] for t, _ in checked]
-        feeds = {"inputs": np.concatenate([t for t, _ in checked]),
-                 "puzzle_identifiers": np.concatenate([p for _, p in checked])}
+        feeds = {
+            "inputs": np.concatenate([t for t, _ in checked]),
+            "puzzle_identifiers": np.concatenate([p for _, p in checked]),
+        }
         out = self.runner.infer(feeds) if self.halt is None else self.runner.infer(feeds, halt=self.halt)
         self.batches = (self.batches + [len(feeds["inputs"])])[-1000:]
         logits = np.asarray(out["logits"], np.float32)
@@ -145,8 +166,9 @@ class BatchInfer:
         responses, start = [], 0
         for n in sizes:
             sl = slice(start, start + n)
-            responses.append({"answer": answer[sl], "logits": logits[sl], "q_halt_logits": q_halt[sl],
-                              "steps": steps[sl]})
+            responses.append(
+                {"answer": answer[sl], "logits": logits[sl], "q_halt_logits": q_halt[sl], "steps": steps[sl]}
+            )
             start += n
         return responses
 
@@ -173,14 +195,26 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
         raise ConfigError(f"--max-batch must be >= 1, got {max_batch}")
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
-    infer = BatchInfer(runner, seq_len=contract.seq_len, vocab_size=contract.vocab_size,
-                       num_puzzle_identifiers=contract.num_puzzle_identifiers, halt=halt)
+    infer = BatchInfer(
+        runner,
+        seq_len=contract.seq_len,
+        vocab_size=contract.vocab_size,
+        num_puzzle_identifiers=contract.num_puzzle_identifiers,
+        halt=halt,
+    )
     # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
     # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
     infer([{"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}])
     triton_config = pytriton_triton.TritonConfig(
-        http_address=config.host, http_port=config.http_port, grpc_address=config.host, grpc_port=config.grpc_port,
-        metrics_address=config.host, metrics_port=config.metrics_port, allow_gpu_metrics=False, exit_timeout_secs=5)
+        http_address=config.host,
+        http_port=config.http_port,
+        grpc_address=config.host,
+        grpc_port=config.grpc_port,
+        metrics_address=config.host,
+        metrics_port=config.metrics_port,
+        allow_gpu_metrics=False,
+        exit_timeout_secs=5,
+    )
     # SIGTERM behaves as Ctrl-C: PyTriton's serve() stops tritonserver and its stubs on KeyboardInterrupt.
     previous, signalled = {}, []
 
@@ -196,21 +230,30 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     try:
         with pytriton_triton.Triton(config=triton_config) as triton:
             triton.bind(
-                model_name=config.model_name, infer_func=infer,
-                inputs=[Tensor(name="inputs", dtype=np.int32, shape=(contract.seq_len,)),
-                        Tensor(name="puzzle_identifiers", dtype=np.int32, shape=(1,))],
-                outputs=[Tensor(name="answer", dtype=np.int32, shape=(contract.seq_len,)),
-                         Tensor(name="logits", dtype=np.float32, shape=(contract.seq_len, contract.vocab_size)),
-                         Tensor(name="q_halt_logits", dtype=np.float32, shape=(-1,)),
-                         Tensor(name="steps", dtype=np.int32, shape=(1,))],
-                config=ModelConfig(max_batch_size=max_batch,
-                                   batcher=DynamicBatcher(max_queue_delay_microseconds=config.queue_delay_us)),
-                strict=True)
+                model_name=config.model_name,
+                infer_func=infer,
+                inputs=[
+                    Tensor(name="inputs", dtype=np.int32, shape=(contract.seq_len,)),
+                    Tensor(name="puzzle_identifiers", dtype=np.int32, shape=(1,)),
+                ],
+                outputs=[
+                    Tensor(name="answer", dtype=np.int32, shape=(contract.seq_len,)),
+                    Tensor(name="logits", dtype=np.float32, shape=(contract.seq_len, contract.vocab_size)),
+                    Tensor(name="q_halt_logits", dtype=np.float32, shape=(-1,)),
+                    Tensor(name="steps", dtype=np.int32, shape=(1,)),
+                ],
+                config=ModelConfig(
+                    max_batch_size=max_batch, batcher=DynamicBatcher(max_queue_delay_microseconds=config.queue_delay_us)
+                ),
+                strict=True,
+            )
             triton.connect()  # starts tritonserver, loads the model, waits until it is ready
             if ready is not None:
-                ready(f"serving {config.artifact.name} as model '{config.model_name}' ({runner.name}, "
-                      f"max batch {max_batch}) on http://{config.host}:{config.http_port} "
-                      f"grpc {config.host}:{config.grpc_port} metrics :{config.metrics_port}")
+                ready(
+                    f"serving {config.artifact.name} as model '{config.model_name}' ({runner.name}, "
+                    f"max batch {max_batch}) on http://{config.host}:{config.http_port} "
+                    f"grpc {config.host}:{config.grpc_port} metrics :{config.metrics_port}"
+                )
             try:
                 triton.serve()  # returns on KeyboardInterrupt (after stopping) or when Triton dies
             except KeyboardInterrupt:

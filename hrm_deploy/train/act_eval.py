@@ -18,8 +18,7 @@ from hrm_deploy.train.losses import IGNORE_LABEL_ID
 
 
 @torch.inference_mode()
-def step_outcomes(model: HRMACT, split: Split, samples: int | None = None,
-                  batch: int = 256) -> dict[str, np.ndarray]:
+def step_outcomes(model: HRMACT, split: Split, samples: int | None = None, batch: int = 256) -> dict[str, np.ndarray]:
     """Per row and ACT step: ``solved`` [N, K] bool, ``token_acc`` [N, K], ``q_halt`` and
     ``q_continue`` [N, K] logits (K = halt_max_steps), on ``samples`` test rows (all if None)."""
     from hrm_deploy.train.loop import to_batch
@@ -31,7 +30,7 @@ def step_outcomes(model: HRMACT, split: Split, samples: int | None = None,
     steps = model.config.halt_max_steps
     parts: dict[str, list[np.ndarray]] = {"solved": [], "token_acc": [], "q_halt": [], "q_continue": []}
     for start in range(0, len(idx), batch):
-        b = to_batch(split, idx[start:start + batch], split.metadata.ignore_label_id, device=device)
+        b = to_batch(split, idx[start : start + batch], split.metadata.ignore_label_id, device=device)
         mask = b["labels"] != IGNORE_LABEL_ID
         counts = mask.sum(-1)
         carry = model.initial_carry(b)
@@ -53,8 +52,11 @@ def _halting(solved: np.ndarray, stop: np.ndarray) -> dict[str, float]:
     """Rows stop at the first step where ``stop`` holds (else the last step)."""
     k = solved.shape[1]
     first = np.where(stop.any(1), stop.argmax(1), k - 1)
-    return {"mean_steps": float((first + 1).mean()), "p90_steps": float(np.percentile(first + 1, 90)),
-            "exact_accuracy": float(solved[np.arange(len(solved)), first].mean())}
+    return {
+        "mean_steps": float((first + 1).mean()),
+        "p90_steps": float(np.percentile(first + 1, 90)),
+        "exact_accuracy": float(solved[np.arange(len(solved)), first].mean()),
+    }
 
 
 def act_report(outcomes: dict[str, np.ndarray]) -> dict[str, Any]:

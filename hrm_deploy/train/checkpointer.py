@@ -33,8 +33,10 @@ def check_out_dir(out: Path, overwrite: bool, resume: str | None) -> None:
             path.unlink()
         return
     if resume is None:
-        raise ConfigError(f"{out} already holds a run ({existing[0].name}); continue it with --resume "
-                          f"{out / 'last.pt'}, start over with --overwrite, or pick another --out")
+        raise ConfigError(
+            f"{out} already holds a run ({existing[0].name}); continue it with --resume "
+            f"{out / 'last.pt'}, start over with --overwrite, or pick another --out"
+        )
 
 
 class StopRequest:
@@ -71,8 +73,15 @@ class Checkpointer:
     (resumable bit for bit), ``step_N.pt`` every ``checkpoint_every`` steps and ``last.pt``
     at least every ``checkpoint_minutes`` (a kill -9 loses at most that much)."""
 
-    def __init__(self, out: Path, config: Any, dist_info: Distributed, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, emb_opt: PuzzleEmbeddingSignSGD | None):
+    def __init__(
+        self,
+        out: Path,
+        config: Any,
+        dist_info: Distributed,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        emb_opt: PuzzleEmbeddingSignSGD | None,
+    ):
         self.out, self.config, self.dist_info = out, config, dist_info
         self.model, self.optimizer, self.emb_opt = model, optimizer, emb_opt
         self.last = out / "last.pt"
@@ -83,19 +92,32 @@ class Checkpointer:
         carry_saved = carry_state(carry, self.dist_info)  # collective: every rank takes part
         if self.dist_info.main:
             config = dataclasses.asdict(self.config)
-            save_checkpoint(path, self.model, step=position, train_config=config,
-                            optimizer=self.optimizer.state_dict(),
-                            puzzle_emb_optimizer=self.emb_opt.state_dict() if self.emb_opt else None,
-                            rng=rng_state(), carry=carry_saved, metrics=metrics or {},
-                            world_size=self.dist_info.world)
+            save_checkpoint(
+                path,
+                self.model,
+                step=position,
+                train_config=config,
+                optimizer=self.optimizer.state_dict(),
+                puzzle_emb_optimizer=self.emb_opt.state_dict() if self.emb_opt else None,
+                rng=rng_state(),
+                carry=carry_saved,
+                metrics=metrics or {},
+                world_size=self.dist_info.world,
+            )
             if self.config.export_upstream:
-                write_upstream_run(self.out / "upstream", self.model, step=position,
-                                   data_path=str(self.config.data_path), train_config=config,
-                                   loss_type=self.config.loss_type)
+                write_upstream_run(
+                    self.out / "upstream",
+                    self.model,
+                    step=position,
+                    data_path=str(self.config.data_path),
+                    train_config=config,
+                    loss_type=self.config.loss_type,
+                )
         return path
 
-    def after_step(self, position: int, carry: ACTCarry | None, metrics: dict, end: int,
-                   device: torch.device | None = None) -> None:
+    def after_step(
+        self, position: int, carry: ACTCarry | None, metrics: dict, end: int, device: torch.device | None = None
+    ) -> None:
         """The periodic checkpoints due after step ``position`` (of a session ending at ``end``)."""
         if self.config.checkpoint_every and position % self.config.checkpoint_every == 0:
             self.save(self.out / f"step_{position}.pt", position, carry, metrics)

@@ -37,13 +37,15 @@ class Distributed:
     def rows(self, global_batch: int) -> int:
         """This rank's share of a global batch (a clear error when it does not split evenly)."""
         if global_batch % self.world:
-            raise ConfigError(f"global batch {global_batch} does not split over {self.world} "
-                              "processes; choose a multiple of the process count")
+            raise ConfigError(
+                f"global batch {global_batch} does not split over {self.world} "
+                "processes; choose a multiple of the process count"
+            )
         return global_batch // self.world
 
     def my_rows(self, batch_idx, rows: int):
         """This rank's slice of the global batch's example indices."""
-        return batch_idx[self.rank * rows:(self.rank + 1) * rows]
+        return batch_idx[self.rank * rows : (self.rank + 1) * rows]
 
 
 def init_distributed(device_name: str) -> Distributed:

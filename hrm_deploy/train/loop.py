@@ -33,8 +33,7 @@ from hrm_deploy.train.sampler import EpochSampler, to_batch
 from hrm_deploy.train.sinks import MetricSinks
 from hrm_deploy.train.state import carry_from, seed_all, set_rng_state
 
-__all__ = ["EpochSampler", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "lr_at", "to_batch",
-           "train"]
+__all__ = ["EpochSampler", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "lr_at", "to_batch", "train"]
 
 
 @dataclass(frozen=True)
@@ -76,8 +75,13 @@ class TrainConfig:
             raise ConfigError(f"loss_type {self.loss_type!r} unknown")
         if self.steps < 1 or self.global_batch_size < 1:
             raise ConfigError("steps and global_batch_size must be >= 1")
-        finite = {"lr": self.lr, "puzzle_emb_lr": self.puzzle_emb_lr, "weight_decay": self.weight_decay,
-                  "puzzle_emb_weight_decay": self.puzzle_emb_weight_decay, "checkpoint_minutes": self.checkpoint_minutes}
+        finite = {
+            "lr": self.lr,
+            "puzzle_emb_lr": self.puzzle_emb_lr,
+            "weight_decay": self.weight_decay,
+            "puzzle_emb_weight_decay": self.puzzle_emb_weight_decay,
+            "checkpoint_minutes": self.checkpoint_minutes,
+        }
         for name, value in finite.items():
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -114,7 +118,7 @@ def evaluate(model: HRMACT, split: Split, samples: int | None = None, batch: int
     device = next(model.parameters()).device
     exact = tokens = count = 0.0
     for start in range(0, len(idx), batch):
-        b = to_batch(split, idx[start:start + batch], split.metadata.ignore_label_id, device=device)
+        b = to_batch(split, idx[start : start + batch], split.metadata.ignore_label_id, device=device)
         logits = fixed(b["inputs"], b["puzzle_identifiers"])[0]
         mask = b["labels"] != IGNORE_LABEL_ID
         correct = (logits.argmax(-1) == b["labels"]) & mask
@@ -140,28 +144,32 @@ def _check_splits(train_split: Split, test_split: Split, vocab_size: int, where:
     """Labels must be token ids of the vocabulary (or the ignore label); the test split must not be empty."""
     for name, split in (("train", train_split), ("test", test_split)):
         if len(split) == 0:
-            raise DataError(f"{where}: the {name} split holds no examples; regenerate the dataset with a non-empty "
-                            f"{name} split (accuracy on 0 examples means nothing)")
+            raise DataError(
+                f"{where}: the {name} split holds no examples; regenerate the dataset with a non-empty "
+                f"{name} split (accuracy on 0 examples means nothing)"
+            )
         ignore = split.metadata.ignore_label_id
         for start in range(0, len(split), 65536):  # chunks: the arrays are memory-mapped and may be large
-            labels = np.asarray(split.labels[start:start + 65536])
+            labels = np.asarray(split.labels[start : start + 65536])
             valid = (labels >= 0) & (labels < vocab_size)
             if ignore is not None:
                 valid |= labels == ignore
             if valid.all():
                 continue
             bad = int(labels[~valid].flat[0])
-            raise DataError(f"{where}: the {name} split has label {bad}, outside the vocabulary [0, {vocab_size}) "
-                            "and not the ignore label; the dataset is damaged or built for another vocabulary")
+            raise DataError(
+                f"{where}: the {name} split has label {bad}, outside the vocabulary [0, {vocab_size}) "
+                "and not the ignore label; the dataset is damaged or built for another vocabulary"
+            )
 
 
 def _build_optimizers(model: HRMACT, config: TrainConfig, fused: bool):
     params = list(model.parameters())
     betas = (config.beta1, config.beta2)
     if config.optimizer == "adamw":
-        optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=0.0, betas=betas,
-                                                             weight_decay=config.weight_decay,
-                                                             **({"fused": True} if fused else {}))
+        optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+            params, lr=0.0, betas=betas, weight_decay=config.weight_decay, **({"fused": True} if fused else {})
+        )
     else:
         optimizer = AdamATan2(params, lr=0.0, betas=betas, weight_decay=config.weight_decay)
     emb_opt = None
@@ -175,8 +183,9 @@ def _set_lrs(position: int, config: TrainConfig, optimizer, emb_opt) -> float:
     for g in optimizer.param_groups:
         g["lr"] = lr
     if emb_opt:
-        emb_opt.param_groups[0]["lr"] = lr_at(position, config.puzzle_emb_lr, config.lr_warmup_steps,
-                                              config.steps, config.lr_min_ratio)
+        emb_opt.param_groups[0]["lr"] = lr_at(
+            position, config.puzzle_emb_lr, config.lr_warmup_steps, config.steps, config.lr_min_ratio
+        )
     return lr
 
 
@@ -189,16 +198,24 @@ class _ProgressBar:
             return
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        self.bar = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                            TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+        self.bar = Progress(
+            TextColumn("train"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+        )
         self.bar.start()
         self.task = self.bar.add_task("train", total=total, completed=completed, info="")
 
     def update(self, row: dict[str, Any]) -> None:
         if self.bar is None:
             return
-        info = (f"loss {row['loss']:.3f} acc {row['accuracy']:.3f} {row['samples_per_s']:.0f} samples/s "
-                f"(data {row['data_s']:.0f}s, compute {row['compute_s']:.0f}s)")
+        info = (
+            f"loss {row['loss']:.3f} acc {row['accuracy']:.3f} {row['samples_per_s']:.0f} samples/s "
+            f"(data {row['data_s']:.0f}s, compute {row['compute_s']:.0f}s)"
+        )
         if "eval" in row:
             info += f" eval exact {row['eval']['exact_accuracy']:.3f}"
         self.bar.update(self.task, completed=row["step"], info=info)
@@ -210,8 +227,10 @@ class _ProgressBar:
 
 def _out_of_memory(config: TrainConfig, dist_info: Distributed, out: Path) -> ConfigError:
     smaller = max(dist_info.world, config.global_batch_size // 2)
-    return ConfigError(f"out of GPU memory at global batch {config.global_batch_size}; retry with --batch-size "
-                       f"{smaller} (and --resume {out / 'last.pt'} if it exists), or a smaller model")
+    return ConfigError(
+        f"out of GPU memory at global batch {config.global_batch_size}; retry with --batch-size "
+        f"{smaller} (and --resume {out / 'last.pt'} if it exists), or a smaller model"
+    )
 
 
 def _load_splits(model_config: HRMConfig, config: TrainConfig) -> tuple[Split, Split]:
@@ -241,9 +260,11 @@ def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dis
     if resume:
         contents = read_checkpoint(resume)
         if contents.kind != "hrm-deploy" or not all(k in contents.extra for k in ("optimizer", "rng")):
-            raise CheckpointError(f"{resume} is not a trainer checkpoint (it has weights but no optimizer and "
-                                  "random state, e.g. an upstream step_N or a bundled preset); --resume takes a "
-                                  "last.pt/step_N.pt written by hrm-deploy train")
+            raise CheckpointError(
+                f"{resume} is not a trainer checkpoint (it has weights but no optimizer and "
+                "random state, e.g. an upstream step_N or a bundled preset); --resume takes a "
+                "last.pt/step_N.pt written by hrm-deploy train"
+            )
         model = model_from_contents(contents)
         if contents.config != model_config:
             raise ConfigError(f"{resume} was trained with a different model config; resume it without overrides")
@@ -274,18 +295,26 @@ def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dis
     return _Setup(model, step_model, optimizer, emb_opt, device, position, carry)
 
 
-def _diverged(loss: torch.Tensor, position: int, carry: ACTCarry | None, metrics: dict[str, Any],
-              model: HRMACT, ckpt: Checkpointer) -> TrainingDiverged:
+def _diverged(
+    loss: torch.Tensor,
+    position: int,
+    carry: ACTCarry | None,
+    metrics: dict[str, Any],
+    model: HRMACT,
+    ckpt: Checkpointer,
+) -> TrainingDiverged:
     """Keep the last good weights (those before this step, if finite) and say so."""
     if all(bool(torch.isfinite(p).all()) for p in model.parameters()):
         ckpt.save(ckpt.last, position, carry, metrics)
     return TrainingDiverged(
         f"the loss became {float(loss.detach())} at step {position + 1}; stopped with the last good "
-        f"checkpoint {ckpt.last if ckpt.last.exists() else '(none written yet)'}; lower --lr or check the data")
+        f"checkpoint {ckpt.last if ckpt.last.exists() else '(none written yet)'}; lower --lr or check the data"
+    )
 
 
-def _optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
-                    emb_opt: PuzzleEmbeddingSignSGD | None) -> None:
+def _optimizer_step(
+    loss: torch.Tensor, optimizer: torch.optim.Optimizer, emb_opt: PuzzleEmbeddingSignSGD | None
+) -> None:
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -293,17 +322,37 @@ def _optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
         emb_opt.step()
 
 
-def _step_metrics(position: int, lr: float, loss: torch.Tensor, sums: dict[str, float], rows: int,
-                  config: TrainConfig, step_s: float, data_s: float, compute_s: float) -> dict[str, Any]:
+def _step_metrics(
+    position: int,
+    lr: float,
+    loss: torch.Tensor,
+    sums: dict[str, float],
+    rows: int,
+    config: TrainConfig,
+    step_s: float,
+    data_s: float,
+    compute_s: float,
+) -> dict[str, Any]:
     count = max(1.0, sums["count"])
-    return {"step": position, "lr": lr, "loss": float(loss.detach()) / rows, "count": int(sums["count"]),
-            **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")},
-            "samples_per_s": config.global_batch_size / max(step_s, 1e-9),
-            "data_s": round(data_s, 3), "compute_s": round(compute_s, 3)}
+    return {
+        "step": position,
+        "lr": lr,
+        "loss": float(loss.detach()) / rows,
+        "count": int(sums["count"]),
+        **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")},
+        "samples_per_s": config.global_batch_size / max(step_s, 1e-9),
+        "data_s": round(data_s, 3),
+        "compute_s": round(compute_s, 3),
+    }
 
 
-def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = None,
-          stop_after: int | None = None, progress: bool = True) -> TrainResult:
+def train(
+    model_config: HRMConfig,
+    config: TrainConfig,
+    resume: str | None = None,
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> TrainResult:
     """Train (or resume) and write ``<out_dir>/last.pt`` (+ ``step_N.pt`` every
     ``checkpoint_every``) and ``metrics.jsonl``. ``stop_after`` ends early (as if
     interrupted) after that many steps, still writing a resumable checkpoint.
@@ -321,8 +370,14 @@ def train(model_config: HRMConfig, config: TrainConfig, resume: str | None = Non
     sampler = EpochSampler(train_split, config.global_batch_size, config.seed)
     example_pids = train_split.example_puzzle_ids()
     run = _setup(model_config, config, resume, dist_info)
-    model, optimizer, emb_opt, device, position, carry = (run.model, run.optimizer, run.emb_opt, run.device,
-                                                          run.position, run.carry)
+    model, optimizer, emb_opt, device, position, carry = (
+        run.model,
+        run.optimizer,
+        run.emb_opt,
+        run.device,
+        run.position,
+        run.carry,
+    )
     out.mkdir(parents=True, exist_ok=True)
     sinks = MetricSinks(config.log_to if dist_info.main else (), str(out), dataclasses.asdict(config))
     end = config.steps if stop_after is None else min(config.steps, position + stop_after)

@@ -22,8 +22,9 @@ def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch
 
 
 def softmax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().flatten(0, -2), labels.long().flatten(), ignore_index=IGNORE_LABEL_ID,
-                           reduction="none").view(labels.shape)
+    return F.cross_entropy(
+        logits.float().flatten(0, -2), labels.long().flatten(), ignore_index=IGNORE_LABEL_ID, reduction="none"
+    ).view(labels.shape)
 
 
 LOSSES = {"stablemax_cross_entropy": stablemax_cross_entropy, "softmax_cross_entropy": softmax_cross_entropy}
@@ -47,11 +48,15 @@ def act_loss(outputs: dict, labels: torch.Tensor, halted: torch.Tensor, steps: t
             "steps": torch.where(valid, steps, 0).sum(),
         }
     lm_loss = (LOSSES[loss_type](logits, labels) / divisor).sum()
-    q_halt_loss = F.binary_cross_entropy_with_logits(outputs["q_halt_logits"], seq_correct.to(outputs["q_halt_logits"].dtype), reduction="sum")
+    q_halt_loss = F.binary_cross_entropy_with_logits(
+        outputs["q_halt_logits"], seq_correct.to(outputs["q_halt_logits"].dtype), reduction="sum"
+    )
     total = lm_loss + 0.5 * q_halt_loss
     metrics.update(lm_loss=lm_loss.detach(), q_halt_loss=q_halt_loss.detach())
     if "target_q_continue" in outputs:
-        q_continue_loss = F.binary_cross_entropy_with_logits(outputs["q_continue_logits"], outputs["target_q_continue"], reduction="sum")
+        q_continue_loss = F.binary_cross_entropy_with_logits(
+            outputs["q_continue_logits"], outputs["target_q_continue"], reduction="sum"
+        )
         total = total + 0.5 * q_continue_loss
         metrics["q_continue_loss"] = q_continue_loss.detach()
     return total, metrics

@@ -17,12 +17,31 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # on 2 cores more optimizer steps beat depth. A small rope_theta gives RoPE frequencies
     # whose periods fit the 81-cell board (rows, columns, boxes); 10000 learns several times slower.
     "sudoku-tiny": {
-        "model": dict(hidden_size=64, num_heads=4, H_layers=1, L_layers=1, H_cycles=1, L_cycles=1,
-                      halt_max_steps=1, expansion=4.0, puzzle_emb_ndim=64, rope_theta=20.0,
-                      forward_dtype="float32"),
-        "train": dict(steps=3500, global_batch_size=16, lr=2e-3, lr_min_ratio=0.1, lr_warmup_steps=50,
-                      weight_decay=0.1, puzzle_emb_lr=1e-2, puzzle_emb_weight_decay=0.1, eval_every=1000,
-                      eval_samples=200),
+        "model": dict(
+            hidden_size=64,
+            num_heads=4,
+            H_layers=1,
+            L_layers=1,
+            H_cycles=1,
+            L_cycles=1,
+            halt_max_steps=1,
+            expansion=4.0,
+            puzzle_emb_ndim=64,
+            rope_theta=20.0,
+            forward_dtype="float32",
+        ),
+        "train": dict(
+            steps=3500,
+            global_batch_size=16,
+            lr=2e-3,
+            lr_min_ratio=0.1,
+            lr_warmup_steps=50,
+            weight_decay=0.1,
+            puzzle_emb_lr=1e-2,
+            puzzle_emb_weight_decay=0.1,
+            eval_every=1000,
+            eval_samples=200,
+        ),
         "data": dict(train=5000, test=300, blanks=(3, 6), augment=0, seed=0),
     },
     # The embedded default: real ACT on CPU. 8 ACT segments of 2 H x 2 L cycles (1 + 1 layers,
@@ -32,28 +51,86 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # 12-30 blanks gave 2 % after step 1 and 45 % after step 8). ``heldout``: the evaluation
     # set's overrides of ``data`` (same spec, a seed training never used).
     "sudoku-small": {
-        "model": dict(hidden_size=64, num_heads=4, H_layers=1, L_layers=1, H_cycles=2, L_cycles=2,
-                      halt_max_steps=8, expansion=4.0, puzzle_emb_ndim=64, rope_theta=20.0,
-                      forward_dtype="float32"),
-        "train": dict(steps=15000, global_batch_size=32, lr=2e-3, lr_min_ratio=0.1, lr_warmup_steps=100,
-                      weight_decay=0.1, puzzle_emb_lr=1e-2, puzzle_emb_weight_decay=0.1, eval_every=5000,
-                      eval_samples=200, checkpoint_every=2500),
+        "model": dict(
+            hidden_size=64,
+            num_heads=4,
+            H_layers=1,
+            L_layers=1,
+            H_cycles=2,
+            L_cycles=2,
+            halt_max_steps=8,
+            expansion=4.0,
+            puzzle_emb_ndim=64,
+            rope_theta=20.0,
+            forward_dtype="float32",
+        ),
+        "train": dict(
+            steps=15000,
+            global_batch_size=32,
+            lr=2e-3,
+            lr_min_ratio=0.1,
+            lr_warmup_steps=100,
+            weight_decay=0.1,
+            puzzle_emb_lr=1e-2,
+            puzzle_emb_weight_decay=0.1,
+            eval_every=5000,
+            eval_samples=200,
+            checkpoint_every=2500,
+        ),
         "data": dict(train=40000, test=300, blanks=(10, 30), augment=0, seed=0),
         "heldout": dict(train=10, test=500, seed=1),
     },
     # Upstream's Sudoku-Extreme-1k settings (README): for GPUs.
     "sudoku": {
-        "model": dict(hidden_size=512, num_heads=8, H_layers=4, L_layers=4, H_cycles=2, L_cycles=2,
-                      halt_max_steps=16, expansion=4.0, puzzle_emb_ndim=512, forward_dtype="bfloat16"),
-        "train": dict(steps=26041, global_batch_size=768, lr=1e-4, lr_min_ratio=1.0, lr_warmup_steps=2000,
-                      weight_decay=1.0, puzzle_emb_lr=1e-4, puzzle_emb_weight_decay=1.0, eval_every=2000),
+        "model": dict(
+            hidden_size=512,
+            num_heads=8,
+            H_layers=4,
+            L_layers=4,
+            H_cycles=2,
+            L_cycles=2,
+            halt_max_steps=16,
+            expansion=4.0,
+            puzzle_emb_ndim=512,
+            forward_dtype="bfloat16",
+        ),
+        "train": dict(
+            steps=26041,
+            global_batch_size=768,
+            lr=1e-4,
+            lr_min_ratio=1.0,
+            lr_warmup_steps=2000,
+            weight_decay=1.0,
+            puzzle_emb_lr=1e-4,
+            puzzle_emb_weight_decay=1.0,
+            eval_every=2000,
+        ),
     },
     # Upstream's Maze 30x30 settings: for GPUs.
     "maze": {
-        "model": dict(hidden_size=512, num_heads=8, H_layers=4, L_layers=4, H_cycles=2, L_cycles=2,
-                      halt_max_steps=16, expansion=4.0, puzzle_emb_ndim=512, forward_dtype="bfloat16"),
-        "train": dict(steps=26041, global_batch_size=768, lr=1e-4, lr_min_ratio=1.0, lr_warmup_steps=2000,
-                      weight_decay=1.0, puzzle_emb_lr=1e-4, puzzle_emb_weight_decay=1.0, eval_every=2000),
+        "model": dict(
+            hidden_size=512,
+            num_heads=8,
+            H_layers=4,
+            L_layers=4,
+            H_cycles=2,
+            L_cycles=2,
+            halt_max_steps=16,
+            expansion=4.0,
+            puzzle_emb_ndim=512,
+            forward_dtype="bfloat16",
+        ),
+        "train": dict(
+            steps=26041,
+            global_batch_size=768,
+            lr=1e-4,
+            lr_min_ratio=1.0,
+            lr_warmup_steps=2000,
+            weight_decay=1.0,
+            puzzle_emb_lr=1e-4,
+            puzzle_emb_weight_decay=1.0,
+            eval_every=2000,
+        ),
     },
 }
 
@@ -64,8 +141,9 @@ def preset(name: str) -> dict[str, dict[str, Any]]:
     return PRESETS[name]
 
 
-def train_configs(name: str, data: str | Path, out: str | Path, *,
-                  overrides: dict[str, Any] | None = None, **settings: Any) -> tuple[HRMConfig, TrainConfig]:
+def train_configs(
+    name: str, data: str | Path, out: str | Path, *, overrides: dict[str, Any] | None = None, **settings: Any
+) -> tuple[HRMConfig, TrainConfig]:
     """The model and train configs for preset ``name`` on the dataset at ``data``.
 
     The model's sequence length, vocabulary and puzzle count come from the dataset's metadata;
@@ -77,8 +155,12 @@ def train_configs(name: str, data: str | Path, out: str | Path, *,
 
     chosen = preset(name)
     meta = load_split(data, "train").metadata
-    model_config = HRMConfig(seq_len=meta.seq_len, vocab_size=meta.vocab_size,
-                             num_puzzle_identifiers=meta.num_puzzle_identifiers, **chosen["model"])
+    model_config = HRMConfig(
+        seq_len=meta.seq_len,
+        vocab_size=meta.vocab_size,
+        num_puzzle_identifiers=meta.num_puzzle_identifiers,
+        **chosen["model"],
+    )
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     config = TrainConfig(data_path=str(data), out_dir=str(out), **settings, **{**chosen["train"], **given})
     return model_config, config

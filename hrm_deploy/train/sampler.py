@@ -19,8 +19,10 @@ class EpochSampler:
         self.groups = len(split.group_indices) - 1
         self._cached: tuple[int, np.ndarray] | None = None  # (epoch, example order)
         if self.groups < batch:
-            raise DataError(f"the train split has {self.groups} puzzle groups, fewer than the global batch "
-                            f"{batch}; lower --batch-size or generate more puzzles")
+            raise DataError(
+                f"the train split has {self.groups} puzzle groups, fewer than the global batch "
+                f"{batch}; lower --batch-size or generate more puzzles"
+            )
 
     def epoch_examples(self, epoch: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, epoch])
@@ -37,16 +39,24 @@ class EpochSampler:
         epoch, index = divmod(position, per_epoch)
         if self._cached is None or self._cached[0] != epoch:
             self._cached = (epoch, self.epoch_examples(epoch))
-        return self._cached[1][index * self.batch:(index + 1) * self.batch]
+        return self._cached[1][index * self.batch : (index + 1) * self.batch]
 
 
-def to_batch(split: Split, idx: np.ndarray, ignore_label_id: int | None,
-             example_pids: np.ndarray | None = None, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+def to_batch(
+    split: Split,
+    idx: np.ndarray,
+    ignore_label_id: int | None,
+    example_pids: np.ndarray | None = None,
+    device: torch.device | None = None,
+) -> dict[str, torch.Tensor]:
     """Rows ``idx`` of ``split`` as the model's batch dict (labels' ignore id mapped to ours)."""
     labels = torch.from_numpy(np.asarray(split.labels[idx]).astype(np.int64))
     if ignore_label_id is not None:
         labels = torch.where(labels == ignore_label_id, IGNORE_LABEL_ID, labels)
     pids = (example_pids if example_pids is not None else split.example_puzzle_ids())[idx]
-    batch = {"inputs": torch.from_numpy(np.asarray(split.inputs[idx]).astype(np.int64)),
-             "labels": labels, "puzzle_identifiers": torch.from_numpy(pids.astype(np.int64))}
+    batch = {
+        "inputs": torch.from_numpy(np.asarray(split.inputs[idx]).astype(np.int64)),
+        "labels": labels,
+        "puzzle_identifiers": torch.from_numpy(pids.astype(np.int64)),
+    }
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()} if device is not None else batch

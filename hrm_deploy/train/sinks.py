@@ -30,7 +30,9 @@ class MetricSinks:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise DependencyError("--log-to tensorboard needs the tensorboard package: pip install tensorboard") from None
+                raise DependencyError(
+                    "--log-to tensorboard needs the tensorboard package: pip install tensorboard"
+                ) from None
             self.writers.append(("tensorboard", SummaryWriter(log_dir=f"{out_dir}/tensorboard")))
         if "wandb" in names:
             try:

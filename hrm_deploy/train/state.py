@@ -23,10 +23,14 @@ def seed_all(seed: int, rank: int = 0) -> None:
 def rng_state() -> dict[str, Any]:
     """Every generator's state (python, numpy, torch, CUDA) in a torch.save-able dict."""
     np_state: Any = np.random.get_state()  # legacy tuple: ("MT19937", keys, pos, has_gauss, cached)
-    return {"python": list(random.getstate()[1]), "python_pos": random.getstate()[2],
-            "numpy": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2]),
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    return {
+        "python": list(random.getstate()[1]),
+        "python_pos": random.getstate()[2],
+        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
+        "numpy_pos": int(np_state[2]),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -42,8 +46,13 @@ def carry_state(carry: ACTCarry | None, dist_info: Distributed) -> dict[str, Any
     """The global batch's carry on the CPU (collective under DDP: every rank takes part)."""
     if carry is None:
         return None
-    state = {"z_H": carry.inner.z_H, "z_L": carry.inner.z_L, "steps": carry.steps, "halted": carry.halted,
-             **{f"data.{k}": v for k, v in carry.current_data.items()}}
+    state = {
+        "z_H": carry.inner.z_H,
+        "z_L": carry.inner.z_L,
+        "steps": carry.steps,
+        "halted": carry.halted,
+        **{f"data.{k}": v for k, v in carry.current_data.items()},
+    }
     return {k: gather_rows(v, dist_info).cpu() for k, v in state.items()}
 
 
@@ -52,6 +61,6 @@ def carry_from(state: dict[str, Any] | None, device: torch.device, dist_info: Di
     if state is None:
         return None
     rows = len(state["steps"]) // dist_info.world
-    state = {k: v[dist_info.rank * rows:(dist_info.rank + 1) * rows].to(device) for k, v in state.items()}
+    state = {k: v[dist_info.rank * rows : (dist_info.rank + 1) * rows].to(device) for k, v in state.items()}
     data = {k[5:]: v for k, v in state.items() if k.startswith("data.")}
     return ACTCarry(Carry(state["z_H"], state["z_L"]), state["steps"], state["halted"], data)

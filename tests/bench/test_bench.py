@@ -17,16 +17,22 @@ from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.system import jetson_model
 
-NANO = ("RAM 2785/7620MB (lfb 2x4MB) SWAP 0/3810MB (cached 0MB) CPU [2%@1510,1%@1510,0%@1510,0%@1510,off,off] "
-        "EMC_FREQ 0%@2133 GR3D_FREQ 0%@[305] NVDEC off NVJPG off cpu@48.5C soc2@47.4C soc0@47.9C gpu@48.0C "
-        "tj@49.2C soc1@48.5C VDD_IN 4820mW/4820mW VDD_CPU_GPU_CV 561mW/561mW VDD_SOC 1402mW/1402mW")
-NX = ("04-12-2025 10:01:02 RAM 5120/15656MB (lfb 12x4MB) SWAP 0/7828MB (cached 0MB) CPU [35%@1984,30%@1984,"
-      "28%@1984,40%@1984,22%@1984,25%@1984,20%@1984,31%@1984] GR3D_FREQ 97%@[918,0] cpu@55.1C soc2@52.3C "
-      "gpu@57.8C tj@58.0C VDD_IN 14120mW/13890mW VDD_CPU_GPU_CV 7350mW/7101mW VDD_SOC 2810mW/2790mW")
-AGX = ("RAM 9234/30536MB (lfb 5216x4MB) SWAP 0/15268MB (cached 0MB) CPU [5%@2201,3%@2201,1%@2201,0%@2201,"
-       "2%@2201,4%@2201,0%@2201,1%@2201,off,off,off,off] GR3D_FREQ 99%@[1300,1300] cpu@52.6C tboard@40C "
-       "soc2@49.1C tdiode@41.5C soc0@49.8C gpu@55.3C tj@55.3C soc1@48.9C VDD_GPU_SOC 12785mW/12601mW "
-       "VDD_CPU_CV 1998mW/1987mW VIN_SYS_5V0 6012mW/5987mW VDDQ_VDD2_1V8AO 1203mW/1199mW")
+NANO = (
+    "RAM 2785/7620MB (lfb 2x4MB) SWAP 0/3810MB (cached 0MB) CPU [2%@1510,1%@1510,0%@1510,0%@1510,off,off] "
+    "EMC_FREQ 0%@2133 GR3D_FREQ 0%@[305] NVDEC off NVJPG off cpu@48.5C soc2@47.4C soc0@47.9C gpu@48.0C "
+    "tj@49.2C soc1@48.5C VDD_IN 4820mW/4820mW VDD_CPU_GPU_CV 561mW/561mW VDD_SOC 1402mW/1402mW"
+)
+NX = (
+    "04-12-2025 10:01:02 RAM 5120/15656MB (lfb 12x4MB) SWAP 0/7828MB (cached 0MB) CPU [35%@1984,30%@1984,"
+    "28%@1984,40%@1984,22%@1984,25%@1984,20%@1984,31%@1984] GR3D_FREQ 97%@[918,0] cpu@55.1C soc2@52.3C "
+    "gpu@57.8C tj@58.0C VDD_IN 14120mW/13890mW VDD_CPU_GPU_CV 7350mW/7101mW VDD_SOC 2810mW/2790mW"
+)
+AGX = (
+    "RAM 9234/30536MB (lfb 5216x4MB) SWAP 0/15268MB (cached 0MB) CPU [5%@2201,3%@2201,1%@2201,0%@2201,"
+    "2%@2201,4%@2201,0%@2201,1%@2201,off,off,off,off] GR3D_FREQ 99%@[1300,1300] cpu@52.6C tboard@40C "
+    "soc2@49.1C tdiode@41.5C soc0@49.8C gpu@55.3C tj@55.3C soc1@48.9C VDD_GPU_SOC 12785mW/12601mW "
+    "VDD_CPU_CV 1998mW/1987mW VIN_SYS_5V0 6012mW/5987mW VDDQ_VDD2_1V8AO 1203mW/1199mW"
+)
 
 
 def test_latency_stats():
@@ -62,9 +68,10 @@ def test_jetson_detection(tmp_path):
 
 def test_bench_cpu_runners_table_json_plot(tiny_onnx, tmp_path):
     out = tmp_path / "bench"
-    report = bench([str(tiny_onnx.unrolled), str(tiny_onnx.step)],
-                   BenchConfig(data=tiny_onnx.data, batches=(1, 4), iters=3, warmup=1, accuracy_samples=32,
-                               out_dir=str(out)))
+    report = bench(
+        [str(tiny_onnx.unrolled), str(tiny_onnx.step)],
+        BenchConfig(data=tiny_onnx.data, batches=(1, 4), iters=3, warmup=1, accuracy_samples=32, out_dir=str(out)),
+    )
     rows = {Path(r["artifact"]).name: r for r in report["rows"]}
     assert all(r["status"] == "ok" for r in rows.values()) and rows["sudoku-tiny.pt"]["reference"]
     assert rows["tiny.onnx"]["batches"]["4"]["speedup_vs_reference"] > 0
@@ -104,14 +111,27 @@ def local_sshd(tmp_path):
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
         f"PidFile {d / 'sshd.pid'}\nStrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-        "UsePAM no\nPermitRootLogin yes\nSubsystem sftp internal-sftp\n")
+        "UsePAM no\nPermitRootLogin yes\nSubsystem sftp internal-sftp\n"
+    )
     Path("/run/sshd").mkdir(exist_ok=True) if os.geteuid() == 0 else None
     proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stderr=subprocess.PIPE)
-    options = ["-o", f"Port={port}", "-o", f"IdentityFile={d / 'client_key'}", "-o", "StrictHostKeyChecking=no",
-               "-o", f"UserKnownHostsFile={d / 'known_hosts'}", "-o", "IdentitiesOnly=yes"]
+    options = [
+        "-o",
+        f"Port={port}",
+        "-o",
+        f"IdentityFile={d / 'client_key'}",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        f"UserKnownHostsFile={d / 'known_hosts'}",
+        "-o",
+        "IdentitiesOnly=yes",
+    ]
     user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
     for _ in range(50):
-        probe = subprocess.run(["ssh", "-o", "BatchMode=yes", *options, f"{user}@127.0.0.1", "true"], capture_output=True)
+        probe = subprocess.run(
+            ["ssh", "-o", "BatchMode=yes", *options, f"{user}@127.0.0.1", "true"], capture_output=True
+        )
         if probe.returncode == 0:
             break
         if proc.poll() is not None:
@@ -129,8 +149,14 @@ def test_bench_over_ssh_host(local_sshd, tiny_onnx, tmp_path):
     from hrm_deploy.bench.remote import bench_remote
 
     host, options = local_sshd
-    config = BenchConfig(data=tiny_onnx.data, batches=(1,), iters=2, warmup=1, accuracy_samples=16,
-                         out_dir=str(tmp_path / "remote-report"))
+    config = BenchConfig(
+        data=tiny_onnx.data,
+        batches=(1,),
+        iters=2,
+        warmup=1,
+        accuracy_samples=16,
+        out_dir=str(tmp_path / "remote-report"),
+    )
     report = bench_remote(host, [str(tiny_onnx.unrolled)], config, remote_python=sys.executable, ssh_options=options)
     assert report["remote_host"] == host and [r["status"] for r in report["rows"]] == ["ok", "ok"]
     assert (tmp_path / "remote-report" / "report.md").is_file()
@@ -143,8 +169,12 @@ def test_bench_over_ssh_unreachable_and_bad_host_are_clear(tiny_onnx, tmp_path):
     with pytest.raises(ConfigError, match="USER@HOST"):
         bench_remote("me@host;rm -rf /", [str(tiny_onnx.unrolled)], config)
     with pytest.raises(RemoteError, match="cannot reach"):
-        bench_remote("nobody@127.0.0.1", [str(tiny_onnx.unrolled)], config,
-                     ssh_options=["-o", f"Port={_free_port()}", "-o", "StrictHostKeyChecking=no"])
+        bench_remote(
+            "nobody@127.0.0.1",
+            [str(tiny_onnx.unrolled)],
+            config,
+            ssh_options=["-o", f"Port={_free_port()}", "-o", "StrictHostKeyChecking=no"],
+        )
 
 
 def test_measure_reports_gpu_phases_when_the_runner_has_them(tiny_onnx):

@@ -46,7 +46,9 @@ def test_bf16_is_a_valid_bfloat16_graph(tiny_onnx, tmp_path):
 
 
 def test_int8_qdq_follows_tensorrt_convention_and_keeps_accuracy(tiny_onnx, heldout, tmp_path):
-    cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, quant=QuantConfig(samples=128), cache_dir=str(tmp_path / "calib"))
+    cfg = PrecisionConfig(
+        "int8", calib_data=tiny_onnx.data, quant=QuantConfig(samples=128), cache_dir=str(tmp_path / "calib")
+    )
     result = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "m.int8.onnx", quiet=True)
     model = onnx.load(str(result.path))
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
@@ -65,8 +67,12 @@ def test_int8_qdq_follows_tensorrt_convention_and_keeps_accuracy(tiny_onnx, held
 
 def test_calibration_cache_is_keyed_and_reused(tiny_onnx, tmp_path):
     def run(samples, method="minmax"):
-        cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, cache_dir=str(tmp_path / "calib"),
-                              quant=QuantConfig(method=method, samples=samples))
+        cfg = PrecisionConfig(
+            "int8",
+            calib_data=tiny_onnx.data,
+            cache_dir=str(tmp_path / "calib"),
+            quant=QuantConfig(method=method, samples=samples),
+        )
         return make_precision_graph(tiny_onnx.step, cfg, out=tmp_path / "s.int8.onnx", quiet=True).report["calibration"]
 
     first, again, other = run(32), run(32), run(48)
@@ -97,13 +103,21 @@ def test_sensitivity_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path,
     def fake_accuracy(path, examples, meta):
         model = onnx.load(path)
         dq_inputs = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-        harmful = [n for n in model.graph.node if "L_level" in n.name and "mlp" in n.name and n.op_type == "MatMul"
-                   and n.input[0] in dq_inputs]
+        harmful = [
+            n
+            for n in model.graph.node
+            if "L_level" in n.name and "mlp" in n.name and n.op_type == "MatMul" and n.input[0] in dq_inputs
+        ]
         return 100.0 - 5.0 * len(harmful)
 
     monkeypatch.setattr(convert, "_holdout_accuracy", fake_accuracy)
-    cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, accuracy_budget=1.0, cache_dir=str(tmp_path / "calib"),
-                          quant=QuantConfig(method="minmax", samples=32))
+    cfg = PrecisionConfig(
+        "int8",
+        calib_data=tiny_onnx.data,
+        accuracy_budget=1.0,
+        cache_dir=str(tmp_path / "calib"),
+        quant=QuantConfig(method="minmax", samples=32),
+    )
     report = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "f.int8.onnx", quiet=True).report
     budget = report["accuracy_budget"]
     assert budget["int8_exact"] == 100.0 and len(budget["kept_float"]) == 2
@@ -116,8 +130,12 @@ def test_step_and_unrolled_precision_graphs_give_the_same_answers(tiny_onnx, hel
     from hrm_deploy.calib.accuracy import predict
     from hrm_deploy.runners.ort import OrtRunner
 
-    cfg = PrecisionConfig(precision, calib_data=tiny_onnx.data, cache_dir=str(tmp_path / "calib"),
-                          quant=QuantConfig(method="minmax", samples=64))
+    cfg = PrecisionConfig(
+        precision,
+        calib_data=tiny_onnx.data,
+        cache_dir=str(tmp_path / "calib"),
+        quant=QuantConfig(method="minmax", samples=64),
+    )
     answers = []
     for source in (tiny_onnx.unrolled, tiny_onnx.step):
         graph = make_precision_graph(source, cfg, out=tmp_path / f"{source.stem}.{precision}.onnx", quiet=True).path

@@ -14,8 +14,9 @@ runner = CliRunner()
 def test_bad_checkpoint_is_one_line_no_traceback(tmp_path):
     bad = tmp_path / "step_3"
     bad.write_bytes(b"\x00" * 10)
-    result = subprocess.run([sys.executable, "-m", "hrm_deploy", "export", str(bad), "-q"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "hrm_deploy", "export", str(bad), "-q"], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -41,11 +42,14 @@ def test_inspect_checkpoint(upstream_run):
 
 def test_data_and_train_commands(tmp_path):
     data = tmp_path / "d"
-    r = runner.invoke(app, ["data", "sudoku", "-o", str(data), "--train", "20", "--test", "4", "--max-blanks", "6",
-                            "--min-blanks", "4"])
+    r = runner.invoke(
+        app,
+        ["data", "sudoku", "-o", str(data), "--train", "20", "--test", "4", "--max-blanks", "6", "--min-blanks", "4"],
+    )
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--steps", "2",
-                            "--batch-size", "8"])
+    r = runner.invoke(
+        app, ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--steps", "2", "--batch-size", "8"]
+    )
     assert r.exit_code == 0, r.output
     assert (tmp_path / "run" / "last.pt").is_file()
     r = runner.invoke(app, ["train", "--data", str(tmp_path / "nope")])

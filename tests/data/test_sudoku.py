@@ -10,7 +10,7 @@ from hrm_deploy.errors import ConfigError, DataError
 
 def _valid(solution: np.ndarray) -> bool:
     s = solution.reshape(9, 9)
-    groups = list(s) + list(s.T) + [s[r:r + 3, c:c + 3].flatten() for r in (0, 3, 6) for c in (0, 3, 6)]
+    groups = list(s) + list(s.T) + [s[r : r + 3, c : c + 3].flatten() for r in (0, 3, 6) for c in (0, 3, 6)]
     return all(sorted(g) == list(range(1, 10)) for g in groups)
 
 

@@ -25,11 +25,21 @@ from hrm_deploy.engines.backend import (
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = {"inputs": [[1, 81], [8, 81], [16, 81]], "puzzle_identifiers": [[1], [8], [16]]}
 
-DETAILED_JSON = json.dumps({"Layers": [
-    {"Name": "lm_head/MatMul", "LayerType": "CaskGemmMatrixMultiply",
-     "Inputs": [{"Name": "h", "Dimensions": [8, 81, 64], "Format/Datatype": "Row major linear FP16 format"}],
-     "Outputs": [{"Name": "y", "Dimensions": [8, 81, 11], "Format/Datatype": "Row major linear FP16 format"}]}],
-    "Bindings": ["inputs", "puzzle_identifiers", "logits"]})
+DETAILED_JSON = json.dumps(
+    {
+        "Layers": [
+            {
+                "Name": "lm_head/MatMul",
+                "LayerType": "CaskGemmMatrixMultiply",
+                "Inputs": [{"Name": "h", "Dimensions": [8, 81, 64], "Format/Datatype": "Row major linear FP16 format"}],
+                "Outputs": [
+                    {"Name": "y", "Dimensions": [8, 81, 11], "Format/Datatype": "Row major linear FP16 format"}
+                ],
+            }
+        ],
+        "Bindings": ["inputs", "puzzle_identifiers", "logits"],
+    }
+)
 
 
 class Calls(list):
@@ -162,9 +172,18 @@ def fake_tensorrt(calls: Calls, *, timing_cache_ok=(True,), engine_loads=True, v
 
 def run_worker(tmp_path, monkeypatch, trt, timing_cache=None):
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
-    spec = {"backend": "tensorrt", "onnx": "m.onnx", "shapes": SHAPES, "workspace_mib": 64, "optimization_level": 3,
-            "compute_capability": None, "timing_cache": timing_cache, "out": str(tmp_path / "m.engine"),
-            "result": str(tmp_path / "result.json"), "layers_out": str(tmp_path / "layers.json")}
+    spec = {
+        "backend": "tensorrt",
+        "onnx": "m.onnx",
+        "shapes": SHAPES,
+        "workspace_mib": 64,
+        "optimization_level": 3,
+        "compute_capability": None,
+        "timing_cache": timing_cache,
+        "out": str(tmp_path / "m.engine"),
+        "result": str(tmp_path / "result.json"),
+        "layers_out": str(tmp_path / "layers.json"),
+    }
     assert worker.build(spec) == 0
     return json.loads((tmp_path / "result.json").read_text())
 
@@ -174,8 +193,10 @@ def test_builder_asks_for_detailed_layers_and_reads_them_with_shapes_set(tmp_pat
     result = run_worker(tmp_path, monkeypatch, fake_tensorrt(calls))
     assert ("build", sys.modules["tensorrt"].ProfilingVerbosity.DETAILED) in calls
     # every input set to the profile's opt shape before the inspector is read through that context
-    assert [c for c in calls if c[0] == "set_input_shape"] == [("set_input_shape", "inputs", [8, 81]),
-                                                              ("set_input_shape", "puzzle_identifiers", [8])]
+    assert [c for c in calls if c[0] == "set_input_shape"] == [
+        ("set_input_shape", "inputs", [8, 81]),
+        ("set_input_shape", "puzzle_identifiers", [8]),
+    ]
     inspect = next(c for c in calls if c[0] == "inspect")
     assert inspect[2] is True and inspect[3] == 2
     inspection = result["engine_inspection"]
@@ -186,8 +207,10 @@ def test_builder_asks_for_detailed_layers_and_reads_them_with_shapes_set(tmp_pat
 
 def test_no_gpu_means_no_layers_file(tmp_path, monkeypatch):
     result = run_worker(tmp_path, monkeypatch, fake_tensorrt(Calls(), engine_loads=False))
-    assert result["engine_inspection"] == {"available": False,
-                                           "reason": "the engine does not load on this machine (no suitable GPU)"}
+    assert result["engine_inspection"] == {
+        "available": False,
+        "reason": "the engine does not load on this machine (no suitable GPU)",
+    }
     assert not (tmp_path / "layers.json").exists()
 
 
@@ -213,30 +236,58 @@ def test_matching_timing_cache_is_loaded(tmp_path, monkeypatch):
 
 def test_timing_cache_file_is_keyed_by_gpu_and_version():
     trt = types.SimpleNamespace(__version__="10.3.0.30")
-    orin = timing_cache_path("engines/timing.cache", Backend("tensorrt", trt),
-                             {"gpu": "Orin (nvgpu)", "compute_capability": "8.7"})
+    orin = timing_cache_path(
+        "engines/timing.cache", Backend("tensorrt", trt), {"gpu": "Orin (nvgpu)", "compute_capability": "8.7"}
+    )
     assert orin == Path("engines/timing.orin-nvgpu-sm87.tensorrt-10.3.0.30.cache")
-    h100 = timing_cache_path("engines/timing.cache", Backend("tensorrt", trt),
-                             {"gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"})
+    h100 = timing_cache_path(
+        "engines/timing.cache", Backend("tensorrt", trt), {"gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    )
     assert h100.name == "timing.nvidia-h100-80gb-hbm3-sm90.tensorrt-10.3.0.30.cache"
-    newer = timing_cache_path("engines/timing.cache", Backend("tensorrt", types.SimpleNamespace(__version__="10.3.1")),
-                              {"gpu": "Orin (nvgpu)", "compute_capability": "8.7"})
+    newer = timing_cache_path(
+        "engines/timing.cache",
+        Backend("tensorrt", types.SimpleNamespace(__version__="10.3.1")),
+        {"gpu": "Orin (nvgpu)", "compute_capability": "8.7"},
+    )
     assert len({orin, h100, newer}) == 3
 
 
 def test_reproduce_command_is_trtexec_or_tensorrt_rtx():
-    common = {"onnx": "export/m.fp16.onnx", "engine": "engines/m.engine", "shapes": SHAPES, "workspace_mib": 1024,
-                  "optimization_level": 3}
-    trt10 = shlex.split(reproduce_command(Backend("tensorrt", types.SimpleNamespace(__version__="10.3.0")),
-                                          timing_cache="engines/t.cache", **common))
+    common = {
+        "onnx": "export/m.fp16.onnx",
+        "engine": "engines/m.engine",
+        "shapes": SHAPES,
+        "workspace_mib": 1024,
+        "optimization_level": 3,
+    }
+    trt10 = shlex.split(
+        reproduce_command(
+            Backend("tensorrt", types.SimpleNamespace(__version__="10.3.0")), timing_cache="engines/t.cache", **common
+        )
+    )
     assert trt10[0] == "trtexec" and "--onnx=export/m.fp16.onnx" in trt10 and "--saveEngine=engines/m.engine" in trt10
-    assert "--minShapes=inputs:1x81,puzzle_identifiers:1" in trt10 and "--maxShapes=inputs:16x81,puzzle_identifiers:16" in trt10
-    assert {"--memPoolSize=workspace:1024M", "--stronglyTyped", "--builderOptimizationLevel=3",
-            "--profilingVerbosity=detailed", "--timingCacheFile=engines/t.cache", "--skipInference"} <= set(trt10)
+    assert (
+        "--minShapes=inputs:1x81,puzzle_identifiers:1" in trt10
+        and "--maxShapes=inputs:16x81,puzzle_identifiers:16" in trt10
+    )
+    assert {
+        "--memPoolSize=workspace:1024M",
+        "--stronglyTyped",
+        "--builderOptimizationLevel=3",
+        "--profilingVerbosity=detailed",
+        "--timingCacheFile=engines/t.cache",
+        "--skipInference",
+    } <= set(trt10)
     trt11 = reproduce_command(Backend("tensorrt", types.SimpleNamespace(__version__="11.4.1")), **common)
     assert "--stronglyTyped" not in trt11  # a no-op on TensorRT 11
-    rtx = shlex.split(reproduce_command(Backend("tensorrt-rtx", types.SimpleNamespace(__version__="1.7.1")),
-                                        compute_capability="SM120", timing_cache="x", **common))
+    rtx = shlex.split(
+        reproduce_command(
+            Backend("tensorrt-rtx", types.SimpleNamespace(__version__="1.7.1")),
+            compute_capability="SM120",
+            timing_cache="x",
+            **common,
+        )
+    )
     assert rtx[0] == "tensorrt_rtx" and "--computeCapabilities=120" in rtx
     assert not any(a.startswith(("--timingCacheFile", "--stronglyTyped")) for a in rtx)
     portable = reproduce_command(Backend("tensorrt-rtx", types.SimpleNamespace(__version__="1.7.1")), **common)
@@ -260,8 +311,9 @@ class FakeRuntimeCache:
 
 def fake_rtx(calls, accept=True):
     trt = types.SimpleNamespace(__version__="1.7.1.116")
-    trt.ExecutionContextAllocationStrategy = enum.Enum("ExecutionContextAllocationStrategy",
-                                                       "STATIC ON_PROFILE_CHANGE USER_MANAGED")
+    trt.ExecutionContextAllocationStrategy = enum.Enum(
+        "ExecutionContextAllocationStrategy", "STATIC ON_PROFILE_CHANGE USER_MANAGED"
+    )
 
     class RuntimeConfig:
         def create_runtime_cache(self):
@@ -295,9 +347,14 @@ def test_rtx_runtime_cache_is_loaded_attached_and_saved_atomically(tmp_path):
     cache_file.write_bytes(b"kernels")
     handle = create_context(engine, backend, cache_file, allocation_strategy="user_managed")
     assert handle.context == "context" and handle.cache_loaded and not handle.notes
-    assert calls == [("create_runtime_config",), ("strategy", "USER_MANAGED"), ("create_runtime_cache",),
-                     ("deserialize", b"kernels"), ("set_runtime_cache", True),
-                     ("create_execution_context", "RuntimeConfig")]
+    assert calls == [
+        ("create_runtime_config",),
+        ("strategy", "USER_MANAGED"),
+        ("create_runtime_cache",),
+        ("deserialize", b"kernels"),
+        ("set_runtime_cache", True),
+        ("create_execution_context", "RuntimeConfig"),
+    ]
     assert handle.save_runtime_cache() == cache_file
     assert cache_file.read_bytes() == b"kernels+jit-kernels"
     assert [p.name for p in tmp_path.iterdir()] == ["m.engine.runtime.cache"]  # no temp file left
@@ -329,18 +386,26 @@ def test_rtx_without_cache_file_and_tensorrt_without_runtime_config(tmp_path):
 
 
 def test_jetson_extra_pins_cuda_python_below_13():
-    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+: run the suite on Python 3.11 to check this")
+    tomllib = pytest.importorskip(
+        "tomllib", reason="tomllib is Python 3.11+: run the suite on Python 3.11 to check this"
+    )
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     from packaging.specifiers import SpecifierSet
 
     (pin,) = [r for r in extras["jetson"] if r.startswith("cuda-python")]
-    spec = SpecifierSet(pin[len("cuda-python"):])
+    spec = SpecifierSet(pin[len("cuda-python") :])
     assert "12.6.0" in spec and "12.9.1" in spec  # JetPack 6 is CUDA 12.x
     assert "13.0.0" not in spec and "11.8.0" not in spec  # 13.x needs a CUDA 13 driver
 
 
-@pytest.mark.parametrize("flag,expected", [([], "engines/timing.cache"), (["--timing-cache", "/tmp/t.cache"], "/tmp/t.cache"),
-                                           (["--timing-cache", "none"], None)])
+@pytest.mark.parametrize(
+    "flag,expected",
+    [
+        ([], "engines/timing.cache"),
+        (["--timing-cache", "/tmp/t.cache"], "/tmp/t.cache"),
+        (["--timing-cache", "none"], None),
+    ],
+)
 def test_build_engine_cli_passes_the_timing_cache(monkeypatch, flag, expected):
     from typer.testing import CliRunner
 

@@ -35,9 +35,12 @@ def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkey
     monkeypatch.chdir(tmp_path)  # calib/ and engines/ workspaces
     stale = layers_path(tmp_path / f"m.{precision}.engine")
     stale.write_text('{"Layers": ["from an older engine"]}')
-    result = build_engine(tiny_onnx.unrolled, EngineConfig(precision, calib_data=tiny_onnx.data, calib_samples=64,
-                                                           max_batch=16), out=tmp_path / f"m.{precision}.engine",
-                          quiet=True)
+    result = build_engine(
+        tiny_onnx.unrolled,
+        EngineConfig(precision, calib_data=tiny_onnx.data, calib_samples=64, max_batch=16),
+        out=tmp_path / f"m.{precision}.engine",
+        quiet=True,
+    )
     assert result.path.stat().st_size > 100_000
     manifest = json.loads(result.manifest.read_text())
     assert manifest["backend"]["name"] == "tensorrt-rtx" and manifest["compute_capability"] == "SM120"
@@ -64,26 +67,39 @@ def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkey
 @rtx
 @pytest.mark.trt
 def test_rtx_builds_the_single_step_engine(tiny_onnx, tmp_path):
-    result = build_engine(tiny_onnx.step, EngineConfig("fp16", timing_cache=None), out=tmp_path / "s.engine",
-                          quiet=True)
+    result = build_engine(
+        tiny_onnx.step, EngineConfig("fp16", timing_cache=None), out=tmp_path / "s.engine", quiet=True
+    )
     manifest = json.loads(result.manifest.read_text())
     assert manifest["timing_cache"] is None and "--timingCacheFile" not in manifest["trtexec_command"]
-    assert manifest["mode"] == "step" and set(manifest["profile_shapes"]) == {"inputs", "puzzle_identifiers", "z_H",
-                                                                             "z_L", "reset"}
+    assert manifest["mode"] == "step" and set(manifest["profile_shapes"]) == {
+        "inputs",
+        "puzzle_identifiers",
+        "z_H",
+        "z_L",
+        "reset",
+    }
 
 
 @rtx
 @pytest.mark.trt
 def test_parser_errors_name_the_node(tmp_path):
     node = helper.make_node("NoSuchOp", ["x"], ["y"], name="broken_node", domain="custom.domain")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom.domain", 1)])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom.domain", 1)]
+    )
     model.metadata_props.add(key="hrm_deploy.mode", value="unrolled")
     onnx.save(model, tmp_path / "bad.onnx")
     with pytest.raises(EngineError, match="broken_node"):
-        build_engine(tmp_path / "bad.onnx", EngineConfig("fp32", timing_cache=None), out=tmp_path / "bad.engine",
-                     quiet=True)
+        build_engine(
+            tmp_path / "bad.onnx", EngineConfig("fp32", timing_cache=None), out=tmp_path / "bad.engine", quiet=True
+        )
     assert not (tmp_path / "bad.engine").exists()
 
 
@@ -94,8 +110,12 @@ def test_jetson_memory_budget_is_checked_before_building(tiny_onnx, tmp_path, mo
     monkeypatch.setattr(build, "BUILD_MIB_PER_NODE", 100.0)  # as if the graph were a full 16-step unroll
     monkeypatch.setattr(build, "load_backend", lambda name: load_backend("tensorrt-rtx"))  # no JetPack TRT here
     with pytest.raises(EngineError, match="--mode step"):
-        build.build_engine(tiny_onnx.unrolled, EngineConfig("fp32", target="jetson-orin-8gb", backend="tensorrt"),
-                           out=tmp_path / "j.engine", quiet=True)
+        build.build_engine(
+            tiny_onnx.unrolled,
+            EngineConfig("fp32", target="jetson-orin-8gb", backend="tensorrt"),
+            out=tmp_path / "j.engine",
+            quiet=True,
+        )
 
 
 def test_targets_are_data_and_bad_choices_are_clear():

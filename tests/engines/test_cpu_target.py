@@ -18,8 +18,10 @@ from hrm_deploy.runners import open_runner
 @pytest.fixture(scope="module")
 def cpu_graphs(tiny_onnx, tmp_path_factory):
     folder = tmp_path_factory.mktemp("cpu")
-    return {p: build_cpu(tiny_onnx.unrolled, CpuBuildConfig(p, threads=1), folder / f"tiny.{p}.cpu.ort.onnx",
-                         quiet=True) for p in ("fp32", "int8")}
+    return {
+        p: build_cpu(tiny_onnx.unrolled, CpuBuildConfig(p, threads=1), folder / f"tiny.{p}.cpu.ort.onnx", quiet=True)
+        for p in ("fp32", "int8")
+    }
 
 
 def test_cpu_int8_runs_integer_gemms_and_keeps_accuracy(cpu_graphs, tiny_onnx):
@@ -87,8 +89,10 @@ def test_cli_build_engine_target_cpu(tiny_onnx, tmp_path):
     from hrm_deploy.cli import app
 
     out = tmp_path / "m.int8.cpu.ort.onnx"
-    result = CliRunner().invoke(app, ["build-engine", str(tiny_onnx.unrolled), "--target", "cpu", "--int8",
-                                      "--threads", "2", "-o", str(out), "-q"])
+    result = CliRunner().invoke(
+        app,
+        ["build-engine", str(tiny_onnx.unrolled), "--target", "cpu", "--int8", "--threads", "2", "-o", str(out), "-q"],
+    )
     assert result.exit_code == 0, result.output
     assert out.is_file() and "wrote" in result.output
     assert json.loads(out.with_name(out.name + ".manifest.json").read_text())["runtime"]["intra_op_num_threads"] == 2

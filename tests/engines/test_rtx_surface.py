@@ -19,16 +19,32 @@ ENGINES = Path(__file__).resolve().parents[2] / "hrm_deploy" / "engines"
 MODULE_ALIASES = {"trt", "backend.trt", "self.trt"}
 # variable (or dotted attribute) -> tensorrt_rtx class, per file where the meaning differs
 RECEIVERS = {
-    "*": {"builder": "Builder", "network": "INetworkDefinition", "parser": "OnnxParser", "profile": "IOptimizationProfile",
-          "engine": "ICudaEngine", "context": "IExecutionContext", "inspector": "EngineInspector", "layer": "ILayer",
-          "runtime_config": "IRuntimeConfig", "e": "ParserError"},
+    "*": {
+        "builder": "Builder",
+        "network": "INetworkDefinition",
+        "parser": "OnnxParser",
+        "profile": "IOptimizationProfile",
+        "engine": "ICudaEngine",
+        "context": "IExecutionContext",
+        "inspector": "EngineInspector",
+        "layer": "ILayer",
+        "runtime_config": "IRuntimeConfig",
+        "e": "ParserError",
+    },
     "worker.py": {"config": "IBuilderConfig", "cache": "ITimingCache"},
     "backend.py": {"config": "IBuilderConfig", "self.cache": "IRuntimeCache", "handle.cache": "IRuntimeCache"},
 }
 # reached through getattr(...) with a string, so no AST attribute node names them
-DYNAMIC = {("Runtime", "get_engine_validity"), ("NetworkDefinitionCreationFlag", "STRONGLY_TYPED"),
-           ("EngineValidity", "VALID"), ("EngineValidity", "SUBOPTIMAL"), ("EngineValidity", "INVALID"),
-           ("", "EngineInvalidityDiagnostics"), ("ParserError", "node_name"), ("ParserError", "node_operator")}
+DYNAMIC = {
+    ("Runtime", "get_engine_validity"),
+    ("NetworkDefinitionCreationFlag", "STRONGLY_TYPED"),
+    ("EngineValidity", "VALID"),
+    ("EngineValidity", "SUBOPTIMAL"),
+    ("EngineValidity", "INVALID"),
+    ("", "EngineInvalidityDiagnostics"),
+    ("ParserError", "node_name"),
+    ("ParserError", "node_operator"),
+}
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -48,8 +64,11 @@ def used_names(source: str, filename: str) -> set[tuple[str, str]]:
         if not isinstance(node, ast.Attribute) or node.attr.startswith("__"):
             continue
         value = node.value
-        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
-                and _dotted(value.func.value) in MODULE_ALIASES:
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and _dotted(value.func.value) in MODULE_ALIASES
+        ):
             found.add((value.func.attr, node.attr))  # trt.Runtime(logger).deserialize_cuda_engine
             continue
         owner = _dotted(value)
@@ -84,20 +103,33 @@ def missing_on(module, names: set[tuple[str, str]]) -> list[str]:
 
 def test_the_scan_finds_the_rtx_path_names():
     names = all_used_names()
-    for expected in [("", "Builder"), ("", "ProfilingVerbosity"), ("ProfilingVerbosity", "DETAILED"),
-                     ("IBuilderConfig", "profiling_verbosity"), ("IBuilderConfig", "set_compute_capability"),
-                     ("IBuilderConfig", "set_timing_cache"), ("Runtime", "deserialize_cuda_engine"),
-                     ("EngineInspector", "execution_context"), ("IExecutionContext", "set_input_shape"),
-                     ("ICudaEngine", "create_runtime_config"), ("IRuntimeConfig", "create_runtime_cache"),
-                     ("IRuntimeConfig", "set_runtime_cache"), ("IRuntimeCache", "deserialize"),
-                     ("IRuntimeCache", "serialize"), ("", "ComputeCapability")]:
+    for expected in [
+        ("", "Builder"),
+        ("", "ProfilingVerbosity"),
+        ("ProfilingVerbosity", "DETAILED"),
+        ("IBuilderConfig", "profiling_verbosity"),
+        ("IBuilderConfig", "set_compute_capability"),
+        ("IBuilderConfig", "set_timing_cache"),
+        ("Runtime", "deserialize_cuda_engine"),
+        ("EngineInspector", "execution_context"),
+        ("IExecutionContext", "set_input_shape"),
+        ("ICudaEngine", "create_runtime_config"),
+        ("IRuntimeConfig", "create_runtime_cache"),
+        ("IRuntimeConfig", "set_runtime_cache"),
+        ("IRuntimeCache", "deserialize"),
+        ("IRuntimeCache", "serialize"),
+        ("", "ComputeCapability"),
+    ]:
         assert expected in names, expected
 
 
 def test_a_missing_name_is_reported():
     fake = type("FakeModule", (), {"Builder": object, "IBuilderConfig": type("C", (), {"set_flag": None})})
-    names = used_names("def f(backend, config):\n    trt = backend.trt\n    trt.Builder\n    trt.NoSuchClass\n"
-                       "    config.set_flag(1)\n    config.set_runtime_cachez(None)\n", "worker.py")
+    names = used_names(
+        "def f(backend, config):\n    trt = backend.trt\n    trt.Builder\n    trt.NoSuchClass\n"
+        "    config.set_flag(1)\n    config.set_runtime_cachez(None)\n",
+        "worker.py",
+    )
     assert missing_on(fake, names) == ["NoSuchClass", "IBuilderConfig.set_runtime_cachez"]
 
 

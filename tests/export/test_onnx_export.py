@@ -18,8 +18,10 @@ def test_unrolled_export_contract_and_parity(tmp_path, tiny_model):
     result = export_onnx(tiny_model, out, ExportConfig(step_predictions=True, max_batch=8), quiet=True)
     model = onnx.load(out)
     names = [i.name for i in model.graph.input], [o.name for o in model.graph.output]
-    assert names == (["inputs", "puzzle_identifiers"],
-                     ["logits", "q_halt_logits", "q_continue_logits", "step_predictions"])
+    assert names == (
+        ["inputs", "puzzle_identifiers"],
+        ["logits", "q_halt_logits", "q_continue_logits", "step_predictions"],
+    )
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT32
     assert not {n.op_type for n in model.graph.node} & {"Loop", "If", "Scan"}
@@ -92,6 +94,7 @@ def test_parity_failure_is_an_error_with_numbers_and_writes_nothing(tmp_path, ti
                 out = ort_session(path).run(names, feeds)
                 out[0] = out[0] + 0.5  # a wrong graph
                 return out
+
         return Wrong()
 
     monkeypatch.setattr(parity_mod, "ort_session", broken_session)
@@ -145,8 +148,9 @@ def test_folding_shrinks_the_segment_and_keeps_outputs(tmp_path, tiny_model):
     ops = [n.op_type for n in onnx.load(tmp_path / "f.onnx").graph.node]
     assert ops.count("Shape") <= 1  # only the embedding's expand to the batch remains
     feeds = sample_inputs(tiny_model.config, 3, seed=2)
-    for a, b in zip(ort_session(str(tmp_path / "f.onnx")).run(None, feeds),
-                    ort_session(str(tmp_path / "p.onnx")).run(None, feeds)):
+    for a, b in zip(
+        ort_session(str(tmp_path / "f.onnx")).run(None, feeds), ort_session(str(tmp_path / "p.onnx")).run(None, feeds)
+    ):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
     assert read_manifest(tmp_path / "f.onnx")["folding"]["segment"]["nodes_after"] == seg["nodes_after"]
 

@@ -5,8 +5,7 @@ from hrm_deploy.export.unroll import single_step, unroll, upstream_evaluate
 
 def _batch(cfg, n, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, cfg.vocab_size, (n, cfg.seq_len), generator=g),
-            torch.zeros(n, dtype=torch.long))
+    return (torch.randint(0, cfg.vocab_size, (n, cfg.seq_len), generator=g), torch.zeros(n, dtype=torch.long))
 
 
 def test_unroll_equals_upstream_eval_loop(tiny_model):

@@ -73,10 +73,15 @@ def test_our_checkpoint_round_trip(tmp_path, tiny_model):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-@pytest.mark.parametrize("field,value,expected", [("H_layers", 3, "arch.H_layers .* is 3 but the weights have H_layers=2"),
-                                                    ("expansion", 8, "expansion"),
-                                                    ("hidden_size", 128, "arch.hidden_size .* is 128 but the weights"),
-                                                    ("pos_encodings", "learned", "arch.pos_encodings .* the weights")])
+@pytest.mark.parametrize(
+    "field,value,expected",
+    [
+        ("H_layers", 3, "arch.H_layers .* is 3 but the weights have H_layers=2"),
+        ("expansion", 8, "expansion"),
+        ("hidden_size", 128, "arch.hidden_size .* is 128 but the weights"),
+        ("pos_encodings", "learned", "arch.pos_encodings .* the weights"),
+    ],
+)
 def test_wrong_config_is_one_line_naming_keys(upstream_run, field, value, expected):
     cfg_file = upstream_run.parent / "all_config.yaml"
     data = yaml.safe_load(cfg_file.read_text())
@@ -132,7 +137,9 @@ def test_foreign_state_dict(tmp_path):
 
 
 def test_trm_like_checkpoint_is_named(tmp_path):
-    torch.save({"model.inner.L_level.layers.0.mlp.down_proj.weight": torch.zeros(2, 2),
-                "model.inner.H_init": torch.zeros(2)}, tmp_path / "step_5")
+    torch.save(
+        {"model.inner.L_level.layers.0.mlp.down_proj.weight": torch.zeros(2, 2), "model.inner.H_init": torch.zeros(2)},
+        tmp_path / "step_5",
+    )
     with pytest.raises(CheckpointError, match="TRM"):
         load_checkpoint(tmp_path / "step_5")

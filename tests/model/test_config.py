@@ -17,16 +17,27 @@ def test_prefix_length_is_ceil_of_ndim_over_hidden():
     assert HRMConfig(seq_len=4, vocab_size=5, puzzle_emb_ndim=0).puzzle_emb_len == 0
 
 
-@pytest.mark.parametrize("bad", [dict(num_heads=7), dict(pos_encodings="alibi"), dict(seq_len=0),
-                                 dict(forward_dtype="int8"), dict(version=99)])
+@pytest.mark.parametrize(
+    "bad",
+    [dict(num_heads=7), dict(pos_encodings="alibi"), dict(seq_len=0), dict(forward_dtype="int8"), dict(version=99)],
+)
 def test_invalid_configs_are_config_errors(bad):
     with pytest.raises(ConfigError):
         HRMConfig(**{"seq_len": 81, "vocab_size": 11, **bad})
 
 
 def test_from_dict_ignores_upstream_extras_and_coerces():
-    cfg = HRMConfig.from_dict({"seq_len": "81", "vocab_size": 11.0, "name": "hrm", "loss": {}, "causal": False,
-                               "batch_size": 768, "expansion": 4})
+    cfg = HRMConfig.from_dict(
+        {
+            "seq_len": "81",
+            "vocab_size": 11.0,
+            "name": "hrm",
+            "loss": {},
+            "causal": False,
+            "batch_size": 768,
+            "expansion": 4,
+        }
+    )
     assert cfg.seq_len == 81 and isinstance(cfg.vocab_size, int) and cfg.expansion == 4.0
     with pytest.raises(ConfigError):
         HRMConfig.from_dict({"seq_len": 81.5, "vocab_size": 11})

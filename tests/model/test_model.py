@@ -54,7 +54,9 @@ def test_learned_positions_variant(tiny_config):
     m = build_model(cfg, seed=0).eval()
     assert m.inner.embed_pos.embedding_weight.shape == (82, 64)
     with torch.no_grad():
-        _, logits, _ = m.inner(m.inner.initial_state(2), torch.zeros(2, 81, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+        _, logits, _ = m.inner(
+            m.inner.initial_state(2), torch.zeros(2, 81, dtype=torch.long), torch.zeros(2, dtype=torch.long)
+        )
     assert logits.shape == (2, 81, 11)
 
 
@@ -62,8 +64,9 @@ def test_bfloat16_forward_mirrors_upstream_dtypes(tiny_model):
     core = tiny_model.inner
     core.compute_dtype = torch.bfloat16
     with torch.no_grad():
-        carry, logits, (q_halt, _) = core(core.initial_state(2), torch.ones(2, 81, dtype=torch.long),
-                                          torch.zeros(2, dtype=torch.long))
+        carry, logits, (q_halt, _) = core(
+            core.initial_state(2), torch.ones(2, 81, dtype=torch.long), torch.zeros(2, dtype=torch.long)
+        )
     assert logits.dtype == torch.bfloat16 and carry.z_H.dtype == torch.bfloat16
     assert q_halt.dtype == torch.float32  # Q logits upcast, as upstream
 

@@ -64,8 +64,12 @@ def test_kill_between_artifact_and_manifest_never_leaves_a_lying_pair(tmp_path):
             (staging / "model.onnx").write_bytes(b"new 2-step graph")
             publish_artifact(staging / "model.onnx", folder / "model.onnx", stage="test", config={{}})
     """)
-    done = subprocess.run([sys.executable, "-c", script], env=_env(HRM_DEPLOY_TEST_KILL_AT="between-artifact-and-manifest"),
-                          timeout=60, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_env(HRM_DEPLOY_TEST_KILL_AT="between-artifact-and-manifest"),
+        timeout=60,
+        capture_output=True,
+    )
     assert done.returncode == -signal.SIGKILL
     assert old.read_bytes() == b"new 2-step graph"
     # the old manifest (describing the 8-step graph) and its PASSED report are gone, not beside the new graph
@@ -94,11 +98,14 @@ def test_debris_of_a_live_writer_is_kept_and_of_a_dead_one_removed(tmp_path):
     assert (tmp_path / f".model.onnx.{os.getppid()}.live.tmp").exists()
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda m: m.update(sha256="0" * 64), "does not match its manifest"),
-    (lambda m: m.update(sha256=""), "no valid sha256"),
-    (lambda m: m.pop("sha256"), "not an hrm-deploy manifest"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda m: m.update(sha256="0" * 64), "does not match its manifest"),
+        (lambda m: m.update(sha256=""), "no valid sha256"),
+        (lambda m: m.pop("sha256"), "not an hrm-deploy manifest"),
+    ],
+)
 def test_an_edited_manifest_is_caught(tmp_path, edit, message):
     artifact = _publish(tmp_path, "a.onnx", b"graph bytes")
     data = read_manifest(artifact)
@@ -108,8 +115,15 @@ def test_an_edited_manifest_is_caught(tmp_path, edit, message):
         check_artifact(artifact)
 
 
-@pytest.mark.parametrize("content,message", [("[1, 2, 3]", "JSON list, not an object"), ("\xff\xfe garbage", "not valid JSON"),
-                                             ('"just a string"', "not an object"), ("[" * 100000, "not valid JSON")])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("[1, 2, 3]", "JSON list, not an object"),
+        ("\xff\xfe garbage", "not valid JSON"),
+        ('"just a string"', "not an object"),
+        ("[" * 100000, "not valid JSON"),
+    ],
+)
 def test_a_manifest_that_is_not_a_json_object_is_one_line(tmp_path, content, message):
     artifact = tmp_path / "a.onnx"
     artifact.write_bytes(b"graph")
@@ -158,9 +172,11 @@ def test_consumers_refuse_an_artifact_replaced_behind_its_manifest(tiny_onnx, tm
     copy = tmp_path / "tiny.onnx"
     shutil.copy(tiny_onnx.step, copy)  # the single-step graph ...
     shutil.copy(manifest_path(tiny_onnx.unrolled), manifest_path(copy))  # ... beside the unroll's manifest
-    for argv in (["verify", str(copy), "--data", tiny_onnx.data, "--samples", "4"],
-                 ["bench", str(copy), "--data", tiny_onnx.data, "--iters", "1", "--out", str(tmp_path / "b")],
-                 ["build-engine", str(copy), "--fp32", "-o", str(tmp_path / "e.engine")]):
+    for argv in (
+        ["verify", str(copy), "--data", tiny_onnx.data, "--samples", "4"],
+        ["bench", str(copy), "--data", tiny_onnx.data, "--iters", "1", "--out", str(tmp_path / "b")],
+        ["build-engine", str(copy), "--fp32", "-o", str(tmp_path / "e.engine")],
+    ):
         result = runner.invoke(app, argv)
         assert result.exit_code == 2, (argv, result.output)
         assert "does not match its manifest" in result.output and "Traceback" not in result.output
@@ -271,8 +287,13 @@ def test_killing_build_engines_parent_stops_its_worker(tmp_path):
 def test_sigterm_during_export_leaves_no_debris(tmp_path):
     """SIGTERM while `hrm-deploy export` is checking its staged graph: exit 130, nothing left."""
     out = tmp_path / "export"
-    proc = subprocess.Popen([sys.executable, "-m", "hrm_deploy", "export", "-o", str(out / "m.onnx")], env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hrm_deploy", "export", "-o", str(out / "m.onnx")],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -314,8 +335,11 @@ def test_an_export_landing_during_verify_gets_no_stale_verdict(tiny_onnx, tmp_pa
         out = real_run(runner_, examples, batch)
         calls["n"] += 1
         if calls["n"] == 1:  # `hrm-deploy export -o m.onnx` finishes while verify is judging the old bytes
-            fields = {k: v for k, v in read_manifest(tiny_onnx.step).items()
-                      if k not in ("sha256", "size_bytes", "artifact", "manifest_version", "parent", "verify")}
+            fields = {
+                k: v
+                for k, v in read_manifest(tiny_onnx.step).items()
+                if k not in ("sha256", "size_bytes", "artifact", "manifest_version", "parent", "verify")
+            }
             with staging_dir(tmp_path, "export-check") as staging:
                 shutil.copy(tiny_onnx.step, staging / "m.onnx")
                 publish_artifact(staging / "m.onnx", copy, **fields)
@@ -331,8 +355,12 @@ def test_a_damaged_int8_calibration_cache_is_recomputed_not_used(tiny_onnx, tmp_
     from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
     from hrm_deploy.calib.int8 import QuantConfig
 
-    cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, quant=QuantConfig(method="minmax", samples=16),
-                          cache_dir=str(tmp_path / "calib"))
+    cfg = PrecisionConfig(
+        "int8",
+        calib_data=tiny_onnx.data,
+        quant=QuantConfig(method="minmax", samples=16),
+        cache_dir=str(tmp_path / "calib"),
+    )
     first = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "a.int8.onnx", quiet=True)
     cache = Path(first.report["calibration"]["cache"])
     good = cache.read_bytes()

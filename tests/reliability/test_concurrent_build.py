@@ -38,14 +38,18 @@ def test_export_replacing_the_graph_during_a_build(tiny_onnx, tmp_path, monkeypa
         with staging_dir(tmp_path, "export-check") as staging:
             staged = staging / graph.name
             shutil.copy(tiny_onnx.unrolled, staged)
-            fields = {k: v for k, v in read_manifest(tiny_onnx.unrolled).items()
-                      if k not in ("sha256", "size_bytes", "artifact", "manifest_version", "parent")}
+            fields = {
+                k: v
+                for k, v in read_manifest(tiny_onnx.unrolled).items()
+                if k not in ("sha256", "size_bytes", "artifact", "manifest_version", "parent")
+            }
             publish_artifact(staged, graph, **fields)
         return real_run(*args, **kwargs)
 
     monkeypatch.setattr(build.subprocess, "run", export_lands_now)
-    result = build.build_engine(graph, build.EngineConfig("fp32", timing_cache=None), out=tmp_path / "m.engine",
-                                quiet=True)
+    result = build.build_engine(
+        graph, build.EngineConfig("fp32", timing_cache=None), out=tmp_path / "m.engine", quiet=True
+    )
     manifest = json.loads(result.manifest.read_text())
     assert manifest["onnx_sha256"] == step_sha == manifest["parent"]["sha256"]
     assert "z_H" in manifest["profile_shapes"]  # the step graph was built, as recorded

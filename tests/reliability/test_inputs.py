@@ -25,19 +25,22 @@ def _one_line_error(result, needle: str) -> None:
     assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1, result.output
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["export", "--opset", "99", "-o", "x.onnx"], "--opset between"),
-    (["export", "--opset", "5", "-o", "x.onnx"], "--opset between"),
-    (["export", "--max-batch", "0", "-o", "x.onnx"], "--max-batch"),
-    (["export", "--steps", "100000", "-o", "x.onnx"], "--steps"),
-    (["build-engine", "x.onnx", "--workspace", "-5"], "--workspace"),
-    (["build-engine", "x.onnx", "--opt-level", "9"], "--opt-level"),
-    (["build-engine", "x.onnx", "--max-batch", "10000000"], "--max-batch"),
-    (["build-engine", "x.onnx", "--int8", "--calib-samples", "0"], "--calib-samples"),
-    (["bench", "--data", "d", "--batch", "100000", "--no-reference"], "--batch 100000 is too large"),
-    (["bench", "--data", "d", "--batch", "0"], "batches must be >= 1"),
-    (["bench", "--data", "d", "--iters", "0"], "iters >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["export", "--opset", "99", "-o", "x.onnx"], "--opset between"),
+        (["export", "--opset", "5", "-o", "x.onnx"], "--opset between"),
+        (["export", "--max-batch", "0", "-o", "x.onnx"], "--max-batch"),
+        (["export", "--steps", "100000", "-o", "x.onnx"], "--steps"),
+        (["build-engine", "x.onnx", "--workspace", "-5"], "--workspace"),
+        (["build-engine", "x.onnx", "--opt-level", "9"], "--opt-level"),
+        (["build-engine", "x.onnx", "--max-batch", "10000000"], "--max-batch"),
+        (["build-engine", "x.onnx", "--int8", "--calib-samples", "0"], "--calib-samples"),
+        (["bench", "--data", "d", "--batch", "100000", "--no-reference"], "--batch 100000 is too large"),
+        (["bench", "--data", "d", "--batch", "0"], "batches must be >= 1"),
+        (["bench", "--data", "d", "--iters", "0"], "iters >= 1"),
+    ],
+)
 def test_numeric_options_are_validated_up_front(argv, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _one_line_error(runner.invoke(app, argv), needle)
@@ -75,8 +78,15 @@ def test_logits_far_off_fail_even_when_argmax_agrees():
     assert not judge(compare(reference, {"logits": logits + 1e-5, "q_halt_logits": q}, None), THRESHOLDS["fp32"])
 
 
-@pytest.mark.parametrize("drop,needle", [("num_heads", "arch.num_heads"), ("arch", "has no arch section"),
-                                         ("H_cycles", "arch.H_cycles"), ("halt_max_steps", "--halt-max-steps")])
+@pytest.mark.parametrize(
+    "drop,needle",
+    [
+        ("num_heads", "arch.num_heads"),
+        ("arch", "has no arch section"),
+        ("H_cycles", "arch.H_cycles"),
+        ("halt_max_steps", "--halt-max-steps"),
+    ],
+)
 def test_upstream_config_lacking_an_architecture_field_is_never_defaulted(upstream_run, drop, needle):
     from hrm_deploy.model.checkpoint import load_checkpoint
 
@@ -130,8 +140,19 @@ def test_reports_are_never_written_through_a_symlink_out_of_the_workspace(tiny_o
     shutil.copy(tiny_onnx.unrolled, work / "m.onnx")
     shutil.copy(manifest_path(tiny_onnx.unrolled), manifest_path(work / "m.onnx"))
     (work / "m.onnx.verify.md").symlink_to(victim)
-    result = runner.invoke(app, ["verify", "m.onnx", "--data", tiny_onnx.data, "--samples", "4",
-                                 "--against", str(__import__("hrm_deploy.verify").verify.find_reference(tiny_onnx.unrolled))])
+    result = runner.invoke(
+        app,
+        [
+            "verify",
+            "m.onnx",
+            "--data",
+            tiny_onnx.data,
+            "--samples",
+            "4",
+            "--against",
+            str(__import__("hrm_deploy.verify").verify.find_reference(tiny_onnx.unrolled)),
+        ],
+    )
     _one_line_error(result, "outside the workspace")
     (work / "bench").symlink_to(outside, target_is_directory=True)
     result = runner.invoke(app, ["bench", "m.onnx", "--data", tiny_onnx.data, "--iters", "1", "--no-reference"])
@@ -145,8 +166,16 @@ def test_reports_are_never_written_through_a_symlink_out_of_the_workspace(tiny_o
     assert victim.read_text() == "keep me" and sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
 
 
-@pytest.mark.parametrize("option,ok", [("Port=2222", True), ("StrictHostKeyChecking no", True),
-                                       ("-oProxyCommand=touch /tmp/x", False), ("", False), ("Port=1\nHost *", False)])
+@pytest.mark.parametrize(
+    "option,ok",
+    [
+        ("Port=2222", True),
+        ("StrictHostKeyChecking no", True),
+        ("-oProxyCommand=touch /tmp/x", False),
+        ("", False),
+        ("Port=1\nHost *", False),
+    ],
+)
 def test_ssh_options_are_passed_as_ssh_o(option, ok):
     from hrm_deploy.bench.remote import ssh_options
 

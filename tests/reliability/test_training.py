@@ -22,8 +22,18 @@ from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.train.loop import TrainConfig, TrainingDiverged, train
 
 ROOT = Path(__file__).resolve().parents[2]
-MICRO = HRMConfig(seq_len=81, vocab_size=11, hidden_size=32, num_heads=2, H_layers=1, L_layers=1, H_cycles=1,
-                  L_cycles=1, halt_max_steps=3, puzzle_emb_ndim=32)
+MICRO = HRMConfig(
+    seq_len=81,
+    vocab_size=11,
+    hidden_size=32,
+    num_heads=2,
+    H_layers=1,
+    L_layers=1,
+    H_cycles=1,
+    L_cycles=1,
+    halt_max_steps=3,
+    puzzle_emb_ndim=32,
+)
 runner = CliRunner()
 
 
@@ -37,14 +47,33 @@ def micro_data(tmp_path_factory):
 
 
 def _cfg(data, out, **kw):
-    return TrainConfig(data_path=data, out_dir=str(out), **{**dict(steps=6, global_batch_size=8, lr=1e-3,
-                                                                    lr_warmup_steps=2, eval_samples=8), **kw})
+    return TrainConfig(
+        data_path=data,
+        out_dir=str(out),
+        **{**dict(steps=6, global_batch_size=8, lr=1e-3, lr_warmup_steps=2, eval_samples=8), **kw},
+    )
 
 
 def test_sigterm_checkpoints_then_resume_continues(micro_data, tmp_path):
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "hrm_deploy", "train", "--data", micro_data, "--out", str(out), "--steps", "100000",
-            "--batch-size", "8", "--threads", "1", "--device", "cpu"]
+    argv = [
+        sys.executable,
+        "-m",
+        "hrm_deploy",
+        "train",
+        "--data",
+        micro_data,
+        "--out",
+        str(out),
+        "--steps",
+        "100000",
+        "--batch-size",
+        "8",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -72,9 +101,19 @@ def test_sigterm_checkpoints_then_resume_continues(micro_data, tmp_path):
     refused = runner.invoke(app, ["train", "--data", micro_data, "--out", str(out), "--steps", "4"])
     assert refused.exit_code == 2 and "--resume" in refused.output and "--overwrite" in refused.output
     model_cfg = saved.config
-    resumed = train(model_cfg, _cfg(micro_data, out, steps=saved.step + 2, checkpoint_minutes=0,
-                                    global_batch_size=8, lr=saved.train_config["lr"]),
-                    resume=str(out / "last.pt"), progress=False)
+    resumed = train(
+        model_cfg,
+        _cfg(
+            micro_data,
+            out,
+            steps=saved.step + 2,
+            checkpoint_minutes=0,
+            global_batch_size=8,
+            lr=saved.train_config["lr"],
+        ),
+        resume=str(out / "last.pt"),
+        progress=False,
+    )
     assert resumed.metrics["step"] == saved.step + 2
 
 
@@ -87,7 +126,9 @@ def test_periodic_checkpoint_by_default(micro_data, tmp_path, monkeypatch):
     monkeypatch.setattr(loop.time, "monotonic", lambda: float(next(clock)))
     saves = []
     real = checkpointer.save_checkpoint
-    monkeypatch.setattr(checkpointer, "save_checkpoint", lambda path, *a, **k: saves.append(Path(path)) or real(path, *a, **k))
+    monkeypatch.setattr(
+        checkpointer, "save_checkpoint", lambda path, *a, **k: saves.append(Path(path)) or real(path, *a, **k)
+    )
     train(MICRO, _cfg(micro_data, tmp_path / "run"), progress=False)
     assert saves.count(tmp_path / "run" / "last.pt") >= 3  # periodic ones plus the final one
 
@@ -116,15 +157,24 @@ def test_nan_loss_stops_keeping_the_last_good_checkpoint(micro_data, tmp_path, m
 def test_resume_of_a_non_trainer_checkpoint_is_one_line(micro_data, tmp_path):
     from hrm_deploy.cli.common import bundled_checkpoint
 
-    result = runner.invoke(app, ["train", "--data", micro_data, "--out", str(tmp_path / "r"), "--resume",
-                                 bundled_checkpoint(), "--steps", "2"])
+    result = runner.invoke(
+        app,
+        ["train", "--data", micro_data, "--out", str(tmp_path / "r"), "--resume", bundled_checkpoint(), "--steps", "2"],
+    )
     assert result.exit_code == 2 and "not a trainer checkpoint" in result.output, result.output
     assert "Traceback" not in result.output and "KeyError" not in result.output
 
 
-@pytest.mark.parametrize("field,value,needle", [("lr", float("nan"), "lr must be a finite"), ("lr", -1e-3, "lr must be"),
-                                                ("threads", -2, "threads must be"), ("lr", 0.0, "lr must be > 0"),
-                                                ("checkpoint_minutes", float("inf"), "checkpoint_minutes")])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("lr", float("nan"), "lr must be a finite"),
+        ("lr", -1e-3, "lr must be"),
+        ("threads", -2, "threads must be"),
+        ("lr", 0.0, "lr must be > 0"),
+        ("checkpoint_minutes", float("inf"), "checkpoint_minutes"),
+    ],
+)
 def test_bad_numbers_are_refused_up_front(field, value, needle):
     with pytest.raises(ConfigError, match=needle):
         TrainConfig(data_path="x", **{field: value})

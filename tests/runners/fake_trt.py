@@ -57,15 +57,39 @@ class Logger:
         self.level = level
 
 
-STORAGE = {"FLOAT": np.float32, "HALF": np.float16, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_,
-           "BF16": np.uint16}
+STORAGE = {
+    "FLOAT": np.float32,
+    "HALF": np.float16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "BOOL": np.bool_,
+    "BF16": np.uint16,
+}
 
 
-def spec(mode: str = "step", batch: tuple[int, int] = (1, 16), steps: int = 4, seq: int = 6, vocab: int = 5,
-         hidden: int = 8, dtypes: dict[str, str] | None = None, step_predictions: bool = True,
-         noop: bool = False) -> dict[str, Any]:
-    return {"mode": mode, "batch": list(batch), "steps": steps, "S": seq, "V": vocab, "T": seq + 1, "D": hidden,
-            "dtypes": dtypes or {}, "step_predictions": step_predictions, "noop": noop}
+def spec(
+    mode: str = "step",
+    batch: tuple[int, int] = (1, 16),
+    steps: int = 4,
+    seq: int = 6,
+    vocab: int = 5,
+    hidden: int = 8,
+    dtypes: dict[str, str] | None = None,
+    step_predictions: bool = True,
+    noop: bool = False,
+) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "batch": list(batch),
+        "steps": steps,
+        "S": seq,
+        "V": vocab,
+        "T": seq + 1,
+        "D": hidden,
+        "dtypes": dtypes or {},
+        "step_predictions": step_predictions,
+        "noop": noop,
+    }
 
 
 def engine_bytes(**kwargs: Any) -> bytes:
@@ -76,9 +100,16 @@ def _io(s: dict[str, Any]) -> list[tuple[str, bool, tuple[int, ...]]]:
     S, V, T, D, n = s["S"], s["V"], s["T"], s["D"], s["steps"]
     feeds = [("inputs", True, (-1, S)), ("puzzle_identifiers", True, (-1,))]
     if s["mode"] == "step":
-        return feeds + [("z_H", True, (-1, T, D)), ("z_L", True, (-1, T, D)), ("reset", True, (-1,)),
-                        ("z_H_out", False, (-1, T, D)), ("z_L_out", False, (-1, T, D)), ("logits", False, (-1, S, V)),
-                        ("q_halt_logits", False, (-1,)), ("q_continue_logits", False, (-1,))]
+        return feeds + [
+            ("z_H", True, (-1, T, D)),
+            ("z_L", True, (-1, T, D)),
+            ("reset", True, (-1,)),
+            ("z_H_out", False, (-1, T, D)),
+            ("z_L_out", False, (-1, T, D)),
+            ("logits", False, (-1, S, V)),
+            ("q_halt_logits", False, (-1,)),
+            ("q_continue_logits", False, (-1,)),
+        ]
     outs = [("logits", False, (-1, S, V)), ("q_halt_logits", False, (-1, n)), ("q_continue_logits", False, (-1, n))]
     if s["step_predictions"]:
         outs.append(("step_predictions", False, (-1, n, S)))
@@ -88,8 +119,9 @@ def _io(s: dict[str, Any]) -> list[tuple[str, bool, tuple[int, ...]]]:
 DEFAULT_DTYPES = {"inputs": "INT32", "puzzle_identifiers": "INT32", "reset": "BOOL", "step_predictions": "INT32"}
 
 
-def step_math(s: dict[str, Any], inputs: np.ndarray, ids: np.ndarray, z_H: np.ndarray, z_L: np.ndarray,
-              reset: np.ndarray) -> tuple[np.ndarray, ...]:
+def step_math(
+    s: dict[str, Any], inputs: np.ndarray, ids: np.ndarray, z_H: np.ndarray, z_L: np.ndarray, reset: np.ndarray
+) -> tuple[np.ndarray, ...]:
     """One fake ACT step in float32: (z_H', z_L', logits [B,S,V], q_halt [B], q_continue [B])."""
     S, V = s["S"], s["V"]
     mask = reset.reshape(-1, 1, 1)
@@ -98,12 +130,16 @@ def step_math(s: dict[str, Any], inputs: np.ndarray, ids: np.ndarray, z_H: np.nd
     drive = (inputs.astype(np.float32).mean(-1) / 3.0 + ids.astype(np.float32) * 0.25 - 0.5)[:, None, None]
     z_L = np.tanh(0.6 * z_L + 0.3 * z_H + drive).astype(np.float32)
     z_H = np.tanh(0.7 * z_H + 0.5 * z_L).astype(np.float32)
-    logits = (z_H[:, :S, :V] + 0.05 * inputs[..., None].astype(np.float32) * np.arange(V, dtype=np.float32)).astype(np.float32)
+    logits = (z_H[:, :S, :V] + 0.05 * inputs[..., None].astype(np.float32) * np.arange(V, dtype=np.float32)).astype(
+        np.float32
+    )
     q_halt = (8.0 * z_H[:, 0, 0] + inputs[:, 0].astype(np.float32) - 2.0).astype(np.float32)
     return z_H, z_L, logits, q_halt, (-q_halt).astype(np.float32)
 
 
-def reference(s: dict[str, Any], inputs: np.ndarray, ids: np.ndarray, steps: int | None = None) -> dict[str, np.ndarray]:
+def reference(
+    s: dict[str, Any], inputs: np.ndarray, ids: np.ndarray, steps: int | None = None
+) -> dict[str, np.ndarray]:
     """What the engine computes, directly: final logits, per-step q logits, per-step argmax and logits."""
     steps = steps or s["steps"]
     batch = len(inputs)
@@ -116,8 +152,13 @@ def reference(s: dict[str, Any], inputs: np.ndarray, ids: np.ndarray, steps: int
         conts.append(q_c)
         preds.append(logits.argmax(-1).astype(np.int32))
         all_logits.append(logits)
-    return {"logits": logits, "q_halt_logits": np.stack(halts, 1), "q_continue_logits": np.stack(conts, 1),
-            "step_predictions": np.stack(preds, 1), "per_step_logits": np.stack(all_logits, 1)}
+    return {
+        "logits": logits,
+        "q_halt_logits": np.stack(halts, 1),
+        "q_continue_logits": np.stack(conts, 1),
+        "step_predictions": np.stack(preds, 1),
+        "per_step_logits": np.stack(all_logits, 1),
+    }
 
 
 def _store(array: np.ndarray, kind: str) -> np.ndarray:
@@ -179,8 +220,7 @@ class IExecutionContext:
         CALLS["set_input_shape"] += 1
         low, high = self.engine.spec["batch"]
         want = self.engine.get_tensor_shape(name)
-        ok = len(shape) == len(want) and low <= shape[0] <= high and all(
-            w in (-1, d) for w, d in zip(want, shape))
+        ok = len(shape) == len(want) and low <= shape[0] <= high and all(w in (-1, d) for w, d in zip(want, shape))
         if ok:
             self.shapes[name] = tuple(shape)
         return ok
@@ -217,13 +257,20 @@ class IExecutionContext:
             get = {n: _load(memory.array_at(p), engine.kinds[n]) for n, p in bound.items()}
             s = engine.spec
             if s["mode"] == "step":
-                outs = step_math(s, get["inputs"], get["puzzle_identifiers"], get["z_H"].astype(np.float32),
-                                 get["z_L"].astype(np.float32), get["reset"].astype(bool))
+                outs = step_math(
+                    s,
+                    get["inputs"],
+                    get["puzzle_identifiers"],
+                    get["z_H"].astype(np.float32),
+                    get["z_L"].astype(np.float32),
+                    get["reset"].astype(bool),
+                )
                 names = ("z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits")
             else:
                 ref = reference(s, get["inputs"], get["puzzle_identifiers"])
-                names = ("logits", "q_halt_logits", "q_continue_logits") + \
-                    (("step_predictions",) if s["step_predictions"] else ())
+                names = ("logits", "q_halt_logits", "q_continue_logits") + (
+                    ("step_predictions",) if s["step_predictions"] else ()
+                )
                 outs = tuple(ref[n] for n in names)
             for name, value in zip(names, outs):
                 np.copyto(memory.array_at(bound[name]), _store(value, engine.kinds[name]))

@@ -25,8 +25,10 @@ class Toy(Runner):
     def _infer(self, feeds, halt):
         batch = len(feeds["inputs"])
         self.seen.append((batch, feeds["inputs"].dtype))
-        out = {"logits": np.eye(5, dtype=np.float32)[feeds["inputs"]],
-               "q_halt_logits": np.zeros((batch, self.steps), np.float32)}
+        out = {
+            "logits": np.eye(5, dtype=np.float32)[feeds["inputs"]],
+            "q_halt_logits": np.zeros((batch, self.steps), np.float32),
+        }
         if halt is not None:
             used = feeds["inputs"][:, 0] % 3 + 1
             ran = int(used.max())
@@ -55,8 +57,9 @@ def test_halting_chunks_of_different_lengths_are_nan_padded():
     inputs = np.zeros((4, 4), np.int32)
     inputs[:2, 0] = 2  # chunk 1: 3 steps; chunk 2: 1 step
     with Toy(max_batch=2) as runner:
-        out = runner.infer({"inputs": inputs, "puzzle_identifiers": np.zeros(4, np.int32)},
-                           halt=lambda k, h, c: np.ones(len(h), bool))
+        out = runner.infer(
+            {"inputs": inputs, "puzzle_identifiers": np.zeros(4, np.int32)}, halt=lambda k, h, c: np.ones(len(h), bool)
+        )
     assert out["q_halt_logits"].shape == (4, 3)
     assert np.isnan(out["q_halt_logits"][2:, 1:]).all() and not np.isnan(out["q_halt_logits"][:2]).any()
     assert out["steps_used"].tolist() == [3, 3, 1, 1]
@@ -67,5 +70,7 @@ def test_runner_without_halting_refuses_a_halt_rule():
         supports_halt = False
 
     with NoHalt() as runner, pytest.raises(ConfigError, match="cannot halt early"):
-        runner.infer({"inputs": np.zeros((1, 4), np.int32), "puzzle_identifiers": np.zeros(1, np.int32)},
-                     halt=lambda k, h, c: h > 0)
+        runner.infer(
+            {"inputs": np.zeros((1, 4), np.int32), "puzzle_identifiers": np.zeros(1, np.int32)},
+            halt=lambda k, h, c: h > 0,
+        )

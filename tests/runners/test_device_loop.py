@@ -25,8 +25,17 @@ def make_engine(tmp_path, name="fake.engine", **spec):
     s = fake_trt.spec(**spec)
     path = tmp_path / name
     path.write_bytes(fake_trt.engine_bytes(**spec))
-    write_manifest(path, stage="engine", config={}, backend={"name": "tensorrt", "version": fake_trt.__version__},
-                   precision="fp16", mode=s["mode"], steps=s["steps"], compute_capability=None, build_machine={})
+    write_manifest(
+        path,
+        stage="engine",
+        config={},
+        backend={"name": "tensorrt", "version": fake_trt.__version__},
+        precision="fp16",
+        mode=s["mode"],
+        steps=s["steps"],
+        compute_capability=None,
+        build_machine={},
+    )
     return path, s
 
 
@@ -57,8 +66,16 @@ def test_step_engine_matches_reference_and_is_allocation_and_binding_free_after_
         # 3 calls x 4 steps ran, replayed from the graph: no allocation, no binding, no enqueue call
         assert memory.allocations == before[0]
         assert calls.get("executed") == 12
-        assert not any(calls.get(k) for k in ("set_tensor_address", "set_input_shape", "execute_async_v3",
-                                              "create_execution_context", "set_device_memory"))
+        assert not any(
+            calls.get(k)
+            for k in (
+                "set_tensor_address",
+                "set_input_shape",
+                "execute_async_v3",
+                "create_execution_context",
+                "set_device_memory",
+            )
+        )
     assert memory._live == 0 and not memory._by_ptr  # close() freed every buffer of every plan
     for result in (first, out):
         np.testing.assert_allclose(result["logits"], ref["logits"], rtol=1e-6, atol=1e-6)
@@ -127,14 +144,26 @@ def test_batches_above_the_profile_are_chunked_and_below_it_padded(tmp_path, mod
 
 
 def test_engine_dtypes_are_read_from_the_engine(tmp_path):
-    dtypes = {"inputs": "INT64", "puzzle_identifiers": "INT64", "z_H": "HALF", "z_L": "HALF", "z_H_out": "HALF",
-              "z_L_out": "HALF", "logits": "HALF", "q_halt_logits": "BF16", "q_continue_logits": "HALF"}
+    dtypes = {
+        "inputs": "INT64",
+        "puzzle_identifiers": "INT64",
+        "z_H": "HALF",
+        "z_L": "HALF",
+        "z_H_out": "HALF",
+        "z_L_out": "HALF",
+        "logits": "HALF",
+        "q_halt_logits": "BF16",
+        "q_continue_logits": "HALF",
+    }
     path, s = make_engine(tmp_path, dtypes=dtypes, steps=3)
     x = feeds(3, s)
     with open_fake(path) as runner:
         specs = runner.loop.adapter.tensors
-        assert (specs["inputs"].dtype, specs["logits"].dtype, specs["q_halt_logits"].dtype) == \
-            ("int64", "float16", "bfloat16")
+        assert (specs["inputs"].dtype, specs["logits"].dtype, specs["q_halt_logits"].dtype) == (
+            "int64",
+            "float16",
+            "bfloat16",
+        )
         out = runner.infer(x)
         assert runner.loop.plans[3].device["inputs"].dtype == np.int64
     assert out["logits"].dtype == np.float32 and out["q_halt_logits"].dtype == np.float32

@@ -40,8 +40,12 @@ def test_should_halt_semantics():
     assert HaltRule.parse("off", max_steps=2).should_halt(2, qh, qc).all()  # max_steps halts everything
     assert HaltRule.parse("off").should_halt(4, qh, qc, total_steps=4).all()  # the final step always halts
     # one step per row (continuous batching): min_steps applies per row
-    assert HaltRule.parse("q", min_steps=2).should_halt(np.array([1, 2, 1, 2]), qh, qc).tolist() == \
-        [False, False, False, True]
+    assert HaltRule.parse("q", min_steps=2).should_halt(np.array([1, 2, 1, 2]), qh, qc).tolist() == [
+        False,
+        False,
+        False,
+        True,
+    ]
     with pytest.raises(ConfigError, match="calibrated threshold"):
         HaltRule.parse("budget:1").should_halt(1, qh, qc)
 
@@ -56,8 +60,7 @@ def random_ckpt(tiny_model, tmp_path):
 @pytest.fixture
 def feeds():
     rng = np.random.default_rng(3)
-    return {"inputs": rng.integers(1, 11, size=(12, 81), dtype=np.int32),
-            "puzzle_identifiers": np.zeros(12, np.int32)}
+    return {"inputs": rng.integers(1, 11, size=(12, 81), dtype=np.int32), "puzzle_identifiers": np.zeros(12, np.int32)}
 
 
 class _median_rule:
@@ -76,11 +79,11 @@ def _check_rows_match_alone(halted, alone_fn, feeds):
     used = halted["steps_used"]
     assert len(set(used.tolist())) > 1, "the rule should stop rows at different steps"
     for row in range(len(used)):
-        alone = alone_fn({k: v[row:row + 1] for k, v in feeds.items()}, int(used[row]))
+        alone = alone_fn({k: v[row : row + 1] for k, v in feeds.items()}, int(used[row]))
         np.testing.assert_allclose(halted["logits"][row], alone, rtol=1e-4, atol=1e-4)
         assert (halted["logits"][row].argmax(-1) == alone.argmax(-1)).all()
-        assert np.isnan(halted["q_halt_logits"][row, used[row]:]).all()
-        assert (halted["step_predictions"][row, used[row]:] == -1).all()
+        assert np.isnan(halted["q_halt_logits"][row, used[row] :]).all()
+        assert (halted["step_predictions"][row, used[row] :] == -1).all()
 
 
 def test_torch_reference_halting_equals_each_row_run_alone(random_ckpt, tiny_model, feeds):
@@ -97,13 +100,16 @@ def test_torch_reference_halting_equals_each_row_run_alone(random_ckpt, tiny_mod
     assert halted["steps_used"].dtype == np.int32
     # the driver's steps agree with simulating a rule on the all-step outputs
     q_rule = HaltRule.parse("q")
-    assert (simulate_steps(q_rule, full["q_halt_logits"], full["q_continue_logits"]) ==
-            runner.infer(feeds, halt=q_rule.should_halt)["steps_used"]).all()
+    assert (
+        simulate_steps(q_rule, full["q_halt_logits"], full["q_continue_logits"])
+        == runner.infer(feeds, halt=q_rule.should_halt)["steps_used"]
+    ).all()
 
     def alone(row_feeds, steps):
         with torch.inference_mode():
-            out = unroll(tiny_model, steps)(torch.from_numpy(row_feeds["inputs"]),
-                                            torch.from_numpy(row_feeds["puzzle_identifiers"]))
+            out = unroll(tiny_model, steps)(
+                torch.from_numpy(row_feeds["inputs"]), torch.from_numpy(row_feeds["puzzle_identifiers"])
+            )
         return out[0].numpy()[0]
 
     _check_rows_match_alone(halted, alone, feeds)
@@ -114,8 +120,9 @@ def test_torch_reference_halting_equals_each_row_run_alone(random_ckpt, tiny_mod
 def random_step_onnx(random_ckpt, tmp_path):
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
-    return export_onnx(random_ckpt, tmp_path / "rand.step.onnx", ExportConfig(mode="step", parity=False),
-                       quiet=True).path
+    return export_onnx(
+        random_ckpt, tmp_path / "rand.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
+    ).path
 
 
 def test_ort_step_graph_halting_equals_each_row_run_alone(random_step_onnx, feeds):
@@ -130,8 +137,12 @@ def test_ort_step_graph_halting_equals_each_row_run_alone(random_step_onnx, feed
     step_fn = runner.step_function()
 
     def alone(row_feeds, steps):
-        out = drive(step_fn, row_feeds["inputs"], row_feeds["puzzle_identifiers"],
-                    HaltRule(HaltMode.OFF, max_steps=steps).should_halt)
+        out = drive(
+            step_fn,
+            row_feeds["inputs"],
+            row_feeds["puzzle_identifiers"],
+            HaltRule(HaltMode.OFF, max_steps=steps).should_halt,
+        )
         assert out["steps_used"][0] == steps
         return out["logits"][0]
 
@@ -154,8 +165,9 @@ def test_continuous_batching_gives_the_one_by_one_answers(random_step_onnx, rand
         stream = run_continuous(step_fn, feeds["inputs"], feeds["puzzle_identifiers"], 3, rule.should_halt)
         assert len(set(stream["steps_used"].tolist())) > 1
         for row in range(len(feeds["inputs"])):
-            one = drive(step_fn, feeds["inputs"][row:row + 1], feeds["puzzle_identifiers"][row:row + 1],
-                        rule.should_halt)
+            one = drive(
+                step_fn, feeds["inputs"][row : row + 1], feeds["puzzle_identifiers"][row : row + 1], rule.should_halt
+            )
             assert stream["steps_used"][row] == one["steps_used"][0], runner.name
             np.testing.assert_allclose(stream["logits"][row], one["logits"][0], rtol=1e-4, atol=1e-4)
             np.testing.assert_array_equal(stream["step_predictions"][row], one["step_predictions"][0])

@@ -47,8 +47,9 @@ def test_unrolled_graph_halting_is_simulated_from_step_predictions(tiny_model, s
     from hrm_deploy.verify import verify
 
     ckpt = save_checkpoint(tmp_path / "rand.pt", tiny_model)
-    unrolled = export_onnx(ckpt, tmp_path / "rand.onnx", ExportConfig(parity=False, step_predictions=True),
-                           quiet=True).path
+    unrolled = export_onnx(
+        ckpt, tmp_path / "rand.onnx", ExportConfig(parity=False, step_predictions=True), quiet=True
+    ).path
     report = verify(unrolled, small_data, samples=32, halt=["q"])
     entry = report["halting"]["rules"]["q"]
     assert entry["run"].startswith("simulated") and np.isfinite(entry["mean_steps"])
@@ -61,8 +62,16 @@ def test_bench_halt_writes_rules_and_curve(tiny_model, small_data, tmp_path):
 
     ckpt = save_checkpoint(tmp_path / "rand.pt", tiny_model)
     step = export_onnx(ckpt, tmp_path / "rand.step.onnx", ExportConfig(mode="step", parity=False), quiet=True).path
-    config = BenchConfig(data=small_data, batches=(8,), iters=1, warmup=0, accuracy_samples=16,
-                         out_dir=str(tmp_path / "bench"), halt=("q", "threshold:0.5"), include_reference=True)
+    config = BenchConfig(
+        data=small_data,
+        batches=(8,),
+        iters=1,
+        warmup=0,
+        accuracy_samples=16,
+        out_dir=str(tmp_path / "bench"),
+        halt=("q", "threshold:0.5"),
+        include_reference=True,
+    )
     report = bench([str(step)], config)
     for row in report["rows"]:
         assert set(row["halting"]["rules"]) == {"q", "threshold:0.5"}, row["artifact"]

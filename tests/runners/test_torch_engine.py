@@ -26,10 +26,15 @@ def torch_engines(tiny_onnx, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("torch_engines")
     checkpoint = find_reference(tiny_onnx.unrolled)
-    step = build_engine(checkpoint, EngineConfig(precision="fp32", backend="torch", max_batch=64),
-                        folder / "tiny.step.pt2", quiet=True)
-    unrolled = build_engine(tiny_onnx.unrolled, EngineConfig(precision="fp32", backend="torch", max_batch=64),
-                            folder / "tiny.unrolled.pt2", quiet=True)
+    step = build_engine(
+        checkpoint, EngineConfig(precision="fp32", backend="torch", max_batch=64), folder / "tiny.step.pt2", quiet=True
+    )
+    unrolled = build_engine(
+        tiny_onnx.unrolled,
+        EngineConfig(precision="fp32", backend="torch", max_batch=64),
+        folder / "tiny.unrolled.pt2",
+        quiet=True,
+    )
     return SimpleNamespace(step=step.path, unrolled=unrolled.path, checkpoint=checkpoint, data=tiny_onnx.data)
 
 
@@ -95,7 +100,9 @@ def test_unrolled_engine_from_the_onnx_export_and_verify_end_to_end(torch_engine
 
     manifest = json.loads(torch_engines.unrolled.with_name(torch_engines.unrolled.name + ".manifest.json").read_text())
     assert manifest["parent"]["path"].endswith("tiny.onnx") and manifest["mode"] == "unrolled"
-    assert find_reference(torch_engines.unrolled).resolve() == Path(torch_engines.checkpoint).resolve()  # via the ONNX, sha256-checked
+    assert (
+        find_reference(torch_engines.unrolled).resolve() == Path(torch_engines.checkpoint).resolve()
+    )  # via the ONNX, sha256-checked
     with pytest.raises(ConfigError, match="always runs 1 ACT steps"):
         open_runner(torch_engines.unrolled, steps=4).activate()
     report = verify(torch_engines.unrolled, torch_engines.data, samples=64)
@@ -115,7 +122,9 @@ def test_fallback_saves_the_exported_program_and_runs_it_compiled(trained_tiny, 
         raise RuntimeError("Failed to find a C++ compiler (simulated)")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compiler)
-    result = build_torch_engine(trained_tiny.checkpoint, TorchEngineConfig(max_batch=8), tmp_path / "fb.pt2", quiet=True)
+    result = build_torch_engine(
+        trained_tiny.checkpoint, TorchEngineConfig(max_batch=8), tmp_path / "fb.pt2", quiet=True
+    )
     manifest = json.loads((tmp_path / "fb.pt2.manifest.json").read_text())
     assert manifest["compile_path"] == "torch.compile" and "C++ compiler" in manifest["compile_fallback_reason"]
     compiled = []
@@ -134,9 +143,18 @@ def test_fallback_saves_the_exported_program_and_runs_it_compiled(trained_tiny, 
 def test_bench_measures_a_torch_engine_on_cpu(torch_engines, tmp_path):
     from hrm_deploy.bench.run import BenchConfig, bench
 
-    report = bench([torch_engines.step], BenchConfig(data=torch_engines.data, batches=(1, 8), iters=2, warmup=1,
-                                                     reference=str(torch_engines.checkpoint), accuracy_samples=16,
-                                                     out_dir=str(tmp_path / "bench")))
+    report = bench(
+        [torch_engines.step],
+        BenchConfig(
+            data=torch_engines.data,
+            batches=(1, 8),
+            iters=2,
+            warmup=1,
+            reference=str(torch_engines.checkpoint),
+            accuracy_samples=16,
+            out_dir=str(tmp_path / "bench"),
+        ),
+    )
     row = report["rows"][0]
     assert row["status"] == "ok" and row["runner"] == "torch_engine", row
     assert set(row["batches"]["8"]["phases_median_ms"]) == {"h2d_ms", "compute_ms", "d2h_ms"}
@@ -148,26 +166,38 @@ def test_cli_builds_a_torch_engine_with_fp32_by_default(trained_tiny, tmp_path, 
 
     from hrm_deploy.cli import app
 
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package",  # keep the CLI test fast
-                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no compiler (simulated)")))
+    monkeypatch.setattr(
+        torch._inductor,
+        "aoti_compile_and_package",  # keep the CLI test fast
+        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no compiler (simulated)")),
+    )
     out = tmp_path / "cli.pt2"
-    result = CliRunner().invoke(app, ["build-engine", str(trained_tiny.checkpoint), "--backend", "torch", "-o", str(out), "-q"])
+    result = CliRunner().invoke(
+        app, ["build-engine", str(trained_tiny.checkpoint), "--backend", "torch", "-o", str(out), "-q"]
+    )
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "cli.pt2.manifest.json").read_text())
-    assert manifest["precision"] == "fp32" and manifest["mode"] == "step" and manifest["compile_path"] == "torch.compile"
+    assert (
+        manifest["precision"] == "fp32" and manifest["mode"] == "step" and manifest["compile_path"] == "torch.compile"
+    )
     refused = CliRunner().invoke(app, ["build-engine", str(trained_tiny.checkpoint), "--backend", "torch", "--fp16"])
     assert refused.exit_code == 2 and "--fp32 or --bf16" in refused.output
 
 
 # -- GPU (issue 9 section 3): run wherever a CUDA GPU is available ------------------------------
 
+
 @pytest.fixture(scope="module")
 def cuda_engine(trained_tiny, tmp_path_factory):
     from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
 
     folder = tmp_path_factory.mktemp("cuda_engine")
-    return build_torch_engine(trained_tiny.checkpoint, TorchEngineConfig(max_batch=256, device="cuda"),
-                              folder / "tiny.step.cuda.pt2", quiet=True).path
+    return build_torch_engine(
+        trained_tiny.checkpoint,
+        TorchEngineConfig(max_batch=256, device="cuda"),
+        folder / "tiny.step.cuda.pt2",
+        quiet=True,
+    ).path
 
 
 @pytest.mark.gpu
@@ -215,9 +245,18 @@ def test_gpu_phase_timings_sum_to_the_wall_time(cuda_engine, trained_tiny):
 def test_gpu_bench_end_to_end(cuda_engine, trained_tiny, tmp_path):
     from hrm_deploy.bench.run import BenchConfig, bench
 
-    report = bench([cuda_engine], BenchConfig(data=trained_tiny.data, batches=(1, 64), iters=5, warmup=2,
-                                              reference=trained_tiny.checkpoint, accuracy_samples=64,
-                                              out_dir=str(tmp_path / "bench")))
+    report = bench(
+        [cuda_engine],
+        BenchConfig(
+            data=trained_tiny.data,
+            batches=(1, 64),
+            iters=5,
+            warmup=2,
+            reference=trained_tiny.checkpoint,
+            accuracy_samples=64,
+            out_dir=str(tmp_path / "bench"),
+        ),
+    )
     row = report["rows"][0]
     assert row["status"] == "ok" and row["runner"] == "torch_engine", row
     assert row["batches"]["64"]["phases_median_ms"]["compute_ms"] > 0

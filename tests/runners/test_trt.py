@@ -34,8 +34,11 @@ def test_light_runtime_imports_without_torch_and_onnx():
     assert "MEMORY:" in run.stdout and ("cuda-python" in run.stdout or "GPU" in run.stdout)
 
 
-MANIFEST = {"backend": {"name": "tensorrt", "version": "10.3.0.30"}, "compute_capability": None,
-            "build_machine": {"gpu": "Orin", "compute_capability": "8.7"}}
+MANIFEST = {
+    "backend": {"name": "tensorrt", "version": "10.3.0.30"},
+    "compute_capability": None,
+    "build_machine": {"gpu": "Orin", "compute_capability": "8.7"},
+}
 
 
 def test_engine_manifest_mismatch_names_both_sides():
@@ -62,10 +65,26 @@ def test_adapter_surface_exists_in_installed_tensorrt_rtx():
     assert set(TRT_DTYPES) <= set(trt.DataType.__members__)
     assert {"INPUT", "OUTPUT"} <= set(trt.TensorIOMode.__members__)
     assert "USER_MANAGED" in trt.ExecutionContextAllocationStrategy.__members__
-    for name in ("num_io_tensors", "get_tensor_name", "get_tensor_mode", "get_tensor_dtype", "get_tensor_shape",
-                 "get_tensor_profile_shape", "create_execution_context", "create_runtime_config", "device_memory_size_v2"):
+    for name in (
+        "num_io_tensors",
+        "get_tensor_name",
+        "get_tensor_mode",
+        "get_tensor_dtype",
+        "get_tensor_shape",
+        "get_tensor_profile_shape",
+        "create_execution_context",
+        "create_runtime_config",
+        "device_memory_size_v2",
+    ):
         assert hasattr(trt.ICudaEngine, name), name
-    for name in ("set_input_shape", "get_tensor_shape", "set_tensor_address", "execute_async_v3", "set_device_memory",
-                 "update_device_memory_size_for_shapes", "is_stream_capturable"):
+    for name in (
+        "set_input_shape",
+        "get_tensor_shape",
+        "set_tensor_address",
+        "execute_async_v3",
+        "set_device_memory",
+        "update_device_memory_size_for_shapes",
+        "is_stream_capturable",
+    ):
         assert hasattr(trt.IExecutionContext, name), name
     assert hasattr(trt.IRuntimeConfig, "set_execution_context_allocation_strategy")

@@ -65,8 +65,20 @@ class ServeProcess:
         self.http, self.grpc, self.metrics = free_ports(3)
         self.url = f"http://127.0.0.1:{self.http}"
         self.log = log
-        cmd = [sys.executable, "-m", "hrm_deploy", "serve", str(artifact), "--http-port", str(self.http),
-               "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "hrm_deploy",
+            "serve",
+            str(artifact),
+            "--http-port",
+            str(self.http),
+            "--grpc-port",
+            str(self.grpc),
+            "--metrics-port",
+            str(self.metrics),
+            *extra,
+        ]
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         with log.open("w") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -80,8 +92,9 @@ class ServeProcess:
             if self.proc.poll() is not None:
                 raise AssertionError(f"serve exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
             with contextlib.suppress(Exception):
-                client = httpclient.InferenceServerClient(f"127.0.0.1:{self.http}", connection_timeout=2,
-                                                          network_timeout=2)
+                client = httpclient.InferenceServerClient(
+                    f"127.0.0.1:{self.http}", connection_timeout=2, network_timeout=2
+                )
                 if client.is_model_ready("hrm"):
                     self.tree = descendants(self.proc.pid)
                     return
@@ -134,8 +147,10 @@ def serving_unavailable() -> str | None:
     if missing:
         reason = f"{', '.join(missing)} not installed (pip install 'hrm-deploy[serve]')"
     elif Path(sys.base_prefix).resolve() != Path("/usr"):
-        reason = (f"PyTriton's bundled tritonserver needs a venv made from the system Python (/usr/bin/python3.x); "
-                  f"this interpreter lives in {sys.base_prefix}")
+        reason = (
+            f"PyTriton's bundled tritonserver needs a venv made from the system Python (/usr/bin/python3.x); "
+            f"this interpreter lives in {sys.base_prefix}"
+        )
     if reason and os.environ.get("HRM_REQUIRE_SERVE") == "1":
         raise RuntimeError(f"HRM_REQUIRE_SERVE=1 but the serving tests cannot run: {reason}")
     return reason

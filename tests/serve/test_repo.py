@@ -22,9 +22,12 @@ from hrm_deploy.serve.repo import (
 
 if os.environ.get("HRM_REQUIRE_SERVE") == "1":  # CI: these must run, never skip
     from tritonclient.grpc import model_config_pb2
-model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2",
-                                       reason="tritonclient not installed (pip install 'hrm-deploy[serve]')")
-text_format = pytest.importorskip("google.protobuf.text_format", reason="protobuf is not installed (pip install 'hrm-deploy[serve]')")
+model_config_pb2 = pytest.importorskip(
+    "tritonclient.grpc.model_config_pb2", reason="tritonclient not installed (pip install 'hrm-deploy[serve]')"
+)
+text_format = pytest.importorskip(
+    "google.protobuf.text_format", reason="protobuf is not installed (pip install 'hrm-deploy[serve]')"
+)
 
 
 def parse(folder: Path):
@@ -44,9 +47,18 @@ def fake_engine(onnx: Path, folder: Path, backend: str = "tensorrt", max_batch: 
     engine.write_bytes(b"not a real plan")
     meta = json.loads(Path(str(onnx) + ".manifest.json").read_text())
     shapes = {"inputs": [[1, 81], [8, 81], [max_batch, 81]], "puzzle_identifiers": [[1], [8], [max_batch]]}
-    write_manifest(engine, stage="engine", config={}, parent=onnx, mode=meta["mode"], steps=1,
-                   profile_shapes=shapes, backend={"name": backend, "version": "10.3"},
-                   target={"name": "datacenter"}, precision="fp16")
+    write_manifest(
+        engine,
+        stage="engine",
+        config={},
+        parent=onnx,
+        mode=meta["mode"],
+        steps=1,
+        profile_shapes=shapes,
+        backend={"name": backend, "version": "10.3"},
+        target={"name": "datacenter"},
+        precision="fp16",
+    )
     return engine
 
 
@@ -70,8 +82,10 @@ def test_onnx_unrolled_repo_matches_manifest(tiny_onnx, tmp_path):
 
 def test_onnx_gpu_with_tensorrt_accelerator(tiny_onnx, tmp_path):
     out = tmp_path / "repo"
-    write_triton_repo([tiny_onnx.unrolled], RepoConfig(output=out, device=Device.gpu, trt_accelerator="fp16",
-                                                       max_batch=16, names=("sudoku",)))
+    write_triton_repo(
+        [tiny_onnx.unrolled],
+        RepoConfig(output=out, device=Device.gpu, trt_accelerator="fp16", max_batch=16, names=("sudoku",)),
+    )
     config = parse(out / "sudoku")
     assert config.name == "sudoku" and config.max_batch_size == 16
     assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
@@ -88,8 +102,14 @@ def test_step_graph_gets_act_driver(tiny_onnx, tmp_path):
     assert dims(by_name["z_H"]) == [82, 64] and by_name["reset"].data_type == model_config_pb2.TYPE_BOOL
     assert driver.backend == "python" and driver.max_batch_size == step.max_batch_size
     params = {k: v.string_value for k, v in driver.parameters.items()}
-    assert params == {"step_model": "sudoku_step", "steps": "1", "carry_len": "82", "hidden_size": "64",
-                      "vocab_size": "11", "halt": "threshold:0.5"}
+    assert params == {
+        "step_model": "sudoku_step",
+        "steps": "1",
+        "carry_len": "82",
+        "hidden_size": "64",
+        "vocab_size": "11",
+        "halt": "threshold:0.5",
+    }
     assert [t.name for t in driver.output] == ["answer", "logits", "q_halt_logits", "steps"]
     source = (out / "sudoku" / "1" / "model.py").read_text()
     assert "class TritonPythonModel" in source and "import hrm_deploy" not in source
@@ -117,8 +137,9 @@ def test_engine_from_precision_graph_reads_the_export_manifest(tiny_onnx, tmp_pa
 
     fp16 = tmp_path / "tiny.fp16.onnx"
     shutil.copyfile(tiny_onnx.unrolled, fp16)
-    write_manifest(fp16, stage="precision-fp16", config={"precision": "fp16"}, parent=tiny_onnx.unrolled,
-                   mode="unrolled", steps=1)
+    write_manifest(
+        fp16, stage="precision-fp16", config={"precision": "fp16"}, parent=tiny_onnx.unrolled, mode="unrolled", steps=1
+    )
     contract = read_contract(fake_engine(fp16, tmp_path, max_batch=8))
     assert contract.kind == "engine" and contract.max_batch == 8 and contract.target == "datacenter"
     assert contract.seq_len == 81 and contract.vocab_size == 11 and contract.steps == 1

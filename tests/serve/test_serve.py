@@ -102,8 +102,14 @@ def test_concurrent_clients_get_the_runners_answers(server, reference):
         got = []
         for j in range(per_client):
             i = c * per_client + j
-            got.append((i, infer_remote(server.url, {"inputs": tokens[i:i + 1], "puzzle_identifiers": ids[i:i + 1]},
-                                        timeout_s=60)))
+            got.append(
+                (
+                    i,
+                    infer_remote(
+                        server.url, {"inputs": tokens[i : i + 1], "puzzle_identifiers": ids[i : i + 1]}, timeout_s=60
+                    ),
+                )
+            )
         return got
 
     with ThreadPoolExecutor(clients) as pool:
@@ -120,8 +126,10 @@ def test_concurrent_clients_get_the_runners_answers(server, reference):
     import urllib.request
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics}/metrics", timeout=10).read().decode()
-    count = {k: float(re.search(rf'^{k}{{model="hrm".*}} (\S+)$', text, re.MULTILINE).group(1))
-             for k in ("nv_inference_request_success", "nv_inference_exec_count")}
+    count = {
+        k: float(re.search(rf'^{k}{{model="hrm".*}} (\S+)$', text, re.MULTILINE).group(1))
+        for k in ("nv_inference_request_success", "nv_inference_exec_count")
+    }
     assert count["nv_inference_request_success"] >= clients * per_client
     assert count["nv_inference_exec_count"] < count["nv_inference_request_success"], count
     # a multi-puzzle request keeps its order
@@ -142,28 +150,42 @@ def test_bad_requests_get_errors_and_serving_goes_on(server, reference):
     def raw(shape_in, dtype, n_ids):
         client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}", network_timeout=30)
         x = np.zeros(shape_in, dtype)
-        i = [httpclient.InferInput("inputs", list(x.shape), "INT64" if dtype == np.int64 else "INT32"),
-             httpclient.InferInput("puzzle_identifiers", [n_ids, 1], "INT32")]
+        i = [
+            httpclient.InferInput("inputs", list(x.shape), "INT64" if dtype == np.int64 else "INT32"),
+            httpclient.InferInput("puzzle_identifiers", [n_ids, 1], "INT32"),
+        ]
         i[0].set_data_from_numpy(x)
         i[1].set_data_from_numpy(np.zeros((n_ids, 1), np.int32))
         return client.infer("hrm", i)
 
     cases = {
-        "out of vocabulary": (lambda: infer_remote(server.url, {"inputs": tokens[:2] + 11, "puzzle_identifiers": ids[:2]}),
-                              "outside the vocabulary 0..10"),
-        "puzzle id": (lambda: infer_remote(server.url, {"inputs": tokens[:2], "puzzle_identifiers": ids[:2] + 3}),
-                      "puzzle identifier 3 is outside"),
-        "wrong shape": (lambda: infer_remote(server.url, {"inputs": tokens[:2, :80], "puzzle_identifiers": ids[:2]}),
-                        "unexpected shape for input 'inputs'"),
-        "oversized batch": (lambda: infer_remote(server.url, {"inputs": np.repeat(tokens[:1], 17, 0),
-                                                              "puzzle_identifiers": np.repeat(ids[:1], 17)}),
-                            "batch-size must be <= 16"),
+        "out of vocabulary": (
+            lambda: infer_remote(server.url, {"inputs": tokens[:2] + 11, "puzzle_identifiers": ids[:2]}),
+            "outside the vocabulary 0..10",
+        ),
+        "puzzle id": (
+            lambda: infer_remote(server.url, {"inputs": tokens[:2], "puzzle_identifiers": ids[:2] + 3}),
+            "puzzle identifier 3 is outside",
+        ),
+        "wrong shape": (
+            lambda: infer_remote(server.url, {"inputs": tokens[:2, :80], "puzzle_identifiers": ids[:2]}),
+            "unexpected shape for input 'inputs'",
+        ),
+        "oversized batch": (
+            lambda: infer_remote(
+                server.url, {"inputs": np.repeat(tokens[:1], 17, 0), "puzzle_identifiers": np.repeat(ids[:1], 17)}
+            ),
+            "batch-size must be <= 16",
+        ),
     }
     for name, (call, message) in cases.items():
         with pytest.raises(RemoteError, match=message):
             call()
         assert np.array_equal(infer_remote(server.url, good)["answer"], ref["logits"][:2].argmax(-1)), name
-    for name, call in {"wrong dtype": lambda: raw((1, 81), np.int64, 1), "empty batch": lambda: raw((0, 81), np.int32, 0)}.items():
+    for name, call in {
+        "wrong dtype": lambda: raw((1, 81), np.int64, 1),
+        "empty batch": lambda: raw((0, 81), np.int32, 0),
+    }.items():
         with pytest.raises(Exception, match="INT64|byte size|batch"):
             call()
         assert np.array_equal(infer_remote(server.url, good)["answer"], ref["logits"][:2].argmax(-1)), name
@@ -191,7 +213,9 @@ def test_stop_mid_load_then_restart(tiny_onnx, reference, tmp_path):
             i = (c * 7 + j) % len(tokens)
             t0 = time.monotonic()
             try:
-                out = infer_remote(proc.url, {"inputs": tokens[i:i + 1], "puzzle_identifiers": ids[i:i + 1]}, timeout_s=20)
+                out = infer_remote(
+                    proc.url, {"inputs": tokens[i : i + 1], "puzzle_identifiers": ids[i : i + 1]}, timeout_s=20
+                )
                 assert np.array_equal(out["answer"][0], ref["logits"][i].argmax(-1))
                 outcomes.append("ok")
             except RemoteError:
@@ -217,8 +241,9 @@ def test_stop_mid_load_then_restart(tiny_onnx, reference, tmp_path):
     # tritonserver dies under `serve` (OOM killer, crash): serve notices and exits non-zero, nothing left
     proc2 = ServeProcess(Path(tiny_onnx.unrolled), tmp_path / "b.log")
     proc2.wait_ready()
-    triton = [p for p in proc2.tree
-              if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].endswith(b"bin/tritonserver")]
+    triton = [
+        p for p in proc2.tree if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].endswith(b"bin/tritonserver")
+    ]
     assert triton, "no tritonserver child found"
     import os
 
@@ -239,8 +264,13 @@ def test_stop_mid_load_then_restart(tiny_onnx, reference, tmp_path):
         assert np.array_equal(out["answer"], ref["logits"][:3].argmax(-1))
         # `serve` itself SIGKILLed (no handler runs): tritonserver follows (PyTriton starts it with
         # PR_SET_PDEATHSIG) and takes its stubs along; only PyTriton's workspace copy stays on disk.
-        workspace = {Path(a.decode()).parent for p in proc3.tree if alive(p)
-                     for a in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0") if a.endswith(b"/model-store")}
+        workspace = {
+            Path(a.decode()).parent
+            for p in proc3.tree
+            if alive(p)
+            for a in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            if a.endswith(b"/model-store")
+        }
     finally:
         proc3.stop(signal.SIGKILL)
     assert not proc3.leftovers(), "tritonserver outlived a SIGKILLed `serve`"
@@ -262,11 +292,21 @@ def test_generated_repository_answers_in_bundled_tritonserver(tiny_onnx, referen
 
     tokens, ids, ref = reference
     repo = tmp_path / "repo"
-    write_triton_repo([tiny_onnx.unrolled, tiny_onnx.step],
-                      RepoConfig(output=repo, onnx_backend=OnnxBackend.python, names=("unrolled", "act"), max_batch=8))
+    write_triton_repo(
+        [tiny_onnx.unrolled, tiny_onnx.step],
+        RepoConfig(output=repo, onnx_backend=OnnxBackend.python, names=("unrolled", "act"), max_batch=8),
+    )
     http, grpc, metrics = free_ports(3)
-    config = TritonConfig(model_repository=repo, http_address="127.0.0.1", http_port=http, grpc_address="127.0.0.1",
-                          grpc_port=grpc, metrics_address="127.0.0.1", metrics_port=metrics, allow_gpu_metrics=False)
+    config = TritonConfig(
+        model_repository=repo,
+        http_address="127.0.0.1",
+        http_port=http,
+        grpc_address="127.0.0.1",
+        grpc_port=grpc,
+        metrics_address="127.0.0.1",
+        metrics_port=metrics,
+        allow_gpu_metrics=False,
+    )
     with Triton(config=config) as triton:
         triton.run()
         url = f"http://127.0.0.1:{http}"
@@ -292,14 +332,20 @@ def test_act_driver_halting_in_bundled_tritonserver(tiny_model, tmp_path):
     from hrm_deploy.serve.repo import OnnxBackend, RepoConfig, write_triton_repo
 
     ckpt = save_checkpoint(tmp_path / "random.pt", tiny_model)
-    step = export_onnx(str(ckpt), tmp_path / "random.step.onnx", ExportConfig(mode="step", parity=False), quiet=True).path
+    step = export_onnx(
+        str(ckpt), tmp_path / "random.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
+    ).path
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, 11, (12, 81)).astype(np.int32)
     ids = np.zeros(12, np.int32)
     import onnxruntime as ort
 
-    ref = run_stepwise(ort.InferenceSession(str(step), providers=["CPUExecutionProvider"]),
-                       {"inputs": tokens, "puzzle_identifiers": ids}, None, 4)
+    ref = run_stepwise(
+        ort.InferenceSession(str(step), providers=["CPUExecutionProvider"]),
+        {"inputs": tokens, "puzzle_identifiers": ids},
+        None,
+        4,
+    )
     q = np.sort(ref["q_halt_logits"][:, 0])
     cut = (q[5] + q[6]) / 2  # about half the rows halt after step 1
     x = float(1 / (1 + np.exp(-cut)))
@@ -309,13 +355,23 @@ def test_act_driver_halting_in_bundled_tritonserver(tiny_model, tmp_path):
 
     repo = tmp_path / "repo"
     write_triton_repo([step], RepoConfig(output=repo, onnx_backend=OnnxBackend.python, names=("off",)))
-    write_triton_repo([step], RepoConfig(output=tmp_path / "r2", onnx_backend=OnnxBackend.python, names=("thr",),
-                                         halt=f"threshold:{x:.12f}"))
+    write_triton_repo(
+        [step],
+        RepoConfig(output=tmp_path / "r2", onnx_backend=OnnxBackend.python, names=("thr",), halt=f"threshold:{x:.12f}"),
+    )
     for folder in (tmp_path / "r2").iterdir():
         folder.rename(repo / folder.name)
     http, grpc, metrics = free_ports(3)
-    config = TritonConfig(model_repository=repo, http_address="127.0.0.1", http_port=http, grpc_address="127.0.0.1",
-                          grpc_port=grpc, metrics_address="127.0.0.1", metrics_port=metrics, allow_gpu_metrics=False)
+    config = TritonConfig(
+        model_repository=repo,
+        http_address="127.0.0.1",
+        http_port=http,
+        grpc_address="127.0.0.1",
+        grpc_port=grpc,
+        metrics_address="127.0.0.1",
+        metrics_port=metrics,
+        allow_gpu_metrics=False,
+    )
     with Triton(config=config) as triton:
         triton.run()
         url = f"http://127.0.0.1:{http}"

@@ -15,8 +15,18 @@ from hrm_deploy.train.optim import AdamATan2
 # fixture's 100 fresh puzzles.
 SMALL_MIN_EXACT = 0.72
 
-MICRO = HRMConfig(seq_len=81, vocab_size=11, hidden_size=32, num_heads=2, H_layers=1, L_layers=1, H_cycles=1,
-                  L_cycles=1, halt_max_steps=3, puzzle_emb_ndim=32)
+MICRO = HRMConfig(
+    seq_len=81,
+    vocab_size=11,
+    hidden_size=32,
+    num_heads=2,
+    H_layers=1,
+    L_layers=1,
+    H_cycles=1,
+    L_cycles=1,
+    halt_max_steps=3,
+    puzzle_emb_ndim=32,
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +37,9 @@ def micro_data(tmp_path_factory):
 
 
 def _cfg(data, out, **kw):
-    return TrainConfig(data_path=data, out_dir=str(out), steps=6, global_batch_size=8, lr=1e-3,
-                       lr_warmup_steps=2, eval_samples=8, **kw)
+    return TrainConfig(
+        data_path=data, out_dir=str(out), steps=6, global_batch_size=8, lr=1e-3, lr_warmup_steps=2, eval_samples=8, **kw
+    )
 
 
 def test_resume_reaches_the_same_weights(micro_data, tmp_path):
@@ -57,8 +68,8 @@ def test_adam_atan2_matches_formula_and_accepts_zero_lr():
     opt.param_groups[0]["lr"] = 0.01
     p.grad = torch.tensor([0.5, -0.25])
     opt.step()
-    m, v = 0.1 * p.grad, 0.05 * p.grad ** 2
-    expected = torch.tensor([1.0, -2.0]) * (1 - 0.01 * 0.1) - (0.01 / 0.1) * torch.atan2(m, v.sqrt() / 0.05 ** 0.5)
+    m, v = 0.1 * p.grad, 0.05 * p.grad**2
+    expected = torch.tensor([1.0, -2.0]) * (1 - 0.01 * 0.1) - (0.01 / 0.1) * torch.atan2(m, v.sqrt() / 0.05**0.5)
     torch.testing.assert_close(p.detach(), expected)
 
 
@@ -85,9 +96,24 @@ def test_ddp_two_processes_match_one_process(micro_data, tmp_path):
     worker = str(Path(__file__).with_name("ddp_worker.py"))
     single = subprocess.run([sys.executable, worker, micro_data, str(tmp_path / "one")], capture_output=True, text=True)
     assert single.returncode == 0, single.stderr[-2000:]
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-                          worker, micro_data, str(tmp_path / "two")], capture_output=True, text=True)
+    ddp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+            worker,
+            micro_data,
+            str(tmp_path / "two"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     a, _ = load_checkpoint(tmp_path / "one" / "last.pt")
     b, _ = load_checkpoint(tmp_path / "two" / "last.pt")
@@ -101,8 +127,10 @@ def test_export_upstream_round_trip(micro_data, tmp_path):
     result = train(MICRO, _cfg(micro_data, tmp_path / "run", export_upstream=True), progress=False)
     upstream_file = tmp_path / "run" / "upstream" / "step_6"
     state = torch.load(upstream_file, weights_only=True)
-    assert all(k.startswith("_orig_mod.model.inner.") for k in state) and state[
-        "_orig_mod.model.inner.H_init"].dtype == torch.bfloat16
+    assert (
+        all(k.startswith("_orig_mod.model.inner.") for k in state)
+        and state["_orig_mod.model.inner.H_init"].dtype == torch.bfloat16
+    )
     ours, ours_cfg = load_checkpoint(result.checkpoint)
     theirs, theirs_cfg = load_checkpoint(upstream_file)  # config from all_config.yaml + the dataset it names
     assert theirs_cfg == ours_cfg
@@ -164,8 +192,14 @@ def test_metric_sinks_log_when_asked_and_fail_clearly_when_missing(micro_data, t
 def test_preset_train_configs_take_sizes_from_the_data_and_only_given_overrides(micro_data, tmp_path):
     from hrm_deploy.train.presets import PRESETS, train_configs
 
-    model_config, config = train_configs("sudoku-tiny", micro_data, tmp_path / "run", device="cpu", threads=1,
-                                         overrides={"steps": 7, "lr": None, "seed": 3})
+    model_config, config = train_configs(
+        "sudoku-tiny",
+        micro_data,
+        tmp_path / "run",
+        device="cpu",
+        threads=1,
+        overrides={"steps": 7, "lr": None, "seed": 3},
+    )
     assert (model_config.seq_len, model_config.vocab_size) == (81, 11)
     assert model_config.hidden_size == PRESETS["sudoku-tiny"]["model"]["hidden_size"]
     assert (config.steps, config.seed, config.device, config.threads) == (7, 3, "cpu", 1)

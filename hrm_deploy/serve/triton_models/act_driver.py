@@ -43,9 +43,16 @@ class TritonPythonModel:
         # [B, 1]: the step model's config gives 1-D graph inputs a dim with reshape { shape: [] }
         reset = np.full((len(tokens), 1), first, dtype=bool)
         request = pb_utils.InferenceRequest(
-            model_name=self.step_model, requested_output_names=STEP_OUTPUTS,
-            inputs=[pb_utils.Tensor("inputs", tokens), pb_utils.Tensor("puzzle_identifiers", ids.reshape(-1, 1)),
-                    pb_utils.Tensor("z_H", z_h), pb_utils.Tensor("z_L", z_l), pb_utils.Tensor("reset", reset)])
+            model_name=self.step_model,
+            requested_output_names=STEP_OUTPUTS,
+            inputs=[
+                pb_utils.Tensor("inputs", tokens),
+                pb_utils.Tensor("puzzle_identifiers", ids.reshape(-1, 1)),
+                pb_utils.Tensor("z_H", z_h),
+                pb_utils.Tensor("z_L", z_l),
+                pb_utils.Tensor("reset", reset),
+            ],
+        )
         response = request.exec()
         if response.has_error():
             raise pb_utils.TritonModelException(f"step model {self.step_model}: {response.error().message()}")
@@ -84,15 +91,24 @@ class TritonPythonModel:
         tokens, ids = np.concatenate(tokens), np.concatenate(ids).astype(np.int32)
         bad = (tokens < 0) | (tokens >= self.vocab)
         if bad.any():  # one clear error for the batch rather than garbage answers
-            err = pb_utils.TritonError(f"tokens outside the vocabulary 0..{self.vocab - 1}; encode puzzles as the model's data")
+            err = pb_utils.TritonError(
+                f"tokens outside the vocabulary 0..{self.vocab - 1}; encode puzzles as the model's data"
+            )
             return [pb_utils.InferenceResponse(output_tensors=[], error=err) for _ in requests]
         logits, q_halt, steps = self._solve(tokens, ids)
         answer = logits.argmax(-1).astype(np.int32)
         responses, start = [], 0
         for n in sizes:
             sl = slice(start, start + n)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("answer", answer[sl]), pb_utils.Tensor("logits", logits[sl]),
-                pb_utils.Tensor("q_halt_logits", q_halt[sl]), pb_utils.Tensor("steps", steps[sl])]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("answer", answer[sl]),
+                        pb_utils.Tensor("logits", logits[sl]),
+                        pb_utils.Tensor("q_halt_logits", q_halt[sl]),
+                        pb_utils.Tensor("steps", steps[sl]),
+                    ]
+                )
+            )
             start += n
         return responses

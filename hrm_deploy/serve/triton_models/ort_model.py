@@ -41,7 +41,13 @@ class TritonPythonModel:
         results = dict(zip(self.outputs, self.session.run(self.outputs, batch)))
         responses, start = [], 0
         for n in sizes:
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor(name, np.ascontiguousarray(value[start:start + n])) for name, value in results.items()]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor(name, np.ascontiguousarray(value[start : start + n]))
+                        for name, value in results.items()
+                    ]
+                )
+            )
             start += n
         return responses
