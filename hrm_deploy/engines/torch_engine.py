@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -22,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
-from hrm_deploy.io import sha256_file
-from hrm_deploy.manifest import write_manifest
+from hrm_deploy.io import sha256_file, staging_dir
+from hrm_deploy.manifest import publish_artifact
 
 TORCH_PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 COMPILERS = ("auto", "aoti", "torch.compile")
@@ -157,7 +156,7 @@ def build_torch_engine(
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation chatter
         program = torch.export.export(module, args, dynamic_shapes=dynamic)
     compile_path, fallback_reason = "aoti", None
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".torch-engine.") as work, warnings.catch_warnings():
+    with staging_dir(target.parent, "torch-engine") as work, warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         built = Path(work) / "engine.pt2"
         try:
@@ -178,39 +177,40 @@ def build_torch_engine(
                     file=sys.stderr,
                 )
             torch.export.save(program, str(built))
-        os.replace(built, target)
-    seconds = time.perf_counter() - started
-    gpu = nvidia_smi(IDENTITY) if device.startswith("cuda") else {}
-    if device.startswith("cuda"):
-        cap = torch.cuda.get_device_capability(torch.device(device))
-        gpu = {
-            **gpu,
-            "gpu": torch.cuda.get_device_name(torch.device(device)),
-            "compute_capability": f"{cap[0]}.{cap[1]}",
-        }
-    manifest = write_manifest(
-        target,
-        stage="engine",
-        parent=src,
-        config=asdict(config),
-        backend={"name": "torch", "version": torch.__version__},
-        precision=config.precision,
-        mode=mode,
-        steps=steps,
-        device=device.split(":")[0],
-        compile_path=compile_path,
-        compile_fallback_reason=fallback_reason,
-        checkpoint={"path": str(checkpoint), "sha256": sha256_file(checkpoint)},
-        compute_capability=None,
-        build_machine=gpu,
-        profile_shapes={"batch": [1, config.max_batch]},
-        io=io_specs(mode, model_config, steps, dtypes),
-        model_config=asdict(model_config),
-        build_seconds=seconds,
-    )
+        seconds = time.perf_counter() - started
+        engine_bytes = built.stat().st_size
+        gpu = nvidia_smi(IDENTITY) if device.startswith("cuda") else {}
+        if device.startswith("cuda"):
+            cap = torch.cuda.get_device_capability(torch.device(device))
+            gpu = {
+                **gpu,
+                "gpu": torch.cuda.get_device_name(torch.device(device)),
+                "compute_capability": f"{cap[0]}.{cap[1]}",
+            }
+        manifest = publish_artifact(  # engine + manifest into place as one unit
+            built,
+            target,
+            stage="engine",
+            parent=src,
+            config=asdict(config),
+            backend={"name": "torch", "version": torch.__version__},
+            precision=config.precision,
+            mode=mode,
+            steps=steps,
+            device=device.split(":")[0],
+            compile_path=compile_path,
+            compile_fallback_reason=fallback_reason,
+            checkpoint={"path": str(checkpoint), "sha256": sha256_file(checkpoint)},
+            compute_capability=None,
+            build_machine=gpu,
+            profile_shapes={"batch": [1, config.max_batch]},
+            io=io_specs(mode, model_config, steps, dtypes),
+            model_config=asdict(model_config),
+            build_seconds=seconds,
+        )
     return EngineResult(
         target,
         manifest,
         src,
-        {"build_seconds": seconds, "engine_bytes": target.stat().st_size, "compile_path": compile_path},
+        {"build_seconds": seconds, "engine_bytes": engine_bytes, "compile_path": compile_path},
     )
