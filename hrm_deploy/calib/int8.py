@@ -179,7 +179,7 @@ def _progress(total: int, label: str, quiet: bool):
 
 
 @contextlib.contextmanager
-def _quiet_ort() -> Iterator[None]:
+def quiet_ort() -> Iterator[None]:
     """ORT's quantizer prints calibration chatter and root-logger warnings; keep them out of our output."""
     logging.disable(logging.WARNING)
     try:
@@ -327,7 +327,7 @@ def quantize_int8(
         total = len(_Reader(examples, config.batch, fp32_path, mode, steps))
         with _progress(total, "calibrating", quiet) as on_feed:
             _calibrate(fp32_path, tensors, examples, config, mode, steps, cache_file, on_feed)
-    with _quiet_ort():
+    with quiet_ort():
         quantize_static(
             fp32_path,
             out_path,

@@ -21,12 +21,8 @@ level, intra-op threads, node counts), runnable by ``hrm_deploy.runners.open_run
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,16 +63,6 @@ class CpuBuildResult:
     build: dict[str, Any] = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def _quiet_ort() -> Iterator[None]:
-    logging.disable(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        logging.disable(logging.NOTSET)
-
-
 def quantize_weights_dynamic(
     src: str, out: str, per_channel: bool = True, exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")
 ) -> list[str]:
@@ -85,7 +71,7 @@ def quantize_weights_dynamic(
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from hrm_deploy.calib.int8 import QuantConfig, plan_nodes
+    from hrm_deploy.calib.int8 import QuantConfig, plan_nodes, quiet_ort
 
     model = onnx.load(src)
     plan = plan_nodes(model, QuantConfig(exclude_patterns=exclude_patterns))
@@ -93,7 +79,7 @@ def quantize_weights_dynamic(
     by_name = {n.name: n.op_type for n in model.graph.node}
     nodes = [n for n in plan.quantize if by_name[n] == "MatMul"]
     del model
-    with _quiet_ort():
+    with quiet_ort():
         quantize_dynamic(
             src,
             out,

@@ -67,10 +67,13 @@ def ort_session(path_or_bytes, threads: int | None = None):
     return ort.InferenceSession(path_or_bytes, options, providers=["CPUExecutionProvider"])
 
 
-def run_stepwise(session, feeds: dict[str, np.ndarray], config: HRMConfig | None, steps: int) -> dict[str, np.ndarray]:
+def run_stepwise(
+    session, feeds: dict[str, np.ndarray], config: HRMConfig | None, steps: int, states: list | None = None
+) -> dict[str, np.ndarray]:
     """Drive a single-step graph through ``steps`` segments (the host loop of a stepwise runtime).
     The carry's shape comes from ``config``, or from the graph's ``z_H`` input when None.
-    Also returns each step's argmax as ``step_predictions`` [B, steps, S] (int32)."""
+    Also returns each step's argmax as ``step_predictions`` [B, steps, S] (int32); each step's
+    carry out ``(z_H, z_L)`` is appended to ``states`` when given (teacher-forced parity)."""
     batch = feeds["inputs"].shape[0]
     if config is not None:
         shape = (batch, config.total_seq_len, config.hidden_size)
@@ -89,6 +92,8 @@ def run_stepwise(session, feeds: dict[str, np.ndarray], config: HRMConfig | None
         halts.append(q_halt)
         continues.append(q_continue)
         predictions.append(logits.argmax(-1).astype(np.int32))
+        if states is not None:
+            states.append((z_H, z_L))
     return {
         "logits": logits,
         "q_halt_logits": np.stack(halts, 1),
@@ -218,7 +223,8 @@ def check_parity(
     for batch in batches:
         feeds = sample_inputs(config, batch, seed + batch)
         if stepwise:
-            got, states = _run_steps_with_states(session, feeds, config, steps)
+            states: list = []
+            got = run_stepwise(session, feeds, config, steps, states)
         else:
             values = session.run([*names, *state_names], feeds)
             got = dict(zip(names, values[:3]))
@@ -261,25 +267,6 @@ def check_parity(
         report.passed = False
         report.message = "; ".join(failures)
     return report
-
-
-def _run_steps_with_states(session, feeds, config: HRMConfig, steps: int):
-    """``run_stepwise`` that also keeps each step's carry out."""
-    batch = feeds["inputs"].shape[0]
-    shape = (batch, config.total_seq_len, config.hidden_size)
-    z_H = np.zeros(shape, np.float32)
-    z_L = np.zeros(shape, np.float32)
-    halts, continues, states = [], [], []
-    for i in range(steps):
-        reset = np.full((batch,), i == 0, dtype=bool)
-        z_H, z_L, logits, q_halt, q_continue = session.run(
-            ["z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits"],
-            {**feeds, "z_H": z_H, "z_L": z_L, "reset": reset},
-        )
-        halts.append(q_halt)
-        continues.append(q_continue)
-        states.append((z_H, z_L))
-    return {"logits": logits, "q_halt_logits": np.stack(halts, 1), "q_continue_logits": np.stack(continues, 1)}, states
 
 
 def check_parity_end_to_end(
