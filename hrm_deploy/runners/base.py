@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -157,3 +158,51 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
             ]
         out[key] = np.concatenate(arrays)
     return out
+
+
+class LoopRunner(Runner):
+    """An engine runner whose batches go through :class:`~hrm_deploy.runners.device_loop.DeviceLoop`
+    (TensorRT, PyTorch engines). Subclasses set ``self.memory`` and ``self.loop`` in ``_activate``;
+    the manifest's precision/mode/steps describe the engine (``steps`` only counts for step engines).
+
+    Options: ``steps`` (step engines), ``device`` (GPU index), ``memory`` ("auto", "torch",
+    "cuda-python"), ``cuda_graph`` (capture the step loop), ``step_predictions`` (per-step argmax)."""
+
+    supports_halt = True  # step engines; an unrolled engine refuses a halt rule with one clear error
+    default_mode = "unrolled"
+
+    def __init__(
+        self,
+        path: str | Path,
+        steps: int | None = None,
+        device: int = 0,
+        memory: str = "auto",
+        cuda_graph: bool = True,
+        step_predictions: bool = True,
+    ):
+        from hrm_deploy.manifest import read_manifest
+
+        self.path, self.device_index, self.memory_kind = Path(path), device, memory
+        self.manifest = read_manifest(self.path)
+        self.precision = self.manifest.get("precision", "?")
+        self.mode = self.manifest.get("mode", self.default_mode)
+        self.requested_steps = steps
+        self.steps = steps if steps and self.mode == "step" else int(self.manifest.get("steps", 1))
+        self.cuda_graph, self.step_predictions = cuda_graph, step_predictions
+        self.loop: Any = None
+        self.memory: Any = None
+
+    def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
+        out, self.last_timing = self.loop.run(feeds, halt)
+        return out
+
+    def _before_close(self) -> None:
+        """Work to do while the loop still exists (e.g. saving a runtime cache)."""
+
+    def _close(self) -> None:
+        if self.loop is not None:
+            self._before_close()
+            self.loop.close()
+        self.loop = None
+        if self.memory is not None:
+            self.memory.close()

@@ -11,13 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from hrm_deploy.engines.compat import check_compatible
 from hrm_deploy.errors import EngineError, require
-from hrm_deploy.manifest import check_artifact, read_manifest
+from hrm_deploy.manifest import check_artifact
 from hrm_deploy.runners.adapter import TensorSpec
-from hrm_deploy.runners.base import HaltFn, Runner
+from hrm_deploy.runners.base import LoopRunner
 
 
 class TorchEngineAdapter:
@@ -88,32 +86,18 @@ class _null:
         return None
 
 
-class TorchEngineRunner(Runner):
-    """Options: ``steps`` (step engines), ``memory`` ("auto"/"torch"/"cuda-python"; CPU engines
-    use torch CPU memory), ``device`` (GPU index), ``cuda_graph``, ``step_predictions``."""
+class TorchEngineRunner(LoopRunner):
+    """PyTorch (AOTInductor) engines; CPU engines use torch CPU memory (options: see
+    :class:`~hrm_deploy.runners.base.LoopRunner`)."""
 
     name = "torch_engine"
-    supports_halt = True
+    default_mode = "step"
 
-    def __init__(
-        self,
-        path: str | Path,
-        steps: int | None = None,
-        device: int = 0,
-        memory: str = "auto",
-        cuda_graph: bool = True,
-        step_predictions: bool = True,
-    ):
-        self.path, self.device_index, self.memory_kind = Path(path), device, memory
-        self.manifest = read_manifest(self.path)
+    def __init__(self, path: str | Path, **options: Any):
+        super().__init__(path, **options)
         if self.manifest.get("backend", {}).get("name") != "torch":
             raise EngineError(f"{self.path} is not a PyTorch engine (its manifest names another backend)")
-        self.precision, self.mode = self.manifest.get("precision", "fp32"), self.manifest.get("mode", "step")
-        self.requested_steps = steps
-        self.steps = steps if steps and self.mode == "step" else int(self.manifest.get("steps", 1))
-        self.cuda_graph, self.step_predictions = cuda_graph, step_predictions
         self.compile_path = self.manifest.get("compile_path", "aoti")
-        self.loop: Any = None
 
     def _activate(self) -> None:
         torch = require("torch", "torch", "The PyTorch engine runner")
@@ -148,13 +132,3 @@ class TorchEngineRunner(Runner):
         self.mode, self.steps = self.loop.mode, self.loop.steps
         self.min_batch, self.max_batch = int(low), int(high)
         self.seq_len = adapter.tensors["inputs"].shape[-1]
-
-    def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
-        out, self.last_timing = self.loop.run(feeds, halt)
-        return out
-
-    def _close(self) -> None:
-        if self.loop is not None:
-            self.loop.close()
-        self.loop = None
-        self.memory.close()

@@ -12,43 +12,18 @@ are split into profile-sized chunks by the :class:`~hrm_deploy.runners.base.Runn
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from hrm_deploy.engines.backend import load_backend, runtime_cache_path
 from hrm_deploy.engines.compat import check_compatible
 from hrm_deploy.errors import EngineError
-from hrm_deploy.manifest import read_manifest, read_verified
-from hrm_deploy.runners.base import HaltFn, Runner
+from hrm_deploy.manifest import read_verified
+from hrm_deploy.runners.base import LoopRunner
 
 
-class TrtRunner(Runner):
-    """Options: ``steps`` (step engines only; an unrolled engine's count is fixed), ``device``
-    (GPU index), ``memory`` ("auto", "torch", "cuda-python"), ``cuda_graph`` (capture the step
-    loop), ``step_predictions`` (keep per-step argmax)."""
+class TrtRunner(LoopRunner):
+    """TensorRT / TensorRT-RTX engines (options: see :class:`~hrm_deploy.runners.base.LoopRunner`)."""
 
     name = "trt"
-    supports_halt = True  # step engines; an unrolled engine refuses a halt rule with one clear error
-
-    def __init__(
-        self,
-        path: str | Path,
-        steps: int | None = None,
-        device: int = 0,
-        memory: str = "auto",
-        cuda_graph: bool = True,
-        step_predictions: bool = True,
-    ):
-        self.path, self.device_index, self.memory_kind = Path(path), device, memory
-        self.manifest = read_manifest(self.path)
-        self.precision = self.manifest.get("precision", "?")
-        self.mode = self.manifest.get("mode", "unrolled")
-        self.requested_steps = steps
-        self.steps = int(self.manifest.get("steps", 1)) if steps is None or self.mode != "step" else steps
-        self.cuda_graph, self.step_predictions = cuda_graph, step_predictions
-        self.loop: Any = None
 
     def _activate(self) -> None:
         from hrm_deploy.runners.adapter import TrtAdapter
@@ -100,14 +75,6 @@ class TrtRunner(Runner):
         self.min_batch, self.max_batch = adapter.batch_range
         self.seq_len = adapter.tensors["inputs"].shape[-1]
 
-    def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
-        out, self.last_timing = self.loop.run(feeds, halt)
-        return out
-
-    def _close(self) -> None:
-        if self.loop is not None:
-            self._adapter.save_runtime_caches()
-            self.loop.close()
-        self.loop = None
+    def _before_close(self) -> None:
+        self._adapter.save_runtime_caches()
         self._engine = None
-        self.memory.close()

@@ -102,3 +102,15 @@ def reduce_metrics(metrics: dict[str, torch.Tensor], dist_info: Distributed) -> 
 def barrier(dist_info: Distributed) -> None:
     if dist_info.world > 1:
         torch.distributed.barrier()
+
+
+def shutdown(dist_info: Distributed) -> None:
+    """Leave the process group cleanly: every rank waits for the others, then the group is
+    destroyed. Exiting with gloo's threads still running aborts the process ("terminate called
+    without an active exception", SIGABRT) when one rank finishes before another."""
+    if dist_info.world > 1:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()

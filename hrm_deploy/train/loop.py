@@ -26,7 +26,15 @@ from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.hrm import HRMACT, ACTCarry, build_model
 from hrm_deploy.train.checkpointer import Checkpointer, StopRequest, check_out_dir
-from hrm_deploy.train.distributed import Distributed, agree, barrier, init_distributed, reduce_metrics, resolve_device
+from hrm_deploy.train.distributed import (
+    Distributed,
+    agree,
+    barrier,
+    init_distributed,
+    reduce_metrics,
+    resolve_device,
+    shutdown,
+)
 from hrm_deploy.train.losses import IGNORE_LABEL_ID, act_loss
 from hrm_deploy.train.optim import AdamATan2, PuzzleEmbeddingSignSGD
 from hrm_deploy.train.sampler import EpochSampler, to_batch
@@ -420,14 +428,14 @@ def train(
         stop.__exit__()
         bar.stop()
         sinks.close()
-    if stop.signal is not None:
-        return TrainResult(ckpt.save(ckpt.last, position, carry, last_metrics), last_metrics, interrupted=True)
-    if position >= config.steps:
+    if stop.signal is None and position >= config.steps:
         last_metrics["eval"] = _evaluate_on_main(model, test_split, None, dist_info)  # full evaluation at the end
         last_metrics["timing"] = {"data_s": data_time, "compute_s": compute_time}
         if dist_info.main:
             append_line(out / "metrics.jsonl", json.dumps({"final": last_metrics}))
-    return TrainResult(ckpt.save(ckpt.last, position, carry, last_metrics), last_metrics)
+    result = TrainResult(ckpt.save(ckpt.last, position, carry, last_metrics), last_metrics, stop.signal is not None)
+    shutdown(dist_info)
+    return result
 
 
 def _evaluate_on_main(model: HRMACT, split: Split, samples: int | None, dist_info: Distributed) -> dict[str, float]:
