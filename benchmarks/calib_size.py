@@ -25,8 +25,8 @@ from pathlib import Path
 
 def plain_inference_s(path: Path, examples, batch: int, mode: str, steps: int) -> float:
     """Seconds ORT takes to run the same feeds calibration runs, without collecting ranges."""
-    from hrm_deploy.calib.int8 import _Reader
     from hrm_deploy.export.parity import ort_session
+    from hrm_deploy.precision.int8 import _Reader
 
     session = ort_session(str(path))
     reader = _Reader(examples, batch, str(path), mode, steps)
@@ -40,7 +40,7 @@ def plain_inference_s(path: Path, examples, batch: int, mode: str, steps: int) -
 def collection_s(path: Path, examples, method: str, batch: int, mode: str, steps: int, work: Path) -> float:
     import onnx
 
-    from hrm_deploy.calib.int8 import QuantConfig, _calibrate, plan_nodes
+    from hrm_deploy.precision.int8 import QuantConfig, _calibrate, plan_nodes
 
     model = onnx.load(str(path))
     plan = plan_nodes(model, QuantConfig(exclude_patterns=()))
@@ -56,13 +56,13 @@ def collection_s(path: Path, examples, method: str, batch: int, mode: str, steps
 
 
 def bundled_sweep(work: Path, sizes: list[int], methods: list[str]) -> dict:
-    from hrm_deploy.calib.accuracy import onnx_accuracy
-    from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
-    from hrm_deploy.calib.data import load_examples
-    from hrm_deploy.calib.int8 import QuantConfig
     from hrm_deploy.cli.common import bundled_checkpoint
+    from hrm_deploy.data.examples import load_examples
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.precision.accuracy import onnx_accuracy
+    from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+    from hrm_deploy.precision.int8 import QuantConfig
     from hrm_deploy.train.presets import preset
 
     data = work / "tiny-data"
@@ -93,7 +93,7 @@ def bundled_sweep(work: Path, sizes: list[int], methods: list[str]) -> dict:
 
 
 def sudoku_timing(work: Path, k: int, methods: list[str]) -> dict:
-    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.data.examples import load_examples
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.config import HRMConfig

@@ -44,10 +44,10 @@ def _static_u8s8(fp32: Path, out: Path, data: str, samples: int, work: Path) -> 
         quantize_static,
     )
 
-    from hrm_deploy.calib.accuracy import graph_metadata
-    from hrm_deploy.calib.data import load_examples
-    from hrm_deploy.calib.int8 import QuantConfig, _calibrate, _quiet_ort, plan_nodes
+    from hrm_deploy.data.examples import load_examples
     from hrm_deploy.engines.cpu import _restore_metadata, optimize_offline
+    from hrm_deploy.export.metadata import graph_metadata
+    from hrm_deploy.precision.int8 import QuantConfig, _calibrate, _quiet_ort, plan_nodes
 
     model = onnx.load(str(fp32))
     meta = graph_metadata(model)
@@ -74,8 +74,6 @@ def _static_u8s8(fp32: Path, out: Path, data: str, samples: int, work: Path) -> 
 
 def prepare(name: str, work: Path, calib_samples: int, threads: int | None) -> dict:
     """Checkpoint, data, FP32 export and the CPU graphs of one model; build times recorded."""
-    from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
-    from hrm_deploy.calib.int8 import QuantConfig
     from hrm_deploy.cli.common import bundled_checkpoint
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
@@ -83,6 +81,8 @@ def prepare(name: str, work: Path, calib_samples: int, threads: int | None) -> d
     from hrm_deploy.model.checkpoint import save_checkpoint
     from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.model.hrm import build_model
+    from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+    from hrm_deploy.precision.int8 import QuantConfig
     from hrm_deploy.train.presets import preset
 
     folder = work / name
@@ -123,9 +123,10 @@ def prepare(name: str, work: Path, calib_samples: int, threads: int | None) -> d
 
 def measure(name: str, prepared: dict, batches: tuple[int, ...], rounds: int, accuracy_n: int,
             threads: int | None) -> dict:
-    from hrm_deploy.calib.accuracy import accuracy, predict
-    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.metrics import accuracy
     from hrm_deploy.runners import open_runner
+    from hrm_deploy.runners.infer import predict
     from hrm_deploy.runners.torch_ref import TorchRunner
 
     runners = {}

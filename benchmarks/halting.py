@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="result JSON (default benchmarks/results/halting_<model>.json)")
     args = parser.parse_args()
 
-    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.data.examples import load_examples
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.runners.halting import (
         HaltMode,

@@ -55,12 +55,12 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp16,int8")
     parser.add_argument("--out", default="benchmarks/results/trt_build_cost.json")
     args = parser.parse_args()
-    from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
-    from hrm_deploy.calib.int8 import QuantConfig
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.model.hrm import build_model
+    from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+    from hrm_deploy.precision.int8 import QuantConfig
     from hrm_deploy.train.presets import preset
 
     config = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1,

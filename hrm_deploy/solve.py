@@ -162,7 +162,7 @@ def parse_puzzles(source: str | Path) -> list[Puzzle]:
 
 
 def _dataset_puzzles(folder: Path) -> list[Puzzle]:
-    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.data.examples import load_examples
 
     examples = load_examples(folder, None, split="test")
     vocab = int(max(examples.inputs.max(), 0)) + 1
@@ -268,7 +268,7 @@ def _model_seq_len(artifact: Path) -> int | None:
         if artifact.suffix == ".onnx":
             import onnx
 
-            from hrm_deploy.calib.accuracy import graph_metadata
+            from hrm_deploy.export.metadata import graph_metadata
 
             return int(graph_metadata(onnx.load(str(artifact), load_external_data=False))["config"]["seq_len"])
         if artifact.suffix in (".engine", ".plan"):

@@ -63,7 +63,7 @@ def find_reference(artifact: Path) -> Path:
 
 
 def _run(runner, examples, batch: int) -> dict[str, np.ndarray]:
-    from hrm_deploy.calib.accuracy import infer_all
+    from hrm_deploy.runners.infer import infer_all
 
     runner.activate()
     try:
@@ -76,7 +76,7 @@ def compare(
     reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], labels: np.ndarray | None
 ) -> dict[str, Any]:
     """Output errors, answer agreement, accuracy of both and the puzzles that flipped."""
-    from hrm_deploy.calib.accuracy import accuracy
+    from hrm_deploy.metrics import accuracy
 
     ref_l, cand_l = reference["logits"], candidate["logits"]
     scale = max(float(np.abs(ref_l).max()), 1e-6)
@@ -232,7 +232,7 @@ def verify(
     ``halt``: early-halting rules (``q``, ``threshold:X``, ``budget:P``) to report on the candidate
     (``<artifact>.halting.json`` / ``.halting.png``; ``budget:P`` is calibrated on the train split
     and stored in the manifest when not already there)."""
-    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.data.examples import load_examples
     from hrm_deploy.runners import open_runner
     from hrm_deploy.runners.torch_ref import TorchRunner
 

@@ -11,7 +11,7 @@ Rank  Rooms (first package level below ``hrm_deploy``)
 1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format)
 2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
 3     ``runners`` (run an artifact: torch reference, ORT, TensorRT, PyTorch engine)
-4     ``calib``, ``precision`` (FP16/INT8 conversion, calibration, accuracy on examples)
+4     ``precision`` (FP16/INT8 conversion, calibration, accuracy on examples)
 5     ``engines`` (build TensorRT / AOTInductor engines)
 6     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``
 7     ``cli``, ``__main__`` (thin Typer commands over the applications)
@@ -38,7 +38,6 @@ RANKS: dict[str, int] = {
     "data": 1,
     "export": 2,
     "runners": 3,
-    "calib": 4,
     "precision": 4,
     "engines": 5,
     "verify": 6,
@@ -62,17 +61,13 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     ("hrm_deploy.runners.trt", "hrm_deploy.engines.compat"): "check_compatible: move engines/compat.py down",
     ("hrm_deploy.runners.torch_engine", "hrm_deploy.engines.compat"): "check_compatible: as above",
     # The PyTorch engine build finds the checkpoint beside an ONNX with verify.find_reference; that lookup is
-    # artifact plumbing and belongs in base (manifest) -- verify.py is being edited on the `halting` branch.
+    # artifact plumbing and belongs in base (manifest) -- it needs runners' suffix table.
     ("hrm_deploy.engines.torch_engine", "hrm_deploy.verify"): "find_reference: move it to manifest.py",
     # Default data from a checkpoint's provenance (build-engine --int8's calibration data, budget:P's held-out
-    # puzzles). provenance needs find_reference (verify) and the bundled presets (cli.common); once those two
-    # live in base / model, provenance drops to rank 1 and these go.
+    # puzzles). provenance needs find_reference (verify) ; once it lives in base, provenance
+    # drops to rank 1 and these go.
     ("hrm_deploy.engines.build", "hrm_deploy.provenance"): "default_data: see above",
     ("hrm_deploy.runners.halting", "hrm_deploy.provenance"): "heldout_data: see above",
-    # Budget calibration and the halting report run examples through runners: verify-level work that sits
-    # in runners/halting.py beside the rules; move calibrate_budget/evaluate_halting up into verify/bench.
-    ("hrm_deploy.runners.halting", "hrm_deploy.calib.accuracy"): "infer_all: see above",
-    ("hrm_deploy.runners.halting", "hrm_deploy.calib.data"): "load_examples: move Examples into data/ (issue 12)",
 }
 
 

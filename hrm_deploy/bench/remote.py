@@ -90,7 +90,7 @@ def bench_remote(
     """Run :func:`hrm_deploy.bench.run.bench` on ``host`` and return its report (also written
     to ``config.out_dir``)."""
     from hrm_deploy.bench.run import _default_artifacts, resolve_data
-    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.data.examples import load_examples
     from hrm_deploy.verify import find_reference
 
     _check_host(host)

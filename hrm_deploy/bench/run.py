@@ -75,7 +75,8 @@ def _peak_gpu_mib() -> float | None:
 
 
 def _measure(runner, examples, config: BenchConfig) -> dict[str, Any]:
-    from hrm_deploy.calib.accuracy import accuracy, predict
+    from hrm_deploy.metrics import accuracy
+    from hrm_deploy.runners.infer import predict
 
     runner.activate()
     try:
@@ -200,7 +201,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
     """Measure ``artifacts`` (default: every engine in engines/) and the reference; write
     report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``."""
     from hrm_deploy.bench.jetson import jetson_model
-    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.data.examples import load_examples
     from hrm_deploy.manifest import check_artifact
     from hrm_deploy.runners import open_runner
     from hrm_deploy.runners.torch_ref import TorchRunner

@@ -1,7 +1,7 @@
 """The engine stage: precision ONNX -> serialized TensorRT / TensorRT-RTX engine + manifest.
 
 ``build_engine`` is one function from artifact to artifact. An FP32 graph asked for a lower
-precision first goes through :func:`hrm_deploy.calib.convert.make_precision_graph` (INT8:
+precision first goes through :func:`hrm_deploy.precision.convert.make_precision_graph` (INT8:
 calibration, and it says so). The build runs in a child process; the engine is written
 atomically and only when the requested precision is visibly in the network.
 """
@@ -144,8 +144,8 @@ def _precision_source(onnx_path: Path, config: EngineConfig, stages: Stages, qui
         return onnx_path
     if have != "fp32":
         raise ConfigError(f"{onnx_path} is a {have} graph but {config.precision} was asked for; pass the FP32 export")
-    from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
-    from hrm_deploy.calib.int8 import QuantConfig
+    from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+    from hrm_deploy.precision.int8 import QuantConfig
 
     if not quiet:
         what = "calibrating and quantizing" if config.precision == "int8" else "converting"

@@ -11,7 +11,7 @@
   needed. The Q/DQ graphs of the TensorRT targets stay as they are: on ORT CPU they are
   dequantized back to float and are slower than FP32 (see README, CPU).
   Which weights are quantized follows the TensorRT recipe's plan (``lm_head`` and ``q_head``
-  stay float): :func:`hrm_deploy.calib.int8.plan_nodes`.
+  stay float): :func:`hrm_deploy.precision.int8.plan_nodes`.
 * FP16 is the precision stage's FP16 graph, optimized the same way (on x86 ORT runs most FP16
   ops by casting; measured in ``benchmarks/results/cpu_latency.json``).
 
@@ -71,7 +71,7 @@ def quantize_weights_dynamic(
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from hrm_deploy.calib.int8 import QuantConfig, plan_nodes, quiet_ort
+    from hrm_deploy.precision.int8 import QuantConfig, plan_nodes, quiet_ort
 
     model = onnx.load(src)
     plan = plan_nodes(model, QuantConfig(exclude_patterns=exclude_patterns))
@@ -139,7 +139,7 @@ def build_cpu(
     """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export."""
     onnx = require("onnx", "onnx", "The cpu target")
     ort = require("onnxruntime", "onnx", "The cpu target")
-    from hrm_deploy.calib.accuracy import graph_metadata
+    from hrm_deploy.export.metadata import graph_metadata
 
     src = Path(onnx_path)
     if not src.is_file():
@@ -170,7 +170,7 @@ def build_cpu(
                     )
                 source = str(work)
             elif config.precision == "fp16":
-                from hrm_deploy.calib.fp16 import convert_half
+                from hrm_deploy.precision.fp16 import convert_half
 
                 with stages.stage("converting to fp16 (float32 islands: norms, softmax, sigmoid)"):
                     converted, _ = convert_half(onnx.load(source), "fp16", True)

@@ -182,7 +182,7 @@ def test_measure_reports_gpu_phases_when_the_runner_has_them(tiny_onnx):
     import numpy as np
 
     from hrm_deploy.bench.run import _measure
-    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.data.examples import load_examples
 
     class FakeGpuRunner:
         name, precision, steps = "trt", "fp16", 1

@@ -7,12 +7,13 @@ import time
 import numpy as np
 import pytest
 
-from hrm_deploy.calib.accuracy import accuracy, predict
-from hrm_deploy.calib.data import load_examples
+from hrm_deploy.data.examples import load_examples
 from hrm_deploy.engines.build import EngineConfig, build_engine
 from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu, cpu_output_path
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.metrics import accuracy
 from hrm_deploy.runners import open_runner
+from hrm_deploy.runners.infer import predict
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ def torch_engines(tiny_onnx, tmp_path_factory):
 
 
 def _examples(data, n=64):
-    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.data.examples import load_examples
 
     return load_examples(data, n, split="test")
 

@@ -14,7 +14,7 @@ for name in ("torch", "onnx", "onnxruntime"):
     sys.modules[name] = None  # any import of them now raises ImportError
 import hrm_deploy.runners.trt, hrm_deploy.runners.memory, hrm_deploy.runners.device_loop, hrm_deploy.runners.adapter
 import hrm_deploy.runners.base, hrm_deploy.bench.run, hrm_deploy.bench.jetson
-import hrm_deploy.runners, hrm_deploy.calib.data, hrm_deploy.calib.accuracy, hrm_deploy.verify
+import hrm_deploy.runners, hrm_deploy.data.examples, hrm_deploy.precision.accuracy, hrm_deploy.verify
 from hrm_deploy.errors import DependencyError
 from hrm_deploy.runners.memory import device_memory
 try:

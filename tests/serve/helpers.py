@@ -128,7 +128,7 @@ class ServeProcess:
 
 
 def puzzles(data: str, n: int) -> tuple[np.ndarray, np.ndarray]:
-    from hrm_deploy.calib.data import load_examples
+    from hrm_deploy.data.examples import load_examples
 
     ex = load_examples(data, n, split="test")
     return ex.inputs.astype(np.int32), ex.puzzle_identifiers.astype(np.int32)

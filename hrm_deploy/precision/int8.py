@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hrm_deploy.calib.data import Examples
+from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
 
 METHODS = ("entropy", "minmax", "percentile")

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.calib.int8 import QuantConfig, QuantPlan, _cache_readable, calibration_key, quantize_int8
 from hrm_deploy.errors import ArtifactError, ConfigError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
+from hrm_deploy.precision.int8 import QuantConfig, QuantPlan, _cache_readable, calibration_key, quantize_int8
 from hrm_deploy.progress import Stages
 
 PRECISIONS = ("fp16", "bf16", "int8")
@@ -65,7 +65,7 @@ def _set_precision_metadata(model, precision: str) -> None:
 
 
 def _holdout_accuracy(path: str, examples, meta) -> float:
-    from hrm_deploy.calib.accuracy import onnx_accuracy
+    from hrm_deploy.precision.accuracy import onnx_accuracy
 
     return 100.0 * onnx_accuracy(path, examples)["exact_accuracy"]
 
@@ -152,7 +152,7 @@ def make_precision_graph(
     with staging_dir(target.parent if str(target.parent) else Path("."), "stage") as staging:
         tmp = staging / target.name
         if config.precision in ("fp16", "bf16"):
-            from hrm_deploy.calib.fp16 import convert_half
+            from hrm_deploy.precision.fp16 import convert_half
 
             with stages.stage(f"converting to {config.precision} (float32 islands: norms, softmax, sigmoid)"):
                 converted, kept = convert_half(model, config.precision, config.keep_io_types)
@@ -160,7 +160,7 @@ def make_precision_graph(
                 onnx.save(converted, str(tmp))
             report["float32_nodes"] = len(kept)
         else:
-            from hrm_deploy.calib.data import load_examples
+            from hrm_deploy.data.examples import load_examples
 
             examples = load_examples(str(config.calib_data), config.quant.samples)
             key = calibration_key(

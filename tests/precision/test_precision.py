@@ -7,11 +7,11 @@ import onnx
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from hrm_deploy.calib.accuracy import onnx_accuracy
-from hrm_deploy.calib.convert import PrecisionConfig, make_precision_graph
-from hrm_deploy.calib.data import load_examples
-from hrm_deploy.calib.int8 import QuantConfig
+from hrm_deploy.data.examples import load_examples
 from hrm_deploy.errors import ConfigError, DataError
+from hrm_deploy.precision.accuracy import onnx_accuracy
+from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+from hrm_deploy.precision.int8 import QuantConfig
 
 
 def _accuracy(path, examples):
@@ -98,7 +98,7 @@ def test_bad_calibration_data_is_one_clear_error(tmp_path):
 def test_sensitivity_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path, monkeypatch):
     """With an accuracy function that punishes quantizing the L-level MLP, the fallback keeps
     exactly those layers in float and reports them."""
-    import hrm_deploy.calib.convert as convert
+    import hrm_deploy.precision.convert as convert
 
     def fake_accuracy(path, examples, meta):
         model = onnx.load(path)
@@ -127,7 +127,7 @@ def test_sensitivity_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path,
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_step_and_unrolled_precision_graphs_give_the_same_answers(tiny_onnx, heldout, tmp_path, precision):
     """The single-step graph driven by the host loop and the full unroll agree after conversion too."""
-    from hrm_deploy.calib.accuracy import predict
+    from hrm_deploy.runners.infer import predict
     from hrm_deploy.runners.ort import OrtRunner
 
     cfg = PrecisionConfig(
