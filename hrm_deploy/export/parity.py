@@ -263,6 +263,11 @@ def check_parity(
                     f"float32 from the same carry (limit {worst_limit:.3g})"
                 )
         report.batches[str(batch)] = entry
+    return _concluded(report, failures)
+
+
+def _concluded(report: ParityReport, failures: list[str]) -> ParityReport:
+    """``report`` failed (with every failure in its message) when there are any."""
     if failures:
         report.passed = False
         report.message = "; ".join(failures)
@@ -320,7 +325,4 @@ def check_parity_end_to_end(
                     f"(vs float64 {vs64:.3g} > limit {limit:.3g})"
                 )
         report.batches[str(batch)] = entry
-    if failures:
-        report.passed = False
-        report.message = "; ".join(failures)
-    return report
+    return _concluded(report, failures)

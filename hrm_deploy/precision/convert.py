@@ -138,8 +138,8 @@ def make_precision_graph(
     src = Path(onnx_path)
     if not src.is_file():
         raise ArtifactError(f"{src} does not exist; export one first with `hrm-deploy export`")
-    check_artifact(src)  # the FP32 graph is what its manifest says
-    src_sha256 = sha256_file(src)
+    # the FP32 graph is what its manifest says (then its recorded sha256 is the file's)
+    src_sha256 = (check_artifact(src) or {}).get("sha256") or sha256_file(src)
     model = _load(src)
     meta = graph_metadata(model)
     if meta.get("precision", "fp32") != "fp32":

@@ -263,6 +263,25 @@ def _results(n: int, steps: int, seq_len: int, vocab: int) -> dict[str, np.ndarr
     }
 
 
+def _record_step(
+    out: dict[str, np.ndarray],
+    rows: np.ndarray,
+    step: np.ndarray | int,
+    logits: np.ndarray,
+    q_halt: np.ndarray,
+    q_continue: np.ndarray,
+    halt: HaltFn | None,
+) -> np.ndarray:
+    """Store one step's q logits and argmax for ``rows`` (puzzle indices) at ``step`` (1-based,
+    one value or one per row); return which of them the rule stops now (bool [len(rows)])."""
+    out["q_halt_logits"][rows, step - 1] = q_halt
+    out["q_continue_logits"][rows, step - 1] = q_continue
+    out["step_predictions"][rows, step - 1] = logits.argmax(-1)
+    if halt is None:
+        return np.zeros(len(rows), dtype=bool)
+    return np.asarray(halt(step, q_halt, q_continue), dtype=bool)
+
+
 def drive(
     step_fn: StepFunction,
     inputs: np.ndarray,
@@ -291,14 +310,7 @@ def drive(
             out = _results(batch, steps, logits.shape[1], logits.shape[2])
         if not compact:  # the rows still running, as positions in this call
             logits, q_halt, q_continue = logits[active], q_halt[active], q_continue[active]
-        out["q_halt_logits"][active, step - 1] = q_halt
-        out["q_continue_logits"][active, step - 1] = q_continue
-        out["step_predictions"][active, step - 1] = logits.argmax(-1)
-        stop = (
-            np.asarray(halt(step, q_halt, q_continue), dtype=bool)
-            if halt is not None
-            else np.zeros(len(active), dtype=bool)
-        )
+        stop = _record_step(out, active, step, logits, q_halt, q_continue, halt)
         if step == steps:
             stop = np.ones(len(active), dtype=bool)
         done = active[stop]
@@ -335,14 +347,7 @@ def run_continuous(
         carry, logits, q_halt, q_continue = step_fn(inputs[owner], puzzle_ids[owner], carry, reset)
         if out is None:
             out = _results(n, steps, logits.shape[1], logits.shape[2])
-        out["q_halt_logits"][owner, step_of - 1] = q_halt
-        out["q_continue_logits"][owner, step_of - 1] = q_continue
-        out["step_predictions"][owner, step_of - 1] = logits.argmax(-1)
-        stop = (
-            np.asarray(halt(step_of, q_halt, q_continue), dtype=bool)
-            if halt is not None
-            else np.zeros(len(owner), dtype=bool)
-        )
+        stop = _record_step(out, owner, step_of, logits, q_halt, q_continue, halt)
         stop |= step_of >= steps
         done = owner[stop]
         out["logits"][done] = logits[stop]

@@ -11,37 +11,30 @@ if TYPE_CHECKING:
     from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.train.loop import TrainConfig
 
+# What the two CPU presets share: a hidden-64 model of one H and one L layer with float32 compute,
+# and the optimizer settings found by benchmarks/tiny_recipe.py.
+_CPU_MODEL: dict[str, Any] = dict(
+    hidden_size=64,
+    num_heads=4,
+    H_layers=1,
+    L_layers=1,
+    expansion=4.0,
+    puzzle_emb_ndim=64,
+    rope_theta=20.0,
+    forward_dtype="float32",
+)
+_CPU_TRAIN: dict[str, Any] = dict(
+    lr=2e-3, lr_min_ratio=0.1, weight_decay=0.1, puzzle_emb_lr=1e-2, puzzle_emb_weight_decay=0.1, eval_samples=200
+)
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # CPU-sized: >= 90% exact on held-out generated Sudoku with 3-6 blanks in <= 3 minutes on
     # 2 cores (benchmarks/tiny_recipe.py found it). One ACT segment of one H and one L pass:
     # on 2 cores more optimizer steps beat depth. A small rope_theta gives RoPE frequencies
     # whose periods fit the 81-cell board (rows, columns, boxes); 10000 learns several times slower.
     "sudoku-tiny": {
-        "model": dict(
-            hidden_size=64,
-            num_heads=4,
-            H_layers=1,
-            L_layers=1,
-            H_cycles=1,
-            L_cycles=1,
-            halt_max_steps=1,
-            expansion=4.0,
-            puzzle_emb_ndim=64,
-            rope_theta=20.0,
-            forward_dtype="float32",
-        ),
-        "train": dict(
-            steps=3500,
-            global_batch_size=16,
-            lr=2e-3,
-            lr_min_ratio=0.1,
-            lr_warmup_steps=50,
-            weight_decay=0.1,
-            puzzle_emb_lr=1e-2,
-            puzzle_emb_weight_decay=0.1,
-            eval_every=1000,
-            eval_samples=200,
-        ),
+        "model": dict(_CPU_MODEL, H_cycles=1, L_cycles=1, halt_max_steps=1),
+        "train": dict(_CPU_TRAIN, steps=3500, global_batch_size=16, lr_warmup_steps=50, eval_every=1000),
         "data": dict(train=5000, test=300, blanks=(3, 6), augment=0, seed=0),
     },
     # The embedded default: real ACT on CPU. 8 ACT segments of 2 H x 2 L cycles (1 + 1 layers,
@@ -51,31 +44,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # 12-30 blanks gave 2 % after step 1 and 45 % after step 8). ``heldout``: the evaluation
     # set's overrides of ``data`` (same spec, a seed training never used).
     "sudoku-small": {
-        "model": dict(
-            hidden_size=64,
-            num_heads=4,
-            H_layers=1,
-            L_layers=1,
-            H_cycles=2,
-            L_cycles=2,
-            halt_max_steps=8,
-            expansion=4.0,
-            puzzle_emb_ndim=64,
-            rope_theta=20.0,
-            forward_dtype="float32",
-        ),
+        "model": dict(_CPU_MODEL, H_cycles=2, L_cycles=2, halt_max_steps=8),
         "train": dict(
-            steps=15000,
-            global_batch_size=32,
-            lr=2e-3,
-            lr_min_ratio=0.1,
-            lr_warmup_steps=100,
-            weight_decay=0.1,
-            puzzle_emb_lr=1e-2,
-            puzzle_emb_weight_decay=0.1,
-            eval_every=5000,
-            eval_samples=200,
-            checkpoint_every=2500,
+            _CPU_TRAIN, steps=15000, global_batch_size=32, lr_warmup_steps=100, eval_every=5000, checkpoint_every=2500
         ),
         "data": dict(train=40000, test=300, blanks=(10, 30), augment=0, seed=0),
         "heldout": dict(train=10, test=500, seed=1),

@@ -18,22 +18,10 @@ from typer.testing import CliRunner
 
 from hrm_deploy.cli import app
 from hrm_deploy.errors import CheckpointError, ConfigError, DataError
-from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.train.loop import TrainConfig, TrainingDiverged, train
+from tests.train.test_train import MICRO
 
 ROOT = Path(__file__).resolve().parents[2]
-MICRO = HRMConfig(
-    seq_len=81,
-    vocab_size=11,
-    hidden_size=32,
-    num_heads=2,
-    H_layers=1,
-    L_layers=1,
-    H_cycles=1,
-    L_cycles=1,
-    halt_max_steps=3,
-    puzzle_emb_ndim=32,
-)
 runner = CliRunner()
 
 
