@@ -27,6 +27,33 @@ _CPU_TRAIN: dict[str, Any] = dict(
     lr=2e-3, lr_min_ratio=0.1, weight_decay=0.1, puzzle_emb_lr=1e-2, puzzle_emb_weight_decay=0.1, eval_samples=200
 )
 
+# Upstream's GPU settings (README), the same for Sudoku-Extreme-1k and Maze 30x30.
+_UPSTREAM: dict[str, dict[str, Any]] = {
+    "model": dict(
+        hidden_size=512,
+        num_heads=8,
+        H_layers=4,
+        L_layers=4,
+        H_cycles=2,
+        L_cycles=2,
+        halt_max_steps=16,
+        expansion=4.0,
+        puzzle_emb_ndim=512,
+        forward_dtype="bfloat16",
+    ),
+    "train": dict(
+        steps=26041,
+        global_batch_size=768,
+        lr=1e-4,
+        lr_min_ratio=1.0,
+        lr_warmup_steps=2000,
+        weight_decay=1.0,
+        puzzle_emb_lr=1e-4,
+        puzzle_emb_weight_decay=1.0,
+        eval_every=2000,
+    ),
+}
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # CPU-sized: >= 90% exact on held-out generated Sudoku with 3-6 blanks in <= 3 minutes on
     # 2 cores (benchmarks/tiny_recipe.py found it). One ACT segment of one H and one L pass:
@@ -52,57 +79,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "heldout": dict(train=10, test=500, seed=1),
     },
     # Upstream's Sudoku-Extreme-1k settings (README): for GPUs.
-    "sudoku": {
-        "model": dict(
-            hidden_size=512,
-            num_heads=8,
-            H_layers=4,
-            L_layers=4,
-            H_cycles=2,
-            L_cycles=2,
-            halt_max_steps=16,
-            expansion=4.0,
-            puzzle_emb_ndim=512,
-            forward_dtype="bfloat16",
-        ),
-        "train": dict(
-            steps=26041,
-            global_batch_size=768,
-            lr=1e-4,
-            lr_min_ratio=1.0,
-            lr_warmup_steps=2000,
-            weight_decay=1.0,
-            puzzle_emb_lr=1e-4,
-            puzzle_emb_weight_decay=1.0,
-            eval_every=2000,
-        ),
-    },
+    "sudoku": _UPSTREAM,
     # Upstream's Maze 30x30 settings: for GPUs.
-    "maze": {
-        "model": dict(
-            hidden_size=512,
-            num_heads=8,
-            H_layers=4,
-            L_layers=4,
-            H_cycles=2,
-            L_cycles=2,
-            halt_max_steps=16,
-            expansion=4.0,
-            puzzle_emb_ndim=512,
-            forward_dtype="bfloat16",
-        ),
-        "train": dict(
-            steps=26041,
-            global_batch_size=768,
-            lr=1e-4,
-            lr_min_ratio=1.0,
-            lr_warmup_steps=2000,
-            weight_decay=1.0,
-            puzzle_emb_lr=1e-4,
-            puzzle_emb_weight_decay=1.0,
-            eval_every=2000,
-        ),
-    },
+    "maze": _UPSTREAM,
 }
 
 
