@@ -25,7 +25,7 @@ from pathlib import Path
 
 def plain_inference_s(path: Path, examples, batch: int, mode: str, steps: int) -> float:
     """Seconds ORT takes to run the same feeds calibration runs, without collecting ranges."""
-    from hrm_deploy.export.parity import ort_session
+    from hrm_deploy.onnx_runtime import ort_session
     from hrm_deploy.precision.int8 import _Reader
 
     session = ort_session(str(path))

@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-from hrm_deploy.export.parity import ort_session, sample_inputs
+from hrm_deploy.export.parity import sample_inputs
 from hrm_deploy.export.unroll import unroll
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.hrm import build_model
+from hrm_deploy.onnx_runtime import ort_session
 
 SUDOKU = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1, puzzle_emb_ndim=512)
 

@@ -32,9 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hrm_deploy.engines.backend import Backend
 from hrm_deploy.manifest import write_manifest
 from hrm_deploy.runners import open_runner
+from hrm_deploy.runners.backend import Backend
 from tests.runners import fake_trt
 
 

@@ -35,6 +35,8 @@ def working_ort_providers() -> tuple[list[str], dict[str, str]]:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from hrm_deploy.onnx_runtime import LogSeverity, ort_session
+
     graph = helper.make_graph(
         [helper.make_node("Add", ["x", "x"], ["y"])],
         "probe",
@@ -44,11 +46,9 @@ def working_ort_providers() -> tuple[list[str], dict[str, str]]:
     blob = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
     onnx.checker.check_model(onnx.load_from_string(blob))
     working, failed = [], {}
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
     for provider in ort.get_available_providers():
         try:
-            session = ort.InferenceSession(blob, options, providers=[provider])
+            session = ort_session(blob, provider=provider, log_severity=LogSeverity.FATAL, allow_fallback=True)
             if session.get_providers()[0] == provider:
                 working.append(provider)
             else:

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hrm_deploy.artifacts import find_reference, runner_name
 from hrm_deploy.errors import ArtifactError, ConfigError
-
-ENGINE_SUFFIXES = (".engine", ".plan")
 
 
 @dataclass(frozen=True)
@@ -35,11 +34,10 @@ def cache_dir() -> Path:
 
 
 def checkpoint_of(artifact: str | Path) -> Path:
-    """The checkpoint behind an artifact: itself, or its manifests' parent chain."""
+    """The checkpoint behind an artifact: itself, or (ONNX graphs, TensorRT engines) its manifests'
+    parent chain."""
     path = Path(artifact)
-    if path.suffix in (".onnx", *ENGINE_SUFFIXES):
-        from hrm_deploy.verify import find_reference
-
+    if runner_name(path) in ("ort", "trt"):
         return find_reference(path)
     return path
 
@@ -117,12 +115,8 @@ def provenance_data(checkpoint: str | Path, flag: str) -> DataChoice:
     raise ConfigError(f"{name} records no dataset it was trained on; pass {flag} DATASET_DIR")
 
 
-def default_data(artifact: str | Path | None, flag: str) -> DataChoice:
-    """Default data for a command on ``artifact`` (checkpoint, ONNX or engine; None: the bundled model)."""
-    if artifact is None:
-        from hrm_deploy.train.presets import bundled_checkpoint
-
-        artifact = bundled_checkpoint()
+def default_data(artifact: str | Path, flag: str) -> DataChoice:
+    """Default data for a command on ``artifact`` (checkpoint, ONNX or engine)."""
     try:
         checkpoint = checkpoint_of(artifact)
     except ArtifactError:

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.artifacts import find_reference
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.io import check_output_path, write_json, write_text
-from hrm_deploy.manifest import check_artifact, manifest_path, report_paths, resolve_parent, update_manifest
+from hrm_deploy.manifest import check_artifact, manifest_path, report_paths, update_manifest
 
 
 @dataclass(frozen=True)
@@ -38,28 +39,6 @@ THRESHOLDS = {
     "bf16": Thresholds(0.99, 1.5, 0.97, 0.25, 0.25),
     "int8": Thresholds(0.98, 2.0, 0.95, 0.6, 0.6),
 }
-
-
-def find_reference(artifact: Path) -> Path:
-    """The checkpoint an artifact came from, following the manifests' parent links.
-
-    Every link is checked: an intermediate artifact must match its own manifest and each
-    parent's sha256 must match the record (see :func:`hrm_deploy.manifest.resolve_parent`),
-    so a manifest edited to name another file is refused, not followed."""
-    from hrm_deploy.runners import is_checkpoint
-
-    current = Path(artifact)
-    for _ in range(8):
-        if not manifest_path(current).is_file():
-            break
-        manifest = check_artifact(current)
-        parent = resolve_parent(current, manifest or {})
-        if parent is None:
-            break
-        current = parent
-        if is_checkpoint(current):
-            return current
-    raise ArtifactError(f"cannot tell which checkpoint {artifact} came from; pass it with --against CKPT")
 
 
 def _run(runner, examples, batch: int) -> dict[str, np.ndarray]:

@@ -2,13 +2,18 @@
 
 Every ``import``/``from ... import`` of ``hrm_deploy`` in every module is checked, including
 imports inside functions (lazy imports are still dependencies). A module may import modules of
-its own rank or lower ranks; anything else must be in ``ALLOWED_UPWARD`` with its reason.
+its own rank or lower ranks, nothing else: where a lower room needs something from a higher one,
+that code moves down (issue 12 moved the TensorRT backend and compatibility checks into runners,
+the artifact table and ``find_reference`` into the base ``artifacts``, and ORT sessions into the
+base ``onnx_runtime``; there is no allow-list).
 
 Rank  Rooms (first package level below ``hrm_deploy``)
 ----  -----------------------------------------------------------------------------------------
 0     base: the package itself (``hrm_deploy/__init__``: lazy exports only), ``errors``, ``io``,
-      ``manifest``, ``system``, ``progress``, ``metrics`` -- used by everything, import only base
-1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format)
+      ``manifest``, ``artifacts``, ``onnx_runtime``, ``system``, ``progress``, ``metrics`` -- used by
+      everything, import only base
+1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format),
+      ``provenance`` (default data from a checkpoint's own dataset)
 2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
 3     ``runners`` (run an artifact: torch reference, ORT, TensorRT, PyTorch engine)
 4     ``precision`` (FP16/INT8 conversion, calibration, accuracy on examples)
@@ -31,11 +36,14 @@ RANKS: dict[str, int] = {
     "errors": 0,
     "io": 0,
     "manifest": 0,
+    "artifacts": 0,
+    "onnx_runtime": 0,
     "system": 0,
     "progress": 0,
     "metrics": 0,
     "model": 1,
     "data": 1,
+    "provenance": 1,
     "export": 2,
     "runners": 3,
     "precision": 4,
@@ -44,30 +52,11 @@ RANKS: dict[str, int] = {
     "bench": 6,
     "serve": 6,
     "solve": 6,
-    "provenance": 6,
     "train": 6,
     "doctor": 6,
     "inspection": 6,
     "cli": 7,
     "__main__": 7,
-}
-
-# (importer, imported) pairs that go up today, each with why and what removes it. Empty it, don't grow it.
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    # TensorRT backend selection (tensorrt vs tensorrt_rtx) and engine-compatibility checks are used both to
-    # build engines and to run them; they belong in a room below runners (e.g. runners/ or a trt/ base room).
-    ("hrm_deploy.runners.adapter", "hrm_deploy.engines.backend"): "create_context: move engines/backend.py down",
-    ("hrm_deploy.runners.trt", "hrm_deploy.engines.backend"): "load_backend, runtime_cache_path: as above",
-    ("hrm_deploy.runners.trt", "hrm_deploy.engines.compat"): "check_compatible: move engines/compat.py down",
-    ("hrm_deploy.runners.torch_engine", "hrm_deploy.engines.compat"): "check_compatible: as above",
-    # The PyTorch engine build finds the checkpoint beside an ONNX with verify.find_reference; that lookup is
-    # artifact plumbing and belongs in base (manifest) -- it needs runners' suffix table.
-    ("hrm_deploy.engines.torch_engine", "hrm_deploy.verify"): "find_reference: move it to manifest.py",
-    # Default data from a checkpoint's provenance (build-engine --int8's calibration data, budget:P's held-out
-    # puzzles). provenance needs find_reference (verify) ; once it lives in base, provenance
-    # drops to rank 1 and these go.
-    ("hrm_deploy.engines.build", "hrm_deploy.provenance"): "default_data: see above",
-    ("hrm_deploy.runners.halting", "hrm_deploy.provenance"): "heldout_data: see above",
 }
 
 
@@ -106,22 +95,15 @@ def _edges() -> list[tuple[str, str]]:
 
 
 def test_no_import_goes_up():
-    upward = [(src, dst) for src, dst in _edges() if _rank(dst) > _rank(src) and (src, dst) not in ALLOWED_UPWARD]
+    upward = [(src, dst) for src, dst in _edges() if _rank(dst) > _rank(src)]
     assert not upward, "imports that go up the layering (see the table in tests/test_layering.py):\n" + "\n".join(
         f"  {src} (rank {_rank(src)}) imports {dst} (rank {_rank(dst)})" for src, dst in upward
     )
 
 
-def test_allow_list_is_not_stale():
-    """An allowed upward import that no longer exists must leave the list (so the list only shrinks)."""
-    edges = set(_edges())
-    stale = [pair for pair in ALLOWED_UPWARD if pair not in edges or _rank(pair[1]) <= _rank(pair[0])]
-    assert not stale, f"remove from ALLOWED_UPWARD (no longer an upward import): {stale}"
-
-
 def test_the_checker_sees_function_level_imports():
-    """Lazy imports count: runners/adapter.py imports engines.backend only inside a method."""
-    assert "hrm_deploy.engines.backend" in _imports(PACKAGE / "runners" / "adapter.py")
+    """Lazy imports count: runners/adapter.py imports runners.backend only inside a method."""
+    assert "hrm_deploy.runners.backend" in _imports(PACKAGE / "runners" / "adapter.py")
 
 
 def test_every_room_has_a_rank():

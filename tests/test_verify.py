@@ -7,11 +7,12 @@ import onnx
 from onnx import numpy_helper
 from typer.testing import CliRunner
 
+from hrm_deploy.artifacts import find_reference
 from hrm_deploy.cli import app
 from hrm_deploy.manifest import read_manifest
 from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
 from hrm_deploy.precision.int8 import QuantConfig
-from hrm_deploy.verify import find_reference, verify
+from hrm_deploy.verify import verify
 
 runner = CliRunner()
 

@@ -89,9 +89,9 @@ def bench_remote(
 ) -> dict[str, Any]:
     """Run :func:`hrm_deploy.bench.run.bench` on ``host`` and return its report (also written
     to ``config.out_dir``)."""
+    from hrm_deploy.artifacts import find_reference
     from hrm_deploy.bench.run import _default_artifacts, resolve_data
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.verify import find_reference
 
     _check_host(host)
     paths = [Path(a) for a in artifacts] or _default_artifacts()

@@ -183,15 +183,16 @@ def resolve_data(config: BenchConfig, paths: list[Path]) -> BenchConfig:
     from dataclasses import replace
 
     from hrm_deploy.provenance import default_data
+    from hrm_deploy.train.presets import bundled_checkpoint
 
-    choice = default_data(config.reference or (paths[0] if paths else None), "--data")
+    choice = default_data(config.reference or (paths[0] if paths else bundled_checkpoint()), "--data")
     print(choice.message, file=sys.stderr, flush=True)
     return replace(config, data=str(choice.path))
 
 
 def _default_artifacts() -> list[Path]:
     """Every engine in engines/ (TensorRT and PyTorch engines, by the runner table's suffixes)."""
-    from hrm_deploy.runners import runner_name
+    from hrm_deploy.artifacts import runner_name
 
     folder = Path("engines")
     return sorted(p for p in folder.glob("*") if p.is_file() and runner_name(p) in ("trt", "torch_engine"))
@@ -200,12 +201,12 @@ def _default_artifacts() -> list[Path]:
 def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
     """Measure ``artifacts`` (default: every engine in engines/) and the reference; write
     report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``."""
+    from hrm_deploy.artifacts import find_reference
     from hrm_deploy.bench.jetson import jetson_model
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.manifest import check_artifact
     from hrm_deploy.runners import open_runner
     from hrm_deploy.runners.torch_ref import TorchRunner
-    from hrm_deploy.verify import find_reference
 
     on_jetson = jetson_model() is not None
     if config.target == "jetson" and not on_jetson:

@@ -2,11 +2,13 @@
 
 - :mod:`~hrm_deploy.engines.build`: ``build_engine`` (precision ONNX -> engine + manifest + layers.json);
 - :mod:`~hrm_deploy.engines.worker`: the TensorRT build itself, in a child process;
-- :mod:`~hrm_deploy.engines.backend`: TensorRT vs TensorRT-RTX behind one interface;
+- :mod:`~hrm_deploy.engines.cpu`: the ``cpu`` target (a graph ONNX Runtime's CPU provider runs fastest);
 - :mod:`~hrm_deploy.engines.targets`: deployment targets as frozen profiles;
-- :mod:`~hrm_deploy.engines.compat`: does an engine fit the TensorRT and GPU running now;
 - :mod:`~hrm_deploy.engines.layers`: what the engine inspector says about precision;
 - :mod:`~hrm_deploy.engines.torch_engine`: ``--backend torch`` (AOTInductor ``.pt2``).
 
-File names it writes: ``engines/README.md``. Running an engine is :mod:`hrm_deploy.runners`.
+File names it writes: ``engines/README.md``. Running an engine is :mod:`hrm_deploy.runners`, which
+also holds what building and running share: :mod:`~hrm_deploy.runners.backend` (TensorRT vs
+TensorRT-RTX behind one interface) and :mod:`~hrm_deploy.runners.compat` (does an engine fit the
+TensorRT and GPU running now).
 """

@@ -16,17 +16,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.engines.backend import (
-    load_backend,
-    reproduce_command,
-    timing_cache_path,
-)
 from hrm_deploy.engines.layers import precision_verdict
 from hrm_deploy.engines.targets import TargetProfile, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact, read_verified
 from hrm_deploy.progress import Stages
+from hrm_deploy.runners.backend import (
+    load_backend,
+    reproduce_command,
+    timing_cache_path,
+)
 from hrm_deploy.system import IDENTITY, nvidia_smi
 
 ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8")

@@ -30,10 +30,12 @@ from typing import Any
 from hrm_deploy.errors import ArtifactError, ConfigError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
+from hrm_deploy.onnx_runtime import Optimization, ort_session
 from hrm_deploy.progress import Stages
 
 CPU_PRECISIONS = ("fp32", "fp16", "int8")
-OPTIMIZATION_LEVEL = "extended"
+OPTIMIZATION = Optimization.EXTENDED
+OPTIMIZATION_LEVEL = OPTIMIZATION.value  # as recorded in the manifest and the graph's metadata
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ def quantize_weights_dynamic(
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from hrm_deploy.precision.int8 import QuantConfig, plan_nodes, quiet_ort
+    from hrm_deploy.onnx_runtime import quiet_ort
+    from hrm_deploy.precision.int8 import QuantConfig, plan_nodes
 
     model = onnx.load(src)
     plan = plan_nodes(model, QuantConfig(exclude_patterns=exclude_patterns))
@@ -94,16 +97,8 @@ def quantize_weights_dynamic(
 
 def optimize_offline(src: str, out: str, threads: int | None) -> float:
     """Apply ORT's graph optimizations to ``src`` and save the result to ``out``; returns seconds."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = out
-    if threads:
-        options.intra_op_num_threads = threads
     start = time.perf_counter()
-    ort.InferenceSession(src, options, providers=["CPUExecutionProvider"])
+    ort_session(src, threads=threads, optimization=OPTIMIZATION, optimized_model_path=out)
     return time.perf_counter() - start
 
 

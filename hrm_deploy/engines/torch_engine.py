@@ -83,8 +83,7 @@ def io_specs(mode: str, config: Any, steps: int, dtypes: list[str] | None = None
 
 def _source(source: Path) -> tuple[Path, dict[str, Any]]:
     """(checkpoint, graph metadata or {}) for an ONNX export or a checkpoint given directly."""
-    from hrm_deploy.runners import is_checkpoint
-    from hrm_deploy.verify import find_reference
+    from hrm_deploy.artifacts import find_reference, is_checkpoint
 
     if not source.exists():
         raise ArtifactError(f"{source} does not exist")

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hrm_deploy.engines.backend import Backend, load_backend
 from hrm_deploy.engines.layers import summarize_layers
 from hrm_deploy.io import atomic_path
+from hrm_deploy.runners.backend import Backend, load_backend
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (TensorRT 10.x API); RTX shares it
     import tensorrt

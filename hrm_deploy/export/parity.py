@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from hrm_deploy.errors import ParityError, require
+from hrm_deploy.errors import ParityError
 from hrm_deploy.model.config import HRMConfig
+from hrm_deploy.onnx_runtime import ort_session, run_stepwise
 
 NOISE_FACTOR = 10.0  # ORT may deviate this many times the float32-vs-float64 noise...
 ABS_FLOOR = 1e-4  # ...plus this much, relative to the output scale.
@@ -55,50 +56,6 @@ def sample_inputs(config: HRMConfig, batch: int, seed: int) -> dict[str, np.ndar
     return {
         "inputs": rng.integers(0, config.vocab_size, size=(batch, config.seq_len), dtype=np.int32),
         "puzzle_identifiers": rng.integers(0, config.num_puzzle_identifiers, size=(batch,), dtype=np.int32),
-    }
-
-
-def ort_session(path_or_bytes, threads: int | None = None):
-    ort = require("onnxruntime", "onnx", "Running ONNX graphs")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(path_or_bytes, options, providers=["CPUExecutionProvider"])
-
-
-def run_stepwise(
-    session, feeds: dict[str, np.ndarray], config: HRMConfig | None, steps: int, states: list | None = None
-) -> dict[str, np.ndarray]:
-    """Drive a single-step graph through ``steps`` segments (the host loop of a stepwise runtime).
-    The carry's shape comes from ``config``, or from the graph's ``z_H`` input when None.
-    Also returns each step's argmax as ``step_predictions`` [B, steps, S] (int32); each step's
-    carry out ``(z_H, z_L)`` is appended to ``states`` when given (teacher-forced parity)."""
-    batch = feeds["inputs"].shape[0]
-    if config is not None:
-        shape = (batch, config.total_seq_len, config.hidden_size)
-    else:
-        dims = next(i.shape for i in session.get_inputs() if i.name == "z_H")
-        shape = (batch, dims[1], dims[2])
-    z_H = np.zeros(shape, np.float32)
-    z_L = np.zeros(shape, np.float32)
-    halts, continues, predictions = [], [], []
-    for i in range(steps):
-        reset = np.full((batch,), i == 0, dtype=bool)
-        z_H, z_L, logits, q_halt, q_continue = session.run(
-            ["z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits"],
-            {**feeds, "z_H": z_H, "z_L": z_L, "reset": reset},
-        )
-        halts.append(q_halt)
-        continues.append(q_continue)
-        predictions.append(logits.argmax(-1).astype(np.int32))
-        if states is not None:
-            states.append((z_H, z_L))
-    return {
-        "logits": logits,
-        "q_halt_logits": np.stack(halts, 1),
-        "q_continue_logits": np.stack(continues, 1),
-        "step_predictions": np.stack(predictions, 1),
     }
 
 

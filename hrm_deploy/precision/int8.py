@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import io
-import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import numpy as np
 
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.onnx_runtime import ort_session, quiet_ort
 
 METHODS = ("entropy", "minmax", "percentile")
 DEFAULT_EXCLUDE_PATTERNS = ("*lm_head*", "*q_head*")
@@ -132,8 +132,6 @@ class _Reader:
     def _feeds(self) -> Iterator[dict[str, np.ndarray]]:
         session = None
         if self.mode == "step":
-            from hrm_deploy.export.parity import ort_session
-
             session = ort_session(self.fp32_path)
         for start in range(0, len(self.examples), self.batch):
             feeds = self.examples.feeds(start, start + self.batch)
@@ -178,17 +176,6 @@ def _progress(total: int, label: str, quiet: bool):
     return progress(total, label, quiet, unit="batches")
 
 
-@contextlib.contextmanager
-def quiet_ort() -> Iterator[None]:
-    """ORT's quantizer prints calibration chatter and root-logger warnings; keep them out of our output."""
-    logging.disable(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        logging.disable(logging.NOTSET)
-
-
 def _calibrate(
     fp32_path: str,
     tensors: list[str],
@@ -206,7 +193,6 @@ def _calibrate(
     only the tensors that get Q/DQ become extra outputs, ranges are reduced batch by batch, and
     ORT's HistogramCollector does entropy/percentile."""
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper
     from onnxruntime.quantization.calibrate import (
         CalibrationMethod,
@@ -234,9 +220,7 @@ def _calibrate(
         for name in tensors:
             if name not in present:
                 model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort_session(model.SerializeToString())
     del model
     reader = _Reader(examples, config.batch, fp32_path, mode, steps, on_feed)
     peaks = {name: 0.0 for name in tensors}

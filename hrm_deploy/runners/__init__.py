@@ -1,15 +1,20 @@
 """Backends that run an artifact, one module each behind the :class:`~hrm_deploy.runners.base.Runner`
-base class, and the one table that maps an artifact to its runner (read by verify, bench and
-:func:`hrm_deploy.verify.find_reference`).
+base class, and :func:`open_runner`, which picks the runner from the artifact's suffix
+(:data:`hrm_deploy.artifacts.SUFFIXES`, the table verify, bench and
+:func:`hrm_deploy.artifacts.find_reference` read too).
 
 - ``torch_ref``: a checkpoint, our PyTorch model (the reference);
 - ``ort``: an ``.onnx`` graph on ONNX Runtime;
 - ``trt``: a TensorRT / TensorRT-RTX ``.engine``/``.plan`` through the device loop (no torch needed);
 - ``torch_engine``: a PyTorch engine ``.pt2`` (AOTInductor) through the same device loop.
 
+Beside them: ``adapter``, ``device_loop`` and ``memory`` (the engine path), ``halting`` (halt
+rules, continuous batching), ``infer`` (runners over examples), and what building and running
+engines share: ``backend`` (TensorRT vs TensorRT-RTX) and ``compat`` (does an engine fit here).
+
 To add a backend: write ``runners/<name>.py`` with a :class:`Runner` subclass (``name``,
 ``_activate``, ``_infer(feeds, halt)``, ``_close``), add it to :data:`RUNNERS` and, when it
-has its own artifact suffix, to :data:`SUFFIXES`.
+has its own artifact suffix, to :data:`hrm_deploy.artifacts.SUFFIXES`.
 """
 
 from __future__ import annotations
@@ -18,30 +23,19 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hrm_deploy.artifacts import runner_name
 from hrm_deploy.errors import ArtifactError, ConfigError
 
 if TYPE_CHECKING:
     from hrm_deploy.runners.base import Runner
 
-# runner name -> "module:class"
+# runner name (the values of hrm_deploy.artifacts.SUFFIXES, and its CHECKPOINT_RUNNER) -> "module:class"
 RUNNERS = {
     "torch_ref": "hrm_deploy.runners.torch_ref:TorchRunner",
     "ort": "hrm_deploy.runners.ort:OrtRunner",
     "trt": "hrm_deploy.runners.trt:TrtRunner",
     "torch_engine": "hrm_deploy.runners.torch_engine:TorchEngineRunner",
 }
-# artifact suffix -> runner name; anything else is a checkpoint (torch_ref)
-SUFFIXES = {".onnx": "ort", ".engine": "trt", ".plan": "trt", ".pt2": "torch_engine"}
-CHECKPOINT_RUNNER = "torch_ref"
-
-
-def runner_name(artifact: str | Path) -> str:
-    """The runner an artifact needs, from its suffix (a checkpoint when none matches)."""
-    return SUFFIXES.get(Path(artifact).suffix, CHECKPOINT_RUNNER)
-
-
-def is_checkpoint(artifact: str | Path) -> bool:
-    return runner_name(artifact) == CHECKPOINT_RUNNER
 
 
 def runner_class(name: str) -> type[Runner]:

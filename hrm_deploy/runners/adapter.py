@@ -76,7 +76,7 @@ class TrtAdapter:
         backend: Any = None,
         runtime_cache: Any = None,
     ):
-        # backend + runtime_cache (TensorRT-RTX): contexts come from engines.backend.create_context so
+        # backend + runtime_cache (TensorRT-RTX): contexts come from runners.backend.create_context so
         # the JIT kernels are cached beside the engine instead of recompiled in every process.
         self.trt, self.memory, self.is_rtx = trt, memory, is_rtx
         self.backend, self.runtime_cache = backend, runtime_cache
@@ -101,7 +101,7 @@ class TrtAdapter:
     def new_context(self) -> tensorrt.IExecutionContext:
         strategy = self.trt.ExecutionContextAllocationStrategy.USER_MANAGED
         if self.backend is not None and self.is_rtx:
-            from hrm_deploy.engines.backend import create_context
+            from hrm_deploy.runners.backend import create_context
 
             handle = create_context(self.engine, self.backend, self.runtime_cache, allocation_strategy="user_managed")
             self.handles.append(handle)

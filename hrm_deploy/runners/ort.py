@@ -1,7 +1,8 @@
 """ONNX Runtime runner (CPU, CUDA or TensorRT execution provider) for both graph modes.
 
-After the session is created, the provider actually in use is checked: ORT silently falls
-back to CPU when a GPU provider cannot load, and a benchmark of that would be a lie."""
+The session comes from :func:`hrm_deploy.onnx_runtime.ort_session`, which checks the provider
+actually in use: ORT silently falls back to CPU when a GPU provider cannot load, and a benchmark
+of that would be a lie."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError, DependencyError, require
+from hrm_deploy.errors import require
+from hrm_deploy.onnx_runtime import ort_session, provider_name
 from hrm_deploy.runners.base import HaltFn, Runner
-
-PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 
 
 class OrtRunner(Runner):
@@ -21,15 +21,13 @@ class OrtRunner(Runner):
     supports_halt = True  # step graphs; an unrolled graph refuses a halt rule with one clear error
 
     def __init__(self, path: str | Path, provider: str = "cpu", threads: int | None = None, steps: int | None = None):
-        if provider not in PROVIDERS:
-            raise ConfigError(f"ORT provider {provider!r} unknown; use one of {', '.join(PROVIDERS)}")
+        provider_name(provider)  # an unknown provider fails here, before any work
         self.path, self.provider, self.threads = Path(path), provider, threads
         self.requested_steps = steps
         self.precision, self.mode, self.steps = "fp32", "unrolled", steps or 1
         self._session: Any = None
 
     def _activate(self) -> None:
-        ort = require("onnxruntime", "onnx", "The ONNX Runtime runner")
         onnx = require("onnx", "onnx", "The ONNX Runtime runner")
         from hrm_deploy.export.metadata import graph_metadata
         from hrm_deploy.manifest import check_artifact
@@ -38,21 +36,8 @@ class OrtRunner(Runner):
         meta = graph_metadata(onnx.load(str(self.path), load_external_data=False))
         self.precision, self.mode = meta.get("precision", "fp32"), meta["mode"]
         self.steps = self.requested_steps or meta["steps"]
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if self.threads:
-            options.intra_op_num_threads = self.threads
-        wanted = PROVIDERS[self.provider]
-        providers = [wanted] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
-        self._session = ort.InferenceSession(str(self.path), options, providers=providers)
+        self._session = ort_session(self.path, provider=self.provider, threads=self.threads)
         self._per_step = any(o.name == "step_predictions" for o in self._session.get_outputs())
-        used = self._session.get_providers()[0]
-        if used != wanted:
-            raise DependencyError(
-                f"ONNX Runtime fell back to {used} instead of {wanted} (available here: "
-                f"{', '.join(ort.get_available_providers())}); install onnxruntime-gpu with a "
-                "matching CUDA/TensorRT, or use --provider cpu"
-            )
 
     def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
         """Outputs for one batch; ``halt`` (e.g. ``HaltRule.should_halt``) stops rows early on

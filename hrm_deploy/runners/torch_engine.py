@@ -11,11 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.engines.compat import check_compatible
 from hrm_deploy.errors import EngineError, require
 from hrm_deploy.manifest import check_artifact
 from hrm_deploy.runners.adapter import TensorSpec
 from hrm_deploy.runners.base import LoopRunner
+from hrm_deploy.runners.compat import check_compatible
 
 
 class TorchEngineAdapter:

@@ -2,7 +2,7 @@
 cuda-python); imports no torch and no onnx itself, so a Jetson needs neither.
 
 The manifest is checked against the running backend and GPU before deserializing
-(:func:`hrm_deploy.engines.compat.check_compatible`); the engine then runs through
+(:func:`hrm_deploy.runners.compat.check_compatible`); the engine then runs through
 :class:`~hrm_deploy.runners.adapter.TrtAdapter` and the
 :class:`~hrm_deploy.runners.device_loop.DeviceLoop` (one stream, buffers and bindings once per
 batch size, the step loop captured as a CUDA graph). Batches above the engine profile's max
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import sys
 
-from hrm_deploy.engines.backend import load_backend, runtime_cache_path
-from hrm_deploy.engines.compat import check_compatible
 from hrm_deploy.errors import EngineError
 from hrm_deploy.manifest import read_verified
+from hrm_deploy.runners.backend import load_backend, runtime_cache_path
 from hrm_deploy.runners.base import LoopRunner
+from hrm_deploy.runners.compat import check_compatible
 
 
 class TrtRunner(LoopRunner):

@@ -1,7 +1,8 @@
 """Every TensorRT name the engine code uses exists on the installed ``tensorrt_rtx`` module.
 
 The names are collected from the ``hrm_deploy/engines`` modules that touch TensorRT (those
-using ``backend.trt``; ``layers.py`` and ``build.py`` only read JSON) by an AST scan: ``trt.X`` and
+using ``backend.trt``; ``layers.py`` and ``build.py`` only read JSON) and from
+``hrm_deploy/runners/backend.py`` (which both builders and runners use) by an AST scan: ``trt.X`` and
 ``trt.X.Y`` (``trt`` being ``backend.trt`` / ``self.trt``), ``trt.X(...).m``, and attributes of
 variables that hold a TensorRT object (``builder``, ``config``, ``engine``, ...: the table below
 maps each to its class), plus the few names the code reaches through ``getattr`` strings. A
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ENGINES = Path(__file__).resolve().parents[2] / "hrm_deploy" / "engines"
+PACKAGE = Path(__file__).resolve().parents[2] / "hrm_deploy"
+CODE = [*sorted((PACKAGE / "engines").glob("*.py")), PACKAGE / "runners" / "backend.py"]
 MODULE_ALIASES = {"trt", "backend.trt", "self.trt"}
 # variable (or dotted attribute) -> tensorrt_rtx class, per file where the meaning differs
 RECEIVERS = {
@@ -85,7 +87,7 @@ def used_names(source: str, filename: str) -> set[tuple[str, str]]:
 
 def all_used_names() -> set[tuple[str, str]]:
     names = set(DYNAMIC)
-    for path in sorted(ENGINES.glob("*.py")):
+    for path in CODE:
         text = path.read_text()
         if "backend.trt" in text or "self.trt" in text:  # the modules that touch TensorRT objects
             names |= used_names(text, path.name)

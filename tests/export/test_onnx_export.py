@@ -8,9 +8,10 @@ import torch
 from hrm_deploy.errors import ConfigError, ParityError
 from hrm_deploy.export import parity as parity_mod
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-from hrm_deploy.export.parity import ort_session, run_stepwise, sample_inputs
+from hrm_deploy.export.parity import sample_inputs
 from hrm_deploy.export.unroll import unroll
 from hrm_deploy.manifest import read_manifest
+from hrm_deploy.onnx_runtime import ort_session, run_stepwise
 
 
 def test_unrolled_export_contract_and_parity(tmp_path, tiny_model):

@@ -324,6 +324,7 @@ def test_inspect_of_a_corrupted_engine_is_its_check_not_an_old_manifest(tmp_path
 
 def test_an_export_landing_during_verify_gets_no_stale_verdict(tiny_onnx, tmp_path, monkeypatch):
     import hrm_deploy.verify as verify_mod
+    from hrm_deploy.artifacts import find_reference
 
     copy = tmp_path / "m.onnx"
     shutil.copy(tiny_onnx.unrolled, copy)
@@ -347,7 +348,7 @@ def test_an_export_landing_during_verify_gets_no_stale_verdict(tiny_onnx, tmp_pa
 
     monkeypatch.setattr(verify_mod, "_run", run_then_export_lands)
     with pytest.raises(ArtifactError, match="replaced while it was being verified"):
-        verify_mod.verify(copy, tiny_onnx.data, against=verify_mod.find_reference(tiny_onnx.unrolled), samples=4)
+        verify_mod.verify(copy, tiny_onnx.data, against=find_reference(tiny_onnx.unrolled), samples=4)
     assert "verify" not in read_manifest(copy) and not (tmp_path / "m.onnx.verify.md").exists()
 
 

@@ -10,10 +10,10 @@ import subprocess
 
 import pytest
 
-from hrm_deploy.engines.backend import load_backend
 from hrm_deploy.errors import DependencyError
 from hrm_deploy.io import staging_dir
 from hrm_deploy.manifest import manifest_path, publish_artifact, read_manifest
+from hrm_deploy.runners.backend import load_backend
 
 try:
     load_backend("tensorrt-rtx")

@@ -150,7 +150,7 @@ def test_reports_are_never_written_through_a_symlink_out_of_the_workspace(tiny_o
             "--samples",
             "4",
             "--against",
-            str(__import__("hrm_deploy.verify").verify.find_reference(tiny_onnx.unrolled)),
+            str(__import__("hrm_deploy.artifacts").artifacts.find_reference(tiny_onnx.unrolled)),
         ],
     )
     _one_line_error(result, "outside the workspace")

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm_deploy.engines.backend import Backend
 from hrm_deploy.errors import ConfigError, DataError, EngineError
 from hrm_deploy.manifest import write_manifest
+from hrm_deploy.runners.backend import Backend
 from tests.runners import fake_trt
 
 
@@ -236,13 +236,8 @@ def test_halting_rows_keep_their_output_of_the_halting_step(tmp_path):
 
 
 def test_suffix_table_is_the_one_source(tmp_path):
-    from hrm_deploy.runners import (
-        RUNNERS,
-        SUFFIXES,
-        is_checkpoint,
-        runner_class,
-        runner_name,
-    )
+    from hrm_deploy.artifacts import SUFFIXES, is_checkpoint, runner_name
+    from hrm_deploy.runners import RUNNERS, runner_class
 
     assert runner_name("a.onnx") == "ort" and runner_name("a.plan") == "trt" and runner_name("a.pt2") == "torch_engine"
     assert is_checkpoint("step_100") and is_checkpoint("model.pt")

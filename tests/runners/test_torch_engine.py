@@ -21,8 +21,8 @@ def torch_engines(tiny_onnx, tmp_path_factory):
     checkpoint) and the unroll (from the FP32 ONNX export, via its manifest's parent)."""
     from types import SimpleNamespace
 
+    from hrm_deploy.artifacts import find_reference
     from hrm_deploy.engines.build import EngineConfig, build_engine
-    from hrm_deploy.verify import find_reference
 
     folder = tmp_path_factory.mktemp("torch_engines")
     checkpoint = find_reference(tiny_onnx.unrolled)
@@ -95,8 +95,9 @@ def test_step_engine_halts_rows_with_their_halting_step_output(torch_engines):
 
 @pytest.mark.slow
 def test_unrolled_engine_from_the_onnx_export_and_verify_end_to_end(torch_engines, tmp_path):
+    from hrm_deploy.artifacts import find_reference
     from hrm_deploy.runners import open_runner
-    from hrm_deploy.verify import find_reference, verify
+    from hrm_deploy.verify import verify
 
     manifest = json.loads(torch_engines.unrolled.with_name(torch_engines.unrolled.name + ".manifest.json").read_text())
     assert manifest["parent"]["path"].endswith("tiny.onnx") and manifest["mode"] == "unrolled"

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from hrm_deploy.engines.compat import check_compatible
 from hrm_deploy.errors import EngineError
+from hrm_deploy.runners.compat import check_compatible
 
 BLOCKED_IMPORT = """
 import sys

@@ -326,8 +326,8 @@ def test_act_driver_halting_in_bundled_tritonserver(tiny_model, tmp_path):
     from pytriton.triton import Triton, TritonConfig
 
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-    from hrm_deploy.export.parity import run_stepwise
     from hrm_deploy.model.checkpoint import save_checkpoint
+    from hrm_deploy.onnx_runtime import ort_session, run_stepwise
     from hrm_deploy.serve.client import infer_remote
     from hrm_deploy.serve.repo import OnnxBackend, RepoConfig, write_triton_repo
 
@@ -338,10 +338,8 @@ def test_act_driver_halting_in_bundled_tritonserver(tiny_model, tmp_path):
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, 11, (12, 81)).astype(np.int32)
     ids = np.zeros(12, np.int32)
-    import onnxruntime as ort
-
     ref = run_stepwise(
-        ort.InferenceSession(str(step), providers=["CPUExecutionProvider"]),
+        ort_session(step),
         {"inputs": tokens, "puzzle_identifiers": ids},
         None,
         4,

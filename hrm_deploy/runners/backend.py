@@ -1,5 +1,6 @@
 """TensorRT and TensorRT-RTX behind one small interface: the APIs match closely, and every
-difference between them lives here.
+difference between them lives here. The engine builders (:mod:`hrm_deploy.engines`) and the
+runners use it, so it lives in the lower room (runners) and imports only the base.
 
 - strong typing: the ``STRONGLY_TYPED`` network flag on TensorRT 10.x; the default (flag
   ignored) on TensorRT 11 and the only mode on RTX;

@@ -1,0 +1,50 @@
+"""What an artifact is, from its file name, and which checkpoint it came from.
+
+The suffix table is plain data (suffix -> the name of the runner that runs it); the runners
+map each name to its class (:data:`hrm_deploy.runners.RUNNERS`). It lives in the base so that
+every room can tell a checkpoint from an ONNX graph or an engine, and follow an artifact back
+to its checkpoint, without importing the runners.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hrm_deploy.errors import ArtifactError
+from hrm_deploy.manifest import check_artifact, manifest_path, resolve_parent
+
+# artifact suffix -> runner name; anything else is a checkpoint (torch_ref)
+SUFFIXES = {".onnx": "ort", ".engine": "trt", ".plan": "trt", ".pt2": "torch_engine"}
+CHECKPOINT_RUNNER = "torch_ref"
+# The longest real chain (checkpoint -> ONNX -> precision ONNX -> engine) has 3 links; the bound
+# stops a loop of manifests.
+MAX_PARENT_LINKS = 8
+
+
+def runner_name(artifact: str | Path) -> str:
+    """The runner an artifact needs, from its suffix (a checkpoint when none matches)."""
+    return SUFFIXES.get(Path(artifact).suffix, CHECKPOINT_RUNNER)
+
+
+def is_checkpoint(artifact: str | Path) -> bool:
+    return runner_name(artifact) == CHECKPOINT_RUNNER
+
+
+def find_reference(artifact: Path) -> Path:
+    """The checkpoint an artifact came from, following the manifests' parent links.
+
+    Every link is checked: an intermediate artifact must match its own manifest and each
+    parent's sha256 must match the record (see :func:`hrm_deploy.manifest.resolve_parent`),
+    so a manifest edited to name another file is refused, not followed."""
+    current = Path(artifact)
+    for _ in range(MAX_PARENT_LINKS):
+        if not manifest_path(current).is_file():
+            break
+        manifest = check_artifact(current)
+        parent = resolve_parent(current, manifest or {})
+        if parent is None:
+            break
+        current = parent
+        if is_checkpoint(current):
+            return current
+    raise ArtifactError(f"cannot tell which checkpoint {artifact} came from; pass it with --against CKPT")

@@ -1,0 +1,163 @@
+"""ONNX Runtime sessions, made in one place, and the host loop that drives a single-step graph.
+
+Every session of the toolkit comes from :func:`ort_session`: export parity, INT8 calibration,
+the ``ort`` runner, the ``cpu`` target's offline optimization and the doctor's provider probe.
+It resolves the execution provider (our short names or ORT's own), keeps the CPU provider for
+the nodes a GPU provider cannot take, and refuses a session that ORT silently moved to another
+provider (a GPU provider that cannot load falls back to CPU, and a benchmark of that would be a
+lie). :func:`run_stepwise` is the stepwise host loop parity and tests use.
+
+A base module: export (parity) must not import the runners, and both use it. onnxruntime is
+imported only when a session is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections.abc import Iterator
+from enum import Enum, IntEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from hrm_deploy.errors import ConfigError, DependencyError, require
+
+# our short provider names -> ONNX Runtime's
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+CPU = PROVIDERS["cpu"]
+
+
+class Optimization(str, Enum):
+    """ONNX Runtime's graph optimization level (``GraphOptimizationLevel``); ``all`` is ORT's default."""
+
+    DISABLED = "disabled"
+    BASIC = "basic"
+    EXTENDED = "extended"
+    ALL = "all"
+
+
+_ORT_LEVELS = {
+    Optimization.DISABLED: "ORT_DISABLE_ALL",
+    Optimization.BASIC: "ORT_ENABLE_BASIC",
+    Optimization.EXTENDED: "ORT_ENABLE_EXTENDED",
+    Optimization.ALL: "ORT_ENABLE_ALL",
+}
+
+
+class LogSeverity(IntEnum):
+    """ONNX Runtime's log severities (``SessionOptions.log_severity_level``)."""
+
+    VERBOSE = 0
+    INFO = 1
+    WARNING = 2
+    ERROR = 3  # our default: ORT's warnings (unused initializers, ...) are noise to our users
+    FATAL = 4
+
+
+def provider_name(provider: str) -> str:
+    """ORT's name for ``provider``: one of our short names (``cpu``, ``cuda``, ``tensorrt``) or
+    ORT's own ``...ExecutionProvider`` name, taken as is; anything else is a :class:`ConfigError`."""
+    if provider in PROVIDERS:
+        return PROVIDERS[provider]
+    if provider.endswith("ExecutionProvider"):
+        return provider
+    raise ConfigError(f"ORT provider {provider!r} unknown; use one of {', '.join(PROVIDERS)}")
+
+
+def ort_session(
+    model: str | Path | bytes,
+    *,
+    provider: str = "cpu",
+    threads: int | None = None,
+    optimization: Optimization = Optimization.ALL,
+    optimized_model_path: str | Path | None = None,
+    log_severity: LogSeverity = LogSeverity.ERROR,
+    allow_fallback: bool = False,
+) -> Any:
+    """An ``onnxruntime.InferenceSession`` for ``model`` (a path or the serialized graph).
+
+    ``provider`` (see :func:`provider_name`) runs the graph; a GPU provider gets the CPU
+    provider after it for the nodes it cannot take. When ORT puts the graph on another provider
+    first, that is a :class:`DependencyError`, unless ``allow_fallback`` (the doctor's probe,
+    which reports it). ``threads`` sets the intra-op threads (None or 0: ORT's default, one per
+    core). ``optimized_model_path`` makes ORT save the graph after its ``optimization`` passes
+    there (the ``cpu`` target's offline optimization).
+    """
+    wanted = provider_name(provider)
+    ort = require("onnxruntime", "onnx", "Running ONNX graphs")
+    options = ort.SessionOptions()
+    options.log_severity_level = int(log_severity)
+    if threads:
+        options.intra_op_num_threads = threads
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _ORT_LEVELS[Optimization(optimization)])
+    if optimized_model_path is not None:
+        options.optimized_model_filepath = str(optimized_model_path)
+    providers = [wanted] + ([CPU] if wanted != CPU else [])
+    session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), options, providers=providers)
+    used = session.get_providers()[0]
+    if used != wanted and not allow_fallback:
+        raise DependencyError(
+            f"ONNX Runtime fell back to {used} instead of {wanted} (available here: "
+            f"{', '.join(ort.get_available_providers())}); install onnxruntime-gpu with a "
+            "matching CUDA/TensorRT, or use --provider cpu"
+        )
+    return session
+
+
+@contextlib.contextmanager
+def quiet_ort() -> Iterator[None]:
+    """ORT's quantizer prints calibration chatter and root-logger warnings; keep them out of our output."""
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+class CarryShape(Protocol):
+    """What :func:`run_stepwise` reads of a model config (``HRMConfig`` has both)."""
+
+    @property
+    def total_seq_len(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+
+def run_stepwise(
+    session, feeds: dict[str, np.ndarray], config: CarryShape | None, steps: int, states: list | None = None
+) -> dict[str, np.ndarray]:
+    """Drive a single-step graph through ``steps`` segments (the host loop of a stepwise runtime).
+    The carry's shape comes from ``config``, or from the graph's ``z_H`` input when None.
+    Also returns each step's argmax as ``step_predictions`` [B, steps, S] (int32); each step's
+    carry out ``(z_H, z_L)`` is appended to ``states`` when given (teacher-forced parity)."""
+    batch = feeds["inputs"].shape[0]
+    if config is not None:
+        shape = (batch, config.total_seq_len, config.hidden_size)
+    else:
+        dims = next(i.shape for i in session.get_inputs() if i.name == "z_H")
+        shape = (batch, dims[1], dims[2])
+    z_H = np.zeros(shape, np.float32)
+    z_L = np.zeros(shape, np.float32)
+    halts, continues, predictions = [], [], []
+    for i in range(steps):
+        reset = np.full((batch,), i == 0, dtype=bool)
+        z_H, z_L, logits, q_halt, q_continue = session.run(
+            ["z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits"],
+            {**feeds, "z_H": z_H, "z_L": z_L, "reset": reset},
+        )
+        halts.append(q_halt)
+        continues.append(q_continue)
+        predictions.append(logits.argmax(-1).astype(np.int32))
+        if states is not None:
+            states.append((z_H, z_L))
+    return {
+        "logits": logits,
+        "q_halt_logits": np.stack(halts, 1),
+        "q_continue_logits": np.stack(continues, 1),
+        "step_predictions": np.stack(predictions, 1),
+    }
