@@ -76,6 +76,7 @@ def ort_session(
     optimized_model_path: str | Path | None = None,
     log_severity: LogSeverity = LogSeverity.ERROR,
     allow_fallback: bool = False,
+    spinning: bool = True,
 ) -> Any:
     """An ``onnxruntime.InferenceSession`` for ``model`` (a path or the serialized graph).
 
@@ -84,7 +85,9 @@ def ort_session(
     first, that is a :class:`DependencyError`, unless ``allow_fallback`` (the doctor's probe,
     which reports it). ``threads`` sets the intra-op threads (None or 0: ORT's default, one per
     core). ``optimized_model_path`` makes ORT save the graph after its ``optimization`` passes
-    there (the ``cpu`` target's offline optimization).
+    there (the ``cpu`` target's offline optimization). ``spinning=False`` stops the intra-op
+    threads busy-waiting between runs: for callers that alternate ORT with other CPU work (parity
+    alternates with PyTorch, whose OpenMP threads the spinning starves).
     """
     wanted = provider_name(provider)
     ort = require("onnxruntime", "onnx", "Running ONNX graphs")
@@ -95,6 +98,8 @@ def ort_session(
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _ORT_LEVELS[Optimization(optimization)])
     if optimized_model_path is not None:
         options.optimized_model_filepath = str(optimized_model_path)
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers = [wanted] + ([CPU] if wanted != CPU else [])
     session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), options, providers=providers)
     used = session.get_providers()[0]

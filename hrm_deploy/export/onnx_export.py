@@ -385,7 +385,6 @@ def export_onnx(
         parity = None
         if config.parity:
             with stages.stage("parity vs PyTorch on ONNX Runtime CPU"):
-                segment = check_segment(step.SerializeToString(), core)
                 report = check_parity(
                     str(staged),
                     FixedStepHRM(core, steps).eval(),
@@ -394,7 +393,8 @@ def export_onnx(
                     tuple(min(b, config.max_batch) for b in config.parity_batches),
                     stepwise=config.mode == "step",
                 )
-                report.segment = segment
+                if report.method == "end to end":  # loose on chaotic weights, so also one segment, tight
+                    report.segment = check_segment(step.SerializeToString(), core)
                 parity = report.to_dict()
             if not report.passed:
                 raise ParityError(f"ONNX Runtime output differs from PyTorch: {report.message}")

@@ -35,7 +35,9 @@ def test_unrolled_export_contract_and_parity(tmp_path, tiny_model):
     assert result.parity and all(b["logits"]["argmax_agreement"] == 1.0 for b in result.parity["batches"].values())
     manifest = read_manifest(out)
     assert manifest["stage"] == "export" and manifest["unroll"]["steps"] == 4
-    assert manifest["io"]["outputs"]["logits"][0] == "FLOAT" and manifest["parity"]["segment"]["z_H"]["max_abs"] < 1e-4
+    assert manifest["io"]["outputs"]["logits"][0] == "FLOAT"
+    # steps 0, 1 and the last compared numerically; step 2 proven a copy of step 0
+    assert manifest["parity"]["checked_steps"] == [0, 1, 3] and manifest["parity"]["segment"] is None
     assert all(v["logits"]["max_abs"] <= v["logits"]["strict_limit"] for v in result.parity["batches"].values())
 
 
@@ -69,7 +71,10 @@ def test_external_data_export(tmp_path, tiny_model):
     out = tmp_path / "ext.onnx"
     export_onnx(tiny_model, out, ExportConfig(external_data=True, parity_batches=(2,)), quiet=True)
     assert (tmp_path / "ext.onnx.data").is_file()
-    assert read_manifest(out)["external_data"] is True
+    manifest = read_manifest(out)
+    assert manifest["external_data"] is True
+    # per-step tensors cannot be read from a graph with external weights: end to end plus one tight segment
+    assert manifest["parity"]["method"] == "end to end" and manifest["parity"]["segment"]["z_H"]["max_abs"] < 1e-4
     assert ort_session(str(out)).run(None, sample_inputs(tiny_model.config, 1, 0))[0].shape == (1, 81, 11)
 
 
@@ -89,10 +94,10 @@ def test_large_puzzle_table_is_traced_small_and_restored(tmp_path, tiny_config, 
 
 
 def test_parity_failure_is_an_error_with_numbers_and_writes_nothing(tmp_path, tiny_model, monkeypatch):
-    def broken_session(path, threads=None):
+    def broken_session(path, **options):
         class Wrong:
             def run(self, names, feeds):
-                out = ort_session(path).run(names, feeds)
+                out = ort_session(path, **options).run(names, feeds)
                 out[0] = out[0] + 0.5  # a wrong graph
                 return out
 
@@ -138,6 +143,53 @@ def test_wrong_carry_in_a_middle_step_fails_parity(tmp_path, tiny_config, monkey
     model = build_model(tiny_config.replace(halt_max_steps=8), seed=3).eval()
     with pytest.raises(ParityError, match=r"ACT step 5"):
         export_onnx(model, tmp_path / "bad.onnx", ExportConfig(parity_batches=(2,)), quiet=True)
+
+
+def test_sampled_parity_checks_first_two_and_last_step_and_proves_the_copies(tmp_path, tiny_config):
+    from hrm_deploy.model.hrm import build_model
+
+    model = build_model(tiny_config.replace(halt_max_steps=16), seed=3).eval()
+    result = export_onnx(model, tmp_path / "m.onnx", ExportConfig(parity_batches=(1, 3)), quiet=True)
+    assert result.parity["checked_steps"] == [0, 1, 15] and result.parity["method"] == "teacher-forced per step"
+    worst = {e["worst_step"] for entry in result.parity["batches"].values() for e in entry.values()}
+    assert worst <= {0, 1, 15}
+
+
+@pytest.mark.parametrize(
+    ("step", "rewire", "match"),
+    [
+        (7, ("step6/z_L_out", "step5/z_L_out"), r"ACT step 7 of the unrolled graph is not a copy"),  # structure
+        (11, ("step10/z_H_out", "step9/z_H_out"), r"ACT step 11 of the unrolled graph is not a copy"),  # before the cut
+        (15, ("step14/z_H_out", "step13/z_H_out"), r"z_\w+ at ACT step 15|logits at ACT step 15"),  # numeric, sampled
+    ],
+)
+def test_miswired_copies_fail_parity_wherever_they_are(tmp_path, tiny_config, monkeypatch, step, rewire, match):
+    from hrm_deploy.export import onnx_export
+    from hrm_deploy.model.hrm import build_model
+
+    real = onnx_export.assemble
+
+    def miswired(*args, **kwargs):
+        graph, io_spec = real(*args, **kwargs)
+        for node in graph.graph.node:
+            if node.name.startswith(f"step{step}/"):
+                node.input[:] = [rewire[1] if i == rewire[0] else i for i in node.input]
+        return graph, io_spec
+
+    monkeypatch.setattr(onnx_export, "assemble", miswired)
+    model = build_model(tiny_config.replace(halt_max_steps=16), seed=3).eval()
+    with pytest.raises(ParityError, match=match):
+        export_onnx(model, tmp_path / "bad.onnx", ExportConfig(parity_batches=(2,)), quiet=True)
+    assert not (tmp_path / "bad.onnx").exists()
+
+
+def test_step_graph_parity_checks_two_calls_from_a_reset(tmp_path, tiny_config):
+    from hrm_deploy.model.hrm import build_model
+
+    model = build_model(tiny_config.replace(halt_max_steps=16), seed=3).eval()
+    result = export_onnx(model, tmp_path / "s.onnx", ExportConfig(mode="step", parity_batches=(2,)), quiet=True)
+    assert result.parity["checked_steps"] == [0, 1]
+    assert all(e["passed"] for e in result.parity["batches"]["2"].values())
 
 
 def test_folding_shrinks_the_segment_and_keeps_outputs(tmp_path, tiny_model):
