@@ -1,7 +1,7 @@
 """CPU latency and accuracy of the ``cpu`` target, measured in one run, interleaved.
 
-Two models: the bundled trained ``sudoku-tiny`` (accuracy on 500 held-out puzzles of its
-difficulty) and the Sudoku-size model (hidden 512, 4+4 layers, 2x2 cycles, 16 ACT steps; random
+Two models: the bundled trained ACT model (``sudoku-small``, the embedded default: 8 ACT steps;
+accuracy on 500 held-out puzzles of its difficulty) and the Sudoku-size model (hidden 512, 4+4 layers, 2x2 cycles, 16 ACT steps; random
 weights, so accuracy is replaced by argmax agreement with PyTorch). Rows, batch 1 and 8:
 
 * ``ort-fp32``: the FP32 export as ONNX Runtime runs it by default (online optimization);
@@ -75,7 +75,7 @@ def _static_u8s8(fp32: Path, out: Path, data: str, samples: int, work: Path) -> 
 
 def prepare(name: str, work: Path, calib_samples: int, threads: int | None) -> dict:
     """Checkpoint, data, FP32 export and the CPU graphs of one model; build times recorded."""
-    from hrm_deploy.cli.common import bundled_checkpoint
+    from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
@@ -89,8 +89,8 @@ def prepare(name: str, work: Path, calib_samples: int, threads: int | None) -> d
     folder = work / name
     folder.mkdir()
     if name == "bundled":
-        ckpt = bundled_checkpoint()
-        blanks = preset("sudoku-tiny")["data"]["blanks"]
+        ckpt = bundled_checkpoint(DEFAULT_PRESET)
+        blanks = preset(DEFAULT_PRESET)["data"]["blanks"]
         generate_sudoku(SudokuSpec(train=256, test=500, blanks=blanks, seed=12345), str(folder / "data"))
     else:
         config = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1,
