@@ -67,6 +67,32 @@ def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
     assert ratio <= 1.3, f"CPU INT8 takes {ratio:.2f}x the FP32 time"
 
 
+def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(trained_small, tmp_path):
+    """The embedded default (sudoku-small, 8 ACT steps): dynamic INT8 measured 1.4-1.5x faster
+    than FP32 at batch 8 on a loaded 2-core machine (benchmarks/cpu_latency.py has the numbers);
+    the bound only says "not slower", with room for noise. Interleaved, fastest call of each."""
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+
+    fp32 = export_onnx(trained_small.checkpoint, tmp_path / "small.onnx", ExportConfig(parity=False), quiet=True).path
+    graphs = {
+        p: build_cpu(fp32, CpuBuildConfig(p, threads=1), tmp_path / f"small.{p}.cpu.ort.onnx", quiet=True)
+        for p in ("fp32", "int8")
+    }
+    feeds = load_examples(trained_small.data, 8, split="test").feeds(0, 8)
+    runners = {p: open_runner(g.path, threads=1) for p, g in graphs.items()}
+    for r in runners.values():
+        r.activate()
+        r.infer(feeds)
+    times: dict[str, list[float]] = {p: [] for p in runners}
+    for _ in range(10):
+        for p, r in runners.items():
+            start = time.perf_counter()
+            r.infer(feeds)
+            times[p].append(time.perf_counter() - start)
+    ratio = min(times["int8"]) / min(times["fp32"])
+    assert ratio <= 1.0, f"CPU INT8 takes {ratio:.2f}x the FP32 time on the bundled ACT model"
+
+
 def test_build_engine_dispatches_cpu_target(tiny_onnx, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = build_engine(tiny_onnx.unrolled, EngineConfig("int8", target="cpu"), quiet=True)
