@@ -44,6 +44,9 @@ from hrm_deploy.train.state import carry_from, seed_all, set_rng_state
 __all__ = ["EpochSampler", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "lr_at", "to_batch", "train"]
 
 
+OPTIMIZERS = ("adam_atan2", "adamw")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Hyper-parameters (upstream names where upstream has them)."""
@@ -77,7 +80,7 @@ class TrainConfig:
     version: int = 1
 
     def __post_init__(self) -> None:
-        if self.optimizer not in ("adam_atan2", "adamw"):
+        if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer {self.optimizer!r} unknown; use adam_atan2 or adamw")
         if self.loss_type not in ("stablemax_cross_entropy", "softmax_cross_entropy"):
             raise ConfigError(f"loss_type {self.loss_type!r} unknown")
