@@ -31,12 +31,14 @@ def export(
     max_batch: Annotated[int, typer.Option(help="Largest batch the graph is meant for (engine profiles use it).")] = 64,
     opset: Annotated[int, typer.Option(help="ONNX opset (>= 17).")] = 18,
     step_predictions: Annotated[
-        bool, typer.Option(help="Also output per-step argmax predictions [B, steps, S].")
+        bool, typer.Option("--step-predictions", help="Also output per-step argmax predictions [B, steps, S].")
     ] = False,
     parity: Annotated[bool, typer.Option(help="Check parity against PyTorch on ONNX Runtime CPU.")] = True,
     seq_len: Annotated[int | None, typer.Option(help="Override/provide seq_len (upstream: from dataset.json).")] = None,
     vocab_size: Annotated[int | None, typer.Option(help="Override/provide vocab_size.")] = None,
-    num_puzzle_ids: Annotated[int | None, typer.Option(help="Override/provide num_puzzle_identifiers.")] = None,
+    num_puzzle_ids: Annotated[
+        int | None, typer.Option(help="Override/provide the number of puzzle identifiers.")
+    ] = None,
     data_path: Annotated[
         Path | None, typer.Option(help="Dataset folder holding train/dataset.json (upstream checkpoints).")
     ] = None,

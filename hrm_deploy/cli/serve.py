@@ -26,7 +26,7 @@ def serve(
     max_batch: Annotated[int | None, typer.Option(help="Largest batch Triton forms (default: the artifact's).")] = None,
     halt: Annotated[str, typer.Option(help="Early halting: off | q | threshold:X.")] = "off",
     allow_remote: Annotated[
-        bool, typer.Option(help="Allow binding a non-loopback address (no authentication!).")
+        bool, typer.Option("--allow-remote", help="Allow binding a non-loopback address (no authentication!).")
     ] = False,
     model_name: Annotated[str, typer.Option(help="Model name clients address.")] = "hrm",
     queue_delay_us: Annotated[
@@ -70,7 +70,7 @@ def triton_repo(
         int | None, typer.Option(help="max_batch_size (default: engine profile max / export max batch).")
     ] = None,
     queue_delay_us: Annotated[
-        int, typer.Option(help="dynamic_batching max_queue_delay_microseconds.")
+        int, typer.Option(help="Dynamic batcher: longest wait for more requests (microseconds).")
     ] = DEFAULT_QUEUE_DELAY_US,
     instances: Annotated[int, typer.Option(help="Instances per model (per GPU for GPU models).")] = 1,
     device: Annotated[
@@ -87,7 +87,7 @@ def triton_repo(
     name: Annotated[
         list[str] | None, typer.Option("--name", help="Model name per artifact (default from the file name).")
     ] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing repository.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing repository.")] = False,
 ) -> None:
     """Write a Triton Inference Server model repository (config.pbtxt, versions, manifests)."""
     from hrm_deploy.serve.repo import RepoConfig, write_triton_repo

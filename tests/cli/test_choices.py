@@ -57,8 +57,9 @@ COMMANDS += [["data", "sudoku"], ["data", "maze"], ["inspect"], ["doctor"]]
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "root")
 def test_help_shows_flags_without_a_value_placeholder(command):
-    text = _help(*command)
+    text = _help(*command)  # 80 columns
     assert "<bool>" not in text and "BOOLEAN" not in text
+    assert "…" not in text  # nothing cut short: option names and help words fit an 80-column terminal
     assert re.search(r"--help\s+Show this message", text)
 
 
