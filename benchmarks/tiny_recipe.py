@@ -48,10 +48,10 @@ def run_variant(name: str, variant: dict, workdir: str, threads: int) -> dict:
     for line in (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         if "eval" in row:
-            curve.append({"step": row["step"], "exact": row["eval"]["exact_accuracy"], "token": row["eval"]["accuracy"]})
+            curve.append({"step": row["step"], "exact": row["eval"]["exact_accuracy"], "token": row["eval"]["token_accuracy"]})
     final = result.metrics["eval"]
     return {"name": name, "variant": variant, "seconds": round(elapsed, 1), "curve": curve,
-            "final_exact": final["exact_accuracy"], "final_token": final["accuracy"]}
+            "final_exact": final["exact_accuracy"], "final_token": final["token_accuracy"]}
 
 
 def main() -> None:

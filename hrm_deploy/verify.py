@@ -55,7 +55,7 @@ def compare(
     reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], labels: np.ndarray | None
 ) -> dict[str, Any]:
     """Output errors, answer agreement, accuracy of both and the puzzles that flipped."""
-    from hrm_deploy.metrics import accuracy
+    from hrm_deploy.metrics import accuracy, row_scores, solved_rows
 
     ref_l, cand_l = reference["logits"], candidate["logits"]
     scale = max(float(np.abs(ref_l).max()), 1e-6)
@@ -79,19 +79,13 @@ def compare(
         # the per-ACT-step curve: where do the two start to disagree, and how does accuracy grow
         report["per_step_disagreement"] = [float(x) for x in (ref_p != cand_p).mean(axis=(0, 2))]
         if labels is not None:
-            mask = labels != -100
             for name, preds in (("reference", ref_p), ("candidate", cand_p)):
-                solved = ((preds == labels[:, None, :]) | ~mask[:, None, :]).all(-1)
+                solved = row_scores(preds, labels[:, None, :])[0]  # [N, steps]
                 report[f"per_step_exact_{name}"] = [float(x) for x in solved.mean(0)]
     if labels is not None:
         report["reference"] = accuracy(ref_l, labels)
         report["candidate"] = accuracy(cand_l, labels)
-        mask = labels != -100
-
-        def solved(logits: np.ndarray) -> np.ndarray:
-            return ((logits.argmax(-1) == labels) | ~mask).all(-1)
-
-        ref_ok, cand_ok = solved(ref_l), solved(cand_l)
+        ref_ok, cand_ok = solved_rows(ref_l, labels), solved_rows(cand_l, labels)
         report["flipped"] = {
             "lost": np.flatnonzero(ref_ok & ~cand_ok).tolist(),
             "gained": np.flatnonzero(~ref_ok & cand_ok).tolist(),

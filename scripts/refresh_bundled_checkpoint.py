@@ -87,7 +87,7 @@ def main() -> None:
                    "test_eval_unrolled": result.metrics.get("eval")}
         out = ROOT / "benchmarks" / "results" / f"{args.preset.replace('-', '_')}_preset.json"
         write_json(out, results)
-        print(f"wrote {out}: per-step exact {report['per_step_exact']}")
+        print(f"wrote {out}: per-step exact {report['per_step_exact_accuracy']}")
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ def test_every_writing_command_takes_dash_o():
         ["data", "sudoku"],
         ["data", "maze"],
         ["solve"],
+        ["triton-repo"],
     ):
         text = runner.invoke(app, [*command, "--help"], terminal_width=200).output
         assert re.search(r"(?<!-)-o\b", text) and "--out" in text, command

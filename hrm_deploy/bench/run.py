@@ -22,6 +22,7 @@ from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
 from hrm_deploy.io import check_output_path, write_json, write_text
 
+BENCH_TARGETS = ("desktop", "jetson")  # jetson adds tegrastats power and JetPack facts
 MAX_BATCH = 4096  # a bench batch beyond this is a typo, not a measurement (and an OOM on most machines)
 # Host/device bytes one example needs while running, per (token x hidden unit): activations of
 # the widest layer (SwiGLU at expansion 4), attention, residuals and the output logits, generous.
@@ -45,7 +46,7 @@ class BenchConfig:
     max_steps: int | None = None
 
     def __post_init__(self) -> None:
-        if self.target not in ("desktop", "jetson"):
+        if self.target not in BENCH_TARGETS:
             raise ConfigError(f"target {self.target!r}: use desktop or jetson")
         if not self.batches or min(self.batches) < 1 or self.iters < 1 or self.warmup < 0:
             raise ConfigError("batches must be >= 1, iters >= 1, warmup >= 0")

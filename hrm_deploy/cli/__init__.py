@@ -3,11 +3,14 @@ that parses options and calls one public library function."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from hrm_deploy import __version__
+from hrm_deploy.cli.common import App
 
-app = typer.Typer(
+app = App(
     name="hrm-deploy",
     help="Take trained HRM checkpoints to ONNX and TensorRT edge inference.",
     no_args_is_help=True,
@@ -24,9 +27,9 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
-    ),
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """checkpoint -> export (ONNX) -> build-engine (TensorRT) -> verify / bench."""
 

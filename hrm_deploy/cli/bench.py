@@ -3,47 +3,63 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated
 
 import typer
 
 from hrm_deploy.cli import app
+from hrm_deploy.cli.choices import BenchTarget, Provider
 from hrm_deploy.cli.common import user_errors
 
 
 @app.command()
 @user_errors
 def bench(
-    artifacts: Optional[List[Path]] = typer.Argument(
-        None, help="ONNX graphs / engines (default: every engine in engines/)."
+    artifacts: Annotated[
+        list[Path] | None, typer.Argument(help="ONNX graphs / engines (default: every engine in engines/).")
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Dataset folder (test split) for inputs and exact accuracy "
+            "(default: the reference checkpoint's own dataset).",
+        ),
+    ] = None,
+    target: Annotated[BenchTarget, typer.Option(help="jetson adds tegrastats power and JetPack facts.")] = (
+        BenchTarget.DESKTOP
     ),
-    data: Optional[Path] = typer.Option(
-        None,
-        "--data",
-        help="Dataset folder (test split) for inputs and exact accuracy "
-        "(default: the reference checkpoint's own dataset).",
+    host: Annotated[
+        str | None, typer.Option(help="USER@HOST: run the bench there over SSH and fetch the report.")
+    ] = None,
+    batch: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,8",
+    iters: Annotated[int, typer.Option(help="Timed iterations per batch.")] = 20,
+    warmup: Annotated[int, typer.Option(help="Warm-up iterations per batch.")] = 3,
+    reference: Annotated[Path | None, typer.Option(help="Reference checkpoint (default: from the manifests).")] = None,
+    no_reference: Annotated[bool, typer.Option("--no-reference", help="Skip the PyTorch reference row.")] = False,
+    provider: Annotated[Provider, typer.Option(help="ONNX Runtime provider for .onnx artifacts.")] = Provider.CPU,
+    out: Annotated[Path, typer.Option("-o", "--out", help="Folder for report.json, report.md, latency.png.")] = Path(
+        "bench"
     ),
-    target: str = typer.Option("desktop", help="desktop or jetson (jetson adds tegrastats power, JetPack facts)."),
-    host: Optional[str] = typer.Option(None, help="USER@HOST: run the bench there over SSH and fetch the report."),
-    batch: str = typer.Option("1,8", help="Comma-separated batch sizes."),
-    iters: int = typer.Option(20, help="Timed iterations per batch."),
-    warmup: int = typer.Option(3, help="Warm-up iterations per batch."),
-    reference: Optional[Path] = typer.Option(None, help="Reference checkpoint (default: from the manifests)."),
-    no_reference: bool = typer.Option(False, "--no-reference", help="Skip the PyTorch reference row."),
-    provider: str = typer.Option("cpu", help="ONNX Runtime provider for .onnx artifacts: cpu, cuda, tensorrt."),
-    out: Path = typer.Option(Path("bench"), "-o", "--out", help="Folder for report.json, report.md, latency.png."),
-    remote_python: str = typer.Option("python3", help="With --host: the Python on the remote that has hrm-deploy."),
-    ssh_option: Optional[List[str]] = typer.Option(
-        None,
-        "--ssh-option",
-        help="With --host: an ssh_config option KEY=VALUE passed as ssh -o (e.g. Port=2222; repeatable). "
-        "It is your own ssh configuration and runs as you.",
-    ),
-    halt: Optional[List[str]] = typer.Option(
-        None, "--halt", help="Also measure early halting under this rule (repeatable): q, threshold:X, budget:P."
-    ),
-    min_steps: int = typer.Option(1, help="Halting: never stop before this ACT step."),
-    max_steps: Optional[int] = typer.Option(None, help="Halting: always stop at this ACT step."),
+    remote_python: Annotated[
+        str, typer.Option(help="With --host: the Python on the remote that has hrm-deploy.")
+    ] = "python3",
+    ssh_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ssh-option",
+            help="With --host: an ssh_config option KEY=VALUE passed as ssh -o (e.g. Port=2222; repeatable). "
+            "It is your own ssh configuration and runs as you.",
+        ),
+    ] = None,
+    halt: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--halt", help="Also measure early halting under this rule (repeatable): q, threshold:X, budget:P."
+        ),
+    ] = None,
+    min_steps: Annotated[int, typer.Option(help="Halting: never stop before this ACT step.")] = 1,
+    max_steps: Annotated[int | None, typer.Option(help="Halting: always stop at this ACT step.")] = None,
 ) -> None:
     """Latency, throughput, memory and accuracy of artifacts next to the PyTorch reference."""
     from hrm_deploy.bench.run import BenchConfig, bench as run_bench
@@ -63,8 +79,8 @@ def bench(
         warmup=warmup,
         reference=str(reference) if reference else None,
         include_reference=not no_reference,
-        target=target,
-        provider=provider,
+        target=target.value,
+        provider=provider.value,
         out_dir=str(out),
     )
     if host:

@@ -1,4 +1,4 @@
-"""Helpers shared by the commands: user errors as one line, JSON printing."""
+"""Helpers shared by the commands: the Typer app class, user errors as one line, JSON printing."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import json
 import signal
 import sys
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import typer
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from hrm_deploy.errors import HRMDeployError, InternalError
 
@@ -17,6 +19,40 @@ from hrm_deploy.errors import HRMDeployError, InternalError
 from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint  # noqa: F401
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _flags_without_type(params: list[Any]) -> list[Any]:
+    """Typer's help prints a type for every option, flags included (``--fp16 <bool>``), which
+    reads as if the flag took a value; a flag gets an empty type instead."""
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """A command whose ``--help`` shows flags as flags."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_without_type(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """A command group whose ``--help`` shows flags as flags."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_without_type(super().get_params(ctx))
+
+
+class App(typer.Typer):
+    """``typer.Typer`` whose groups and commands are :class:`Group` and :class:`Command`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cls=Group, **kwargs)
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", Command)
+        return super().command(*args, **kwargs)
 
 
 def user_errors(fn: F) -> F:

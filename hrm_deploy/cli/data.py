@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Annotated
 
 import typer
 
 from hrm_deploy.cli import app
-from hrm_deploy.cli.common import user_errors
+from hrm_deploy.cli.common import App, user_errors
 
-data_app = typer.Typer(help="Build datasets in upstream HRM's on-disk format.", no_args_is_help=True)
+data_app = App(help="Build datasets in upstream HRM's on-disk format.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+
+_OUT = typer.Option("-o", "--out", "--output", help="Dataset folder to create.")
+_SEED = typer.Option(help="Random seed (same seed, same dataset).")
 
 
 def _generate(label: str, total: int, run: Callable, output: Path) -> None:
@@ -27,16 +31,18 @@ def _generate(label: str, total: int, run: Callable, output: Path) -> None:
 @data_app.command("sudoku")
 @user_errors
 def sudoku(
-    output: Path = typer.Option(Path("data/sudoku-gen"), "-o", "--out", "--output", help="Dataset folder to create."),
-    train: int = typer.Option(1000, help="Original train puzzles (each one group)."),
-    test: int = typer.Option(200, help="Test puzzles (never augmented)."),
-    min_blanks: int = typer.Option(10, help="Fewest empty cells per puzzle."),
-    max_blanks: int = typer.Option(20, help="Most empty cells per puzzle (difficulty)."),
-    augment: int = typer.Option(0, help="Augmented variants per train puzzle (upstream's --num-aug)."),
-    seed: int = typer.Option(0, help="Random seed (same seed, same dataset)."),
-    workers: int = typer.Option(0, help="Processes (0: one per CPU); the dataset does not depend on it."),
-    min_rating: int = typer.Option(0, help="Fewest solver search nodes (difficulty by solver effort; 0: no bound)."),
-    max_rating: int = typer.Option(0, help="Most solver search nodes (0: no bound)."),
+    output: Annotated[Path, _OUT] = Path("data/sudoku-gen"),
+    train: Annotated[int, typer.Option(help="Original train puzzles (each one group).")] = 1000,
+    test: Annotated[int, typer.Option(help="Test puzzles (never augmented).")] = 200,
+    min_blanks: Annotated[int, typer.Option(help="Fewest empty cells per puzzle.")] = 10,
+    max_blanks: Annotated[int, typer.Option(help="Most empty cells per puzzle (difficulty).")] = 20,
+    augment: Annotated[int, typer.Option(help="Augmented variants per train puzzle (upstream's --num-aug).")] = 0,
+    seed: Annotated[int, _SEED] = 0,
+    workers: Annotated[int, typer.Option(help="Processes (0: one per CPU); the dataset does not depend on it.")] = 0,
+    min_rating: Annotated[
+        int, typer.Option(help="Fewest solver search nodes (difficulty by solver effort; 0: no bound).")
+    ] = 0,
+    max_rating: Annotated[int, typer.Option(help="Most solver search nodes (0: no bound).")] = 0,
 ) -> None:
     """Generate unique-solution Sudoku puzzles with a chosen number of blanks."""
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
@@ -56,13 +62,13 @@ def sudoku(
 @data_app.command("maze")
 @user_errors
 def maze(
-    output: Path = typer.Option(Path("data/maze-gen"), "-o", "--out", "--output", help="Dataset folder to create."),
-    train: int = typer.Option(1000, help="Train mazes (each one group)."),
-    test: int = typer.Option(200, help="Test mazes (never augmented)."),
-    size: int = typer.Option(30, help="Grid side N (seq_len N*N)."),
-    min_path: int = typer.Option(0, help="Shortest start-goal path, in cells (difficulty)."),
-    aug: bool = typer.Option(False, "--aug", help="8 dihedral variants per train maze (upstream's --aug)."),
-    seed: int = typer.Option(0, help="Random seed (same seed, same dataset)."),
+    output: Annotated[Path, _OUT] = Path("data/maze-gen"),
+    train: Annotated[int, typer.Option(help="Train mazes (each one group).")] = 1000,
+    test: Annotated[int, typer.Option(help="Test mazes (never augmented).")] = 200,
+    size: Annotated[int, typer.Option(help="Grid side N (seq_len N*N).")] = 30,
+    min_path: Annotated[int, typer.Option(help="Shortest start-goal path, in cells (difficulty).")] = 0,
+    aug: Annotated[bool, typer.Option("--aug", help="8 dihedral variants per train maze (upstream's --aug).")] = False,
+    seed: Annotated[int, _SEED] = 0,
 ) -> None:
     """Generate N x N mazes with start, goal and the unique shortest path as the label."""
     from hrm_deploy.data.maze import MazeSpec, generate_maze

@@ -3,86 +3,108 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 
 from hrm_deploy.cli import app
+from hrm_deploy.cli.choices import Backend, CalibMethod, Precision, Target
 from hrm_deploy.cli.common import user_errors
+from hrm_deploy.errors import ConfigError
+
+_SHORT = "Short for --precision "
 
 
 @app.command("build-engine")
 @user_errors
 def build_engine(
-    onnx: Optional[Path] = typer.Argument(
-        None, help="ONNX graph (default: the newest FP32 export in export/); with --backend torch also a checkpoint."
-    ),
-    fp16: bool = typer.Option(False, "--fp16", help="FP16 with float32 islands (default precision)."),
-    bf16: bool = typer.Option(False, "--bf16", help="BF16 with float32 islands."),
-    int8: bool = typer.Option(
-        False, "--int8", help="INT8 Q/DQ (calibrates an FP32 graph first; data default: the checkpoint's own dataset)."
-    ),
-    fp32: bool = typer.Option(False, "--fp32", help="Plain FP32 engine."),
-    calib_data: Optional[Path] = typer.Option(
-        None,
-        help="Dataset folder (upstream format) or .npz of inputs "
-        "(default: the checkpoint's own dataset, from its provenance).",
-    ),
-    calib_method: str = typer.Option(
-        "minmax", help="minmax (default: measured as accurate, cheapest), entropy or percentile."
-    ),
-    calib_samples: int = typer.Option(
-        128, help="Calibration examples K (chosen deterministically; 128 measured enough)."
-    ),
-    accuracy_budget: Optional[float] = typer.Option(
-        None, help="INT8: exact-accuracy points INT8 may lose on the holdout; harmful layers stay float until it holds."
-    ),
-    target: str = typer.Option(
-        "desktop",
-        help="desktop (RTX 50, sm_120), jetson-orin-8gb, datacenter or cpu "
-        "(ONNX Runtime CPU: ORT-optimized graph, INT8 = dynamic integer GEMMs).",
-    ),
-    backend: Optional[str] = typer.Option(
-        None,
-        help="tensorrt or tensorrt-rtx (default: the target's first), or torch "
-        "(an AOTInductor .pt2 for this machine's GPU or CPU; --fp32 default, or --bf16).",
-    ),
-    min_batch: Optional[int] = typer.Option(None, help="Optimization profile: smallest batch."),
-    opt_batch: Optional[int] = typer.Option(None, help="Optimization profile: batch tuned for."),
-    max_batch: Optional[int] = typer.Option(None, help="Optimization profile: largest batch."),
-    workspace: Optional[int] = typer.Option(None, help="Builder workspace limit in MiB."),
-    opt_level: Optional[int] = typer.Option(None, help="Builder optimization level 0-5 (lower builds faster)."),
-    compute_capability: Optional[str] = typer.Option(None, help="TensorRT-RTX AOT target, e.g. SM120, SM89, SM86."),
-    timing_cache: str = typer.Option(
-        "engines/timing.cache",
-        help="TensorRT timing cache base path; the file name gets the GPU and TensorRT "
-        "version (engines/timing.<gpu>-sm<cc>.tensorrt-<version>.cache). 'none' builds without one.",
-    ),
-    threads: Optional[int] = typer.Option(
-        None, help="cpu target: ONNX Runtime intra-op threads (default: one per core)."
-    ),
-    output: Optional[Path] = typer.Option(
-        None,
-        "-o",
-        "--out",
-        "--output",
-        help="Engine path (default engines/<name>.<target>.<backend>.engine; "
-        "cpu: engines/<name>.<precision>.cpu.ort.onnx).",
-    ),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
+    onnx: Annotated[
+        Path | None,
+        typer.Argument(
+            help="ONNX graph (default: the newest FP32 export in export/); with --backend torch also a checkpoint."
+        ),
+    ] = None,
+    precision: Annotated[
+        Precision | None,
+        typer.Option(
+            help="fp16 and bf16 keep float32 islands; int8 is Q/DQ (calibrates an FP32 graph first). "
+            "Default fp16, or fp32 with --backend torch or --target cpu.",
+        ),
+    ] = None,
+    fp16: Annotated[bool, typer.Option("--fp16", help=_SHORT + "fp16.")] = False,
+    bf16: Annotated[bool, typer.Option("--bf16", help=_SHORT + "bf16.")] = False,
+    int8: Annotated[bool, typer.Option("--int8", help=_SHORT + "int8.")] = False,
+    fp32: Annotated[bool, typer.Option("--fp32", help=_SHORT + "fp32.")] = False,
+    calib_data: Annotated[
+        Path | None,
+        typer.Option(
+            help="Dataset folder (upstream format) or .npz of inputs "
+            "(default: the checkpoint's own dataset, from its provenance).",
+        ),
+    ] = None,
+    calib_method: Annotated[
+        CalibMethod, typer.Option(help="INT8 calibration (minmax: measured as accurate, cheapest).")
+    ] = CalibMethod.MINMAX,
+    calib_samples: Annotated[
+        int, typer.Option(help="Calibration examples K (chosen deterministically; 128 measured enough).")
+    ] = 128,
+    accuracy_budget: Annotated[
+        float | None,
+        typer.Option(
+            help="INT8: exact-accuracy points INT8 may lose on the holdout; harmful layers stay float until it holds."
+        ),
+    ] = None,
+    target: Annotated[
+        Target,
+        typer.Option(
+            help="desktop: RTX 50 (sm_120); cpu: ONNX Runtime CPU (ORT-optimized graph, INT8 = dynamic integer GEMMs)."
+        ),
+    ] = Target.DESKTOP,
+    backend: Annotated[
+        Backend | None,
+        typer.Option(
+            help="Default: the target's first TensorRT flavour; torch: an AOTInductor .pt2 for this machine's "
+            "GPU or CPU (fp32 default, or bf16).",
+        ),
+    ] = None,
+    min_batch: Annotated[int | None, typer.Option(help="Optimization profile: smallest batch.")] = None,
+    opt_batch: Annotated[int | None, typer.Option(help="Optimization profile: batch tuned for.")] = None,
+    max_batch: Annotated[int | None, typer.Option(help="Optimization profile: largest batch.")] = None,
+    workspace: Annotated[int | None, typer.Option(help="Builder workspace limit in MiB.")] = None,
+    opt_level: Annotated[int | None, typer.Option(help="Builder optimization level 0-5 (lower builds faster).")] = None,
+    compute_capability: Annotated[
+        str | None, typer.Option(help="TensorRT-RTX AOT target, e.g. SM120, SM89, SM86.")
+    ] = None,
+    timing_cache: Annotated[
+        str,
+        typer.Option(
+            help="TensorRT timing cache base path; the GPU and the TensorRT version are added to the file "
+            "name. 'none' builds without one.",
+        ),
+    ] = "engines/timing.cache",
+    threads: Annotated[
+        int | None, typer.Option(help="cpu target: ONNX Runtime intra-op threads (default: one per core).")
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--out",
+            "--output",
+            help="Engine path (default: in engines/, named after the ONNX, precision, target and backend).",
+        ),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress display.")] = False,
 ) -> None:
     """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""
     from hrm_deploy.engines.build import EngineConfig, build_engine as build
-    from hrm_deploy.errors import ConfigError
 
-    chosen = [name for name, flag in (("fp16", fp16), ("bf16", bf16), ("int8", int8), ("fp32", fp32)) if flag]
-    if len(chosen) > 1:
-        raise ConfigError(f"choose one precision, not {' and '.join('--' + c for c in chosen)}")
-    default = "fp32" if backend == "torch" or target == "cpu" else "fp16"
+    flags = {Precision.FP16: fp16, Precision.BF16: bf16, Precision.INT8: int8, Precision.FP32: fp32}
+    default = Precision.FP32 if backend is Backend.TORCH or target is Target.CPU else Precision.FP16
     config = EngineConfig(
-        precision=chosen[0] if chosen else default,
-        target=target,
-        backend=backend,
+        precision=_precision(precision, flags, default).value,
+        target=target.value,
+        backend=backend.value if backend else None,
         min_batch=min_batch,
         opt_batch=opt_batch,
         max_batch=max_batch,
@@ -90,7 +112,7 @@ def build_engine(
         optimization_level=opt_level,
         compute_capability=compute_capability,
         calib_data=str(calib_data) if calib_data else None,
-        calib_method=calib_method,
+        calib_method=calib_method.value,
         calib_samples=calib_samples,
         accuracy_budget=accuracy_budget,
         timing_cache=None if timing_cache.lower() in ("", "none") else timing_cache,
@@ -102,3 +124,12 @@ def build_engine(
         f"wrote {result.path} ({result.build.get('engine_bytes', 0) / 2**20:.1f} MiB, built in {seconds:.1f} s) "
         f"and {result.manifest.name}"
     )
+
+
+def _precision(precision: Precision | None, flags: dict[Precision, bool], default: Precision) -> Precision:
+    """The one precision asked for by --precision and/or its short flags (saying the same twice is fine)."""
+    asked = {f"--precision {precision.value}": precision} if precision else {}
+    asked.update({f"--{p.value}": p for p, on in flags.items() if on})
+    if len(set(asked.values())) > 1:
+        raise ConfigError(f"choose one precision, not {' and '.join(asked)}")
+    return next(iter(asked.values()), default)

@@ -3,40 +3,52 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 
 from hrm_deploy.cli import app
+from hrm_deploy.cli.choices import ExportMode
 from hrm_deploy.cli.common import bundled_checkpoint, user_errors
 
 
 @app.command()
 @user_errors
 def export(
-    checkpoint: Optional[Path] = typer.Argument(
-        None, help="step_N file, run folder, or our .pt; default: the bundled sudoku-small model (8 ACT steps)."
-    ),
-    output: Optional[Path] = typer.Option(
-        None, "-o", "--out", "--output", help="Output .onnx (default export/<name>.onnx)."
-    ),
-    mode: str = typer.Option("unrolled", help="unrolled: all ACT steps in one graph; step: one segment, carry in/out."),
-    steps: Optional[int] = typer.Option(None, help="ACT steps to unroll (default: halt_max_steps)."),
-    max_batch: int = typer.Option(64, help="Largest batch the graph is meant for (engine profiles use it)."),
-    opset: int = typer.Option(18, help="ONNX opset (>= 17)."),
-    step_predictions: bool = typer.Option(False, help="Also output per-step argmax predictions [B, steps, S]."),
-    parity: bool = typer.Option(True, help="Check parity against PyTorch on ONNX Runtime CPU."),
-    seq_len: Optional[int] = typer.Option(None, help="Override/provide seq_len (upstream: from dataset.json)."),
-    vocab_size: Optional[int] = typer.Option(None, help="Override/provide vocab_size."),
-    num_puzzle_ids: Optional[int] = typer.Option(None, help="Override/provide num_puzzle_identifiers."),
-    data_path: Optional[Path] = typer.Option(
-        None, help="Dataset folder holding train/dataset.json (upstream checkpoints)."
-    ),
-    num_heads: Optional[int] = typer.Option(None, help="Override arch.num_heads (if all_config.yaml is absent)."),
-    h_cycles: Optional[int] = typer.Option(None, help="Override arch.H_cycles."),
-    l_cycles: Optional[int] = typer.Option(None, help="Override arch.L_cycles."),
-    halt_max_steps: Optional[int] = typer.Option(None, help="Override arch.halt_max_steps."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress display."),
+    checkpoint: Annotated[
+        Path | None,
+        typer.Argument(
+            help="step_N file, run folder, or our .pt; default: the bundled sudoku-small model (8 ACT steps)."
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--out", "--output", help="Output .onnx (default export/<name>.onnx).")
+    ] = None,
+    mode: Annotated[
+        ExportMode, typer.Option(help="unrolled: all ACT steps in one graph; step: one segment, carry in/out.")
+    ] = ExportMode.UNROLLED,
+    steps: Annotated[int | None, typer.Option(help="ACT steps to unroll (default: halt_max_steps).")] = None,
+    max_batch: Annotated[int, typer.Option(help="Largest batch the graph is meant for (engine profiles use it).")] = 64,
+    opset: Annotated[int, typer.Option(help="ONNX opset (>= 17).")] = 18,
+    step_predictions: Annotated[
+        bool, typer.Option("--step-predictions", help="Also output per-step argmax predictions [B, steps, S].")
+    ] = False,
+    parity: Annotated[bool, typer.Option(help="Check parity against PyTorch on ONNX Runtime CPU.")] = True,
+    seq_len: Annotated[int | None, typer.Option(help="Override/provide seq_len (upstream: from dataset.json).")] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="Override/provide vocab_size.")] = None,
+    num_puzzle_ids: Annotated[
+        int | None, typer.Option(help="Override/provide the number of puzzle identifiers.")
+    ] = None,
+    data_path: Annotated[
+        Path | None, typer.Option(help="Dataset folder holding train/dataset.json (upstream checkpoints).")
+    ] = None,
+    num_heads: Annotated[
+        int | None, typer.Option(help="Override arch.num_heads (if all_config.yaml is absent).")
+    ] = None,
+    h_cycles: Annotated[int | None, typer.Option(help="Override arch.H_cycles.")] = None,
+    l_cycles: Annotated[int | None, typer.Option(help="Override arch.L_cycles.")] = None,
+    halt_max_steps: Annotated[int | None, typer.Option(help="Override arch.halt_max_steps.")] = None,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress display.")] = False,
 ) -> None:
     """Export a checkpoint to a checked, parity-tested FP32 ONNX graph with dynamic batch."""
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
@@ -48,7 +60,12 @@ def export(
         checkpoint,
         output,
         ExportConfig(
-            mode=mode, steps=steps, max_batch=max_batch, opset=opset, step_predictions=step_predictions, parity=parity
+            mode=mode.value,
+            steps=steps,
+            max_batch=max_batch,
+            opset=opset,
+            step_predictions=step_predictions,
+            parity=parity,
         ),
         quiet=quiet,
         seq_len=seq_len,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -13,7 +14,7 @@ from hrm_deploy.cli.common import print_json, user_errors
 @app.command()
 @user_errors
 def inspect(
-    artifact: Path = typer.Argument(..., help="Checkpoint (file or run folder), .onnx, or *.manifest.json."),
+    artifact: Annotated[Path, typer.Argument(help="Checkpoint (file or run folder), .onnx, or *.manifest.json.")],
 ) -> None:
     """Print an artifact's config, sizes, I/O and parameter count."""
     from hrm_deploy.inspection import inspect_artifact

@@ -17,11 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.errors import CheckpointError, ConfigError
+from hrm_deploy.metrics import current_names
 from hrm_deploy.model.config import HRMConfig
 
 CHECKPOINT_FORMAT = "hrm-deploy-checkpoint"
 UPSTREAM_PREFIXES = ("_orig_mod.model.inner.", "model.inner.", "inner.")
 DATASET_FIELDS = ("seq_len", "vocab_size", "num_puzzle_identifiers")
+# Provenance records of metrics; older checkpoints (the bundled presets among them) use the
+# trainer's old metric names, read under the current ones.
+METRIC_RECORDS = ("metrics", "act_report")
 # Architecture fields the weights cannot tell and a config file (or a flag) must: never defaulted
 # for an upstream checkpoint, since a wrong value gives a silently different model.
 NOT_IN_WEIGHTS = ("num_heads", "H_cycles", "L_cycles", "halt_max_steps")
@@ -269,6 +273,9 @@ def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointCont
         extra = {
             k: v for k, v in obj.items() if k not in ("format", "model_config", "model_state", "train_config", "step")
         }
+        for key in METRIC_RECORDS:
+            if isinstance(extra.get(key), dict):
+                extra[key] = current_names(extra[key])
         return CheckpointContents(
             file, "hrm-deploy", config, dict(state), "", obj.get("step"), dict(obj.get("train_config") or {}), extra
         )

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.metrics import row_scores, solved_rows
 
 HaltFn = Callable[..., np.ndarray]  # (step, q_halt [B], q_continue [B]) -> bool [B]
 
@@ -387,8 +388,7 @@ def simulate_steps(rule: HaltRule, q_halt: np.ndarray, q_continue: np.ndarray) -
 def exact_at(step_predictions: np.ndarray, steps_used: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """bool [N]: is each row's answer at its halting step exactly the label (-100 ignored)?"""
     answer = step_predictions[np.arange(len(steps_used)), steps_used - 1]
-    mask = labels != -100
-    return ((answer == labels) | ~mask).all(-1)
+    return row_scores(answer, labels)[0]
 
 
 def rule_summary(steps_used: np.ndarray, solved: np.ndarray | None, steps: int) -> dict[str, float]:
@@ -552,11 +552,6 @@ def _run_all(runner: Any, examples: Any, batch: int, halt: HaltFn | None) -> dic
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def _solved(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    mask = labels != -100
-    return ((logits.argmax(-1) == labels) | ~mask).all(-1)
-
-
 def evaluate_halting(
     runner: Any,
     examples: Any,
@@ -584,7 +579,7 @@ def evaluate_halting(
     report: dict[str, Any] = {
         "steps": steps,
         "examples": len(examples),
-        "all_steps": rule_summary(all_steps, _solved(full["logits"], labels), steps),
+        "all_steps": rule_summary(all_steps, solved_rows(full["logits"], labels), steps),
         "rules": {},
     }
     for rule in rules:
@@ -597,7 +592,7 @@ def evaluate_halting(
             out = _run_all(runner, examples, batch, rule.should_halt)
             seconds = time.perf_counter() - start
             entry = {
-                **rule_summary(out["steps_used"], _solved(out["logits"], labels), steps),
+                **rule_summary(out["steps_used"], solved_rows(out["logits"], labels), steps),
                 "run": "early exit",
                 "puzzles_per_s": len(examples) / seconds,
             }

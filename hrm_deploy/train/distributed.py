@@ -86,7 +86,7 @@ def agree(flag: bool, dist_info: Distributed, device: torch.device | None = None
     return bool(t.item())
 
 
-METRIC_SUMS = ("count", "accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
+METRIC_SUMS = ("count", "token_accuracy", "exact_accuracy", "q_halt_accuracy", "steps")
 
 
 def reduce_metrics(metrics: dict[str, torch.Tensor], dist_info: Distributed) -> dict[str, float]:

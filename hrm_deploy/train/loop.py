@@ -22,6 +22,7 @@ import torch
 from hrm_deploy.data.format import Split, check_fits_model, load_split, select_examples
 from hrm_deploy.errors import CheckpointError, ConfigError, DataError, HRMDeployError
 from hrm_deploy.io import append_line
+from hrm_deploy.metrics import row_scores, summary
 from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.hrm import HRMACT, ACTCarry, build_model
@@ -35,13 +36,16 @@ from hrm_deploy.train.distributed import (
     resolve_device,
     shutdown,
 )
-from hrm_deploy.train.losses import IGNORE_LABEL_ID, act_loss
+from hrm_deploy.train.losses import act_loss
 from hrm_deploy.train.optim import AdamATan2, PuzzleEmbeddingSignSGD
 from hrm_deploy.train.sampler import EpochSampler, to_batch
 from hrm_deploy.train.sinks import MetricSinks
 from hrm_deploy.train.state import carry_from, seed_all, set_rng_state
 
 __all__ = ["EpochSampler", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "lr_at", "to_batch", "train"]
+
+
+OPTIMIZERS = ("adam_atan2", "adamw")
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ class TrainConfig:
     version: int = 1
 
     def __post_init__(self) -> None:
-        if self.optimizer not in ("adam_atan2", "adamw"):
+        if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer {self.optimizer!r} unknown; use adam_atan2 or adamw")
         if self.loss_type not in ("stablemax_cross_entropy", "softmax_cross_entropy"):
             raise ConfigError(f"loss_type {self.loss_type!r} unknown")
@@ -116,7 +120,8 @@ def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> 
 
 @torch.inference_mode()
 def evaluate(model: HRMACT, split: Split, samples: int | None = None, batch: int = 256) -> dict[str, float]:
-    """Exact and token accuracy of the fixed-step unroll (upstream's eval) on a subset."""
+    """Exact and token accuracy (:func:`hrm_deploy.metrics.summary`) of the fixed-step unroll
+    (upstream's eval) on a subset."""
     from hrm_deploy.export.unroll import unroll
 
     was_training = model.training
@@ -124,17 +129,15 @@ def evaluate(model: HRMACT, split: Split, samples: int | None = None, batch: int
     fixed = unroll(model)
     idx = select_examples(split, samples, seed=0) if samples else np.arange(len(split))
     device = next(model.parameters()).device
-    exact = tokens = count = 0.0
+    solved, token_fraction = [], []
     for start in range(0, len(idx), batch):
         b = to_batch(split, idx[start : start + batch], split.metadata.ignore_label_id, device=device)
         logits = fixed(b["inputs"], b["puzzle_identifiers"])[0]
-        mask = b["labels"] != IGNORE_LABEL_ID
-        correct = (logits.argmax(-1) == b["labels"]) & mask
-        exact += float((correct.sum(-1) == mask.sum(-1)).sum())
-        tokens += float((correct.sum(-1) / mask.sum(-1).clamp_min(1)).sum())
-        count += len(b["inputs"])
+        rows = row_scores(logits.argmax(-1), b["labels"])  # scored on the device: [B] each
+        solved.append(rows[0].cpu().numpy())
+        token_fraction.append(rows[1].cpu().numpy())
     model.train(was_training)
-    return {"exact_accuracy": exact / max(count, 1), "accuracy": tokens / max(count, 1), "count": count}
+    return summary(np.concatenate(solved), np.concatenate(token_fraction))
 
 
 @dataclass
@@ -221,7 +224,7 @@ class _ProgressBar:
         if self.bar is None:
             return
         info = (
-            f"loss {row['loss']:.3f} acc {row['accuracy']:.3f} {row['samples_per_s']:.0f} samples/s "
+            f"loss {row['loss']:.3f} acc {row['token_accuracy']:.3f} {row['samples_per_s']:.0f} samples/s "
             f"(data {row['data_s']:.0f}s, compute {row['compute_s']:.0f}s)"
         )
         if "eval" in row:
@@ -347,7 +350,7 @@ def _step_metrics(
         "lr": lr,
         "loss": float(loss.detach()) / rows,
         "count": int(sums["count"]),
-        **{k: sums[k] / count for k in ("accuracy", "exact_accuracy", "q_halt_accuracy", "steps")},
+        **{k: sums[k] / count for k in ("token_accuracy", "exact_accuracy", "q_halt_accuracy", "steps")},
         "samples_per_s": config.global_batch_size / max(step_s, 1e-9),
         "data_s": round(data_s, 3),
         "compute_s": round(compute_s, 3),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE_LABEL_ID = -100
+from hrm_deploy.metrics import IGNORE_LABEL_ID, row_scores
 
 
 def log_stablemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -31,18 +31,19 @@ LOSSES = {"stablemax_cross_entropy": stablemax_cross_entropy, "softmax_cross_ent
 
 
 def act_loss(outputs: dict, labels: torch.Tensor, halted: torch.Tensor, steps: torch.Tensor, loss_type: str):
-    """Returns (total loss summed over the batch, metric sums dict) as upstream's ACTLossHead."""
-    mask = labels != IGNORE_LABEL_ID
-    counts = mask.sum(-1)
+    """Returns (total loss summed over the batch, metric sums dict) as upstream's ACTLossHead.
+
+    The metrics are sums over the rows that halted this step (divide by ``count``), under
+    :mod:`hrm_deploy.metrics`' names; ``token_accuracy`` is upstream's ``accuracy``."""
+    counts = (labels != IGNORE_LABEL_ID).sum(-1)
     divisor = counts.clamp_min(1).unsqueeze(-1)
     logits = outputs["logits"]
     with torch.no_grad():
-        correct = mask & (logits.argmax(-1) == labels)
-        seq_correct = correct.sum(-1) == counts
+        seq_correct, token_fraction = row_scores(logits.argmax(-1), labels)
         valid = halted & (counts > 0)
         metrics = {
             "count": valid.sum(),
-            "accuracy": torch.where(valid, (correct.float() / divisor).sum(-1), 0).sum(),
+            "token_accuracy": torch.where(valid, token_fraction, 0).sum(),
             "exact_accuracy": (valid & seq_correct).sum(),
             "q_halt_accuracy": (valid & ((outputs["q_halt_logits"] >= 0) == seq_correct)).sum(),
             "steps": torch.where(valid, steps, 0).sum(),

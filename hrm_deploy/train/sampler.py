@@ -7,7 +7,7 @@ import torch
 
 from hrm_deploy.data.format import Split
 from hrm_deploy.errors import DataError
-from hrm_deploy.train.losses import IGNORE_LABEL_ID
+from hrm_deploy.metrics import IGNORE_LABEL_ID
 
 
 class EpochSampler:

@@ -148,6 +148,56 @@ def test_bundled_default_is_trained(trained_tiny):
     assert metrics["count"] == 200 and metrics["exact_accuracy"] >= 0.9, metrics
 
 
+def test_trainer_metrics_are_the_metrics_module_s(micro_data, tmp_path):
+    """The trainer logs and evaluates under hrm_deploy.metrics' names, and its evaluation is
+    metrics.accuracy of the unrolled model's logits (what verify and bench compute)."""
+    import numpy as np
+
+    from hrm_deploy.data.format import load_split
+    from hrm_deploy.export.unroll import unroll
+    from hrm_deploy.metrics import accuracy
+    from hrm_deploy.train.loop import evaluate
+    from hrm_deploy.train.sampler import to_batch
+
+    result = train(MICRO, _cfg(micro_data, tmp_path / "run"), progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {"token_accuracy", "exact_accuracy", "q_halt_accuracy"} <= set(rows[0]) and "accuracy" not in rows[0]
+    model, _ = load_checkpoint(result.checkpoint)
+    split = load_split(micro_data, "test")
+    batch = to_batch(split, np.arange(len(split)), split.metadata.ignore_label_id)
+    with torch.inference_mode():
+        logits = unroll(model.eval())(batch["inputs"], batch["puzzle_identifiers"])[0]
+    expected = accuracy(logits.numpy(), batch["labels"].numpy())
+    assert evaluate(model, split) == pytest.approx(expected) and result.metrics["eval"] == pytest.approx(expected)
+
+
+def test_checkpoints_with_the_old_metric_names_read_under_the_new(tiny_model, tmp_path, trained_small):
+    """Checkpoints written before the rename (the bundled presets) keep upstream's names on disk."""
+    from hrm_deploy.model.checkpoint import read_checkpoint, save_checkpoint
+
+    old = save_checkpoint(
+        tmp_path / "old.pt",
+        tiny_model,
+        metrics={"accuracy": 0.9, "exact_accuracy": 0.5, "eval": {"accuracy": 0.8, "exact_accuracy": 0.4, "count": 3}},
+        act_report={"per_step_exact": [0.1, 0.4], "per_step_token": [0.8, 0.9], "final_exact": 0.4},
+    )
+    extra = read_checkpoint(old).extra
+    assert extra["metrics"] == {
+        "token_accuracy": 0.9,
+        "exact_accuracy": 0.5,
+        "eval": {"token_accuracy": 0.8, "exact_accuracy": 0.4, "count": 3},
+    }
+    assert extra["act_report"] == {
+        "per_step_exact_accuracy": [0.1, 0.4],
+        "per_step_token_accuracy": [0.8, 0.9],
+        "exact_accuracy": 0.4,
+    }
+    bundled = read_checkpoint(trained_small.checkpoint).extra
+    assert 0 < bundled["metrics"]["eval"]["token_accuracy"] <= 1 and "accuracy" not in bundled["metrics"]["eval"]
+    report = bundled["act_report"]
+    assert report["per_step_exact_accuracy"][-1] == pytest.approx(report["exact_accuracy"], abs=1e-4)
+
+
 def test_bundled_act_model_uses_its_steps(trained_small):
     """The shipped sudoku-small checkpoint (the embedded default) solves held-out puzzles it never
     saw, and its ACT steps matter: exact accuracy after step 1 is well below the final step's."""
@@ -159,8 +209,9 @@ def test_bundled_act_model_uses_its_steps(trained_small):
     model, config = load_checkpoint(trained_small.checkpoint)
     assert config.halt_max_steps >= 8 and config.H_cycles >= 2 and config.L_cycles >= 2
     report = act_report(step_outcomes(model, load_split(trained_small.data, "test")))
-    curve = report["per_step_exact"]
+    curve = report["per_step_exact_accuracy"]
     assert report["count"] == 100 and curve[-1] >= SMALL_MIN_EXACT, report
+    assert round(report["exact_accuracy"], 4) == curve[-1] and len(report["per_step_token_accuracy"]) == len(curve)
     assert curve[0] + 0.2 <= curve[-1] and curve[1] < curve[-1], curve
     with pytest.raises(ConfigError, match="no bundled checkpoint for preset 'nope'"):
         bundled_checkpoint("nope")

@@ -1,0 +1,137 @@
+"""The command line's choices: each Enum offers exactly what the library accepts, --help lists
+the choices and shows flags as flags, and --precision and its short flags are one setting."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hrm_deploy.cli import app, choices
+
+runner = CliRunner()
+
+
+def _library_choices() -> dict[type, set[str]]:
+    from hrm_deploy.bench.run import BENCH_TARGETS
+    from hrm_deploy.engines.backend import MODULES
+    from hrm_deploy.engines.build import ENGINE_PRECISIONS
+    from hrm_deploy.engines.targets import TARGETS
+    from hrm_deploy.export.onnx_export import MODES
+    from hrm_deploy.precision.int8 import METHODS
+    from hrm_deploy.runners.ort import PROVIDERS
+    from hrm_deploy.train.loop import OPTIMIZERS
+    from hrm_deploy.train.presets import PRESETS
+    from hrm_deploy.train.sinks import SINKS
+
+    return {
+        choices.Precision: set(ENGINE_PRECISIONS),
+        choices.Target: set(TARGETS),
+        choices.Backend: {*MODULES, "torch"},  # torch: build_engine's AOTInductor branch
+        choices.CalibMethod: set(METHODS),
+        choices.ExportMode: set(MODES),
+        choices.Provider: set(PROVIDERS),
+        choices.BenchTarget: set(BENCH_TARGETS),
+        choices.Preset: set(PRESETS),
+        choices.Optimizer: set(OPTIMIZERS),
+        choices.Sink: set(SINKS),
+    }
+
+
+def test_every_choice_enum_matches_the_library():
+    for enum, accepted in _library_choices().items():
+        assert {member.value for member in enum} == accepted, enum.__name__
+
+
+def _help(*command: str, columns: int = 80) -> str:
+    result = runner.invoke(app, [*command, "--help"], env={"NO_COLOR": "1", "COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+COMMANDS = [[], ["export"], ["build-engine"], ["verify"], ["bench"], ["solve"], ["train"], ["serve"], ["triton-repo"]]
+COMMANDS += [["data", "sudoku"], ["data", "maze"], ["inspect"], ["doctor"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "root")
+def test_help_shows_flags_without_a_value_placeholder(command):
+    text = _help(*command)  # 80 columns
+    assert "<bool>" not in text and "BOOLEAN" not in text
+    assert "…" not in text  # nothing cut short: option names and help words fit an 80-column terminal
+    assert re.search(r"--help\s+Show this message", text)
+
+
+def test_build_engine_help_lists_the_choices():
+    text = _help("build-engine", columns=200)
+    for listed in (
+        "<fp16|bf16|int8|fp32>",
+        "jetson-orin-8gb",
+        "<tensorrt|tensorrt-rtx|torch>",
+        "<minmax|entropy|percentile>",
+    ):
+        assert listed in text, listed
+    assert re.search(r"--int8\s+Short for --precision int8", text)
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """build-engine with the library's build replaced: the EngineConfig each call passes."""
+    from hrm_deploy.engines import build
+
+    seen: list = []
+
+    def fake_build(onnx, config, out, quiet=False):
+        seen.append(config)
+        return build.EngineResult(Path("m.engine"), Path("m.engine.manifest.json"), Path("m.onnx"), {})
+
+    monkeypatch.setattr(build, "build_engine", fake_build)
+
+    def run(*args: str):
+        result = runner.invoke(app, ["build-engine", "m.onnx", *args])
+        assert result.exit_code == 0, result.output
+        return seen[-1]
+
+    return run
+
+
+def test_precision_option_and_short_flag_are_the_same_setting(built):
+    assert built("--precision", "int8") == built("--int8")
+    assert built("--precision", "int8", "--int8").precision == "int8"  # saying it twice is fine
+    assert built("--precision", "bf16").precision == "bf16" and built("--fp32").precision == "fp32"
+
+
+def test_precision_defaults_stay(built):
+    assert built().precision == "fp16"
+    assert built("--target", "cpu").precision == "fp32"
+    assert built("--backend", "torch").precision == "fp32"
+    assert built("--backend", "tensorrt").precision == "fp16"
+
+
+@pytest.mark.parametrize(
+    "args,named",
+    [
+        (["--precision", "int8", "--fp16"], "--precision int8 and --fp16"),
+        (["--int8", "--fp16"], "--fp16 and --int8"),
+    ],
+)
+def test_conflicting_precisions_are_one_line(args, named):
+    result = runner.invoke(app, ["build-engine", "m.onnx", *args])
+    assert result.exit_code == 2 and result.output.strip() == f"error: choose one precision, not {named}"
+
+
+@pytest.mark.parametrize(
+    "args,option",
+    [
+        (["build-engine", "m.onnx", "--precision", "fp8"], "--precision"),
+        (["build-engine", "m.onnx", "--target", "jetson"], "--target"),
+        (["train", "--data", "d", "--preset", "huge"], "--preset"),
+        (["triton-repo", "m.onnx", "-o", "r", "--device", "tpu"], "--device"),
+    ],
+)
+def test_an_invalid_choice_is_named_with_the_valid_ones(args, option):
+    result = runner.invoke(app, args, env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    [line] = [line for line in result.output.splitlines() if "Invalid value" in line]
+    assert f"'{option}'" in line and "is not one of" in line, result.output
