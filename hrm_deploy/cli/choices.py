@@ -28,7 +28,7 @@ class Target(str, Enum):
 
 
 class Backend(str, Enum):
-    """Engine builder (``hrm_deploy.engines.backend.MODULES``, plus PyTorch's AOTInductor)."""
+    """Engine builder (``hrm_deploy.runners.backend.MODULES``, plus PyTorch's AOTInductor)."""
 
     TENSORRT = "tensorrt"
     TENSORRT_RTX = "tensorrt-rtx"
@@ -51,7 +51,7 @@ class ExportMode(str, Enum):
 
 
 class Provider(str, Enum):
-    """ONNX Runtime execution provider (``hrm_deploy.runners.ort.PROVIDERS``)."""
+    """ONNX Runtime execution provider (``hrm_deploy.onnx_runtime.PROVIDERS``)."""
 
     CPU = "cpu"
     CUDA = "cuda"
