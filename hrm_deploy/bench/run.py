@@ -82,6 +82,8 @@ def _measure(runner, examples, config: BenchConfig) -> dict[str, Any]:
     runner.activate()
     try:
         row: dict[str, Any] = {"precision": runner.precision, "steps": runner.steps, "batches": {}}
+        if runner.runtime_settings:
+            row["runtime"] = runner.runtime_settings
         logits = predict(runner, examples)
         if examples.labels is not None:
             row["accuracy"] = accuracy(logits, examples.labels)
@@ -355,6 +357,8 @@ def table(report: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in report["rows"]:
         name = f"{row.get('runner', '?')} {row.get('precision', '')} {Path(row['artifact']).name}".strip()
+        threads = row.get("runtime", {}).get("intra_op_num_threads")
+        name += f" ({threads} threads)" if isinstance(threads, int) else ""
         status = "ok" if row["status"] == "ok" else "skipped"
         acc = row.get("accuracy", {}).get("exact_accuracy")
         cells = [

@@ -53,6 +53,9 @@ class Runner(ABC):
     min_batch: int = 1
     max_batch: int | None = None  # None: no limit
     last_timing: dict[str, Any] | None = None
+    # Settings the runtime actually uses that change its speed (e.g. ORT's intra-op threads),
+    # filled by activate(); bench reports them beside the latencies.
+    runtime_settings: dict[str, Any] = {}
 
     _active: bool = False
 

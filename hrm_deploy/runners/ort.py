@@ -6,6 +6,7 @@ of that would be a lie."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,22 @@ class OrtRunner(Runner):
         from hrm_deploy.export.metadata import graph_metadata
         from hrm_deploy.manifest import check_artifact
 
-        check_artifact(self.path)  # a graph whose manifest describes other bytes is refused
+        manifest = check_artifact(self.path)  # a graph whose manifest describes other bytes is refused
         meta = graph_metadata(onnx.load(str(self.path), load_external_data=False))
         self.precision, self.mode = meta.get("precision", "fp32"), meta["mode"]
         self.steps = self.requested_steps or meta["steps"]
-        self._session = ort_session(self.path, provider=self.provider, threads=self.threads)
+        # A cpu-target graph was built for a thread count (build-engine --target cpu --threads N);
+        # it runs with that count unless the caller asks for another.
+        built_for = ((manifest or {}).get("runtime") or {}).get("threads_requested")
+        threads = self.threads or built_for
+        self._session = ort_session(self.path, provider=self.provider, threads=threads)
+        options = self._session.get_session_options()
+        self.runtime_settings = {
+            "provider": self._session.get_providers()[0],
+            "intra_op_num_threads": options.intra_op_num_threads or f"default ({os.cpu_count()} cores)",
+            "threads_from": "caller" if self.threads else ("engine manifest" if built_for else "onnxruntime default"),
+            "graph_optimization_level": str(options.graph_optimization_level).rsplit(".", 1)[-1],
+        }
         self._per_step = any(o.name == "step_predictions" for o in self._session.get_outputs())
 
     def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:

@@ -93,6 +93,24 @@ def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(trained_small, tm
     assert ratio <= 1.0, f"CPU INT8 takes {ratio:.2f}x the FP32 time on the bundled ACT model"
 
 
+def test_cpu_graph_runs_with_its_built_thread_count_and_bench_reports_it(cpu_graphs, tiny_onnx, tmp_path):
+    from hrm_deploy.bench.run import BenchConfig, bench
+
+    built = open_runner(cpu_graphs["int8"].path).activate()  # built with --threads 1
+    assert built.runtime_settings["intra_op_num_threads"] == 1
+    assert built.runtime_settings["threads_from"] == "engine manifest"
+    built.close()
+    asked = open_runner(cpu_graphs["int8"].path, threads=2).activate()
+    assert asked.runtime_settings["intra_op_num_threads"] == 2 and asked.runtime_settings["threads_from"] == "caller"
+    asked.close()
+    report = bench(
+        [str(cpu_graphs["fp32"].path)],
+        BenchConfig(data=tiny_onnx.data, batches=(1,), iters=2, warmup=1, accuracy_samples=8, out_dir=str(tmp_path)),
+    )
+    row = next(r for r in report["rows"] if r["artifact"].endswith(".cpu.ort.onnx"))
+    assert row["runtime"]["intra_op_num_threads"] == 1 and row["runtime"]["provider"] == "CPUExecutionProvider"
+
+
 def test_build_engine_dispatches_cpu_target(tiny_onnx, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = build_engine(tiny_onnx.unrolled, EngineConfig("int8", target="cpu"), quiet=True)
