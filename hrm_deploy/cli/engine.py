@@ -61,6 +61,12 @@ def build_engine(
     threads: Optional[int] = typer.Option(
         None, help="cpu target: ONNX Runtime intra-op threads (default: one per core)."
     ),
+    allow_unrolled: bool = typer.Option(
+        False,
+        "--allow-unrolled",
+        help="TensorRT: build an unrolled graph whose estimated build is over 3 min / 4 GB "
+        "(printed first; otherwise refused: export --mode step builds in about a minute).",
+    ),
     output: Optional[Path] = typer.Option(
         None,
         "-o",
@@ -95,6 +101,7 @@ def build_engine(
         accuracy_budget=accuracy_budget,
         timing_cache=None if timing_cache.lower() in ("", "none") else timing_cache,
         threads=threads,
+        allow_unrolled=allow_unrolled,
     )
     result = build(onnx, config, output, quiet=quiet)
     seconds = result.build.get("build_seconds", 0.0)

@@ -1,7 +1,8 @@
 """The engine stage: TensorRT / TensorRT-RTX engines and PyTorch AOTInductor engines.
 
 - :mod:`~hrm_deploy.engines.build`: ``build_engine`` (precision ONNX -> engine + manifest + layers.json);
-- :mod:`~hrm_deploy.engines.worker`: the TensorRT build itself, in a child process;
+- :mod:`~hrm_deploy.engines.worker`: the TensorRT build itself, in a child process (reports its phases);
+- :mod:`~hrm_deploy.engines.cost`: what an unrolled build costs, and when it needs ``--allow-unrolled``;
 - :mod:`~hrm_deploy.engines.backend`: TensorRT vs TensorRT-RTX behind one interface;
 - :mod:`~hrm_deploy.engines.targets`: deployment targets as frozen profiles;
 - :mod:`~hrm_deploy.engines.compat`: does an engine fit the TensorRT and GPU running now;

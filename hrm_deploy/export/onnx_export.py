@@ -21,7 +21,7 @@ from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityE
 from hrm_deploy.export.unroll import STEP_PREDICTIONS, UNROLLED_INPUTS, EmbedInit, FixedStepHRM, StepCore
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import publish_artifact
-from hrm_deploy.progress import Stages
+from hrm_deploy.progress import Stages, progress
 
 if TYPE_CHECKING:
     import onnx
@@ -386,14 +386,17 @@ def export_onnx(
         if config.parity:
             with stages.stage("parity vs PyTorch on ONNX Runtime CPU"):
                 segment = check_segment(step.SerializeToString(), core)
-                report = check_parity(
-                    str(staged),
-                    FixedStepHRM(core, steps).eval(),
-                    cfg,
-                    steps,
-                    tuple(min(b, config.max_batch) for b in config.parity_batches),
-                    stepwise=config.mode == "step",
-                )
+                batches = tuple(min(b, config.max_batch) for b in config.parity_batches)
+                with progress(len(batches), "parity", quiet, unit="batch sizes") as advance:
+                    report = check_parity(
+                        str(staged),
+                        FixedStepHRM(core, steps).eval(),
+                        cfg,
+                        steps,
+                        batches,
+                        stepwise=config.mode == "step",
+                        advance=advance,
+                    )
                 report.segment = segment
                 parity = report.to_dict()
             if not report.passed:

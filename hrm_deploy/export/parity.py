@@ -11,6 +11,7 @@ happens. For a trained model the noise floor is tiny and the check is strict.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -195,9 +196,11 @@ def check_parity(
     batches: tuple[int, ...],
     stepwise: bool = False,
     seed: int = 0,
+    advance: Callable[[int], None] | None = None,
 ) -> ParityReport:
     """Compare the ONNX graph at ``path`` with PyTorch float32 (``reference_module`` is a
-    FixedStepHRM) at each batch size, step by step.
+    FixedStepHRM) at each batch size, step by step; ``advance(1)`` after each batch size (a
+    :func:`hrm_deploy.progress.progress` display).
 
     Every ACT step of the graph (each unrolled copy, or each call of the step graph) is checked
     against PyTorch running that segment from the carry the graph produced one step earlier
@@ -215,7 +218,7 @@ def check_parity(
     else:
         extra = _state_outputs(path, steps)
         if extra is None:
-            return check_parity_end_to_end(path, reference_module, config, steps, batches, stepwise, seed)
+            return check_parity_end_to_end(path, reference_module, config, steps, batches, stepwise, seed, advance)
         serialized, state_names = extra
         session = ort_session(serialized)
     report = ParityReport(passed=True)
@@ -263,6 +266,8 @@ def check_parity(
                     f"float32 from the same carry (limit {worst_limit:.3g})"
                 )
         report.batches[str(batch)] = entry
+        if advance:
+            advance(1)
     return _concluded(report, failures)
 
 
@@ -282,6 +287,7 @@ def check_parity_end_to_end(
     batches: tuple[int, ...],
     stepwise: bool = False,
     seed: int = 0,
+    advance: Callable[[int], None] | None = None,
 ) -> ParityReport:
     """End-to-end comparison with PyTorch float32, falling back to the float64 noise floor
     when the strict limit is missed (a chaotic model). Slower than :func:`check_parity` on
@@ -325,4 +331,6 @@ def check_parity_end_to_end(
                     f"(vs float64 {vs64:.3g} > limit {limit:.3g})"
                 )
         report.batches[str(batch)] = entry
+        if advance:
+            advance(1)
     return _concluded(report, failures)

@@ -44,6 +44,7 @@ DYNAMIC = {
     ("", "EngineInvalidityDiagnostics"),
     ("ParserError", "node_name"),
     ("ParserError", "node_operator"),
+    ("", "IProgressMonitor"),
 }
 
 
