@@ -41,12 +41,14 @@ THRESHOLDS = {
 }
 
 
-def _run(runner, examples, batch: int) -> dict[str, np.ndarray]:
+def _run(runner, examples, batch: int, label: str, quiet: bool) -> dict[str, np.ndarray]:
+    from hrm_deploy.progress import progress
     from hrm_deploy.runners.infer import infer_all
 
     runner.activate()
     try:
-        return infer_all(runner, examples, batch)
+        with progress(len(examples), label, quiet, unit="examples") as advance:
+            return infer_all(runner, examples, batch, advance)
     finally:
         runner.close()
 
@@ -197,6 +199,7 @@ def verify(
     halt: list[str] | None = None,
     min_steps: int = 1,
     max_steps: int | None = None,
+    quiet: bool = False,
     **runner_options: Any,
 ) -> dict[str, Any]:
     """Compare ``artifact`` with its checkpoint on K examples of ``data``'s test split; write
@@ -204,7 +207,7 @@ def verify(
     ``thresholds`` default to the candidate's precision's; ``overrides`` replace single fields.
     ``halt``: early-halting rules (``q``, ``threshold:X``, ``budget:P``) to report on the candidate
     (``<artifact>.halting.json`` / ``.halting.png``; ``budget:P`` is calibrated on the train split
-    and stored in the manifest when not already there)."""
+    and stored in the manifest when not already there). Progress with ETA goes to stderr unless ``quiet``."""
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.runners import open_runner
     from hrm_deploy.runners.torch_ref import TorchRunner
@@ -233,9 +236,9 @@ def verify(
     before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints
     candidate = open_runner(path, **runner_options)
     examples = load_examples(data, samples, split="test")
-    cand_out = _run(candidate, examples, batch)
+    cand_out = _run(candidate, examples, batch, f"{path.name} ({candidate.name})", quiet)
     reference_ckpt = Path(against) if against else find_reference(path)
-    ref_out = _run(TorchRunner(reference_ckpt, steps=candidate.steps), examples, batch)
+    ref_out = _run(TorchRunner(reference_ckpt, steps=candidate.steps), examples, batch, "PyTorch reference", quiet)
     report: dict[str, Any] = {
         "artifact": str(path),
         "runner": candidate.name,

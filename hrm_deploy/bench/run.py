@@ -75,39 +75,50 @@ def _peak_gpu_mib() -> float | None:
     return torch.cuda.max_memory_allocated() / 2**20
 
 
-def _measure(runner, examples, config: BenchConfig) -> dict[str, Any]:
+def _time_batch(runner, feeds: dict[str, np.ndarray], config: BenchConfig, advance) -> dict[str, Any]:
+    """Latency statistics of ``config.iters`` calls at one batch size, after warm-up."""
+    batch = len(feeds["inputs"])
+    for _ in range(config.warmup):
+        runner.infer(feeds)
+        advance(1)
+    times, phases = [], []
+    for _ in range(config.iters):
+        start = time.perf_counter()
+        runner.infer(feeds)  # returns host arrays: synchronised by construction
+        times.append(time.perf_counter() - start)
+        advance(1)  # outside the timed call
+        timing = runner.last_timing or {}
+        if "compute_ms" in timing:  # device-loop runners: phases from events on their stream
+            phases.append(timing)
+    stats: dict[str, Any] = latency_stats(times, batch)
+    if phases:
+        stats["phases_median_ms"] = {
+            k: float(np.median([p[k] for p in phases])) for k in ("h2d_ms", "compute_ms", "d2h_ms")
+        }
+        peaks = [p["peak_gpu_mib"] for p in phases if p.get("peak_gpu_mib")]
+        if peaks:  # engine scratch + buffers (+ torch's allocator), reset per call
+            stats["peak_gpu_mib"] = max(peaks)
+    return stats
+
+
+def _measure(runner, examples, config: BenchConfig, label: str = "bench", quiet: bool = False) -> dict[str, Any]:
     from hrm_deploy.metrics import accuracy
+    from hrm_deploy.progress import progress
     from hrm_deploy.runners.infer import predict
 
+    calls = -(-len(examples) // 64) + len(config.batches) * (config.warmup + config.iters)
     runner.activate()
     try:
         row: dict[str, Any] = {"precision": runner.precision, "steps": runner.steps, "batches": {}}
         if runner.runtime_settings:
             row["runtime"] = runner.runtime_settings
-        logits = predict(runner, examples)
+        with progress(calls, label, quiet, unit="calls") as advance:
+            logits = predict(runner, examples, 64, lambda n: advance(1))
+            base = examples.feeds(0, max(config.batches))
+            for batch in config.batches:
+                row["batches"][str(batch)] = _time_batch(runner, _tile(base, batch), config, advance)
         if examples.labels is not None:
             row["accuracy"] = accuracy(logits, examples.labels)
-        base = examples.feeds(0, max(config.batches))
-        for batch in config.batches:
-            feeds = _tile(base, batch)
-            for _ in range(config.warmup):
-                runner.infer(feeds)
-            times, phases = [], []
-            for _ in range(config.iters):
-                start = time.perf_counter()
-                runner.infer(feeds)  # returns host arrays: synchronised by construction
-                times.append(time.perf_counter() - start)
-                timing = runner.last_timing or {}
-                if "compute_ms" in timing:  # device-loop runners: phases from events on their stream
-                    phases.append(timing)
-            row["batches"][str(batch)] = latency_stats(times, batch)
-            if phases:
-                row["batches"][str(batch)]["phases_median_ms"] = {
-                    k: float(np.median([p[k] for p in phases])) for k in ("h2d_ms", "compute_ms", "d2h_ms")
-                }
-                peaks = [p["peak_gpu_mib"] for p in phases if p.get("peak_gpu_mib")]
-                if peaks:  # engine scratch + buffers (+ torch's allocator), reset per call
-                    row["batches"][str(batch)]["peak_gpu_mib"] = max(peaks)
         row["peak_host_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         row["peak_gpu_mib"] = (
             max([s.get("peak_gpu_mib", 0.0) for s in row["batches"].values()] + [_peak_gpu_mib() or 0.0]) or None
@@ -201,9 +212,10 @@ def _default_artifacts() -> list[Path]:
     return sorted(p for p in folder.glob("*") if p.is_file() and runner_name(p) in ("trt", "torch_engine"))
 
 
-def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
+def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False) -> dict[str, Any]:
     """Measure ``artifacts`` (default: every engine in engines/) and the reference; write
-    report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``."""
+    report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``. Progress
+    with ETA per artifact goes to stderr unless ``quiet``."""
     from hrm_deploy.artifacts import find_reference
     from hrm_deploy.bench.jetson import jetson_model
     from hrm_deploy.data.examples import load_examples
@@ -240,10 +252,10 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
                 from hrm_deploy.bench.jetson import Tegrastats, summarize
 
                 with Tegrastats() as tegra:
-                    row.update(_measure(runner, examples, config))
+                    row.update(_measure(runner, examples, config, path.name, quiet))
                 row["power"] = summarize(tegra.samples)
             else:
-                row.update(_measure(runner, examples, config))
+                row.update(_measure(runner, examples, config, path.name, quiet))
             if config.halt:
                 row["halting"] = _halting(path, runner, examples, config)
             row["status"] = "ok"
@@ -264,7 +276,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig) -> dict[str, Any]:
             "reference": True,
             "size_mb": reference.stat().st_size / 1e6,
         }
-        row.update(_measure(TorchRunner(reference, steps=steps), examples, config))
+        row.update(_measure(TorchRunner(reference, steps=steps), examples, config, "PyTorch reference", quiet))
         if config.halt:
             row["halting"] = _halting(reference, TorchRunner(reference, steps=steps), examples, config)
         row["status"] = "ok"

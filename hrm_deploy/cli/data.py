@@ -19,12 +19,11 @@ _SEED = typer.Option(help="Random seed (same seed, same dataset).")
 
 
 def _generate(label: str, total: int, run: Callable, output: Path) -> None:
-    """Run a generator under a progress bar and report what it wrote."""
-    from rich.progress import Progress
+    """Run a generator under a progress display (a bar, or ETA lines in a log) and report what it wrote."""
+    from hrm_deploy.progress import progress
 
-    with Progress(transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        splits = run(lambda n: bar.advance(task, n))
+    with progress(total, label, unit="examples") as advance:
+        splits = run(advance)
     typer.echo(f"wrote {output}: {len(splits['train'])} train examples, {len(splits['test'])} test examples")
 
 

@@ -85,6 +85,14 @@ def build_engine(
     threads: Annotated[
         int | None, typer.Option(help="cpu target: ONNX Runtime intra-op threads (default: one per core).")
     ] = None,
+    allow_unrolled: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unrolled",
+            help="TensorRT: build an unrolled graph whose estimated build is over 3 min / 4 GB "
+            "(printed first; otherwise refused: export --mode step builds in about a minute).",
+        ),
+    ] = False,
     output: Annotated[
         Path | None,
         typer.Option(
@@ -117,6 +125,7 @@ def build_engine(
         accuracy_budget=accuracy_budget,
         timing_cache=None if timing_cache.lower() in ("", "none") else timing_cache,
         threads=threads,
+        allow_unrolled=allow_unrolled,
     )
     result = build(onnx, config, output, quiet=quiet)
     seconds = result.build.get("build_seconds", 0.0)

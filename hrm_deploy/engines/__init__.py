@@ -1,8 +1,9 @@
 """The engine stage: TensorRT / TensorRT-RTX engines and PyTorch AOTInductor engines.
 
 - :mod:`~hrm_deploy.engines.build`: ``build_engine`` (precision ONNX -> engine + manifest + layers.json);
-- :mod:`~hrm_deploy.engines.worker`: the TensorRT build itself, in a child process;
+- :mod:`~hrm_deploy.engines.worker`: the TensorRT build itself, in a child process (reports its phases);
 - :mod:`~hrm_deploy.engines.cpu`: the ``cpu`` target (a graph ONNX Runtime's CPU provider runs fastest);
+- :mod:`~hrm_deploy.engines.cost`: what an unrolled build costs, and when it needs ``--allow-unrolled``;
 - :mod:`~hrm_deploy.engines.targets`: deployment targets as frozen profiles;
 - :mod:`~hrm_deploy.engines.layers`: what the engine inspector says about precision;
 - :mod:`~hrm_deploy.engines.torch_engine`: ``--backend torch`` (AOTInductor ``.pt2``).

@@ -12,10 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from hrm_deploy.engines.cost import check_unrolled_build, compute_nodes
 from hrm_deploy.engines.layers import precision_verdict
 from hrm_deploy.engines.targets import TargetProfile, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
@@ -56,6 +59,7 @@ class EngineConfig:
     accuracy_budget: float | None = None
     timing_cache: str | None = "engines/timing.cache"  # base name; the file is keyed by GPU + TensorRT version
     threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
+    allow_unrolled: bool = False  # TensorRT: build an unrolled graph whose estimated cost is over budget (engines.cost)
 
     def __post_init__(self) -> None:
         if self.precision not in ENGINE_PRECISIONS:
@@ -97,8 +101,14 @@ def newest_export(folder: str | Path = "export") -> Path:
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
-def _graph_info(path: Path, data: bytes | None = None) -> tuple[dict[str, Any], dict[str, list[Any]], int]:
-    """(hrm_deploy metadata, input name -> dims with None for dynamic, node count)."""
+class _Graph(NamedTuple):
+    meta: dict[str, Any]  # hrm_deploy metadata
+    dims: dict[str, list[Any]]  # input name -> dims, None for dynamic
+    nodes: int
+    compute_nodes: int  # without Cast and Q/DQ: what the build cost scales with (engines.cost)
+
+
+def _graph_info(path: Path, data: bytes | None = None) -> _Graph:
     onnx = require("onnx", "onnx", "Building engines")
     from hrm_deploy.export.metadata import graph_metadata
 
@@ -114,7 +124,7 @@ def _graph_info(path: Path, data: bytes | None = None) -> tuple[dict[str, Any], 
         i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
         for i in model.graph.input
     }
-    return graph_metadata(model), dims, len(model.graph.node)
+    return _Graph(graph_metadata(model), dims, len(model.graph.node), compute_nodes(model))
 
 
 def _shapes(dims: dict[str, list[Any]], lo: int, opt: int, hi: int) -> dict[str, list[list[int]]]:
@@ -137,8 +147,7 @@ def _check_memory_budget(target: TargetProfile, nodes: int, onnx_bytes: int) -> 
     return estimate
 
 
-def _precision_source(onnx_path: Path, config: EngineConfig, stages: Stages, quiet: bool) -> Path:
-    meta, _, _ = _graph_info(onnx_path)
+def _precision_source(onnx_path: Path, meta: dict[str, Any], config: EngineConfig, quiet: bool) -> Path:
     have = meta.get("precision", "fp32")
     if have == config.precision:
         return onnx_path
@@ -225,6 +234,35 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def _run_worker(
+    spec: dict[str, Any], spec_file: Path, status: Callable[[str], None]
+) -> subprocess.CompletedProcess[str]:
+    """Run the build worker on ``spec`` (written to ``spec_file``) with its output captured; each
+    line it writes to its progress pipe (parsing, the builder's phases) goes to ``status``."""
+    read_fd, write_fd = os.pipe()
+
+    def relay() -> None:
+        with os.fdopen(read_fd, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                status(line.strip())
+
+    reader = threading.Thread(target=relay, name="build-engine progress", daemon=True)
+    reader.start()
+    try:
+        spec_file.write_text(json.dumps({**spec, "progress_fd": write_fd}))
+        return subprocess.run(
+            [sys.executable, "-m", "hrm_deploy.engines.worker", str(spec_file)],
+            check=False,
+            capture_output=True,
+            text=True,
+            preexec_fn=_die_with_parent,
+            pass_fds=(write_fd,),
+        )
+    finally:
+        os.close(write_fd)  # the worker's copy is gone with it: the relay reads to the end and stops
+        reader.join()
+
+
 def build_engine(
     onnx_path: str | os.PathLike | None, config: EngineConfig, out: str | os.PathLike | None = None, quiet: bool = False
 ) -> EngineResult:
@@ -255,12 +293,23 @@ def build_engine(
     if not src.is_file():
         raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first")
     check_artifact(src)  # before any conversion: the FP32 export is what its manifest says
-    graph = _precision_source(src, config, stages, quiet) if config.precision != "fp32" else src
+    given = _graph_info(src)
+    # before calibration or conversion: an unrolled build over budget is refused, or announced
+    unrolled_cost = check_unrolled_build(
+        given.meta, given.compute_nodes, config.precision, config.allow_unrolled, src.name
+    )
+    if unrolled_cost is not None and not quiet:
+        print(
+            f"building the unrolled graph as asked (--allow-unrolled): {unrolled_cost.describe()}",
+            file=sys.stderr,
+            flush=True,
+        )
+    graph = _precision_source(src, given.meta, config, quiet) if config.precision != "fp32" else src
     # Everything below uses these bytes, whose sha256 matched the manifest: a concurrent export
     # replacing the file cannot slip in between the check, the shapes and the build.
     onnx_bytes, graph_manifest = read_verified(graph)
     onnx_sha256 = sha256_bytes(onnx_bytes)
-    meta, dims, nodes = _graph_info(graph, onnx_bytes)
+    meta, dims, nodes, _ = _graph_info(graph, onnx_bytes)
     estimate = _check_memory_budget(target, nodes, len(onnx_bytes))
     lo = config.min_batch or target.min_batch
     hi = config.max_batch or target.max_batch
@@ -300,20 +349,13 @@ def build_engine(
             result=str(result_file),
             layers_out=str(work / "layers.json"),
         )
-        spec_file.write_text(json.dumps(spec))
         if spec["timing_cache"]:
             Path(spec["timing_cache"]).parent.mkdir(parents=True, exist_ok=True)
         with stages.stage(
             f"building {config.precision} engine with {backend.name} {backend.version} "
             f"for {target.name} ({nodes} ONNX nodes, in a child process)"
-        ):
-            child = subprocess.run(
-                [sys.executable, "-m", "hrm_deploy.engines.worker", str(spec_file)],
-                check=False,
-                capture_output=True,
-                text=True,
-                preexec_fn=_die_with_parent,
-            )
+        ) as status:
+            child = _run_worker(spec, spec_file, status)
         build = json.loads(result_file.read_text()) if result_file.is_file() else {}
         if child.returncode != 0:
             if build.get("parser_errors"):
@@ -361,6 +403,7 @@ def build_engine(
             onnx_sha256=onnx_sha256,
             build=build,
             estimated_build_mib=estimate,
+            unrolled_opt_in=unrolled_cost.to_dict() if unrolled_cost else None,
             timings=stages.timings,
             trtexec_command=command,
             layers_json=layers_file.name if have_layers else None,

@@ -23,6 +23,7 @@ from typing import Any
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import publish_artifact
+from hrm_deploy.progress import Stages
 
 TORCH_PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 COMPILERS = ("auto", "aoti", "torch.compile")
@@ -116,7 +117,9 @@ def build_torch_engine(
             f"{src} is a {meta['precision']} graph; build the torch engine from the FP32 export "
             "(or the checkpoint) and choose --fp32 or --bf16"
         )
-    model, model_config = load_checkpoint(checkpoint)
+    stages = Stages(quiet)
+    with stages.stage(f"loading {checkpoint.name}"):
+        model, model_config = load_checkpoint(checkpoint)
     if config.precision == "bf16":
         state = model.state_dict()
         model = type(model)(model_config.replace(forward_dtype="bfloat16")).eval()
@@ -151,7 +154,8 @@ def build_torch_engine(
         raise ConfigError(f"a torch engine's file name must end in .pt2 (the runner table reads it): {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    with torch.inference_mode(), warnings.catch_warnings():
+    what = "the single step" if mode == "step" else f"the {steps}-step unroll"
+    with stages.stage(f"torch.export of {what}"), torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation chatter
         program = torch.export.export(module, args, dynamic_shapes=dynamic)
     compile_path, fallback_reason = "aoti", None
@@ -161,7 +165,8 @@ def build_torch_engine(
         try:
             if config.compiler == "torch.compile":
                 raise RuntimeError("torch.compile was asked for")
-            torch._inductor.aoti_compile_and_package(program, package_path=str(built))
+            with stages.stage(f"AOTInductor compile for {device}"):
+                torch._inductor.aoti_compile_and_package(program, package_path=str(built))
         except Exception as exc:  # noqa: BLE001 - a missing host compiler / CUDA headers surface as many types
             if config.compiler == "aoti":
                 raise EngineError(
@@ -206,6 +211,7 @@ def build_torch_engine(
             io=io_specs(mode, model_config, steps, dtypes),
             model_config=asdict(model_config),
             build_seconds=seconds,
+            timings=stages.timings,
         )
     return EngineResult(
         target,

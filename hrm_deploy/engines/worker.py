@@ -1,15 +1,21 @@
 """The engine build itself, run in a child process (``python -m hrm_deploy.engines.worker
 SPEC.json``) so torch's memory is not held during the build and a builder crash is a clean
-error in the parent. Reads a JSON spec, writes the serialized engine and a JSON result."""
+error in the parent. Reads a JSON spec, writes the serialized engine and a JSON result.
+
+What it is doing goes, one line at a time, to the file descriptor ``spec["progress_fd"]`` (the
+parent's stage display shows the latest): parsing, then the builder's own phases where TensorRT
+has an ``IProgressMonitor`` (``Building engine 4/6 > Computing profile costs 3/5 > ...``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from hrm_deploy.engines.layers import summarize_layers
 from hrm_deploy.io import atomic_path
@@ -19,6 +25,70 @@ if TYPE_CHECKING:  # type-checked against tensorrt-stubs (TensorRT 10.x API); RT
     import tensorrt
 
 PARSE_FAILED, BUILD_FAILED = 3, 4
+MAX_PHASE_DEPTH = 4  # deeper phases (per-tensor reformat costs...) change too fast to be worth reading
+STEP_REPORT_S = 1.0  # step counts are reported at most this often; phase changes always
+
+
+class _Say:
+    """One status line at a time to the parent (``spec["progress_fd"]``), else to stdout."""
+
+    def __init__(self, fd: int | None):
+        # closefd=False: the descriptor is the parent's to close (and a process's exit closes it anyway)
+        self.stream: TextIO = os.fdopen(fd, "w", buffering=1, closefd=False) if fd is not None else sys.stdout
+        self.lock = threading.Lock()  # the builder reports from its own threads
+
+    def __call__(self, text: str) -> None:
+        with self.lock:
+            try:
+                self.stream.write(text.replace("\n", " ") + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):  # the parent stopped listening: the build goes on
+                pass
+
+
+def describe_phases(phases: dict[str, list[Any]]) -> str:
+    """``{name: [parent, steps done, steps]}`` (in start order) -> ``A 4/6 > B > C 3/5``, outermost first."""
+    parts = [f"{name} {done}/{total}" if total > 1 else name for name, (_, done, total) in phases.items()]
+    return " > ".join(parts[:MAX_PHASE_DEPTH])
+
+
+def _progress_monitor(trt: Any, say: _Say) -> Any:
+    """A TensorRT ``IProgressMonitor`` that says the builder's current phases, or None where the
+    installed TensorRT has none (the parent's stage then prints a heartbeat with the elapsed time)."""
+    base = getattr(trt, "IProgressMonitor", None)
+    if base is None:
+        return None
+
+    class Monitor(base):  # type: ignore[misc,valid-type]  # the installed module's class; called from its threads
+        def __init__(self) -> None:
+            super().__init__()  # pybind11: the base must be initialised explicitly
+            self.lock = threading.Lock()
+            self.phases: dict[str, list[Any]] = {}
+            self.last = 0.0
+
+        def _say(self, force: bool) -> None:
+            now = time.monotonic()
+            if force or now - self.last >= STEP_REPORT_S:
+                self.last = now
+                say(describe_phases(self.phases))
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            with self.lock:
+                self.phases[phase_name] = [parent_phase, 0, int(num_steps)]
+                self._say(force=len(self.phases) <= MAX_PHASE_DEPTH)
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            with self.lock:
+                if phase_name in self.phases:
+                    self.phases[phase_name][1] = int(step) + 1
+                self._say(force=False)
+            return True  # False would cancel the build
+
+        def phase_finish(self, phase_name: str) -> None:
+            with self.lock:
+                self.phases.pop(phase_name, None)
+
+    return Monitor()
 
 
 def _parser_errors(parser: tensorrt.OnnxParser) -> list[str]:
@@ -104,7 +174,8 @@ def build(spec: dict[str, Any]) -> int:
     parser: tensorrt.OnnxParser = trt.OnnxParser(network, logger)
     result: dict[str, Any] = {"backend": backend.name, "version": backend.version}
     start = time.perf_counter()
-    print("parsing ONNX", flush=True)
+    say = _Say(spec.get("progress_fd"))
+    say("parsing ONNX")
     if not parser.parse_from_file(spec["onnx"]):
         result["parser_errors"] = _parser_errors(parser)
         Path(spec["result"]).write_text(json.dumps(result))
@@ -126,8 +197,13 @@ def build(spec: dict[str, Any]) -> int:
     cache = None
     if spec.get("timing_cache"):
         cache = _attach_timing_cache(backend, config, Path(spec["timing_cache"]), result)
-    print(f"building ({result['network']['layers']} layers)", flush=True)
+    say(f"building ({result['network']['layers']} network layers)")
+    monitor = _progress_monitor(trt, say)
+    if monitor is not None:
+        config.progress_monitor = monitor  # kept referenced by `monitor` until the build returns
+    result["progress_monitor"] = monitor is not None
     plan = builder.build_serialized_network(network, config)
+    say("serializing and inspecting the engine")
     if plan is None:
         Path(spec["result"]).write_text(json.dumps(result))
         return BUILD_FAILED

@@ -21,7 +21,7 @@ from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityE
 from hrm_deploy.export.unroll import STEP_PREDICTIONS, UNROLLED_INPUTS, EmbedInit, FixedStepHRM, StepCore
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import publish_artifact
-from hrm_deploy.progress import Stages
+from hrm_deploy.progress import Stages, progress
 
 if TYPE_CHECKING:
     import onnx
@@ -385,14 +385,17 @@ def export_onnx(
         parity = None
         if config.parity:
             with stages.stage("parity vs PyTorch on ONNX Runtime CPU"):
-                report = check_parity(
-                    str(staged),
-                    FixedStepHRM(core, steps).eval(),
-                    cfg,
-                    steps,
-                    tuple(min(b, config.max_batch) for b in config.parity_batches),
-                    stepwise=config.mode == "step",
-                )
+                batches = tuple(min(b, config.max_batch) for b in config.parity_batches)
+                with progress(len(batches), "parity", quiet, unit="batch sizes") as advance:
+                    report = check_parity(
+                        str(staged),
+                        FixedStepHRM(core, steps).eval(),
+                        cfg,
+                        steps,
+                        batches,
+                        stepwise=config.mode == "step",
+                        advance=advance,
+                    )
                 if report.method == "end to end":  # loose on chaotic weights, so also one segment, tight
                     report.segment = check_segment(step.SerializeToString(), core)
                 parity = report.to_dict()

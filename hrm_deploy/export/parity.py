@@ -12,6 +12,7 @@ read (external weights) are compared end to end, falling back to the float64 noi
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -301,9 +302,11 @@ def check_parity(
     batches: tuple[int, ...],
     stepwise: bool = False,
     seed: int = 0,
+    advance: Callable[[int], None] | None = None,
 ) -> ParityReport:
     """Compare the ONNX graph at ``path`` with PyTorch float32 (``reference_module`` is a
-    FixedStepHRM) at each batch size, step by step (teacher forcing).
+    FixedStepHRM) at each batch size, step by step (teacher forcing); ``advance(1)`` after each
+    batch size (a :func:`hrm_deploy.progress.progress` display).
 
     Each checked ACT step of the graph is compared with PyTorch running that segment from the
     carry the graph produced one step earlier: z_H, z_L, q_halt and q_continue of the step and the
@@ -322,7 +325,7 @@ def check_parity(
     else:
         plan = plan_unrolled_parity(path, steps)
         if plan is None:
-            return check_parity_end_to_end(path, reference_module, config, steps, batches, stepwise, seed)
+            return check_parity_end_to_end(path, reference_module, config, steps, batches, stepwise, seed, advance)
         check_unroll_structure(path, steps)
         session = _parity_session(plan.model_bytes)
         checked = plan.checked
@@ -368,6 +371,8 @@ def check_parity(
                     f"float32 from the same carry (limit {worst_limit:.3g})"
                 )
         report.batches[str(batch)] = entry
+        if advance:
+            advance(1)
     return _concluded(report, failures)
 
 
@@ -394,6 +399,7 @@ def check_parity_end_to_end(
     batches: tuple[int, ...],
     stepwise: bool = False,
     seed: int = 0,
+    advance: Callable[[int], None] | None = None,
 ) -> ParityReport:
     """End-to-end comparison with PyTorch float32, falling back to the float64 noise floor
     when the strict limit is missed (a chaotic model). Slower than :func:`check_parity` on
@@ -437,4 +443,6 @@ def check_parity_end_to_end(
                     f"(vs float64 {vs64:.3g} > limit {limit:.3g})"
                 )
         report.batches[str(batch)] = entry
+        if advance:
+            advance(1)
     return _concluded(report, failures)

@@ -8,6 +8,7 @@ steps. Epochs are counted in examples drawn: one epoch visits every puzzle group
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hrm_deploy import progress as display
 from hrm_deploy.data.format import Split, check_fits_model, load_split, select_examples
 from hrm_deploy.errors import CheckpointError, ConfigError, DataError, HRMDeployError
 from hrm_deploy.io import append_line
@@ -201,39 +203,29 @@ def _set_lrs(position: int, config: TrainConfig, optimizer, emb_opt) -> float:
 
 
 class _ProgressBar:
-    """Rich progress bar with samples/s, data-wait vs compute split and ETA (rank 0 only)."""
+    """Steps done/total with ETA, loss, accuracy, samples/s and the data-wait vs compute split
+    (rank 0 only): a bar on a terminal, a line every few seconds in a log (CI, nohup)."""
 
     def __init__(self, enabled: bool, total: int, completed: int):
-        self.bar = None
-        if not enabled:
-            return
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        self.bar = Progress(
-            TextColumn("train"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[info]}"),
+        self._display = contextlib.ExitStack()
+        self._tracker = self._display.enter_context(
+            display.progress(total, "train", quiet=not enabled, unit="steps", done=completed)
         )
-        self.bar.start()
-        self.task = self.bar.add_task("train", total=total, completed=completed, info="")
+        self._step = completed
 
     def update(self, row: dict[str, Any]) -> None:
-        if self.bar is None:
-            return
         info = (
             f"loss {row['loss']:.3f} acc {row['token_accuracy']:.3f} {row['samples_per_s']:.0f} samples/s "
             f"(data {row['data_s']:.0f}s, compute {row['compute_s']:.0f}s)"
         )
         if "eval" in row:
             info += f" eval exact {row['eval']['exact_accuracy']:.3f}"
-        self.bar.update(self.task, completed=row["step"], info=info)
+        self._tracker.note(info)
+        self._tracker(row["step"] - self._step)
+        self._step = row["step"]
 
     def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self._display.close()
 
 
 def _out_of_memory(config: TrainConfig, dist_info: Distributed, out: Path) -> ConfigError:
@@ -432,7 +424,8 @@ def train(
         bar.stop()
         sinks.close()
     if stop.signal is None and position >= config.steps:
-        last_metrics["eval"] = _evaluate_on_main(model, test_split, None, dist_info)  # full evaluation at the end
+        with display.Stages(quiet=not (progress and dist_info.main)).stage("final evaluation on the test split"):
+            last_metrics["eval"] = _evaluate_on_main(model, test_split, None, dist_info)  # full evaluation at the end
         last_metrics["timing"] = {"data_s": data_time, "compute_s": compute_time}
         if dist_info.main:
             append_line(out / "metrics.jsonl", json.dumps({"final": last_metrics}))

@@ -46,6 +46,7 @@ DYNAMIC = {
     ("", "EngineInvalidityDiagnostics"),
     ("ParserError", "node_name"),
     ("ParserError", "node_operator"),
+    ("", "IProgressMonitor"),
 }
 
 

@@ -40,8 +40,11 @@ class Calls(list):
         self.append(item)
 
 
-def fake_tensorrt(calls: Calls, *, timing_cache_ok=(True,), engine_loads=True, version="10.3.0") -> types.ModuleType:
-    """Enough of ``tensorrt`` for worker.build(); every call that matters is recorded in ``calls``."""
+def fake_tensorrt(
+    calls: Calls, *, timing_cache_ok=(True,), engine_loads=True, version="10.3.0", progress_monitor=False
+) -> types.ModuleType:
+    """Enough of ``tensorrt`` for worker.build(); every call that matters is recorded in ``calls``.
+    ``progress_monitor``: the module has ``IProgressMonitor`` and the build reports two phases to it."""
     trt = types.ModuleType("tensorrt")
     trt.__version__ = version
     trt.NetworkDefinitionCreationFlag = enum.IntEnum("NetworkDefinitionCreationFlag", {"STRONGLY_TYPED": 5})
@@ -122,6 +125,14 @@ def fake_tensorrt(calls: Calls, *, timing_cache_ok=(True,), engine_loads=True, v
 
         def build_serialized_network(self, network, config):
             calls.add("build", config.profiling_verbosity)
+            monitor = getattr(config, "progress_monitor", None)
+            if monitor is not None:  # as TensorRT does: nested phases, steps counted from 0
+                monitor.phase_start("Building engine", None, 2)
+                monitor.phase_start("Timing tactics", "Building engine", 3)
+                monitor.step_complete("Timing tactics", 0)
+                monitor.phase_finish("Timing tactics")
+                monitor.step_complete("Building engine", 0)
+                monitor.phase_finish("Building engine")
             return b"PLAN" * 10
 
     class OnnxParser:
@@ -158,7 +169,11 @@ def fake_tensorrt(calls: Calls, *, timing_cache_ok=(True,), engine_loads=True, v
         def deserialize_cuda_engine(self, plan):
             return Engine() if engine_loads else None
 
-    for cls in (Logger, Builder, OnnxParser, Runtime):
+    class IProgressMonitor:
+        def __init__(self):
+            calls.add("monitor")
+
+    for cls in (Logger, Builder, OnnxParser, Runtime) + ((IProgressMonitor,) if progress_monitor else ()):
         setattr(trt, cls.__name__, cls)
     return trt
 
