@@ -1,6 +1,6 @@
 """Unrolled TensorRT builds over the measured budget are opt-in (issue 13), and the engine
 build says what it is doing: build_engine driven end to end with its worker run in this process
-against the fake TensorRT of test_backend."""
+against the fake TensorRT of test_worker."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hrm_deploy.engines import build, cost, worker
 from hrm_deploy.engines.build import EngineConfig, build_engine
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.manifest import manifest_path
-from tests.engines.test_backend import SHAPES, Calls, fake_tensorrt
+from tests.engines.test_worker import SHAPES, Calls, fake_tensorrt
 
 ROOT = Path(__file__).resolve().parents[2]
 SUDOKU_SIZE_UNROLL = 19_062  # the measured 16-step Sudoku-size graph's nodes
