@@ -110,8 +110,9 @@ def _measure(runner, examples, config: BenchConfig, label: str = "bench", quiet:
     runner.activate()
     try:
         row: dict[str, Any] = {"precision": runner.precision, "steps": runner.steps, "batches": {}}
-        if runner.runtime_settings:
-            row["runtime"] = runner.runtime_settings
+        settings = getattr(runner, "runtime_settings", None)  # Runner has it; a duck-typed runner may not
+        if settings:
+            row["runtime"] = settings
         with progress(calls, label, quiet, unit="calls") as advance:
             logits = predict(runner, examples, 64, lambda n: advance(1))
             base = examples.feeds(0, max(config.batches))
