@@ -17,7 +17,7 @@ from hrm_deploy.engines import build, cost, worker
 from hrm_deploy.engines.build import EngineConfig, build_engine
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.manifest import manifest_path
-from tests.engines.test_worker import SHAPES, Calls, fake_tensorrt
+from tests.engines.test_worker import Calls, fake_tensorrt, worker_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SUDOKU_SIZE_UNROLL = 19_062  # the measured 16-step Sudoku-size graph's nodes
@@ -150,18 +150,7 @@ def test_large_unrolled_graph_needs_the_flag_before_any_conversion(unrolled, tmp
 def test_the_worker_reports_parsing_and_the_builders_phases(tmp_path, monkeypatch, monitor):
     calls = Calls()
     _worker_in_process(monkeypatch, fake_tensorrt(calls, progress_monitor=monitor))
-    spec = {
-        "backend": "tensorrt",
-        "onnx": "m.onnx",
-        "shapes": SHAPES,
-        "workspace_mib": 64,
-        "optimization_level": 3,
-        "compute_capability": None,
-        "timing_cache": None,
-        "out": str(tmp_path / "m.engine"),
-        "result": str(tmp_path / "result.json"),
-        "layers_out": str(tmp_path / "layers.json"),
-    }
+    spec = worker_spec(tmp_path)
     said: list[str] = []
     child = build._run_worker(spec, tmp_path / "spec.json", said.append)
     assert child.returncode == 0

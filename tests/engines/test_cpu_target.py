@@ -47,23 +47,29 @@ def test_cpu_int8_runs_integer_gemms_and_keeps_accuracy(cpu_graphs, tiny_onnx):
     assert exact["fp32"] > 85 and exact["int8"] >= exact["fp32"] - 1.0, exact
 
 
-def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
-    """A ratio measured in one run, interleaved, with a loose bound for a shared machine. The
-    tiny model's calls take ~1 ms, shorter than a scheduler time slice, so on a loaded machine a
-    call is either untouched or preempted for several ms: the fastest call of each is compared."""
-    examples = load_examples(tiny_onnx.data, 64, split="test")
-    feeds = examples.feeds(0, 64)
-    runners = {p: open_runner(g.path, threads=1) for p, g in cpu_graphs.items()}
+def _int8_over_fp32(graphs, feeds, rounds: int) -> float:
+    """Fastest INT8 call over fastest FP32 call, 1 thread each, calls interleaved round by round."""
+    runners = {p: open_runner(g.path, threads=1) for p, g in graphs.items()}
     for r in runners.values():
         r.activate()
         r.infer(feeds)
     times: dict[str, list[float]] = {p: [] for p in runners}
-    for _ in range(15):
+    for _ in range(rounds):
         for p, r in runners.items():
             start = time.perf_counter()
             r.infer(feeds)
             times[p].append(time.perf_counter() - start)
-    ratio = min(times["int8"]) / min(times["fp32"])
+    for r in runners.values():
+        r.close()
+    return min(times["int8"]) / min(times["fp32"])
+
+
+def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
+    """A ratio measured in one run, interleaved, with a loose bound for a shared machine. The
+    tiny model's calls take ~1 ms, shorter than a scheduler time slice, so on a loaded machine a
+    call is either untouched or preempted for several ms: the fastest call of each is compared."""
+    feeds = load_examples(tiny_onnx.data, 64, split="test").feeds(0, 64)
+    ratio = _int8_over_fp32(cpu_graphs, feeds, rounds=15)
     assert ratio <= 1.3, f"CPU INT8 takes {ratio:.2f}x the FP32 time"
 
 
@@ -79,17 +85,7 @@ def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(trained_small, tm
         for p in ("fp32", "int8")
     }
     feeds = load_examples(trained_small.data, 8, split="test").feeds(0, 8)
-    runners = {p: open_runner(g.path, threads=1) for p, g in graphs.items()}
-    for r in runners.values():
-        r.activate()
-        r.infer(feeds)
-    times: dict[str, list[float]] = {p: [] for p in runners}
-    for _ in range(10):
-        for p, r in runners.items():
-            start = time.perf_counter()
-            r.infer(feeds)
-            times[p].append(time.perf_counter() - start)
-    ratio = min(times["int8"]) / min(times["fp32"])
+    ratio = _int8_over_fp32(graphs, feeds, rounds=10)
     assert ratio <= 1.0, f"CPU INT8 takes {ratio:.2f}x the FP32 time on the bundled ACT model"
 
 

@@ -178,9 +178,9 @@ def fake_tensorrt(
     return trt
 
 
-def run_worker(tmp_path, monkeypatch, trt, timing_cache=None):
-    monkeypatch.setitem(sys.modules, "tensorrt", trt)
-    spec = {
+def worker_spec(tmp_path, timing_cache=None) -> dict:
+    """A build spec as build.py writes it for the worker (engine, result and layers under tmp_path)."""
+    return {
         "backend": "tensorrt",
         "onnx": "m.onnx",
         "shapes": SHAPES,
@@ -192,6 +192,11 @@ def run_worker(tmp_path, monkeypatch, trt, timing_cache=None):
         "result": str(tmp_path / "result.json"),
         "layers_out": str(tmp_path / "layers.json"),
     }
+
+
+def run_worker(tmp_path, monkeypatch, trt, timing_cache=None):
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    spec = worker_spec(tmp_path, timing_cache)
     assert worker.build(spec) == 0
     return json.loads((tmp_path / "result.json").read_text())
 
