@@ -1,6 +1,7 @@
 """TensorRT-RTX build time, peak host memory and layer counts of the Sudoku-size model (random
 weights, 16 ACT steps), FP16 and INT8, single-step and unrolled, from the folded exports
-(shape arithmetic folded out of the traced segment before the unroll is assembled).
+(shape arithmetic folded out of the traced segment and its static slices exported as gathers
+before the unroll is assembled; ``step-unfolded`` is the segment as traced).
 
 Goals (issue 13): single-step <= 1 min and <= 2 GB; unrolled <= 3 min and <= 4 GB.
 Builds run in the engine stage's child process, which reports its own wall time and peak RSS.
@@ -89,7 +90,9 @@ def main() -> None:
                     graph = make_precision_graph(export.path, PrecisionConfig(
                         precision, calib_data=str(work / "data"),
                         quant=QuantConfig(method="minmax", samples=16, batch=8)), quiet=True).path
-                entry = {"onnx_nodes": export.nodes, "folding": export.folding, **build_in_child(graph, precision, work)}
+                # each entry keeps its own load: a partial re-run leaves entries measured at other times
+                entry = {"onnx_nodes": export.nodes, "folding": export.folding, "load_average_at_start": os.getloadavg(),
+                         **build_in_child(graph, precision, work)}
                 report["builds"][f"{kind}/{precision}"] = entry
                 print(kind, precision, {k: entry.get(k) for k in ("build_seconds", "peak_host_mib", "network_layers")},
                       flush=True)

@@ -1,17 +1,19 @@
 """What a TensorRT build of an unrolled graph costs, and when it is built only on request.
 
-Measured (``benchmarks/results/trt_build_cost.json``: TensorRT-RTX 1.7 on a loaded 2-core
-machine): the folded 16-step Sudoku-size unroll (19,062 ONNX nodes) took 1,267 s and 4.8 GB of
-peak host memory to build in FP16, 183 s and 7.3 GB in INT8; its single-step graph 45-48 s and at
-most 2.5 GB. Issue 13 allows an unrolled build 3 minutes and 4 GB; an unrolled graph whose
-estimate is over that is refused unless asked for (``EngineConfig.allow_unrolled``,
-``build-engine --allow-unrolled``), and the estimate is printed before such a build starts.
+Measured (``benchmarks/results/trt_build_cost.json``: TensorRT-RTX 1.7 on a 2-core machine): the
+folded 16-step Sudoku-size unroll took 501 s and 3.9 GB of peak host memory to build in FP16 (19,830
+ONNX nodes, static slices as gathers), 183 s and 7.3 GB in INT8 (19,062 nodes, measured before the
+slices became gathers); its single-step graph about 5 s and 0.6 GB. Issue 13 allows an unrolled
+build 3 minutes and 4 GB; an unrolled graph whose estimate is over that is refused unless asked for
+(``EngineConfig.allow_unrolled``, ``build-engine --allow-unrolled``), and the estimate is printed
+before such a build starts.
 
 The estimate scales the measured build of the same precision (FP16's for FP32 and BF16, which
 were not measured) by the graph's compute nodes: every node except Cast and Q/DQ, which the
 precision conversion adds and TensorRT fuses away, so an export and its FP16/INT8 graphs count
 alike. It is an upper estimate for small models: the bundled ``sudoku-small`` unroll (hidden 64,
-2,484 compute nodes) built in 18 s where Sudoku-size scaling says 165 s.
+2,484 compute nodes) built in 18 s where Sudoku-size scaling (of the older 1,267 s measurement)
+said 165 s.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import Any
 
 from hrm_deploy.errors import ConfigError
 
-MEASURED_NODES = 19_062  # the folded 16-step Sudoku-size FP32 export
-MEASURED = {"fp16": (1267.28, 4831.4), "int8": (183.48, 7293.3)}  # precision -> (build seconds, peak host MiB)
+# precision -> (ONNX nodes, build seconds, peak host MiB) of the folded 16-step Sudoku-size unroll
+MEASURED = {"fp16": (19_830, 501.42, 3940.0), "int8": (19_062, 183.48, 7293.3)}
 BUDGET_SECONDS, BUDGET_MIB = 180.0, 4096.0  # issue 13's goal for an unrolled build
 FUSED_OPS = frozenset({"Cast", "QuantizeLinear", "DequantizeLinear"})
 
@@ -48,11 +50,11 @@ class BuildCost:
     def describe(self) -> str:
         """``about 22 min and 4.7 GB of host memory (estimate: ...)``."""
         measured = "int8" if self.precision == "int8" else "fp16"
-        seconds, mib = MEASURED[measured]
+        nodes, seconds, mib = MEASURED[measured]
         return (
             f"about {_duration(self.seconds)} and {self.peak_mib / 1024:.1f} GB of host memory (estimate: the "
             f"measured 16-step Sudoku-size {measured.upper()} build, {seconds:,.0f} s and {mib / 1024:.1f} GB for "
-            f"{MEASURED_NODES:,} nodes on a 2-core machine, benchmarks/results/trt_build_cost.json, scaled to "
+            f"{nodes:,} nodes on a 2-core machine, benchmarks/results/trt_build_cost.json, scaled to "
             f"{self.nodes:,} compute nodes)"
         )
 
@@ -70,8 +72,8 @@ def _duration(seconds: float) -> str:
 
 def estimate_unrolled_build(nodes: int, precision: str) -> BuildCost:
     """The build cost of an unrolled graph of ``nodes`` compute nodes, scaled from the measurement."""
-    seconds, mib = MEASURED["int8" if precision == "int8" else "fp16"]
-    scale = nodes / MEASURED_NODES
+    measured_nodes, seconds, mib = MEASURED["int8" if precision == "int8" else "fp16"]
+    scale = nodes / measured_nodes
     return BuildCost(nodes, precision, seconds * scale, mib * scale)
 
 
