@@ -47,7 +47,7 @@ def _static_u8s8(fp32: Path, out: Path, data: str, samples: int, work: Path) -> 
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.engines.cpu import _restore_metadata, optimize_offline
     from hrm_deploy.export.metadata import graph_metadata
-    from hrm_deploy.precision.int8 import QuantConfig, _calibrate, _quiet_ort, plan_nodes
+    from hrm_deploy.precision.int8 import QuantConfig, _calibrate, quiet_ort, plan_nodes
 
     model = onnx.load(str(fp32))
     meta = graph_metadata(model)
@@ -61,7 +61,7 @@ def _static_u8s8(fp32: Path, out: Path, data: str, samples: int, work: Path) -> 
     quant = QuantConfig(method="minmax", samples=samples, batch=4)
     _calibrate(str(fp32), tensors, examples, quant, meta["mode"], meta["steps"], cache, None)
     qdq = work / "static.qdq.onnx"
-    with _quiet_ort():
+    with quiet_ort():
         quantize_static(str(fp32), str(qdq), None, quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         nodes_to_quantize=plan.quantize, op_types_to_quantize=["MatMul"],

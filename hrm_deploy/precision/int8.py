@@ -9,7 +9,9 @@ int32 bias DequantizeLinear). Norms, softmax, residual adds, embeddings and the 
 
 Calibration runs the model through all ACT steps: the unrolled graph contains every step
 (each step's MatMul is its own node, with its own activation range); a single-step graph is
-driven segment by segment with the FP32 carry, and every segment's feeds are calibrated.
+driven segment by segment, its carry read from the same run that reads the ranges, so one
+range covers every step. Ranges are reduced inside the graph on ONNX Runtime, on CUDA when
+this onnxruntime has it (:func:`calibration_providers`).
 """
 
 from __future__ import annotations
@@ -111,59 +113,90 @@ def _restrict_qdq_to_matmul_inputs(path: str) -> None:
     onnx.save(model, path)
 
 
-class _Reader:
-    """ORT CalibrationDataReader over the examples; for a single-step graph each batch is
-    driven through every segment with an FP32 session, yielding each segment's feeds."""
+CARRY = ("z_H_out", "z_L_out")  # a single-step graph's carry, fed back as z_H / z_L
+RANGES_OUTPUT = "hrm_deploy_calib/absmax"  # minmax: one vector, max |x| of every calibrated tensor
 
-    def __init__(
-        self,
-        examples: Examples,
-        batch: int,
-        fp32_path: str,
-        mode: str,
-        steps: int,
-        on_feed: Callable[[], None] | None = None,
-    ):
-        self.examples, self.batch, self.mode, self.steps = examples, batch, mode, steps
-        self.fp32_path, self.on_feed = fp32_path, on_feed
-        self._iter: Iterator[dict[str, np.ndarray]] | None = None
-        self.fed = 0
 
-    def _feeds(self) -> Iterator[dict[str, np.ndarray]]:
-        session = None
-        if self.mode == "step":
-            from hrm_deploy.export.parity import ort_session
+def calibration_providers() -> list[str]:
+    """ONNX Runtime providers calibration runs on: CUDA when this onnxruntime offers it (the
+    GPU build), with CPU as the fallback for what CUDA does not run; CPU alone otherwise."""
+    import onnxruntime as ort
 
-            session = ort_session(self.fp32_path)
-        for start in range(0, len(self.examples), self.batch):
-            feeds = self.examples.feeds(start, start + self.batch)
-            self.fed += len(feeds["inputs"])
-            if session is None:
-                yield feeds
-                continue
-            shape = next(i.shape for i in session.get_inputs() if i.name == "z_H")
-            n = len(feeds["inputs"])
-            z_H = np.zeros((n, shape[1], shape[2]), np.float32)
-            z_L = np.zeros_like(z_H)
-            for step in range(self.steps):
-                step_feeds = {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full((n,), step == 0)}
-                yield step_feeds
-                z_H, z_L = session.run(["z_H_out", "z_L_out"], step_feeds)
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
 
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        if self._iter is None:
-            self._iter = self._feeds()
-        feeds = next(self._iter, None)
-        if feeds is not None and self.on_feed:
-            self.on_feed()
-        return feeds
 
-    def rewind(self) -> None:
-        self._iter = None
+def _runs(examples: Examples, batch: int, mode: str, steps: int) -> int:
+    """Session runs of one calibration pass: one per batch, times ``steps`` for a single-step graph."""
+    return -(-len(examples) // batch) * (steps if mode == "step" else 1)
 
-    def __len__(self) -> int:
-        batches = -(-len(self.examples) // self.batch)
-        return batches * (self.steps if self.mode == "step" else 1)
+
+def _drive(session, fetch: list[str], examples: Examples, batch: int, mode: str, steps: int) -> Iterator[list]:
+    """Run the examples through ``session`` batch by batch, yielding the ``fetch`` outputs of each
+    run. A single-step graph runs ``steps`` times per batch from a zero carry (``reset`` on the
+    first step, as the host loop does) and reads its next carry from the same run, so ranges
+    cost one pass over the data, not a float pass plus a collecting pass."""
+    if mode == "step":
+        dims = next(i.shape for i in session.get_inputs() if i.name == "z_H")
+    for start in range(0, len(examples), batch):
+        feeds = examples.feeds(start, start + batch)
+        if mode != "step":
+            yield session.run(fetch, feeds)
+            continue
+        n = len(feeds["inputs"])
+        z_H = np.zeros((n, dims[1], dims[2]), np.float32)
+        z_L = np.zeros_like(z_H)
+        for step in range(steps):
+            step_feeds = {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full((n,), step == 0)}
+            z_H, z_L, *values = session.run([*CARRY, *fetch], step_feeds)
+            yield values
+
+
+def _with_range_outputs(model, tensors: list[str], method: str) -> list[str]:
+    """Add what calibration reads to ``model`` (in place); returns the output names to fetch.
+
+    minmax: Abs -> ReduceMax per tensor inside the graph (ORT's threads, no activation copied
+    out), the scalars concatenated into one vector output, so a run returns one small array
+    instead of hundreds. entropy/percentile need the values: each tensor becomes an output."""
+    from onnx import TensorProto, helper
+
+    if method != "minmax":
+        present = {o.name for o in model.graph.output}
+        for name in tensors:
+            if name not in present:
+                model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+        return list(tensors)
+    flat = f"{RANGES_OUTPUT}/shape_1"
+    model.graph.initializer.append(helper.make_tensor(flat, TensorProto.INT64, [1], [1]))
+    peaks = []
+    for i, name in enumerate(tensors):
+        base = f"{RANGES_OUTPUT}/{i}"
+        model.graph.node.extend(
+            [
+                helper.make_node("Abs", [name], [f"{base}/abs"], name=f"{base}/Abs"),
+                helper.make_node("ReduceMax", [f"{base}/abs"], [f"{base}/max"], name=f"{base}/ReduceMax", keepdims=1),
+                helper.make_node("Reshape", [f"{base}/max", flat], [f"{base}/peak"], name=f"{base}/Reshape"),
+            ]
+        )
+        peaks.append(f"{base}/peak")
+    model.graph.node.append(helper.make_node("Concat", peaks, [RANGES_OUTPUT], name=f"{RANGES_OUTPUT}/Concat", axis=0))
+    model.graph.output.append(helper.make_tensor_value_info(RANGES_OUTPUT, TensorProto.FLOAT, [len(tensors)]))
+    return [RANGES_OUTPUT]
+
+
+def _range_session(fp32_path: str, tensors: list[str], method: str):
+    """One ONNX Runtime session over the FP32 graph plus the range outputs of ``tensors``, on
+    :func:`calibration_providers`. Returns (session, output names to fetch per run)."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(fp32_path)
+    fetch = _with_range_outputs(model, tensors, method)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=calibration_providers())
+    return session, fetch
 
 
 def calibration_key(onnx_sha: str, method: str, data_sha: str, samples: int, mode_steps: str) -> str:
@@ -203,11 +236,8 @@ def _calibrate(
 
     ORT's own calibrators first add ReduceMin/Max (or output) nodes for every tensor and rebuild
     a value-info map per tensor: quadratic in graph size, hours on a 16-step Sudoku unroll. Here
-    only the tensors that get Q/DQ become extra outputs, ranges are reduced batch by batch, and
-    ORT's HistogramCollector does entropy/percentile."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
+    only the tensors that get Q/DQ are read (:func:`_range_session`), ranges are reduced run by
+    run, and ORT's HistogramCollector does entropy/percentile."""
     from onnxruntime.quantization.calibrate import (
         CalibrationMethod,
         HistogramCollector,
@@ -215,31 +245,8 @@ def _calibrate(
         save_tensors_data,
     )
 
-    model = onnx.load(fp32_path)
-    fetch = list(tensors)
-    if config.method == "minmax":
-        # The reduction runs inside the graph (Abs -> ReduceMax to a scalar, ORT's threads), so
-        # no activation is copied out: range collection costs little over plain inference.
-        fetch = [f"{name}__calib_absmax" for name in tensors]
-        for name, out in zip(tensors, fetch):
-            model.graph.node.extend(
-                [
-                    helper.make_node("Abs", [name], [f"{out}__abs"], name=f"{out}/Abs"),
-                    helper.make_node("ReduceMax", [f"{out}__abs"], [out], name=f"{out}/ReduceMax", keepdims=0),
-                ]
-            )
-            model.graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, []))
-    else:
-        present = {o.name for o in model.graph.output}
-        for name in tensors:
-            if name not in present:
-                model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    del model
-    reader = _Reader(examples, config.batch, fp32_path, mode, steps, on_feed)
-    peaks = {name: 0.0 for name in tensors}
+    session, fetch = _range_session(fp32_path, tensors, config.method)
+    peaks = np.zeros(len(tensors), np.float32)
     collector = None
     if config.method != "minmax":
         collector = HistogramCollector(
@@ -250,16 +257,17 @@ def _calibrate(
             percentile=config.percentile,
             scenario="same",
         )
-    while (feeds := reader.get_next()) is not None:
-        values = dict(zip(tensors, session.run(fetch, feeds)))
+    for values in _drive(session, fetch, examples, config.batch, mode, steps):
         if collector is None:
-            for name, value in values.items():  # value: max |x| of this batch (a scalar)
-                peaks[name] = max(peaks[name], float(value))
+            np.maximum(peaks, values[0], out=peaks)  # values[0]: max |x| of this run, per tensor
         else:
             with contextlib.redirect_stdout(io.StringIO()):  # ORT's collector prints per batch
-                collector.collect({name: [value] for name, value in values.items()})
+                collector.collect({name: [value] for name, value in zip(tensors, values)})
+        if on_feed:
+            on_feed()
+    del session
     if collector is None:
-        ranges = {name: (np.array(-p, np.float32), np.array(p, np.float32)) for name, p in peaks.items()}
+        ranges = {name: (np.array(-p, np.float32), np.array(p, np.float32)) for name, p in zip(tensors, peaks)}
         data = TensorsData(CalibrationMethod.MinMax, ranges)
     else:
         method = CalibrationMethod.Entropy if config.method == "entropy" else CalibrationMethod.Percentile
@@ -324,7 +332,7 @@ def quantize_int8(
         cache_file.unlink()  # derived data: a damaged cache is recomputed, never used
     if not cache_file.is_file():
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        total = len(_Reader(examples, config.batch, fp32_path, mode, steps))
+        total = _runs(examples, config.batch, mode, steps)
         with _progress(total, "calibrating", quiet) as on_feed:
             _calibrate(fp32_path, tensors, examples, config, mode, steps, cache_file, on_feed)
     with quiet_ort():
