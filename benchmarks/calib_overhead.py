@@ -2,14 +2,16 @@
 
 Both arms run in one process on the same providers (``calibration_providers``), driven by the
 calibration's own loop (``_drive``: one run per batch of the unrolled graph, ``steps`` runs per
-batch of the single-step graph), and they alternate run by run (ABBA order), so a shared
+batch of the single-step graph; the collecting arm also reduces each run's outputs as
+calibration does, ``_Ranges``), and they alternate run by run (ABBA order), so a shared
 machine's load falls on both alike. Reported per graph: session setup of each arm (plain: the
 session over the FP32 file; collection: load, add the range outputs, session), run seconds,
 the median of the run-by-run ratios, and the overhead with setup included, also extrapolated
 to the default K (setup once, runs scaling with K).
 
 * Sudoku-size model (random weights, 16 ACT steps), single-step and unrolled graphs, small K;
-* the bundled ACT model (``DEFAULT_PRESET``, 8 steps), both graphs, the default K;
+* the bundled ACT model (``DEFAULT_PRESET``, 8 steps), both graphs, the default K, minmax and
+  entropy (histograms of the activations copied out of ORT);
 * with ``--default-total``: the whole default INT8 conversion (K=128 minmax) of the Sudoku-size
   single-step graph, wall seconds (the goal: <= 5 minutes on 2 cores).
 
@@ -52,7 +54,7 @@ def paired(path: Path, examples, batch: int, rounds: int = 1, method: str = "min
     import onnxruntime as ort
 
     from hrm_deploy.export.metadata import graph_metadata
-    from hrm_deploy.precision.int8 import _drive, _range_session, _runs, calibration_providers
+    from hrm_deploy.precision.int8 import QuantConfig, _drive, _range_session, _Ranges, _runs, calibration_providers
 
     meta = graph_metadata(onnx.load(str(path), load_external_data=False))
     mode, steps = meta["mode"], meta["steps"]
@@ -66,11 +68,18 @@ def paired(path: Path, examples, batch: int, rounds: int = 1, method: str = "min
     plain, plain_setup, _ = _timed(plain_session)
     (collect, fetch), collect_setup, _ = _timed(lambda: _range_session(str(path), tensors, method))
 
-    def passes(session, outputs):
+    def passes(session, outputs, ranges=None):
         for _ in range(rounds):
-            yield from _drive(session, outputs, examples, batch, mode, steps)
+            for values in _drive(session, outputs, examples, batch, mode, steps):
+                if ranges is not None:
+                    ranges.add(values)  # the per-run reduction (a running max, or histograms)
+                yield
 
-    arms = {"plain": passes(plain, [] if mode == "step" else ["logits"]), "collect": passes(collect, fetch)}
+    quant = QuantConfig(method=method, samples=len(examples), batch=batch)
+    arms = {
+        "plain": passes(plain, [] if mode == "step" else ["logits"]),
+        "collect": passes(collect, fetch, _Ranges(tensors, quant)),
+    }
     wall: dict[str, list[float]] = {"plain": [], "collect": []}
     cpu: dict[str, list[float]] = {"plain": [], "collect": []}
     runs = _runs(examples, batch, mode, steps) * rounds
@@ -130,7 +139,7 @@ def sudoku_size(work: Path, k: int, batch: int, rounds: int) -> dict:
     return result
 
 
-def bundled(work: Path, k: int, batch: int, rounds: int) -> dict:
+def bundled(work: Path, k: int, batch: int, rounds: int, methods: list[str]) -> dict:
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
@@ -143,7 +152,7 @@ def bundled(work: Path, k: int, batch: int, rounds: int) -> dict:
     for mode in ("step", "unrolled"):
         out = work / f"bundled.{mode}.onnx"
         path = export_onnx(bundled_checkpoint(), out, ExportConfig(mode=mode, parity=False), quiet=True).path
-        result[mode] = paired(path, examples, batch, rounds)
+        result[mode] = {method: paired(path, examples, batch, rounds, method) for method in methods}
     return result
 
 
@@ -153,19 +162,17 @@ def default_total(work: Path) -> dict:
     from hrm_deploy.precision.int8 import QuantConfig
 
     quant = QuantConfig()
-    start = time.perf_counter()
-    result = make_precision_graph(
-        work / "sudoku.step.onnx",
-        PrecisionConfig("int8", calib_data=str(work / "sudoku-data"), cache_dir=str(work / "calib")),
-        out=work / "sudoku.step.int8.onnx",
-        quiet=True,
+    config = PrecisionConfig("int8", calib_data=str(work / "sudoku-data"), cache_dir=str(work / "calib"))
+    result, wall, cpu = _timed(
+        lambda: make_precision_graph(work / "sudoku.step.onnx", config, out=work / "sudoku.step.int8.onnx", quiet=True)
     )
     manifest = json.loads(result.manifest.read_text())
     return {
         "method": quant.method,
         "k": quant.samples,
         "batch": quant.batch,
-        "wall_s": round(time.perf_counter() - start, 1),
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),  # all threads: on 2 dedicated cores the wall is about cpu_s / 2
         "stage_s": manifest.get("timings"),
         "goal_s": 300,
     }
@@ -178,6 +185,7 @@ def main() -> None:
     parser.add_argument("--sudoku-rounds", type=int, default=2)
     parser.add_argument("--bundled-k", type=int, default=128)
     parser.add_argument("--bundled-rounds", type=int, default=3)
+    parser.add_argument("--bundled-methods", default="minmax,entropy")
     parser.add_argument("--default-total", action="store_true")
     parser.add_argument("--out", default="benchmarks/results/calib_overhead.json")
     args = parser.parse_args()
@@ -187,7 +195,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        report["bundled"] = bundled(work, args.bundled_k, 32, args.bundled_rounds)
+        report["bundled"] = bundled(work, args.bundled_k, 32, args.bundled_rounds, args.bundled_methods.split(","))
         report["sudoku_size"] = sudoku_size(work, args.sudoku_k, args.sudoku_batch, args.sudoku_rounds)
         if args.default_total:
             report["sudoku_size_step_default"] = default_total(work)
