@@ -77,6 +77,7 @@ def ort_session(
     log_severity: LogSeverity = LogSeverity.ERROR,
     allow_fallback: bool = False,
     spinning: bool = True,
+    priority_order: bool = False,
 ) -> Any:
     """An ``onnxruntime.InferenceSession`` for ``model`` (a path or the serialized graph).
 
@@ -87,7 +88,9 @@ def ort_session(
     core). ``optimized_model_path`` makes ORT save the graph after its ``optimization`` passes
     there (the ``cpu`` target's offline optimization). ``spinning=False`` stops the intra-op
     threads busy-waiting between runs: for callers that alternate ORT with other CPU work (parity
-    alternates with PyTorch, whose OpenMP threads the spinning starves).
+    alternates with PyTorch, whose OpenMP threads the spinning starves). ``priority_order`` runs
+    each node as soon as it can (``ExecutionOrder.PRIORITY_BASED``): reductions added to a graph
+    then free the activations they read early (INT8 range collection).
     """
     wanted = provider_name(provider)
     ort = require("onnxruntime", "onnx", "Running ONNX graphs")
@@ -100,6 +103,8 @@ def ort_session(
         options.optimized_model_filepath = str(optimized_model_path)
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if priority_order:
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     providers = [wanted] + ([CPU] if wanted != CPU else [])
     session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), options, providers=providers)
     used = session.get_providers()[0]

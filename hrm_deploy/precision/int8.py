@@ -9,7 +9,9 @@ int32 bias DequantizeLinear). Norms, softmax, residual adds, embeddings and the 
 
 Calibration runs the model through all ACT steps: the unrolled graph contains every step
 (each step's MatMul is its own node, with its own activation range); a single-step graph is
-driven segment by segment with the FP32 carry, and every segment's feeds are calibrated.
+driven segment by segment, its carry read from the same run that reads the ranges, so one
+range covers every step. Ranges are reduced inside the graph on ONNX Runtime, on CUDA when
+this onnxruntime has it (:func:`calibration_provider`).
 """
 
 from __future__ import annotations
@@ -111,57 +113,91 @@ def _restrict_qdq_to_matmul_inputs(path: str) -> None:
     onnx.save(model, path)
 
 
-class _Reader:
-    """ORT CalibrationDataReader over the examples; for a single-step graph each batch is
-    driven through every segment with an FP32 session, yielding each segment's feeds."""
+CARRY = ("z_H_out", "z_L_out")  # a single-step graph's carry, fed back as z_H / z_L
+RANGES_OUTPUT = "hrm_deploy_calib/absmax"  # minmax: one vector, max |x| of every calibrated tensor
 
-    def __init__(
-        self,
-        examples: Examples,
-        batch: int,
-        fp32_path: str,
-        mode: str,
-        steps: int,
-        on_feed: Callable[[], None] | None = None,
-    ):
-        self.examples, self.batch, self.mode, self.steps = examples, batch, mode, steps
-        self.fp32_path, self.on_feed = fp32_path, on_feed
-        self._iter: Iterator[dict[str, np.ndarray]] | None = None
-        self.fed = 0
 
-    def _feeds(self) -> Iterator[dict[str, np.ndarray]]:
-        session = None
-        if self.mode == "step":
-            session = ort_session(self.fp32_path)
-        for start in range(0, len(self.examples), self.batch):
-            feeds = self.examples.feeds(start, start + self.batch)
-            self.fed += len(feeds["inputs"])
-            if session is None:
-                yield feeds
-                continue
-            shape = next(i.shape for i in session.get_inputs() if i.name == "z_H")
-            n = len(feeds["inputs"])
-            z_H = np.zeros((n, shape[1], shape[2]), np.float32)
-            z_L = np.zeros_like(z_H)
-            for step in range(self.steps):
-                step_feeds = {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full((n,), step == 0)}
-                yield step_feeds
-                z_H, z_L = session.run(["z_H_out", "z_L_out"], step_feeds)
+def calibration_provider() -> str:
+    """The ONNX Runtime provider calibration runs on: ``cuda`` when this onnxruntime offers it
+    (the GPU build; CPU takes what CUDA does not run), ``cpu`` otherwise."""
+    import onnxruntime as ort
 
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        if self._iter is None:
-            self._iter = self._feeds()
-        feeds = next(self._iter, None)
-        if feeds is not None and self.on_feed:
-            self.on_feed()
-        return feeds
+    return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
 
-    def rewind(self) -> None:
-        self._iter = None
 
-    def __len__(self) -> int:
-        batches = -(-len(self.examples) // self.batch)
-        return batches * (self.steps if self.mode == "step" else 1)
+def _runs(examples: Examples, batch: int, mode: str, steps: int) -> int:
+    """Session runs of one calibration pass: one per batch, times ``steps`` for a single-step graph."""
+    return -(-len(examples) // batch) * (steps if mode == "step" else 1)
+
+
+def _drive(session, fetch: list[str], examples: Examples, batch: int, mode: str, steps: int) -> Iterator[list]:
+    """Run the examples through ``session`` batch by batch, yielding the ``fetch`` outputs of each
+    run. A single-step graph runs ``steps`` times per batch from a zero carry (``reset`` on the
+    first step, as the host loop does) and reads its next carry from the same run, so ranges
+    cost one pass over the data, not a float pass plus a collecting pass."""
+    if mode == "step":
+        dims = next(i.shape for i in session.get_inputs() if i.name == "z_H")
+    for start in range(0, len(examples), batch):
+        feeds = examples.feeds(start, start + batch)
+        if mode != "step":
+            yield session.run(fetch, feeds)
+            continue
+        n = len(feeds["inputs"])
+        z_H = np.zeros((n, dims[1], dims[2]), np.float32)
+        z_L = np.zeros_like(z_H)
+        for step in range(steps):
+            step_feeds = {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full((n,), step == 0)}
+            z_H, z_L, *values = session.run([*CARRY, *fetch], step_feeds)
+            yield values
+
+
+def _with_range_outputs(model, tensors: list[str], method: str) -> list[str]:
+    """Add what calibration reads to ``model`` (in place); returns the output names to fetch.
+
+    minmax: Abs -> ReduceMax per tensor inside the graph (ORT's threads, no activation copied
+    out), the scalars concatenated into one vector output, so a run returns one small array
+    instead of hundreds. entropy/percentile need the values: each tensor becomes an output."""
+    from onnx import TensorProto, helper
+
+    if method != "minmax":
+        present = {o.name for o in model.graph.output}
+        for name in tensors:
+            if name not in present:
+                model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+        return list(tensors)
+    flat = f"{RANGES_OUTPUT}/shape_1"
+    model.graph.initializer.append(helper.make_tensor(flat, TensorProto.INT64, [1], [1]))
+    peaks = []
+    for i, name in enumerate(tensors):
+        base = f"{RANGES_OUTPUT}/{i}"
+        model.graph.node.extend(
+            [
+                helper.make_node("Abs", [name], [f"{base}/abs"], name=f"{base}/Abs"),
+                helper.make_node("ReduceMax", [f"{base}/abs"], [f"{base}/max"], name=f"{base}/ReduceMax", keepdims=1),
+                helper.make_node("Reshape", [f"{base}/max", flat], [f"{base}/peak"], name=f"{base}/Reshape"),
+            ]
+        )
+        peaks.append(f"{base}/peak")
+    model.graph.node.append(helper.make_node("Concat", peaks, [RANGES_OUTPUT], name=f"{RANGES_OUTPUT}/Concat", axis=0))
+    model.graph.output.append(helper.make_tensor_value_info(RANGES_OUTPUT, TensorProto.FLOAT, [len(tensors)]))
+    return [RANGES_OUTPUT]
+
+
+def _range_session(fp32_path: str, tensors: list[str], method: str):
+    """One ONNX Runtime session over the FP32 graph plus the range outputs of ``tensors``, on
+    :func:`calibration_provider`. Returns (session, output names to fetch per run)."""
+    import onnx
+
+    model = onnx.load(fp32_path)
+    fetch = _with_range_outputs(model, tensors, method)
+    serialized = model.SerializeToString()
+    del model  # one copy of the weights at a time besides the session's
+    # ORT's default order runs the reductions late and keeps every calibrated activation alive
+    # until then (4x the plain peak memory on the bundled unroll, GBs on a 16-step Sudoku unroll,
+    # and runs up to 1.5x slower); the priority-based order runs each one as soon as it can.
+    # A GPU provider that cannot load falls back to CPU: the ranges are the same, only slower.
+    session = ort_session(serialized, provider=calibration_provider(), allow_fallback=True, priority_order=True)
+    return session, fetch
 
 
 def calibration_key(onnx_sha: str, method: str, data_sha: str, samples: int, mode_steps: str) -> str:
@@ -174,6 +210,45 @@ def _progress(total: int, label: str, quiet: bool):
     from hrm_deploy.progress import progress
 
     return progress(total, label, quiet, unit="batches")
+
+
+class _Ranges:
+    """Ranges accumulated run by run: a running max |x| per tensor for minmax, ORT's
+    HistogramCollector for entropy/percentile. ``add`` takes one run's fetched outputs."""
+
+    def __init__(self, tensors: list[str], config: QuantConfig):
+        from onnxruntime.quantization.calibrate import HistogramCollector
+
+        self.tensors, self.method = tensors, config.method
+        self.peaks = np.zeros(len(tensors), np.float32)
+        self.collector = None
+        if config.method != "minmax":
+            self.collector = HistogramCollector(
+                method=config.method,
+                symmetric=True,
+                num_bins=128,
+                num_quantized_bins=128,
+                percentile=config.percentile,
+                scenario="same",
+            )
+
+    def add(self, values: list) -> None:
+        if self.collector is None:
+            np.maximum(self.peaks, values[0], out=self.peaks)  # values[0]: max |x| of this run, per tensor
+        else:
+            with contextlib.redirect_stdout(io.StringIO()):  # ORT's collector prints per batch
+                self.collector.collect({name: [value] for name, value in zip(self.tensors, values)})
+
+    def tensors_data(self):
+        """The ranges as ORT's ``TensorsData`` (what its calibration cache holds)."""
+        from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
+
+        if self.collector is None:
+            ranges = {n: (np.array(-p, np.float32), np.array(p, np.float32)) for n, p in zip(self.tensors, self.peaks)}
+            return TensorsData(CalibrationMethod.MinMax, ranges)
+        method = CalibrationMethod.Entropy if self.method == "entropy" else CalibrationMethod.Percentile
+        with contextlib.redirect_stdout(io.StringIO()):
+            return TensorsData(method, self.collector.compute_collection_result())
 
 
 def _calibrate(
@@ -190,69 +265,21 @@ def _calibrate(
 
     ORT's own calibrators first add ReduceMin/Max (or output) nodes for every tensor and rebuild
     a value-info map per tensor: quadratic in graph size, hours on a 16-step Sudoku unroll. Here
-    only the tensors that get Q/DQ become extra outputs, ranges are reduced batch by batch, and
-    ORT's HistogramCollector does entropy/percentile."""
-    import onnx
-    from onnx import TensorProto, helper
-    from onnxruntime.quantization.calibrate import (
-        CalibrationMethod,
-        HistogramCollector,
-        TensorsData,
-        save_tensors_data,
-    )
+    only the tensors that get Q/DQ are read (:func:`_range_session`), in one pass over the data
+    (:func:`_drive`), and reduced run by run (:class:`_Ranges`)."""
+    from onnxruntime.quantization.calibrate import save_tensors_data
 
-    model = onnx.load(fp32_path)
-    fetch = list(tensors)
-    if config.method == "minmax":
-        # The reduction runs inside the graph (Abs -> ReduceMax to a scalar, ORT's threads), so
-        # no activation is copied out: range collection costs little over plain inference.
-        fetch = [f"{name}__calib_absmax" for name in tensors]
-        for name, out in zip(tensors, fetch):
-            model.graph.node.extend(
-                [
-                    helper.make_node("Abs", [name], [f"{out}__abs"], name=f"{out}/Abs"),
-                    helper.make_node("ReduceMax", [f"{out}__abs"], [out], name=f"{out}/ReduceMax", keepdims=0),
-                ]
-            )
-            model.graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, []))
-    else:
-        present = {o.name for o in model.graph.output}
-        for name in tensors:
-            if name not in present:
-                model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-    session = ort_session(model.SerializeToString())
-    del model
-    reader = _Reader(examples, config.batch, fp32_path, mode, steps, on_feed)
-    peaks = {name: 0.0 for name in tensors}
-    collector = None
-    if config.method != "minmax":
-        collector = HistogramCollector(
-            method=config.method,
-            symmetric=True,
-            num_bins=128,
-            num_quantized_bins=128,
-            percentile=config.percentile,
-            scenario="same",
-        )
-    while (feeds := reader.get_next()) is not None:
-        values = dict(zip(tensors, session.run(fetch, feeds)))
-        if collector is None:
-            for name, value in values.items():  # value: max |x| of this batch (a scalar)
-                peaks[name] = max(peaks[name], float(value))
-        else:
-            with contextlib.redirect_stdout(io.StringIO()):  # ORT's collector prints per batch
-                collector.collect({name: [value] for name, value in values.items()})
-    if collector is None:
-        ranges = {name: (np.array(-p, np.float32), np.array(p, np.float32)) for name, p in peaks.items()}
-        data = TensorsData(CalibrationMethod.MinMax, ranges)
-    else:
-        method = CalibrationMethod.Entropy if config.method == "entropy" else CalibrationMethod.Percentile
-        with contextlib.redirect_stdout(io.StringIO()):
-            data = TensorsData(method, collector.compute_collection_result())
     from hrm_deploy.io import atomic_path
 
+    session, fetch = _range_session(fp32_path, tensors, config.method)
+    ranges = _Ranges(tensors, config)
+    for values in _drive(session, fetch, examples, config.batch, mode, steps):
+        ranges.add(values)
+        if on_feed:
+            on_feed()
+    del session
     with atomic_path(cache_file) as tmp:  # a killed calibration leaves no half-written cache
-        save_tensors_data(data, str(tmp))
+        save_tensors_data(ranges.tensors_data(), str(tmp))
 
 
 def _cache_readable(cache_file: Path) -> bool:
@@ -308,7 +335,7 @@ def quantize_int8(
         cache_file.unlink()  # derived data: a damaged cache is recomputed, never used
     if not cache_file.is_file():
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        total = len(_Reader(examples, config.batch, fp32_path, mode, steps))
+        total = _runs(examples, config.batch, mode, steps)
         with _progress(total, "calibrating", quiet) as on_feed:
             _calibrate(fp32_path, tensors, examples, config, mode, steps, cache_file, on_feed)
     with quiet_ort():
