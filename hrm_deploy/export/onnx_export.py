@@ -50,8 +50,7 @@ class ExportConfig:
     parity: bool = True
     parity_batches: tuple[int, ...] = (1, 2)
     external_data: bool | None = None  # None: automatic above ~1.5 GB of weights
-    # fold the traced pieces' shape arithmetic (onnxslim) and turn their static slices into gathers
-    # before the unroll is assembled (TensorRT builds no shape layers for them)
+    # fold the traced pieces' shape arithmetic (onnxslim) before the unroll is assembled
     fold: bool = True
 
     def __post_init__(self) -> None:
@@ -139,13 +138,10 @@ def _restore_table(model: onnx.ModelProto, core, table) -> None:
 def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = None):
     """Trace (embedding + init) and one ACT segment; returns their ONNX models. With ``fold``
     their shape arithmetic is folded (:func:`hrm_deploy.export.graph.fold_constants`, on the
-    embedding before a large puzzle table is put back), the segment's static slices become
-    gathers (:func:`hrm_deploy.export.slicing.slices_to_gathers`; the embedding has none) and
-    node counts go into ``folding``."""
+    embedding before a large puzzle table is put back) and node counts go into ``folding``."""
     import torch
 
     from hrm_deploy.export.graph import fold_constants
-    from hrm_deploy.export.slicing import slices_to_gathers
 
     folding = folding if folding is not None else {}
 
@@ -173,7 +169,6 @@ def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = No
     )
     if fold:
         step, folding["segment"] = fold_constants(step)
-        step, folding["segment"]["slices_to_gathers"] = slices_to_gathers(step)
     return embed, step
 
 

@@ -46,8 +46,9 @@ def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkey
     assert manifest["backend"]["name"] == "tensorrt-rtx" and manifest["compute_capability"] == "SM120"
     assert manifest["precision"] == precision and manifest["profile_shapes"]["inputs"][2] == [16, 81]
     assert manifest["onnx_sha256"] and manifest["build"]["build_seconds"] > 0
+    assert manifest["graph_rewrites"]["slices_to_gathers"] > 0
     network = manifest["build"]["network"]
-    # static slices are exported as gathers (export.slicing): the parser no longer rebuilds each
+    # static slices are parsed as gathers (engines.build._for_tensorrt): the parser no longer rebuilds each
     # one's bounds from the run-time shape; INT64 was 2/3 of the layers, the embedding's expand is left
     assert network["output_dtypes"].get("INT64", 0) < 0.2 * network["layers"]
     if dtype_key:

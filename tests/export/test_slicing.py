@@ -3,7 +3,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from hrm_deploy.export import slicing
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 from hrm_deploy.export.parity import ort_session, sample_inputs
 from hrm_deploy.export.slicing import INDEX_PREFIX, slices_to_gathers
@@ -86,16 +85,15 @@ def test_a_graph_without_static_slices_is_returned_as_is():
 
 
 @pytest.mark.parametrize("mode", ["unrolled", "step"])
-def test_export_has_no_slices_left_and_the_same_outputs(tmp_path, tiny_model, monkeypatch, mode):
-    result = export_onnx(tiny_model, tmp_path / "g.onnx", ExportConfig(mode=mode, parity=False), quiet=True)
-    monkeypatch.setattr(slicing, "slices_to_gathers", lambda model: (model, 0))
+def test_exported_graphs_rewritten_have_no_slices_left_and_the_same_outputs(tmp_path, tiny_model, mode):
+    """The export keeps its slices (ONNX Runtime's CPU runs them ~3x faster than gathers); the
+    TensorRT build parses the rewritten copy (engines.build._for_tensorrt)."""
     plain = export_onnx(tiny_model, tmp_path / "p.onnx", ExportConfig(mode=mode, parity=False), quiet=True)
-    assert result.folding["segment"]["slices_to_gathers"] > 0
-    ops = [n.op_type for n in onnx.load(result.path).graph.node]
-    assert not {"Slice", "Split"} & set(ops)
     assert {"Slice", "Split"} & {n.op_type for n in onnx.load(plain.path).graph.node}
+    rewritten, count = slices_to_gathers(onnx.load(plain.path))
+    assert count > 0 and not {"Slice", "Split"} & {n.op_type for n in rewritten.graph.node}
     cfg = tiny_model.config
-    gathered, sliced = ort_session(str(result.path)), ort_session(str(plain.path))
+    gathered, sliced = ort_session(rewritten.SerializeToString()), ort_session(str(plain.path))
     for batch in (1, 5):
         feeds = sample_inputs(cfg, batch, seed=batch)
         if mode == "step":
