@@ -130,7 +130,7 @@ def sudoku_size(work: Path, k: int, batch: int, rounds: int) -> dict:
     data = work / "sudoku-data"
     generate_sudoku(SudokuSpec(train=128, test=8, blanks=(40, 50), seed=0), str(data))
     examples = load_examples(str(data), k)
-    result: dict = {"data": str(data)}
+    result: dict = {}
     for mode in ("step", "unrolled"):
         path = export_onnx(model, work / f"sudoku.{mode}.onnx", ExportConfig(mode=mode, parity=False), quiet=True).path
         result[mode] = paired(path, examples, batch, rounds)

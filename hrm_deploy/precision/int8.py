@@ -38,10 +38,10 @@ DEFAULT_EXCLUDE_PATTERNS = ("*lm_head*", "*q_head*")
 class QuantConfig:
     """How to quantize. ``exclude_patterns`` are fnmatch patterns on node names."""
 
-    # Defaults from benchmarks/results/calib_size.json: on the bundled model every method and
-    # K in 32..512 stays within 0.6 points of FP32; minmax adds ~10-30 % over plain inference
-    # (entropy/percentile histograms 50-190 %), and K=128 keeps the Sudoku-size model's 16-step
-    # calibration near 5 minutes on 2 cores (K=512: ~17).
+    # Defaults from benchmarks/results/calib_size.json and calib_overhead.json: on the bundled
+    # model no method or K in 32..512 is reliably better (0.2-1.4 points off FP32, within the
+    # noise of 2,000 puzzles); minmax costs a few % over plain inference (entropy/percentile
+    # histograms ~200 %), and K=128 calibrates the Sudoku-size step graph in ~3 minutes on 2 cores.
     method: str = "minmax"
     samples: int = 128
     batch: int = 32
