@@ -96,30 +96,26 @@ def test_ddp_two_processes_match_one_process(micro_data, tmp_path):
     worker = str(Path(__file__).with_name("ddp_worker.py"))
     single = subprocess.run([sys.executable, worker, micro_data, str(tmp_path / "one")], capture_output=True, text=True)
     assert single.returncode == 0, single.stderr[-2000:]
-    ddp = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(_free_port()),
-            worker,
-            micro_data,
-            str(tmp_path / "two"),
-        ],
-        capture_output=True,
-        text=True,
-    )
+
+    def torchrun(out: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr"]
+        command += ["127.0.0.1", "--master-port", str(_free_port()), worker, micro_data, out]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    two = tmp_path / "two"
+    ddp = torchrun(str(two))
+    if ddp.returncode != 0 and "terminate called without an active exception" in ddp.stderr:
+        # Known and not fixed: under load gloo sometimes aborts a rank at exit, after barrier +
+        # destroy_process_group (about 1 run in 5 with both cores busy). One rerun; any other
+        # failure, or the abort twice, fails the test.
+        two = tmp_path / "two-again"
+        ddp = torchrun(str(two))
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     a, _ = load_checkpoint(tmp_path / "one" / "last.pt")
-    b, _ = load_checkpoint(tmp_path / "two" / "last.pt")
+    b, _ = load_checkpoint(two / "last.pt")
     for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
         torch.testing.assert_close(va, vb, atol=1e-5, rtol=1e-4, msg=k)
-    carry = torch.load(tmp_path / "two" / "last.pt", weights_only=True)["carry"]
+    carry = torch.load(two / "last.pt", weights_only=True)["carry"]
     assert carry["z_H"].shape[0] == 8  # the saved carry is the global batch's, gathered from both ranks
 
 
