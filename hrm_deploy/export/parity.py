@@ -83,20 +83,14 @@ def float64_twin(core):
 
 def check_segment(step_model_bytes: bytes, core, batch: int = 2, seed: int = 7) -> dict:
     """One traced ACT segment vs PyTorch: no recurrence, so the tolerance is tight."""
-    import torch
-
-    from hrm_deploy.export.unroll import EmbedInit, StepCore
-
     feeds = sample_inputs(core.config, batch, seed)
-    with torch.inference_mode():
-        x, z_H, z_L = EmbedInit(core)(torch.from_numpy(feeds["inputs"]), torch.from_numpy(feeds["puzzle_identifiers"]))
-        # A non-trivial carry: one segment in, so the checked segment sees realistic states.
-        z_H, z_L, *_ = StepCore(core)(z_H, z_L, x)
-        ref = StepCore(core)(z_H, z_L, x)
-    got = ort_session(step_model_bytes).run(None, {"z_H": z_H.numpy(), "z_L": z_L.numpy(), "x": x.numpy()})
+    x, z_H0, z_L0 = _embed(core, feeds)
+    # A non-trivial carry: one segment in, so the checked segment sees realistic states.
+    z_H, z_L = (a.astype(np.float32) for a in _segment_references(core, x, [(z_H0, z_L0)])[0][:2])
+    ref = _segment_references(core, x, [(z_H, z_L)])[0]
+    got = ort_session(step_model_bytes).run(None, {"z_H": z_H, "z_L": z_L, "x": x.numpy()})
     report = {}
     for name, g, r in zip(("z_H", "z_L", "logits", "q_halt", "q_continue"), got, ref):
-        r = r.numpy()
         diff = TensorDiff.of(g, r)
         report[name] = asdict(diff)
         if diff.max_abs > STEP_TOLERANCE * max(1.0, float(np.abs(r).max(initial=0.0))):
@@ -133,17 +127,15 @@ def _carry(step: int) -> tuple[str, str]:
     return f"step{step}/z_H_out", f"step{step}/z_L_out"
 
 
-def plan_unrolled_parity(path: str, steps: int) -> ParityPlan | None:
-    """The unrolled graph at ``path`` cut down to the sampled steps (all of them when
+def plan_unrolled_parity(model, steps: int) -> ParityPlan | None:
+    """The unrolled graph ``model`` (an ``onnx.ModelProto``, weights inline) cut down to the sampled steps (all of them when
     ``steps <= SAMPLED_STEPS``), their per-step tensors added as outputs, serialized for a parity
     session; None when the graph keeps its weights outside (protobuf's 2 GiB limit) or lacks the
     per-step tensors."""
-    import onnx
     from onnx import TensorProto, helper
 
     from hrm_deploy.export.graph import prune_dead_nodes
 
-    model = onnx.load(path, load_external_data=False)
     if any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
         return None
     last = steps - 1
@@ -178,14 +170,13 @@ def plan_unrolled_parity(path: str, steps: int) -> ParityPlan | None:
     return ParityPlan(parity_model.SerializeToString(), checked, cut, cut_inputs, carries, q_names)
 
 
-def check_unroll_structure(path: str, steps: int) -> None:
-    """Every copy of the segment in the unrolled graph at ``path`` except the last is node for
+def check_unroll_structure(graph, steps: int) -> None:
+    """Every copy of the segment in the unrolled ``graph`` (an ``onnx.GraphProto``) except the last is node for
     node the same as step 0 (same ops, attributes and shared weights), reading the carry step
     ``i - 1`` wrote; the per-step q outputs are concatenated in step order. Together with the
     numeric check of the sampled steps this covers every step. Raises :class:`ParityError`."""
     import onnx
 
-    graph = onnx.load(path, load_external_data=False).graph
     copies: dict[int, list[onnx.NodeProto]] = {i: [] for i in range(steps)}
     for node in graph.node:
         head = node.name.split("/", 1)[0]
@@ -323,10 +314,14 @@ def check_parity(
         session = _parity_session(path)
         checked: tuple[int, ...] = tuple(range(min(steps, 2)))
     else:
-        plan = plan_unrolled_parity(path, steps)
+        import onnx
+
+        model = onnx.load(path, load_external_data=False)  # read once for both checks below
+        plan = plan_unrolled_parity(model, steps)
         if plan is None:
             return check_parity_end_to_end(path, reference_module, config, steps, batches, stepwise, seed, advance)
-        check_unroll_structure(path, steps)
+        check_unroll_structure(model.graph, steps)
+        del model
         session = _parity_session(plan.model_bytes)
         checked = plan.checked
     last = checked[-1]
