@@ -7,6 +7,8 @@ weights, so accuracy is replaced by argmax agreement with PyTorch). Rows, batch 
 * ``ort-fp32``: the FP32 export as ONNX Runtime runs it by default (online optimization);
 * ``cpu-fp32``: ``build-engine --target cpu --fp32`` (ORT-optimized offline);
 * ``cpu-int8``: ``build-engine --target cpu --int8`` (dynamic INT8, integer GEMMs);
+* ``cpu-fp32-unfused`` / ``cpu-int8-unfused``: the same with ``--no-fuse`` (attention and RMSNorm
+  left as ORT's optimizer leaves them: the fusions' effect, measured in the same run);
 * ``cpu-int8-static``: static U8S8 Q/DQ on the weight-MatMul inputs (minmax ranges from our
   range collector), ORT-optimized: the alternative INT8 recipe, for comparison;
 * ``qdq-int8-trt``: the TensorRT-convention INT8 Q/DQ graph (what ``--int8`` makes for TensorRT);
@@ -30,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+ACCURACY_PUZZLES = 2000  # bundled model: held-out puzzles for exact accuracy (500 moved 1-2 points between sets)
 BLOCK_S = 0.5  # each runner's share of a round: calls until this long (one call for the Sudoku-size model)
 
 
@@ -45,7 +48,7 @@ def _static_u8s8(fp32: Path, out: Path, data: str, samples: int, work: Path) -> 
     )
 
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.engines.cpu import _restore_metadata, optimize_offline
+    from hrm_deploy.engines.cpu import _restore_metadata, fuse_checked, optimize_offline
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.onnx_runtime import quiet_ort
     from hrm_deploy.precision.int8 import QuantConfig, _calibrate, plan_nodes
@@ -69,13 +72,13 @@ def _static_u8s8(fp32: Path, out: Path, data: str, samples: int, work: Path) -> 
                         calibrate_method=CalibrationMethod.MinMax, calibration_cache_path=str(cache),
                         extra_options={"OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"]})
     optimize_offline(str(qdq), str(out), None)
+    fuse_checked(out, meta, None)
     _restore_metadata(out, props, "int8")
     return out
 
 
 def prepare(name: str, work: Path, calib_samples: int, threads: int | None) -> dict:
     """Checkpoint, data, FP32 export and the CPU graphs of one model; build times recorded."""
-    from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
@@ -84,14 +87,14 @@ def prepare(name: str, work: Path, calib_samples: int, threads: int | None) -> d
     from hrm_deploy.model.hrm import build_model
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
     from hrm_deploy.precision.int8 import QuantConfig
-    from hrm_deploy.train.presets import preset
+    from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint, preset
 
     folder = work / name
     folder.mkdir()
     if name == "bundled":
         ckpt = bundled_checkpoint(DEFAULT_PRESET)
         blanks = preset(DEFAULT_PRESET)["data"]["blanks"]
-        generate_sudoku(SudokuSpec(train=256, test=500, blanks=blanks, seed=12345), str(folder / "data"))
+        generate_sudoku(SudokuSpec(train=256, test=ACCURACY_PUZZLES, blanks=blanks, seed=12345), str(folder / "data"))
     else:
         config = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1,
                            **{**preset("sudoku")["model"], "forward_dtype": "float32"})
@@ -104,10 +107,12 @@ def prepare(name: str, work: Path, calib_samples: int, threads: int | None) -> d
     timings["export_s"] = time.perf_counter() - start
     graphs = {"ort-fp32": fp32}
     for precision in ("fp32", "int8"):
-        start = time.perf_counter()
-        graphs[f"cpu-{precision}"] = build_cpu(fp32, CpuBuildConfig(precision, threads),
-                                               folder / f"model.{precision}.cpu.ort.onnx", quiet=True).path
-        timings[f"cpu_{precision}_build_s"] = time.perf_counter() - start
+        for fuse, suffix in ((True, ""), (False, "-unfused")):
+            start = time.perf_counter()
+            graphs[f"cpu-{precision}{suffix}"] = build_cpu(
+                fp32, CpuBuildConfig(precision, threads, fuse=fuse),
+                folder / f"model.{precision}{suffix}.cpu.ort.onnx", quiet=True).path
+            timings[f"cpu_{precision}{suffix.replace('-', '_')}_build_s"] = time.perf_counter() - start
     start = time.perf_counter()
     graphs["cpu-int8-static"] = _static_u8s8(fp32, folder / "model.int8s.cpu.ort.onnx", data, calib_samples, folder)
     timings["cpu_int8_static_build_s"] = time.perf_counter() - start
@@ -162,16 +167,28 @@ def measure(name: str, prepared: dict, batches: tuple[int, ...], rounds: int, ac
         med = {row: statistics.median(v) for row, v in times.items()}
         result["latency_ms_per_call"][str(batch)] = {row: {"median": round(m, 2), "all": [round(x, 1) for x in times[row]]}
                                                     for row, m in med.items()}
+
+        def speedup(slow: str, fast: str) -> float:
+            """Median over rounds of slow/fast within the round: the shared machine's slow phases
+            (all rows 1.7-2x slower for seconds at a time) fall on both sides of each ratio."""
+            return round(statistics.median(a / b for a, b in zip(times[slow], times[fast], strict=True)), 3)
+
         result["ratios"][str(batch)] = {
-            "cpu_int8_speedup_vs_cpu_fp32": round(med["cpu-fp32"] / med["cpu-int8"], 3),
-            "cpu_int8_static_speedup_vs_cpu_fp32": round(med["cpu-fp32"] / med["cpu-int8-static"], 3),
-            "cpu_fp32_speedup_vs_torch_eager": round(med["torch-eager"] / med["cpu-fp32"], 3),
+            "cpu_int8_speedup_vs_cpu_fp32": speedup("cpu-fp32", "cpu-int8"),
+            "cpu_int8_static_speedup_vs_cpu_fp32": speedup("cpu-fp32", "cpu-int8-static"),
+            "cpu_fp32_speedup_vs_torch_eager": speedup("torch-eager", "cpu-fp32"),
+            "fused_fp32_speedup_vs_unfused": speedup("cpu-fp32-unfused", "cpu-fp32"),
+            "fused_int8_speedup_vs_unfused": speedup("cpu-int8-unfused", "cpu-int8"),
+            "cpu_int8_speedup_vs_unfused_fp32": speedup("cpu-fp32-unfused", "cpu-int8"),
         }
         for row, key in (("qdq-int8-trt", "qdq_trt_int8_speedup_vs_cpu_fp32"),
                          ("ort-fp32", "ort_fp32_export_speedup_vs_cpu_fp32")):
             if row in med:
-                result["ratios"][str(batch)][key] = round(med["cpu-fp32"] / med[row], 3)
+                result["ratios"][str(batch)][key] = speedup("cpu-fp32", row)
         print(name, batch, result["ratios"][str(batch)], flush=True)
+    result["profile_us_per_call"] = {
+        str(batch): {row: op_profile(prepared["graphs"][row], examples.feeds(0, batch), threads)
+                     for row in ("cpu-fp32", "cpu-int8")} for batch in batches}
     acc_examples = load_examples(prepared["data"], accuracy_n, split="test")
     preds = {row: predict(r, acc_examples, batch=64) for row, r in runners.items()}
     if name == "bundled":
@@ -184,6 +201,38 @@ def measure(name: str, prepared: dict, batches: tuple[int, ...], rounds: int, ac
     for r in runners.values():
         r.close()
     return result
+
+
+def op_profile(path: str, feeds: dict, threads: int | None, calls: int = 5) -> dict:
+    """ORT's profiler on one graph: kernel microseconds per call by op type (sorted, largest
+    first), the node count per call, and the wall time per call under profiling. Shows where a
+    call's time goes: GEMMs (MatMul, DynamicQuantizeMatMul...) or the per-node cost of the rest."""
+    import collections
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(Path(tempfile.gettempdir()) / "hrm_cpu_profile")
+    if threads:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    session.run(None, feeds)  # warm-up, profiled too: counted out below
+    began = time.perf_counter()
+    for _ in range(calls):
+        session.run(None, feeds)
+    wall = (time.perf_counter() - began) / calls
+    trace = Path(session.end_profiling())
+    events = json.loads(trace.read_text())
+    trace.unlink()
+    by_op: dict[str, float] = collections.Counter()
+    nodes = 0
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            by_op[event["args"]["op_name"]] += event["dur"] / (calls + 1)
+            nodes += 1
+    return {"wall_ms_under_profiling": round(wall * 1000, 2), "nodes": nodes // (calls + 1),
+            "kernel_us": {op: round(us) for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])}}
 
 
 def main() -> None:
@@ -213,7 +262,8 @@ def main() -> None:
             prepared = prepare(name, Path(tmp), args.calib_samples, threads)
             rounds = args.rounds if name == "sudoku" else max(args.rounds, 20)
             report["models"][name] = {"preparation_s": {k: round(v, 2) for k, v in prepared["timings"].items()},
-                                      **measure(name, prepared, (1, 8), rounds, 500 if name == "bundled" else 8, threads),
+                                      **measure(name, prepared, (1, 8), rounds,
+                                                ACCURACY_PUZZLES if name == "bundled" else 8, threads),
                                       "rounds": rounds}
             Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     report["machine"]["load_average_at_end"] = os.getloadavg()
@@ -225,15 +275,17 @@ def main() -> None:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| model | batch | row | ms / call | vs cpu-fp32 | exact acc (bundled) / argmax agree (sudoku) |",
+    lines = ["| model | batch | row | ms / call (median) | vs cpu-fp32 (median of round ratios) "
+             "| exact acc (bundled) / argmax agree (sudoku) |",
              "|---|---|---|---|---|---|"]
     for name, m in report["models"].items():
         for batch, rows in m["latency_ms_per_call"].items():
-            base = rows["cpu-fp32"]["median"]
+            base = rows["cpu-fp32"]["all"]
             for row, stats in rows.items():
                 quality = m.get("exact_accuracy_pct", {}).get(row)
-                quality = f"{quality:.1f} %" if quality is not None else f"{m['argmax_agreement_with_torch'][row]:.4f}"
-                lines.append(f"| {name} | {batch} | {row} | {stats['median']:.1f} | {base / stats['median']:.2f}x | {quality} |")
+                quality = f"{quality:.2f} %" if quality is not None else f"{m['argmax_agreement_with_torch'][row]:.4f}"
+                ratio = statistics.median(a / b for a, b in zip(base, stats["all"], strict=True))
+                lines.append(f"| {name} | {batch} | {row} | {stats['median']:.1f} | {ratio:.2f}x | {quality} |")
     env = report["machine"]
     lines.append(f"\n{env['cpus']} CPUs ({env['platform']}), ONNX Runtime {env['onnxruntime']}, torch {env['torch']}; "
                  f"load average {env['load_average_at_start']} at start (shared machine: ratios within one run count).")

@@ -26,7 +26,7 @@ import json, sys
 from hrm_deploy.engines.build import EngineConfig, build_engine
 graph, precision, engine, result = sys.argv[1:5]
 r = build_engine(graph, EngineConfig(precision, target="desktop", backend="tensorrt-rtx", max_batch=64,
-                                     timing_cache=None), out=engine, quiet=True)
+                                     timing_cache=None, allow_unrolled=True), out=engine, quiet=True)
 json.dump(r.build, open(result, "w"))
 """
 

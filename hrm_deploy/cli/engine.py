@@ -85,6 +85,14 @@ def build_engine(
     threads: Annotated[
         int | None, typer.Option(help="cpu target: ONNX Runtime intra-op threads (default: one per core).")
     ] = None,
+    no_fuse: Annotated[
+        bool,
+        typer.Option(
+            "--no-fuse",
+            help="cpu target: leave attention and RMSNorm as ONNX Runtime's optimizer leaves them "
+            "(by default they become its fused CPU kernels, each fused block checked).",
+        ),
+    ] = False,
     allow_unrolled: Annotated[
         bool,
         typer.Option(
@@ -125,6 +133,7 @@ def build_engine(
         accuracy_budget=accuracy_budget,
         timing_cache=None if timing_cache.lower() in ("", "none") else timing_cache,
         threads=threads,
+        fuse=not no_fuse,
         allow_unrolled=allow_unrolled,
     )
     result = build(onnx, config, output, quiet=quiet)

@@ -59,6 +59,7 @@ class EngineConfig:
     accuracy_budget: float | None = None
     timing_cache: str | None = "engines/timing.cache"  # base name; the file is keyed by GPU + TensorRT version
     threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
+    fuse: bool = True  # cpu target: attention and RMSNorm into ORT's fused CPU kernels
     allow_unrolled: bool = False  # TensorRT: build an unrolled graph whose estimated cost is over budget (engines.cost)
 
     def __post_init__(self) -> None:
@@ -298,7 +299,10 @@ def build_engine(
         from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
 
         cpu = build_cpu(
-            onnx_path if onnx_path else newest_export(), CpuBuildConfig(config.precision, config.threads), out, quiet
+            onnx_path if onnx_path else newest_export(),
+            CpuBuildConfig(config.precision, config.threads, fuse=config.fuse),
+            out,
+            quiet,
         )
         return EngineResult(cpu.path, cpu.manifest, cpu.source_onnx, cpu.build)
     backend_name = config.backend or target.backends[0]
