@@ -291,12 +291,14 @@ def solve(
     batch: int = 64,
     model_name: str = "hrm",
     calib_data: str | Path | None = None,
+    quiet: bool = False,
     **runner_options: Any,
 ) -> list[Solution]:
     """Parse ``source``, run ``artifact`` (default: the bundled model) or the server at ``url``
     with the halting rule ``halt``, and check each answer. ``budget:P`` uses the threshold in
     the artifact's manifest, else calibrates it first on ``calib_data`` (default: fresh puzzles
-    of the checkpoint's dataset spec, never trained on) and stores it there."""
+    of the checkpoint's dataset spec, never trained on) and stores it there. More puzzles than
+    one ``batch`` show a progress line with ETA on stderr unless ``quiet``."""
     from hrm_deploy.runners.halting import HaltMode, HaltRule, resolve_rule
 
     puzzles = parse_puzzles(source)
@@ -344,18 +346,22 @@ def solve(
                 file=sys.stderr,
                 flush=True,
             )
+        from hrm_deploy.progress import progress
         from hrm_deploy.runners import open_runner
 
         runner = open_runner(path, **runner_options)
         runner.activate()
+        parts = []
         try:
-            parts = [
-                runner.infer(
-                    {"inputs": inputs[s : s + batch], "puzzle_identifiers": pids[s : s + batch]},
-                    **({"halt": rule.should_halt} if rule.active else {}),
-                )
-                for s in range(0, len(inputs), batch)
-            ]
+            with progress(len(inputs), "solving", quiet or len(inputs) <= batch, unit="puzzles") as advance:
+                for s in range(0, len(inputs), batch):
+                    parts.append(
+                        runner.infer(
+                            {"inputs": inputs[s : s + batch], "puzzle_identifiers": pids[s : s + batch]},
+                            **({"halt": rule.should_halt} if rule.active else {}),
+                        )
+                    )
+                    advance(len(parts[-1]["logits"]))
         finally:
             runner.close()
         out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

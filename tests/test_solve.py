@@ -97,6 +97,21 @@ def test_solve_a_dataset_folder_from_onnx_with_halting(tiny_onnx):
         solve(PUZZLE, tiny_onnx.unrolled, "q")
 
 
+def test_solving_more_than_a_batch_shows_progress_unless_quiet(tiny_onnx, capsys, monkeypatch):
+    import itertools
+
+    from hrm_deploy import progress as progress_mod
+
+    clock = itertools.count(0.0, 3.0)  # every reading 3 s later: each batch is past the 5 s interval
+    monkeypatch.setattr(progress_mod.time, "perf_counter", lambda: next(clock))
+    assert len(solve(tiny_onnx.data, tiny_onnx.unrolled, batch=64)) == 200
+    err = capsys.readouterr().err
+    assert "solving: 64/200 puzzles" in err and "solving: 200/200 puzzles (100 %)" in err
+    solve(tiny_onnx.data, tiny_onnx.unrolled, batch=64, quiet=True)
+    solve(tiny_onnx.data, tiny_onnx.unrolled, batch=256)  # one batch: nothing to follow
+    assert "solving" not in capsys.readouterr().err
+
+
 def test_solve_multi_step_checkpoint_with_halting(tiny_model, tmp_path):
     from hrm_deploy.model.checkpoint import save_checkpoint
 

@@ -85,15 +85,23 @@ class _Ssh:
 
 
 def bench_remote(
-    host: str, artifacts: list[str], config: Any, remote_python: str = "python3", ssh_options: Sequence[str] = ()
+    host: str,
+    artifacts: list[str],
+    config: Any,
+    remote_python: str = "python3",
+    ssh_options: Sequence[str] = (),
+    quiet: bool = False,
 ) -> dict[str, Any]:
     """Run :func:`hrm_deploy.bench.run.bench` on ``host`` and return its report (also written
-    to ``config.out_dir``)."""
+    to ``config.out_dir``). The upload and the remote run are shown as stages (elapsed time, and
+    a heartbeat line in logs) unless ``quiet``: the remote bench's own output arrives at the end."""
     from hrm_deploy.artifacts import find_reference
     from hrm_deploy.bench.run import _default_artifacts, resolve_data
     from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.progress import Stages
 
     _check_host(host)
+    stages = Stages(quiet)
     paths = [Path(a) for a in artifacts] or _default_artifacts()
     if not paths:
         raise ConfigError("--host needs the artifacts to copy: pass the engine paths (none in engines/)")
@@ -122,7 +130,9 @@ def bench_remote(
             if config.include_reference:
                 reference = Path(config.reference) if config.reference else find_reference(paths[0])
                 files.append(reference)
-            ssh.put(files, remote_dir)
+            megabytes = sum(f.stat().st_size for f in files) / 1e6
+            with stages.stage(f"copying {len(files)} files ({megabytes:.0f} MB) to {host}"):
+                ssh.put(files, remote_dir)
         argv = [
             remote_python,
             "-m",
@@ -145,7 +155,8 @@ def bench_remote(
             f"{remote_dir}/out",
         ]
         argv += ["--reference", f"{remote_dir}/{reference.name}"] if reference else ["--no-reference"]
-        done = ssh.run(argv)
+        with stages.stage(f"bench on {host} ({len(paths)} artifacts, batches {config.batches})"):
+            done = ssh.run(argv)
         if done.returncode != 0:
             text = done.stderr + done.stdout
             if "No module named" in text:

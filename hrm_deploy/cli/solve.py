@@ -48,6 +48,7 @@ def solve(
     ] = None,
     provider: Annotated[Provider, typer.Option(help="ONNX Runtime provider for .onnx.")] = Provider.CPU,
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Also write the output to this file.")] = None,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress display.")] = False,
 ) -> None:
     """Solve your own puzzles with a trained model and check the answers."""
     from hrm_deploy.solve import format_solutions, solve as run_solve
@@ -56,7 +57,15 @@ def solve(
         {"provider": provider.value} if artifact is not None and artifact.suffix == ".onnx" else {}
     )
     solutions = run_solve(
-        puzzle, artifact, halt, min_steps=min_steps, max_steps=max_steps, url=url, calib_data=calib_data, **options
+        puzzle,
+        artifact,
+        halt,
+        min_steps=min_steps,
+        max_steps=max_steps,
+        url=url,
+        calib_data=calib_data,
+        quiet=quiet,
+        **options,
     )
     text = format_solutions(solutions, json_lines)
     typer.echo(text, nl=False)

@@ -145,7 +145,7 @@ def local_sshd(tmp_path):
     proc.wait(timeout=10)
 
 
-def test_bench_over_ssh_host(local_sshd, tiny_onnx, tmp_path):
+def test_bench_over_ssh_host(local_sshd, tiny_onnx, tmp_path, capsys):
     from hrm_deploy.bench.remote import bench_remote
 
     host, options = local_sshd
@@ -160,6 +160,8 @@ def test_bench_over_ssh_host(local_sshd, tiny_onnx, tmp_path):
     report = bench_remote(host, [str(tiny_onnx.unrolled)], config, remote_python=sys.executable, ssh_options=options)
     assert report["remote_host"] == host and [r["status"] for r in report["rows"]] == ["ok", "ok"]
     assert (tmp_path / "remote-report" / "report.md").is_file()
+    err = capsys.readouterr().err  # the upload and the remote run show as stages (a log: start and done lines)
+    assert "copying 4 files" in err and f"bench on {host}" in err and err.count("done in") >= 2
 
 
 def test_bench_over_ssh_unreachable_and_bad_host_are_clear(tiny_onnx, tmp_path):
