@@ -27,6 +27,13 @@ class Target(str, Enum):
     CPU = "cpu"
 
 
+class CpuInt8Recipe(str, Enum):
+    """INT8 recipe of the cpu target (``hrm_deploy.engines.cpu_int8.RECIPES``)."""
+
+    DYNAMIC = "dynamic"
+    BLOCKWISE = "blockwise"
+
+
 class Backend(str, Enum):
     """Engine builder (``hrm_deploy.runners.backend.MODULES``, plus PyTorch's AOTInductor)."""
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from hrm_deploy.cli import app
-from hrm_deploy.cli.choices import Backend, CalibMethod, Precision, Target
+from hrm_deploy.cli.choices import Backend, CalibMethod, CpuInt8Recipe, Precision, Target
 from hrm_deploy.cli.common import user_errors
 from hrm_deploy.errors import ConfigError
 
@@ -85,6 +85,13 @@ def build_engine(
     threads: Annotated[
         int | None, typer.Option(help="cpu target: ONNX Runtime intra-op threads (default: one per core).")
     ] = None,
+    cpu_int8: Annotated[
+        CpuInt8Recipe,
+        typer.Option(
+            help="cpu target INT8: dynamic (fastest; activations scaled per call, so an answer can "
+            "depend on its batch-mates) or blockwise (per row: answers independent of batching).",
+        ),
+    ] = CpuInt8Recipe.DYNAMIC,
     no_fuse: Annotated[
         bool,
         typer.Option(
@@ -134,6 +141,7 @@ def build_engine(
         timing_cache=None if timing_cache.lower() in ("", "none") else timing_cache,
         threads=threads,
         fuse=not no_fuse,
+        cpu_int8=cpu_int8.value,
         allow_unrolled=allow_unrolled,
     )
     result = build(onnx, config, output, quiet=quiet)

@@ -60,6 +60,7 @@ class EngineConfig:
     timing_cache: str | None = "engines/timing.cache"  # base name; the file is keyed by GPU + TensorRT version
     threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
     fuse: bool = True  # cpu target: attention and RMSNorm into ORT's fused CPU kernels
+    cpu_int8: str = "dynamic"  # cpu target: INT8 recipe (engines/cpu_int8.py)
     allow_unrolled: bool = False  # TensorRT: build an unrolled graph whose estimated cost is over budget (engines.cost)
 
     def __post_init__(self) -> None:
@@ -300,7 +301,7 @@ def build_engine(
 
         cpu = build_cpu(
             onnx_path if onnx_path else newest_export(),
-            CpuBuildConfig(config.precision, config.threads, fuse=config.fuse),
+            CpuBuildConfig(config.precision, config.threads, fuse=config.fuse, int8_recipe=config.cpu_int8),
             out,
             quiet,
         )

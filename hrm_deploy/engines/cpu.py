@@ -5,13 +5,11 @@
   ``FusedMatMul``, ``DynamicQuantizeMatMul`` ...) are done once at build time, so starting a
   session is fast. The layout-dependent ``all`` level is left to session start (it is
   machine-specific and ORT does not recommend saving it).
-* INT8 is **dynamic quantization of the weight MatMuls** (``quantize_dynamic``): int8 weights
-  per output column, activations quantized to uint8 per call, computed by ORT's integer GEMM
-  (U8S8 ``MatMulInteger`` fused into ``DynamicQuantizeMatMul``). No calibration data is
-  needed. The Q/DQ graphs of the TensorRT targets stay as they are: on ORT CPU they are
-  dequantized back to float and are slower than FP32 (see README, CPU).
-  Which weights are quantized follows the TensorRT recipe's plan (``lm_head`` and ``q_head``
-  stay float): :func:`hrm_deploy.precision.int8.plan_nodes`.
+* INT8 quantizes the weight MatMuls, no calibration data needed (:mod:`hrm_deploy.engines.cpu_int8`):
+  ``dynamic`` (default, fastest: activations quantized per call over the whole batch) or
+  ``blockwise`` (activations quantized per row block: answers independent of batching). The Q/DQ
+  graphs of the TensorRT targets stay as they are: on ORT CPU they are dequantized back to
+  float and are slower than FP32 (see README, CPU).
 * FP32 and INT8 graphs then get HRM's attention (RoPE included) and RMSNorm fused into ORT's
   ``MultiHeadAttention`` / ``RotaryEmbedding`` / ``SimplifiedLayerNormalization`` CPU kernels,
   which ORT's optimizer does not do for these patterns (:mod:`hrm_deploy.engines.cpu_fusion`;
@@ -32,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hrm_deploy.engines.cpu_int8 import INTEGER_MATMULS, RECIPES, quantize_weights
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
@@ -53,8 +52,11 @@ class CpuBuildConfig:
     per_channel: bool = True
     exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")
     fuse: bool = True  # attention + RMSNorm into ORT's fused CPU kernels (engines/cpu_fusion.py)
+    int8_recipe: str = "dynamic"  # engines/cpu_int8.py: RECIPES
 
     def __post_init__(self) -> None:
+        if self.int8_recipe not in RECIPES:
+            raise ConfigError(f"the cpu INT8 recipe is one of {', '.join(RECIPES)}, not {self.int8_recipe}")
         if self.precision not in CPU_PRECISIONS:
             raise ConfigError(
                 f"the cpu target builds {', '.join(CPU_PRECISIONS)}, not {self.precision}; BF16 needs a GPU"
@@ -69,36 +71,6 @@ class CpuBuildResult:
     manifest: Path
     source_onnx: Path
     build: dict[str, Any] = field(default_factory=dict)
-
-
-def quantize_weights_dynamic(
-    src: str, out: str, per_channel: bool = True, exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")
-) -> list[str]:
-    """Dynamic INT8 of the weight MatMuls of ``src`` (shared weights quantized once);
-    returns the quantized node names."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    from hrm_deploy.onnx_runtime import quiet_ort
-    from hrm_deploy.precision.int8 import QuantConfig, plan_nodes
-
-    model = onnx.load(src)
-    plan = plan_nodes(model, QuantConfig(exclude_patterns=exclude_patterns))
-    # Only plain MatMul (Gemm has no integer kernel in ORT's dynamic path).
-    by_name = {n.name: n.op_type for n in model.graph.node}
-    nodes = [n for n in plan.quantize if by_name[n] == "MatMul"]
-    del model
-    with quiet_ort():
-        quantize_dynamic(
-            src,
-            out,
-            weight_type=QuantType.QInt8,
-            per_channel=per_channel,
-            nodes_to_quantize=nodes,
-            op_types_to_quantize=["MatMul"],
-            extra_options={"MatMulConstBOnly": True},
-        )
-    return nodes
 
 
 def optimize_offline(src: str, out: str, threads: int | None) -> float:
@@ -203,9 +175,16 @@ def build_cpu(
         try:
             source = str(src)
             if config.precision == "int8":
-                with stages.stage("dynamic INT8 of the weight MatMuls (integer GEMMs on ORT CPU; no calibration)"):
+                with stages.stage(f"{config.int8_recipe} INT8 of the weight MatMuls: {RECIPES[config.int8_recipe]}"):
                     build["quantized_nodes"] = len(
-                        quantize_weights_dynamic(source, str(work), config.per_channel, config.exclude_patterns)
+                        quantize_weights(
+                            source,
+                            str(work),
+                            config.int8_recipe,
+                            int(meta["config"].get("hidden_size", 0)),
+                            config.per_channel,
+                            config.exclude_patterns,
+                        )
                     )
                 source = str(work)
             elif config.precision == "fp16":
@@ -230,9 +209,9 @@ def build_cpu(
             ops[key] = ops.get(key, 0) + 1
         build.update(onnx_nodes_out=len(optimized.graph.node), op_types=dict(sorted(ops.items())))
         del optimized
-        if config.precision == "int8" and not any(k.endswith(("MatMulInteger", "DynamicQuantizeMatMul")) for k in ops):
+        if config.precision == "int8" and not any(k.endswith(INTEGER_MATMULS) for k in ops):
             raise ConfigError(
-                "dynamic quantization produced no integer MatMul; the engine was not written. "
+                f"{config.int8_recipe} quantization produced no integer MatMul; the engine was not written. "
                 "Check the ONNX with `hrm-deploy inspect`"
             )
         build["build_seconds"] = round(time.perf_counter() - start, 3)
@@ -249,7 +228,7 @@ def build_cpu(
             precision=config.precision,
             mode=meta["mode"],
             steps=meta["steps"],
-            recipe={"int8": "dynamic (weights int8 per-channel, activations uint8 per call; U8S8 integer GEMM)"}
+            recipe={"int8": config.int8_recipe, "description": RECIPES[config.int8_recipe]}
             if config.precision == "int8"
             else {},
             runtime={

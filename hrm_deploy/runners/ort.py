@@ -41,7 +41,11 @@ class OrtRunner(Runner):
         # it runs with that count unless the caller asks for another.
         built_for = ((manifest or {}).get("runtime") or {}).get("threads_requested")
         threads = self.threads or built_for
-        self._session = ort_session(self.path, provider=self.provider, threads=threads)
+        try:
+            self._session = ort_session(self.path, provider=self.provider, threads=threads)
+        except Exception as exc:
+            _explain_older_runtime(self.path, manifest, exc)
+            raise
         options = self._session.get_session_options()
         self.runtime_settings = {
             "provider": self._session.get_providers()[0],
@@ -85,3 +89,24 @@ class OrtRunner(Runner):
 
     def _close(self) -> None:
         self._session = None
+
+
+def _explain_older_runtime(path: Path, manifest: dict | None, exc: Exception) -> None:
+    """A cpu-target graph holds ORT contrib kernels (fused attention, MatMulNBits) of the
+    onnxruntime that built it: an older one that cannot load it gets one clear line, not ORT's."""
+    import onnxruntime
+
+    built = ((manifest or {}).get("backend") or {}).get("version")
+    if not built or (manifest or {}).get("target", {}).get("name") != "cpu":
+        return
+    from packaging.version import Version
+
+    if Version(onnxruntime.__version__) < Version(built):
+        from hrm_deploy.errors import DependencyError
+
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise DependencyError(
+            f"{path.name} was built for onnxruntime {built} and this onnxruntime {onnxruntime.__version__} "
+            f"cannot load it ({first}); pip install 'onnxruntime>={built}', or rebuild it here with "
+            "build-engine --target cpu"
+        ) from None

@@ -17,6 +17,7 @@ runner = CliRunner()
 def _library_choices() -> dict[type, set[str]]:
     from hrm_deploy.bench.run import BENCH_TARGETS
     from hrm_deploy.engines.build import ENGINE_PRECISIONS
+    from hrm_deploy.engines.cpu_int8 import RECIPES
     from hrm_deploy.engines.targets import TARGETS
     from hrm_deploy.export.onnx_export import MODES
     from hrm_deploy.onnx_runtime import PROVIDERS
@@ -29,6 +30,7 @@ def _library_choices() -> dict[type, set[str]]:
     return {
         choices.Precision: set(ENGINE_PRECISIONS),
         choices.Target: set(TARGETS),
+        choices.CpuInt8Recipe: set(RECIPES),
         choices.Backend: {*MODULES, "torch"},  # torch: build_engine's AOTInductor branch
         choices.CalibMethod: set(METHODS),
         choices.ExportMode: set(MODES),

@@ -137,3 +137,63 @@ def test_cli_build_engine_target_cpu(tiny_onnx, tmp_path):
     assert result.exit_code == 0, result.output
     assert out.is_file() and "wrote" in result.output
     assert json.loads(out.with_name(out.name + ".manifest.json").read_text())["runtime"]["intra_op_num_threads"] == 2
+
+
+def test_blockwise_int8_answers_do_not_depend_on_the_batch(trained_small, tmp_path):
+    """Dynamic INT8 scales activations per call over the whole batch, so a puzzle's answer can
+    change with its batch-mates; the blockwise recipe scales each row's blocks on their own."""
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+
+    fp32 = export_onnx(trained_small.checkpoint, tmp_path / "small.onnx", ExportConfig(parity=False), quiet=True).path
+    blockwise = build_cpu(
+        fp32, CpuBuildConfig("int8", threads=1, int8_recipe="blockwise"), tmp_path / "m.int8.cpu.ort.onnx", quiet=True
+    )
+    assert blockwise.build["op_types"].get("com.microsoft.MatMulNBits") == blockwise.build["quantized_nodes"] == 192
+    assert not any("lm_head" in n or "q_head" in n for n in _quantized_names(blockwise.path))
+    manifest = json.loads(blockwise.manifest.read_text())
+    assert manifest["recipe"]["int8"] == "blockwise" and "independent of batching" in manifest["recipe"]["description"]
+    examples = load_examples(trained_small.data, None, split="test")
+    runner = open_runner(blockwise.path, threads=1)
+    runner.activate()
+    alone, batched = predict(runner, examples, batch=1), predict(runner, examples, batch=32)
+    runner.close()
+    np.testing.assert_allclose(alone, batched, rtol=1e-4, atol=1e-4 * np.abs(alone).max())
+    assert (alone.argmax(-1) == batched.argmax(-1)).all()
+    reference = open_runner(fp32, threads=1)
+    reference.activate()
+    exact_fp32 = 100 * accuracy(predict(reference, examples), examples.labels)["exact_accuracy"]
+    reference.close()
+    assert 100 * accuracy(batched, examples.labels)["exact_accuracy"] >= exact_fp32 - 2.0  # 100 puzzles
+
+
+def _quantized_names(path) -> list[str]:
+    import onnx
+
+    return [n.name for n in onnx.load(str(path)).graph.node if n.op_type == "MatMulNBits"]
+
+
+def test_unknown_cpu_int8_recipe_is_one_clear_error():
+    with pytest.raises(ConfigError, match="recipe is one of dynamic, blockwise"):
+        CpuBuildConfig("int8", int8_recipe="fast")
+
+
+def test_an_older_onnxruntime_that_cannot_load_a_cpu_graph_says_so_in_one_line(cpu_graphs, monkeypatch):
+    import onnxruntime
+
+    from hrm_deploy.errors import DependencyError
+
+    built = json.loads(cpu_graphs["fp32"].manifest.read_text())["backend"]["version"]
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError(
+            "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for RotaryEmbedding"
+        )
+
+    monkeypatch.setattr("hrm_deploy.runners.ort.ort_session", refuses)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.17.0")
+    with pytest.raises(DependencyError, match=rf"built for onnxruntime {built} and this onnxruntime 1\.17\.0") as info:
+        open_runner(cpu_graphs["fp32"].path).activate()
+    assert "\n" not in str(info.value) and f"onnxruntime>={built}" in str(info.value)
+    monkeypatch.setattr(onnxruntime, "__version__", built)  # same version: ORT's own error is a bug of ours
+    with pytest.raises(RuntimeError, match="RotaryEmbedding"):
+        open_runner(cpu_graphs["fp32"].path).activate()
