@@ -80,6 +80,11 @@ class EngineConfig:
             raise ConfigError(f"--calib-samples must be between 1 and 1000000, got {self.calib_samples}")
         if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
             raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
+        if self.target != "cpu" and (not self.fuse or self.cpu_int8 != "dynamic"):
+            given = "--no-fuse" if not self.fuse else f"--cpu-int8 {self.cpu_int8}"
+            raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
+        if self.cpu_int8 != "dynamic" and self.precision != "int8":
+            raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
 
 
 @dataclass

@@ -197,3 +197,13 @@ def test_an_older_onnxruntime_that_cannot_load_a_cpu_graph_says_so_in_one_line(c
     monkeypatch.setattr(onnxruntime, "__version__", built)  # same version: ORT's own error is a bug of ours
     with pytest.raises(RuntimeError, match="RotaryEmbedding"):
         open_runner(cpu_graphs["fp32"].path).activate()
+
+
+def test_cpu_only_options_are_refused_elsewhere():
+    with pytest.raises(ConfigError, match="--cpu-int8 blockwise is an option of --target cpu"):
+        EngineConfig("int8", target="desktop", cpu_int8="blockwise")
+    with pytest.raises(ConfigError, match="--no-fuse is an option of --target cpu"):
+        EngineConfig("fp16", target="jetson-orin-8gb", fuse=False)
+    with pytest.raises(ConfigError, match="add --int8"):
+        EngineConfig("fp32", target="cpu", cpu_int8="blockwise")
+    EngineConfig("int8", target="cpu", cpu_int8="blockwise", fuse=False)  # fine
