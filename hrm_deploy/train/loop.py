@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import time
@@ -430,6 +431,12 @@ def train(
         if dist_info.main:
             append_line(out / "metrics.jsonl", json.dumps({"final": last_metrics}))
     result = TrainResult(ckpt.save(ckpt.last, position, carry, last_metrics), last_metrics, stop.signal is not None)
+    # The DDP wrapper's reducer holds the process group, and DDP sits in reference cycles: left to
+    # the collector at interpreter exit, gloo's threads were torn down during finalization and a
+    # rank could abort ("terminate called without an active exception"). Free it now, while
+    # Python is fully alive, so destroy_process_group releases the group's last reference.
+    del run, ckpt
+    gc.collect()
     shutdown(dist_info)
     return result
 
