@@ -13,8 +13,9 @@
 * FP32 and INT8 graphs then get HRM's attention (RoPE included) and RMSNorm fused into ORT's
   ``MultiHeadAttention`` / ``RotaryEmbedding`` / ``SimplifiedLayerNormalization`` CPU kernels,
   which ORT's optimizer does not do for these patterns (:mod:`hrm_deploy.engines.cpu_fusion`;
-  the bundled model: 2,203 -> 859 nodes). Every fused block is checked against the block it
-  replaces on the inputs the unfused graph gave it; ``--no-fuse`` leaves them out.
+  the bundled model: 2,203 -> 859 nodes). Every fused block (a sample past 1 GiB of tapped
+  tensors) is checked against the block it replaces on the inputs the unfused graph gave it;
+  ``--no-fuse`` leaves them out.
 * FP16 is the precision stage's FP16 graph, optimized the same way (on x86 ORT runs most FP16
   ops by casting; measured in ``benchmarks/results/cpu_latency.json``).
 
@@ -38,6 +39,8 @@ from hrm_deploy.onnx_runtime import Optimization, ort_session
 from hrm_deploy.progress import Stages
 
 CPU_PRECISIONS = ("fp32", "fp16", "int8")
+MAX_FUSED_BYTES = 1_900_000_000  # under protobuf's 2 GiB: graphs the fusion check can serialize
+PREFIX_POSITIONS = 64  # puzzle-embedding positions, an upper bound (upstream: ceil(ndim / hidden))
 OPTIMIZATION = Optimization.EXTENDED
 OPTIMIZATION_LEVEL = OPTIMIZATION.value  # as recorded in the manifest and the graph's metadata
 
@@ -89,6 +92,8 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
     from hrm_deploy.engines.cpu_fusion import FUSION_TOLERANCE, check_rewrites, fuse_for_cpu
 
     unfused = onnx.load(str(path))
+    if unfused.ByteSize() > MAX_FUSED_BYTES:  # one protobuf: the block check serializes the graph
+        return {"skipped": f"graph of {unfused.ByteSize() / 2**30:.1f} GiB, over the 2 GiB protobuf limit: not fused"}
     fused = onnx.ModelProto()
     fused.CopyFrom(unfused)
     report, rewrites = fuse_for_cpu(fused, meta["config"].get("hidden_size"))
@@ -104,8 +109,10 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
             feed[tensor.name] = np.zeros([1, *dims[1:]], np.float32)
         elif tensor.name == "reset":
             feed["reset"] = np.ones(1, bool)
+    # One [1, positions, hidden] float32 tensor (positions: the puzzle and its embedding prefix).
+    tensor_bytes = int(meta["config"].get("hidden_size") or 0) * (int(meta["seq_len"]) + PREFIX_POSITIONS) * 4
     try:
-        error = check_rewrites(unfused, fused, rewrites, feed, threads)
+        error, checked = check_rewrites(unfused, fused, rewrites, feed, threads, tensor_bytes)
     except Exception as exc:  # ORT refusing a fused node is our bug too
         raise InternalError(f"the fused graph does not run ({exc}); build with --no-fuse and report this") from exc
     if error > FUSION_TOLERANCE:
@@ -115,7 +122,7 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
         )
     del unfused
     onnx.save(fused, str(path))
-    return {**report.as_dict(), "checked_max_error": float(f"{error:.3g}")}
+    return {**report.as_dict(), "checked_blocks": checked, "checked_max_error": float(f"{error:.3g}")}
 
 
 def _restore_metadata(path: Path, props: dict[str, str], precision: str) -> None:

@@ -380,41 +380,71 @@ def fuse_for_cpu(model: Any, hidden_size: int | None) -> tuple[FusionReport, lis
     return report, g.rewrites
 
 
+TAPS_PER_KIND = {"attention": 4, "rms_norm": 2}  # tapped [1, S, hidden] tensors per block: QKV is 3
+
+
 def check_rewrites(
-    unfused: Any, fused: Any, rewrites: list[Rewrite], feed: dict[str, Any], threads: int | None
-) -> float:
-    """Run every fused block on the inputs the unfused graph gave its block (teacher forcing:
-    no error is carried from block to block, so a chaotic random-weight model is held to the
-    same limit as a trained one); returns the largest error relative to the block output's
-    scale. ``unfused``/``fused``: ONNX models (``fused`` supplies the initializers)."""
+    unfused: Any,
+    fused: Any,
+    rewrites: list[Rewrite],
+    feed: dict[str, Any],
+    threads: int | None,
+    tensor_bytes: int = 0,
+    budget_bytes: int = 2**30,
+) -> tuple[float, int]:
+    """Run the fused blocks on the inputs the unfused graph gave them (teacher forcing: no error
+    is carried from block to block, so a chaotic random-weight model is held to the same limit
+    as a trained one); returns the largest error relative to a block output's scale and how many
+    blocks were checked. ``unfused``/``fused``: ONNX models (``fused`` supplies the initializers).
+
+    The unfused graph is run once with the blocks' inputs and outputs as extra graph outputs,
+    which ORT keeps until the run ends: every block is checked when those tensors
+    (``tensor_bytes`` per [1, S, hidden] tensor) fit ``budget_bytes`` (the Sudoku-size unroll:
+    about 0.5 GB), else an evenly spaced sample of each kind that fits."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from hrm_deploy.onnx_runtime import Optimization, ort_session
+
+    if not rewrites:
+        return 0.0, 0
+    need = sum(TAPS_PER_KIND.get(r.kind, 4) for r in rewrites) * tensor_bytes
+    share = min(1.0, budget_bytes / need) if need else 1.0
+    chosen = []
+    for kind in dict.fromkeys(r.kind for r in rewrites):
+        of_kind = [r for r in rewrites if r.kind == kind]
+        keep = max(1, int(len(of_kind) * share))
+        step = (len(of_kind) - 1) / max(keep - 1, 1)
+        chosen += [of_kind[round(i * step)] for i in range(keep)] if keep < len(of_kind) else of_kind
+    probe = onnx.ModelProto()
+    probe.CopyFrom(unfused)
+    known = {o.name for o in probe.graph.output}
+    taps = list(dict.fromkeys(name for r in chosen for name in (*r.inputs, r.output)))
+    probe.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in taps if n not in known)
+    # The graph is ORT's already-optimized one: optimizing it again would only cost time.
+    session = ort_session(probe.SerializeToString(), threads=threads, optimization=Optimization.DISABLED)
+    del probe
+    values = dict(zip(taps, session.run(taps, feed), strict=True))
+    del session
+    return _check_group(fused, chosen, values, threads), len(chosen)
+
+
+def _check_group(fused: Any, rewrites: list[Rewrite], values: dict[str, Any], threads: int | None) -> float:
     import numpy as np
     import onnx
     from onnx import TensorProto, helper
 
     from hrm_deploy.onnx_runtime import ort_session
 
-    if not rewrites:
-        return 0.0
-    probe = onnx.ModelProto()
-    probe.CopyFrom(unfused)
-    taps = list(dict.fromkeys(name for r in rewrites for name in (*r.inputs, r.output)))
-    known = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in taps if n not in known)
-    names = [o.name for o in probe.graph.output]
-    values = dict(zip(names, ort_session(probe.SerializeToString(), threads=threads).run(names, feed), strict=True))
-    del probe
-
-    # One graph of every fused block side by side, each reading its tapped inputs.
+    # One graph of the group's fused blocks side by side, each reading its tapped inputs.
     nodes, outputs = [], []
     for i, rewrite in enumerate(rewrites):
+        made_here = {o for n in rewrite.nodes for o in n.output}
         for node in rewrite.nodes:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
-            for j, out in enumerate(copy.output):
-                copy.output[j] = f"check{i}/{out}"
-            for j, name in enumerate(copy.input):
-                if any(name == o for n in rewrite.nodes for o in n.output):
-                    copy.input[j] = f"check{i}/{name}"
+            copy.output[:] = [f"check{i}/{out}" for out in copy.output]
+            copy.input[:] = [f"check{i}/{name}" if name in made_here else name for name in copy.input]
             nodes.append(copy)
         outputs.append(f"check{i}/{rewrite.output}")
     inputs = sorted({n for r in rewrites for n in r.inputs})

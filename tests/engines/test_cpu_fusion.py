@@ -51,6 +51,7 @@ def test_fused_bundled_model_gives_the_same_answers_with_far_fewer_nodes(small_e
     # sudoku-small: 8 ACT steps x (2 H + 2x2 L) = 48 attention blocks, two RMSNorms each.
     assert (report["attention"], report["rotary_embedding"], report["rms_norm"]) == (48, 96, 96)
     assert report["not_matched"] == {} and report["checked_max_error"] < 1e-5
+    assert report["checked_blocks"] == 48 + 96  # all of them: the bundled model's taps are a few MB
     ops = fused.build["op_types"]
     assert all(ops.get(op) for op in FUSED_OPS), ops
     assert not any(k in ops for k in ("Softmax", "Transpose", "Sqrt", "ReduceMean", "Neg"))
@@ -120,11 +121,15 @@ def test_the_block_check_catches_a_wrong_fusion(small_export, tmp_path):
     fused = onnx.ModelProto()
     fused.CopyFrom(unfused)
     _, rewrites = fuse_for_cpu(fused, 64)
-    assert check_rewrites(unfused, fused, rewrites, _feed(), 1) < 1e-5
+    assert check_rewrites(unfused, fused, rewrites, _feed(), 1) == (pytest.approx(0, abs=1e-5), 144)
     attention = next(r for r in rewrites if r.kind == "attention").nodes[-1]
     scale = next(a for a in attention.attribute if a.name == "scale")
     scale.f *= 1.5  # a wrong softmax temperature in one block of 48
-    assert check_rewrites(unfused, fused, rewrites, _feed(), 1) > 1e-2
+    assert check_rewrites(unfused, fused, rewrites, _feed(), 1)[0] > 1e-2
+    # Over the memory budget an evenly spaced sample of each kind is checked, ends included.
+    error, checked = check_rewrites(unfused, fused, rewrites, _feed(), 1, tensor_bytes=2**20, budget_bytes=96 * 2**20)
+    # 48 attention x 4 MiB + 96 norms x 2 MiB = 384 MiB: a quarter of each kind, the broken first block included
+    assert checked == 12 + 24 and error > 1e-2
 
 
 def test_a_failed_block_check_stops_the_build_without_debris(small_export, tmp_path, monkeypatch):
