@@ -50,6 +50,18 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def describe(pids: set[int]) -> str:
+    """``pid: command line`` of each process still there (what outlived the server, for the failure)."""
+    lines = []
+    for pid in sorted(pids):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            lines.append(f"{pid}: {command[:160]}")
+        except OSError:
+            lines.append(f"{pid}: (gone)")
+    return "; ".join(lines)
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
