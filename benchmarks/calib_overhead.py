@@ -119,14 +119,9 @@ def sudoku_size(work: Path, k: int, batch: int, rounds: int) -> dict:
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-    from hrm_deploy.model.config import HRMConfig
-    from hrm_deploy.model.hrm import build_model
-    from hrm_deploy.train.presets import preset
+    from sudoku_size import sudoku_size_model
 
-    config = HRMConfig(
-        seq_len=81, vocab_size=11, num_puzzle_identifiers=1, **{**preset("sudoku")["model"], "forward_dtype": "float32"}
-    )
-    model = build_model(config, seed=0)
+    model = sudoku_size_model(seed=0)
     data = work / "sudoku-data"
     generate_sudoku(SudokuSpec(train=128, test=8, blanks=(40, 50), seed=0), str(data))
     examples = load_examples(str(data), k)

@@ -36,9 +36,8 @@ def build(name: str, work: Path) -> tuple[dict[str, Path], str, int]:
     from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.checkpoint import save_checkpoint
-    from hrm_deploy.model.config import HRMConfig
-    from hrm_deploy.model.hrm import build_model
     from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint, preset
+    from sudoku_size import sudoku_size_model
 
     folder = work / name
     folder.mkdir()
@@ -47,9 +46,7 @@ def build(name: str, work: Path) -> tuple[dict[str, Path], str, int]:
         spec = SudokuSpec(train=16, test=2000, blanks=preset(DEFAULT_PRESET)["data"]["blanks"], seed=12345)
         dependence_n = 300
     else:
-        config = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1,
-                           **{**preset("sudoku")["model"], "forward_dtype": "float32"})
-        ckpt = save_checkpoint(folder / "sudoku-random.pt", build_model(config, seed=0))
+        ckpt = save_checkpoint(folder / "sudoku-random.pt", sudoku_size_model(seed=0))
         spec = SudokuSpec(train=16, test=16, blanks=(40, 50), seed=0)
         dependence_n = 16
     generate_sudoku(spec, str(folder / "data"))

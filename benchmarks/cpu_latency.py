@@ -83,11 +83,10 @@ def prepare(name: str, work: Path, calib_samples: int, threads: int | None) -> d
     from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.checkpoint import save_checkpoint
-    from hrm_deploy.model.config import HRMConfig
-    from hrm_deploy.model.hrm import build_model
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
     from hrm_deploy.precision.int8 import QuantConfig
     from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint, preset
+    from sudoku_size import sudoku_size_model
 
     folder = work / name
     folder.mkdir()
@@ -96,9 +95,7 @@ def prepare(name: str, work: Path, calib_samples: int, threads: int | None) -> d
         blanks = preset(DEFAULT_PRESET)["data"]["blanks"]
         generate_sudoku(SudokuSpec(train=256, test=ACCURACY_PUZZLES, blanks=blanks, seed=12345), str(folder / "data"))
     else:
-        config = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1,
-                           **{**preset("sudoku")["model"], "forward_dtype": "float32"})
-        ckpt = save_checkpoint(folder / "sudoku-random.pt", build_model(config, seed=0))
+        ckpt = save_checkpoint(folder / "sudoku-random.pt", sudoku_size_model(seed=0))
         generate_sudoku(SudokuSpec(train=64, test=64, blanks=(40, 50), seed=0), str(folder / "data"))
     data = str(folder / "data")
     timings = {}

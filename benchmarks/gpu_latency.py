@@ -60,11 +60,9 @@ def main() -> int:
         return 2
     from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
     from hrm_deploy.model.checkpoint import save_checkpoint
-    from hrm_deploy.model.config import HRMConfig
-    from hrm_deploy.model.hrm import build_model
     from hrm_deploy.runners import open_runner
     from hrm_deploy.runners.torch_ref import TorchRunner
-    from hrm_deploy.train.presets import preset
+    from sudoku_size import sudoku_size_model
 
     rows: list[dict] = []
     max_batch = max(args.batches)
@@ -73,9 +71,7 @@ def main() -> int:
         if args.checkpoint:
             ckpt = Path(args.checkpoint)
         else:
-            config = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1,
-                               **{**preset("sudoku")["model"], "forward_dtype": "float32"})
-            ckpt = save_checkpoint(work / "sudoku-random.pt", build_model(config, seed=0))
+            ckpt = save_checkpoint(work / "sudoku-random.pt", sudoku_size_model(seed=0))
         engines = {}
         for mode in ("step", "unrolled"):
             start = time.perf_counter()

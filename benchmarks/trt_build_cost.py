@@ -58,15 +58,11 @@ def main() -> None:
     args = parser.parse_args()
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-    from hrm_deploy.model.config import HRMConfig
-    from hrm_deploy.model.hrm import build_model
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
     from hrm_deploy.precision.int8 import QuantConfig
-    from hrm_deploy.train.presets import preset
+    from sudoku_size import sudoku_size_model
 
-    config = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1,
-                       **{**preset("sudoku")["model"], "forward_dtype": "float32"})
-    model = build_model(config, seed=0)
+    model = sudoku_size_model(seed=0)
     out = Path(args.out).resolve()
     previous = json.loads(out.read_text())["builds"] if out.is_file() else {}
     report: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),

@@ -1,4 +1,5 @@
-"""Helpers shared by the commands: the Typer app class, user errors as one line, JSON printing."""
+"""Helpers shared by the commands: the Typer app class, user errors as one line, JSON printing,
+the ``-q/--quiet`` option."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
@@ -17,6 +18,9 @@ from hrm_deploy.errors import HRMDeployError, InternalError
 
 # The bundled presets live with the trainer; re-exported here for the commands.
 from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint  # noqa: F401
+
+# The option every command with a progress display takes.
+Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="No progress display.")]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

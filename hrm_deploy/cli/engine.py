@@ -9,7 +9,7 @@ import typer
 
 from hrm_deploy.cli import app
 from hrm_deploy.cli.choices import Backend, CalibMethod, CpuInt8Recipe, Precision, Target
-from hrm_deploy.cli.common import user_errors
+from hrm_deploy.cli.common import Quiet, user_errors
 from hrm_deploy.errors import ConfigError
 
 _SHORT = "Short for --precision "
@@ -117,7 +117,7 @@ def build_engine(
             help="Engine path (default: in engines/, named after the ONNX, precision, target and backend).",
         ),
     ] = None,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress display.")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""
     from hrm_deploy.engines.build import EngineConfig, build_engine as build

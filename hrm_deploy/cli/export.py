@@ -9,7 +9,7 @@ import typer
 
 from hrm_deploy.cli import app
 from hrm_deploy.cli.choices import ExportMode
-from hrm_deploy.cli.common import bundled_checkpoint, user_errors
+from hrm_deploy.cli.common import Quiet, bundled_checkpoint, user_errors
 
 
 @app.command()
@@ -48,7 +48,7 @@ def export(
     h_cycles: Annotated[int | None, typer.Option(help="Override arch.H_cycles.")] = None,
     l_cycles: Annotated[int | None, typer.Option(help="Override arch.L_cycles.")] = None,
     halt_max_steps: Annotated[int | None, typer.Option(help="Override arch.halt_max_steps.")] = None,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress display.")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Export a checkpoint to a checked, parity-tested FP32 ONNX graph with dynamic batch."""
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx

@@ -9,7 +9,7 @@ import typer
 
 from hrm_deploy.cli import app
 from hrm_deploy.cli.choices import Provider
-from hrm_deploy.cli.common import user_errors
+from hrm_deploy.cli.common import Quiet, user_errors
 
 
 @app.command()
@@ -48,7 +48,7 @@ def solve(
     ] = None,
     provider: Annotated[Provider, typer.Option(help="ONNX Runtime provider for .onnx.")] = Provider.CPU,
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Also write the output to this file.")] = None,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress display.")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Solve your own puzzles with a trained model and check the answers."""
     from hrm_deploy.solve import format_solutions, solve as run_solve

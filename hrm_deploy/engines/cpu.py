@@ -40,7 +40,6 @@ from hrm_deploy.progress import Stages
 
 CPU_PRECISIONS = ("fp32", "fp16", "int8")
 MAX_FUSED_BYTES = 1_900_000_000  # under protobuf's 2 GiB: graphs the fusion check can serialize
-PREFIX_POSITIONS = 64  # puzzle-embedding positions, an upper bound (upstream: ceil(ndim / hidden))
 OPTIMIZATION = Optimization.EXTENDED
 OPTIMIZATION_LEVEL = OPTIMIZATION.value  # as recorded in the manifest and the graph's metadata
 
@@ -90,27 +89,25 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
     import onnx
 
     from hrm_deploy.engines.cpu_fusion import FUSION_TOLERANCE, check_rewrites, fuse_for_cpu
+    from hrm_deploy.model.config import HRMConfig
 
     unfused = onnx.load(str(path))
     if unfused.ByteSize() > MAX_FUSED_BYTES:  # one protobuf: the block check serializes the graph
         return {"skipped": f"graph of {unfused.ByteSize() / 2**30:.1f} GiB, over the 2 GiB protobuf limit: not fused"}
     fused = onnx.ModelProto()
     fused.CopyFrom(unfused)
-    report, rewrites = fuse_for_cpu(fused, meta["config"].get("hidden_size"))
+    model_config = HRMConfig.from_dict(meta["config"])
+    report, rewrites = fuse_for_cpu(fused, model_config.hidden_size)
     # One puzzle of random tokens; a step graph gets its first step (reset, zero carry).
     rng = np.random.default_rng(0)
     feed: dict[str, Any] = {
-        "inputs": rng.integers(0, int(meta["vocab_size"]), (1, int(meta["seq_len"])), dtype=np.int32),
+        "inputs": rng.integers(0, model_config.vocab_size, (1, model_config.seq_len), dtype=np.int32),
         "puzzle_identifiers": np.zeros(1, np.int32),
     }
-    for tensor in unfused.graph.input:
-        if tensor.name in ("z_H", "z_L"):
-            dims = [d.dim_value or 1 for d in tensor.type.tensor_type.shape.dim]
-            feed[tensor.name] = np.zeros([1, *dims[1:]], np.float32)
-        elif tensor.name == "reset":
-            feed["reset"] = np.ones(1, bool)
-    # One [1, positions, hidden] float32 tensor (positions: the puzzle and its embedding prefix).
-    tensor_bytes = int(meta["config"].get("hidden_size") or 0) * (int(meta["seq_len"]) + PREFIX_POSITIONS) * 4
+    if any(tensor.name == "z_H" for tensor in unfused.graph.input):
+        carry = np.zeros((1, model_config.total_seq_len, model_config.hidden_size), np.float32)
+        feed.update(z_H=carry, z_L=carry, reset=np.ones(1, bool))
+    tensor_bytes = model_config.total_seq_len * model_config.hidden_size * 4  # one [1, positions, hidden] float32
     try:
         error, checked = check_rewrites(unfused, fused, rewrites, feed, threads, tensor_bytes)
     except Exception as exc:  # ORT refusing a fused node is our bug too
