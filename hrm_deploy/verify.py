@@ -242,6 +242,7 @@ def verify(
     report: dict[str, Any] = {
         "artifact": str(path),
         "runner": candidate.name,
+        "runtime": dict(candidate.runtime_settings),  # e.g. which loop ran (CUDA graph or eager)
         "precision": candidate.precision,
         "steps": candidate.steps,
         "reference_checkpoint": str(reference_ckpt),

@@ -27,8 +27,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="sudoku-tiny", help="sudoku-tiny or sudoku-small")
     parser.add_argument("--workdir", default=None, help="scratch folder (default /tmp/<preset>-bundle)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default); "
-                        "on a shared CPU 1 is often fastest")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0: torch's default); on a shared CPU 1 is often fastest",
+    )
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
@@ -56,8 +60,13 @@ def main() -> None:
     generate_sudoku(spec, str(work / "data"))
     generate_s = time.perf_counter() - t0
     model_config = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1, **chosen["model"])
-    config = TrainConfig(data_path=str(work / "data"), out_dir=str(work / "run"), device=args.device,
-                         threads=args.threads, **chosen["train"])
+    config = TrainConfig(
+        data_path=str(work / "data"),
+        out_dir=str(work / "run"),
+        device=args.device,
+        threads=args.threads,
+        **chosen["train"],
+    )
     t0 = time.perf_counter()
     result = train(model_config, config)
     train_s = time.perf_counter() - t0
@@ -65,9 +74,15 @@ def main() -> None:
     model = model_from_contents(contents)
     provenance: dict = {
         "dataset": {"generator": "sudoku", **dataclasses.asdict(spec)},
-        "training": {"wall_s": round(train_s, 1), "generate_s": round(generate_s, 1), "device": args.device,
-                     "threads": torch.get_num_threads(), "torch": str(torch.__version__),
-                     "machine": platform.machine(), "script": "scripts/refresh_bundled_checkpoint.py"},
+        "training": {
+            "wall_s": round(train_s, 1),
+            "generate_s": round(generate_s, 1),
+            "device": args.device,
+            "threads": torch.get_num_threads(),
+            "torch": str(torch.__version__),
+            "machine": platform.machine(),
+            "script": "scripts/refresh_bundled_checkpoint.py",
+        },
     }
     report = None
     if model_config.halt_max_steps > 1 and "heldout" in chosen:
@@ -76,15 +91,28 @@ def main() -> None:
         report = act_report(step_outcomes(model, load_split(work / "heldout", "test")))
         provenance["heldout"] = {"generator": "sudoku", **dataclasses.asdict(heldout)}
         provenance["act_report"] = report
-    save_checkpoint(bundled, model, step=contents.step or 0, train_config=contents.train_config,
-                    metrics=result.metrics, **provenance)
-    print(f"wrote {bundled} ({bundled.stat().st_size / 1e6:.2f} MB): test exact accuracy "
-          f"{result.metrics['eval']['exact_accuracy']:.3f}, trained in {train_s / 60:.1f} min")
+    save_checkpoint(
+        bundled,
+        model,
+        step=contents.step or 0,
+        train_config=contents.train_config,
+        metrics=result.metrics,
+        **provenance,
+    )
+    print(
+        f"wrote {bundled} ({bundled.stat().st_size / 1e6:.2f} MB): test exact accuracy "
+        f"{result.metrics['eval']['exact_accuracy']:.3f}, trained in {train_s / 60:.1f} min"
+    )
     if report is not None:
-        results = {"preset": args.preset, "checkpoint": str(bundled.relative_to(ROOT)),
-                   "model": chosen["model"], "train": chosen["train"], **provenance,
-                   "train_final": {k: v for k, v in result.metrics.items() if k != "eval"},
-                   "test_eval_unrolled": result.metrics.get("eval")}
+        results = {
+            "preset": args.preset,
+            "checkpoint": str(bundled.relative_to(ROOT)),
+            "model": chosen["model"],
+            "train": chosen["train"],
+            **provenance,
+            "train_final": {k: v for k, v in result.metrics.items() if k != "eval"},
+            "test_eval_unrolled": result.metrics.get("eval"),
+        }
         out = ROOT / "benchmarks" / "results" / f"{args.preset.replace('-', '_')}_preset.json"
         write_json(out, results)
         print(f"wrote {out}: per-step exact {report['per_step_exact_accuracy']}")

@@ -28,9 +28,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-CHECKED = ["hrm_deploy/engines", "hrm_deploy/runners/backend.py", "hrm_deploy/runners/compat.py",
-           "hrm_deploy/runners/trt.py", "hrm_deploy/runners/adapter.py", "hrm_deploy/runners/device_loop.py",
-           "hrm_deploy/runners/memory.py"]
+CHECKED = [
+    "hrm_deploy/engines",
+    "hrm_deploy/runners/backend.py",
+    "hrm_deploy/runners/compat.py",
+    "hrm_deploy/runners/trt.py",
+    "hrm_deploy/runners/adapter.py",
+    "hrm_deploy/runners/device_loop.py",
+    "hrm_deploy/runners/memory.py",
+]
 # the builders and the backend they share with the runners (tests/runners checks the adapter's names)
 RTX_CHECKED = ["hrm_deploy/engines", "hrm_deploy/runners/backend.py"]
 
@@ -45,7 +51,15 @@ def stub_root() -> Path | None:
 def _mypy(paths: list[str], cwd: Path, stub_path: str) -> tuple[int, list[str], str]:
     """(exit status when mypy itself failed else 0, our lines, output tail)."""
     env = {**os.environ, "MYPYPATH": stub_path}
-    cmd = [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-incremental", "--ignore-missing-imports", *paths]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mypy",
+        "--follow-imports=silent",
+        "--no-incremental",
+        "--ignore-missing-imports",
+        *paths,
+    ]
     run = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     # mypy also reports the stubs' own inconsistencies (pybind11-generated); only ours count.
     ours = [line for line in run.stdout.splitlines() if line.startswith("hrm_deploy/")]
@@ -62,8 +76,11 @@ def typed_rtx_copy(repo: Path, dest: Path) -> None:
         if "backend.trt" not in text and "self.trt" not in text:
             continue
         # same line count: the import joins the __future__ line
-        text = text.replace("from __future__ import annotations",
-                            "from __future__ import annotations; import tensorrt_rtx as _rtx_api", 1)
+        text = text.replace(
+            "from __future__ import annotations",
+            "from __future__ import annotations; import tensorrt_rtx as _rtx_api",
+            1,
+        )
         text = re.sub(r"^(\s+)import tensorrt$", r"\1import tensorrt_rtx as tensorrt", text, flags=re.MULTILINE)
         text = text.replace("backend.trt", "_rtx_api").replace("self.trt", "_rtx_api")
         path.write_text(text)
@@ -75,23 +92,42 @@ def check_rtx(repo: Path, tmp: Path) -> int:
         return 0
     stubs = tmp / "rtx_stubs"
     # mypy is mypyc-compiled: `python -m mypy.stubgen` has no code object, its main() works
-    gen = subprocess.run([sys.executable, "-c", "import sys; from mypy.stubgen import main; main(sys.argv[1:])",
-                          "-p", "tensorrt_rtx_bindings", "-p", "tensorrt_rtx", "-o", str(stubs)],
-                         capture_output=True, text=True, check=False)
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from mypy.stubgen import main; main(sys.argv[1:])",
+            "-p",
+            "tensorrt_rtx_bindings",
+            "-p",
+            "tensorrt_rtx",
+            "-o",
+            str(stubs),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if gen.returncode != 0:
         print(gen.stdout[-2000:] + gen.stderr[-2000:], file=sys.stderr)
         return gen.returncode
     for stub in stubs.rglob("*.pyi"):  # the same required-after-defaulted signature as in tensorrt-stubs
         text = stub.read_text()
-        text = text.replace("power: Weights = ..., channel_axis: typing.SupportsInt)",
-                            "power: Weights = ..., channel_axis: typing.SupportsInt = ...)")
+        text = text.replace(
+            "power: Weights = ..., channel_axis: typing.SupportsInt)",
+            "power: Weights = ..., channel_axis: typing.SupportsInt = ...)",
+        )
         # IHostMemory implements the buffer protocol (bytes(plan) works); stubgen cannot see that
-        text = text.replace("class IHostMemory:", "class IHostMemory:\n    def __buffer__(self, flags: int, /) -> memoryview: ...")
+        text = text.replace(
+            "class IHostMemory:", "class IHostMemory:\n    def __buffer__(self, flags: int, /) -> memoryview: ..."
+        )
         stub.write_text(text)
     typed_rtx_copy(repo, tmp / "src")
     code, ours, tail = _mypy(RTX_CHECKED, tmp / "src", str(stubs))
-    print("\n".join(f"[tensorrt-rtx] {line}" for line in ours)
-          or f"mypy: no issues in {', '.join(RTX_CHECKED)} against tensorrt_rtx (typed backend.trt)")
+    print(
+        "\n".join(f"[tensorrt-rtx] {line}" for line in ours)
+        or f"mypy: no issues in {', '.join(RTX_CHECKED)} against tensorrt_rtx (typed backend.trt)"
+    )
     if code:
         print(tail, file=sys.stderr)  # mypy itself failed
         return code
@@ -109,7 +145,9 @@ def main() -> int:
             for stub in (root / package).glob("*.pyi"):
                 text = re.sub(r"\bin: ", "in_: ", stub.read_text())
                 # one signature puts a required parameter after defaulted ones
-                text = text.replace("power: Weights = None, channel_axis: int)", "power: Weights = None, channel_axis: int = 0)")
+                text = text.replace(
+                    "power: Weights = None, channel_axis: int)", "power: Weights = None, channel_axis: int = 0)"
+                )
                 target = Path(tmp) / "trt_stubs" / package / stub.name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(text)

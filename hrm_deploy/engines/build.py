@@ -62,6 +62,7 @@ class EngineConfig:
     fuse: bool = True  # cpu target: attention and RMSNorm into ORT's fused CPU kernels
     cpu_int8: str = "dynamic"  # cpu target: INT8 recipe (engines/cpu_int8.py)
     allow_unrolled: bool = False  # TensorRT: build an unrolled graph whose estimated cost is over budget (engines.cost)
+    device: str = "auto"  # torch backend: compile for "cuda", "cpu" or "auto" (cuda when torch sees a GPU)
 
     def __post_init__(self) -> None:
         if self.precision not in ENGINE_PRECISIONS:
@@ -298,7 +299,9 @@ def build_engine(
     if config.backend == "torch":
         from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
 
-        torch_config = TorchEngineConfig(precision=config.precision, max_batch=config.max_batch or 1024)
+        torch_config = TorchEngineConfig(
+            precision=config.precision, max_batch=config.max_batch or 1024, device=config.device
+        )
         return build_torch_engine(onnx_path or newest_export(), torch_config, out, quiet=quiet)
     target = get_target(config.target)
     if target.name == "cpu":

@@ -192,11 +192,19 @@ class LoopRunner(Runner):
         self.requested_steps = steps
         self.steps = steps if steps and self.mode == "step" else int(self.manifest.get("steps", 1))
         self.cuda_graph, self.step_predictions = cuda_graph, step_predictions
+        self.runtime_settings: dict[str, Any] = {}  # memory backend and loop path, once active
         self.loop: Any = None
         self.memory: Any = None
 
+    def activate(self) -> Self:
+        super().activate()
+        if self.loop is not None:
+            self.runtime_settings.update(memory=self.memory.kind, loop=self.loop.path)
+        return self
+
     def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
         out, self.last_timing = self.loop.run(feeds, halt)
+        self.runtime_settings["loop"] = self.loop.path  # the same dict bench holds: a capture failure shows
         return out
 
     def _before_close(self) -> None:

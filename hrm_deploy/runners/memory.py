@@ -170,19 +170,34 @@ class TorchMemory:
             self.stream.synchronize()
 
     def on_stream(self) -> contextlib.AbstractContextManager[Any]:
-        """Make the runner's stream torch's current stream (for torch engines' kernels)."""
-        return self.torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        """Make the runner's device and stream torch's current ones (for torch engines' kernels)."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.torch.cuda.device(self.device))
+        stack.enter_context(self.torch.cuda.stream(self.stream))
+        return stack
 
     def capture(self, work: Callable[[], None]) -> Any:
-        graph = self.torch.cuda.CUDAGraph()
+        # thread-local capture mode: a server runs several threads, and the default ("global")
+        # mode makes any unsafe CUDA call on *another* thread fail this capture
+        torch = self.torch
         self.synchronize()
-        with self.torch.cuda.graph(graph, stream=self.stream):
-            work()
+        with torch.cuda.device(self.device):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
+                work()
         return graph
 
     def replay(self, graph: Any) -> None:
         with self.on_stream():
             graph.replay()
+
+    def argmax(self, dst: Any, src: Any) -> None:
+        """``dst`` (int32 [..]) = ``src`` (float [.., V]).argmax(-1), on the device: per-step answers
+        cross to the host as 4 bytes per position instead of 4 x V."""
+        with self.on_stream():
+            dst.copy_(src.argmax(-1))
 
     def reset_peak(self) -> None:
         if self.stream is not None:
@@ -210,10 +225,10 @@ class _CudaBuffer:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """Lets torch (the PyTorch engine's adapter) view the buffer without a copy."""
-        if self.dtype == "bfloat16":
-            raise TypeError("bfloat16 has no __cuda_array_interface__ type string")
-        return {"shape": self.shape, "typestr": host_dtype(self.dtype).str, "data": (self.ptr, False), "version": 3}
+        """Lets torch (the PyTorch engine's adapter) view the buffer without a copy. bfloat16 has no
+        type string: it is shown as int16 (its bits), which the viewer reinterprets (``.view``)."""
+        typestr = "<i2" if self.dtype == "bfloat16" else host_dtype(self.dtype).str
+        return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False), "version": 3}
 
 
 class CudaPythonMemory:
@@ -232,6 +247,7 @@ class CudaPythonMemory:
                     "pip install 'hrm-deploy[jetson]' (or install a CUDA torch)"
                 ) from None
         rt = self.rt
+        self.device_index = device
         self._check(rt.cudaSetDevice(device))
         self._stream = self._check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking))
         self.stream_handle = _handle(self._stream)
@@ -306,7 +322,9 @@ class CudaPythonMemory:
 
     def capture(self, work: Callable[[], None]) -> Any:
         rt = self.rt
-        self._check(rt.cudaStreamBeginCapture(self._stream, rt.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal))
+        # thread-local mode: unsafe calls on other threads (a server's) do not invalidate this capture
+        mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        self._check(rt.cudaStreamBeginCapture(self._stream, mode))
         try:
             work()
         finally:
@@ -404,6 +422,9 @@ class HostMemory:
         self.enqueue(work)
 
     upload = download = copy = _copy
+
+    def argmax(self, dst: np.ndarray, src: np.ndarray) -> None:
+        self.enqueue(lambda: np.copyto(dst, src.argmax(-1).reshape(dst.shape), casting="unsafe"))
 
     def new_event(self) -> list[float]:
         return [0.0]

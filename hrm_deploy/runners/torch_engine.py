@@ -7,6 +7,8 @@ as a CUDA graph; on the CPU the same loop with torch CPU memory (no graph).
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,33 @@ from hrm_deploy.manifest import check_artifact
 from hrm_deploy.runners.adapter import TensorSpec
 from hrm_deploy.runners.base import LoopRunner
 from hrm_deploy.runners.compat import check_compatible
+
+log = logging.getLogger(__name__)
+
+
+def load_aoti_package(torch: Any, path: Path, *, single_threaded: bool, device_index: int) -> tuple[Any, bool]:
+    """``torch._inductor.aoti_load_package`` with the options the device loop needs, and whether
+    the loaded model may be captured in a CUDA graph.
+
+    AOTInductor's default runner synchronises through CUDA events between calls; an event query
+    inside a stream capture fails, so a captured loop needs ``run_single_threaded=True`` (torch
+    documents the flag for CUDA graphs). ``device_index`` loads the weights onto the runner's GPU.
+    A torch without the flag loads the default runner and the loop stays eager."""
+    load = torch._inductor.aoti_load_package
+    params = inspect.signature(load).parameters
+    kwargs: dict[str, Any] = {}
+    capturable = True
+    if single_threaded:
+        if "run_single_threaded" in params:
+            kwargs["run_single_threaded"] = True
+        else:
+            capturable = False
+            log.warning(
+                "torch %s cannot load AOTInductor for CUDA graphs; the step loop runs eagerly", torch.__version__
+            )
+    if device_index >= 0 and "device_index" in params:
+        kwargs["device_index"] = device_index
+    return load(str(path), **kwargs), capturable
 
 
 class TorchEngineAdapter:
@@ -32,7 +61,11 @@ class TorchEngineAdapter:
         self.inputs = [s.name for s in specs if s.is_input]
         self.outputs = [s.name for s in specs if not s.is_input]
         cuda = memory.kind in ("torch-cuda", "cuda-python")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        # the memory backend's device (the runner's --device), not whatever device is current
+        index = getattr(getattr(memory, "device", None), "index", None)
+        self.device = torch.device("cuda", index if index is not None else memory_index(memory)) if cuda else None
+        self.device = self.device or torch.device("cpu")
+        self.graph_safe = True  # False when the compiled model cannot be captured (see load_aoti_package)
         external = memory.kind == "cuda-python"
         self._stream = torch.cuda.ExternalStream(memory.stream_handle) if external else None
 
@@ -62,9 +95,10 @@ class TorchEngineAdapter:
 
     def bind(self, context: dict[str, Any], name: str, buffer: Any) -> None:
         torch = self.torch
-        context["bound"][name] = (
-            buffer if isinstance(buffer, torch.Tensor) else torch.as_tensor(buffer, device=self.device)
-        )
+        if not isinstance(buffer, torch.Tensor):  # cuda-python memory: a zero-copy view
+            view = torch.as_tensor(buffer, device=self.device)
+            buffer = view.view(torch.bfloat16) if getattr(buffer, "dtype", None) == "bfloat16" else view
+        context["bound"][name] = buffer
 
     def execute(self, context: dict[str, Any]) -> None:
         torch, bound = self.torch, context["bound"]
@@ -75,7 +109,12 @@ class TorchEngineAdapter:
 
     def capturable(self, context: Any) -> bool:
         # torch's allocator must know the capture (torch.cuda.graph): only with torch memory
-        return self.memory.kind == "torch-cuda"
+        return self.memory.kind == "torch-cuda" and self.graph_safe
+
+
+def memory_index(memory: Any) -> int:
+    """The GPU index of a cuda-python memory backend (its device), 0 when it does not say."""
+    return int(getattr(memory, "device_index", 0))
 
 
 class _null:
@@ -115,13 +154,20 @@ class TorchEngineRunner(LoopRunner):
         check_compatible(self.manifest, "torch", torch.__version__, self.memory.capability, self.memory.gpu_name)
         if on_cuda:
             torch.cuda.set_device(self.device_index)
+        graph_safe = True
         if self.compile_path == "aoti":
-            fn = torch._inductor.aoti_load_package(str(self.path))
+            fn, graph_safe = load_aoti_package(
+                torch,
+                self.path,
+                single_threaded=on_cuda and self.cuda_graph and self.memory.kind == "torch-cuda",
+                device_index=self.device_index if on_cuda else -1,
+            )
         else:  # the build could not AOT-compile: compile the exported program here
             fn = torch.compile(torch.export.load(str(self.path)).module(), dynamic=True)
         specs = [TensorSpec(t["name"], t["is_input"], t["dtype"], tuple(t["shape"])) for t in self.manifest["io"]]
         low, high = self.manifest.get("profile_shapes", {}).get("batch", [1, 1024])
         adapter = TorchEngineAdapter(fn, specs, self.memory, (int(low), int(high)))
+        adapter.graph_safe = graph_safe
         self.loop = DeviceLoop(
             adapter,
             self.memory,

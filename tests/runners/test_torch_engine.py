@@ -27,11 +27,14 @@ def torch_engines(tiny_onnx, tmp_path_factory):
     folder = tmp_path_factory.mktemp("torch_engines")
     checkpoint = find_reference(tiny_onnx.unrolled)
     step = build_engine(
-        checkpoint, EngineConfig(precision="fp32", backend="torch", max_batch=64), folder / "tiny.step.pt2", quiet=True
+        checkpoint,
+        EngineConfig(precision="fp32", backend="torch", max_batch=64, device="cpu"),
+        folder / "tiny.step.pt2",
+        quiet=True,
     )
     unrolled = build_engine(
         tiny_onnx.unrolled,
-        EngineConfig(precision="fp32", backend="torch", max_batch=64),
+        EngineConfig(precision="fp32", backend="torch", max_batch=64, device="cpu"),
         folder / "tiny.unrolled.pt2",
         quiet=True,
     )
@@ -64,7 +67,7 @@ def test_step_engine_on_cpu_answers_like_the_reference(torch_engines):
         assert runner.name == "torch_engine" and runner.memory.kind == "torch-cpu"
         out = runner.infer(feeds)
         again = runner.infer(feeds)
-        assert runner.loop.plans[40].graph is None  # no CUDA graphs on the CPU
+        assert runner.loop.plans[64].graph is None  # no CUDA graphs on the CPU
     for result in (out, again):
         np.testing.assert_array_equal(result["logits"].argmax(-1), ref["logits"].argmax(-1))
         np.testing.assert_array_equal(result["step_predictions"], ref["step_predictions"])
@@ -261,3 +264,143 @@ def test_gpu_bench_end_to_end(cuda_engine, trained_tiny, tmp_path):
     row = report["rows"][0]
     assert row["status"] == "ok" and row["runner"] == "torch_engine", row
     assert row["batches"]["64"]["phases_median_ms"]["compute_ms"] > 0
+
+
+# -- the GPU-only seams, checked on the CPU -------------------------------------------------------
+
+
+def test_captured_loops_load_aoti_single_threaded_on_the_runner_gpu():
+    """AOTInductor's default runner queries CUDA events between calls, which fails inside a
+    stream capture: a captured loop must load it with run_single_threaded=True, on its GPU."""
+    from types import SimpleNamespace
+
+    from hrm_deploy.runners.torch_engine import load_aoti_package
+
+    calls = []
+
+    def load(path, run_single_threaded=False, device_index=-1):
+        calls.append((path, run_single_threaded, device_index))
+        return "model"
+
+    fake = SimpleNamespace(_inductor=SimpleNamespace(aoti_load_package=load), __version__="2.11")
+    assert load_aoti_package(fake, Path("e.pt2"), single_threaded=True, device_index=1) == ("model", True)
+    assert load_aoti_package(fake, Path("e.pt2"), single_threaded=False, device_index=-1) == ("model", True)
+    assert calls == [("e.pt2", True, 1), ("e.pt2", False, -1)]
+
+    def old_load(path):  # a torch without the flag: loaded as is, and the loop must stay eager
+        return "old"
+
+    old = SimpleNamespace(_inductor=SimpleNamespace(aoti_load_package=old_load), __version__="2.5")
+    assert load_aoti_package(old, Path("e.pt2"), single_threaded=True, device_index=0) == ("old", False)
+    # the installed torch has both options (API introspection, no GPU needed)
+    import inspect
+
+    assert {"run_single_threaded", "device_index"} <= set(
+        inspect.signature(torch._inductor.aoti_load_package).parameters
+    )
+
+
+def test_adapter_runs_on_the_memory_backends_gpu_and_views_bf16_cuda_python_buffers(monkeypatch):
+    from types import SimpleNamespace
+
+    from hrm_deploy.runners.memory import _CudaBuffer
+    from hrm_deploy.runners.torch_engine import TorchEngineAdapter
+
+    memory = SimpleNamespace(kind="cuda-python", stream_handle=0, device_index=1)
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle: None)
+    adapter = TorchEngineAdapter(lambda *a: a, [], memory, (1, 8))
+    assert adapter.device == torch.device("cuda", 1)  # not torch's current device
+    torch_memory = SimpleNamespace(kind="torch-cuda", stream_handle=0, device=torch.device("cuda", 2))
+    assert TorchEngineAdapter(lambda *a: a, [], torch_memory, (1, 8)).device == torch.device("cuda", 2)
+
+    seen = {}
+
+    def as_tensor(buffer, device=None):  # what torch does with a __cuda_array_interface__, on the CPU
+        iface = buffer.__cuda_array_interface__
+        seen["typestr"], seen["device"] = iface["typestr"], device
+        return torch.zeros(iface["shape"], dtype={"<i2": torch.int16, "<f4": torch.float32}[iface["typestr"]])
+
+    monkeypatch.setattr(torch, "as_tensor", as_tensor)
+    context = adapter.new_context()
+    adapter.bind(context, "z_H", _CudaBuffer(1234, (2, 3), "bfloat16", owner=False))
+    assert context["bound"]["z_H"].dtype == torch.bfloat16 and seen == {"typestr": "<i2", "device": adapter.device}
+    adapter.bind(context, "logits", _CudaBuffer(1234, (2, 3), "float32", owner=False))
+    assert context["bound"]["logits"].dtype == torch.float32
+
+
+def test_graph_capture_is_thread_local_and_on_the_runner_device(monkeypatch):
+    """A server runs several threads: a global-mode capture fails when another thread makes an
+    unsafe CUDA call, so the loop captures in thread-local mode, with its own device current."""
+    from types import SimpleNamespace
+
+    from hrm_deploy.runners.memory import TorchMemory
+
+    events = []
+
+    class Graph:
+        pass
+
+    class Ctx:
+        def __init__(self, name, **kw):
+            self.name, self.kw = name, kw
+
+        def __enter__(self):
+            events.append((self.name, self.kw))
+
+        def __exit__(self, *exc):
+            return False
+
+    cuda = SimpleNamespace(
+        CUDAGraph=Graph,
+        graph=lambda g, **kw: Ctx("graph", **kw),
+        device=lambda d: Ctx("device", d=d),
+    )
+    memory = TorchMemory.__new__(TorchMemory)
+    memory.torch, memory.device, memory.stream = SimpleNamespace(cuda=cuda), "cuda:3", "stream"
+    memory.synchronize = lambda: None
+    graph = memory.capture(lambda: events.append(("work", {})))
+    assert isinstance(graph, Graph)
+    assert events == [
+        ("device", {"d": "cuda:3"}),
+        ("graph", {"stream": "stream", "capture_error_mode": "thread_local"}),
+        ("work", {}),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("memory", ["torch", "cuda-python"])
+def test_gpu_bf16_engine_runs_on_both_memory_backends(trained_tiny, tmp_path, memory):
+    from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.runners import open_runner
+
+    if memory == "cuda-python":
+        pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed (pip install cuda-python)")
+    path = build_torch_engine(
+        trained_tiny.checkpoint,
+        TorchEngineConfig(precision="bf16", max_batch=64, device="cuda"),
+        tmp_path / "bf16.pt2",
+        quiet=True,
+    ).path
+    feeds = _examples(trained_tiny.data, 64).feeds(0, 64)
+    ref = _reference(trained_tiny.checkpoint, feeds, steps=1)
+    with open_runner(path, steps=1, memory=memory) as runner:
+        out = runner.infer(feeds)
+    agreement = (out["logits"].argmax(-1) == ref["logits"].argmax(-1)).mean()
+    assert agreement >= 0.99, agreement
+
+
+@pytest.mark.gpu
+def test_gpu_every_batch_size_through_bounded_captured_plans(cuda_engine, trained_tiny):
+    from hrm_deploy.runners import open_runner
+
+    examples = _examples(trained_tiny.data, 200)
+    with open_runner(cuda_engine, steps=2) as runner:
+        runner.loop.max_plans = 3
+        for n in (1, 3, 17, 64, 100, 200, 5):
+            feeds = examples.feeds(0, n)
+            out = runner.infer(feeds)
+            ref = _reference(trained_tiny.checkpoint, feeds, steps=2)
+            np.testing.assert_array_equal(out["logits"].argmax(-1), ref["logits"].argmax(-1))
+            np.testing.assert_array_equal(out["step_predictions"][:, -1], ref["logits"].argmax(-1))
+        assert len(runner.loop.plans) == 3 and runner.loop.path == "cuda_graph"
+        assert all(p.graph is not None for p in runner.loop.plans.values())
