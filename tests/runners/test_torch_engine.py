@@ -367,20 +367,23 @@ def test_graph_capture_is_thread_local_and_on_the_runner_device(monkeypatch):
     ]
 
 
+@pytest.fixture(scope="module")
+def cuda_bf16_engine(trained_tiny, tmp_path_factory):
+    from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
+
+    folder = tmp_path_factory.mktemp("cuda_bf16")
+    config = TorchEngineConfig(precision="bf16", max_batch=64, device="cuda")
+    return build_torch_engine(trained_tiny.checkpoint, config, folder / "bf16.pt2", quiet=True).path
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("memory", ["torch", "cuda-python"])
-def test_gpu_bf16_engine_runs_on_both_memory_backends(trained_tiny, tmp_path, memory):
-    from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
+def test_gpu_bf16_engine_runs_on_both_memory_backends(cuda_bf16_engine, trained_tiny, memory):
     from hrm_deploy.runners import open_runner
 
     if memory == "cuda-python":
         pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed (pip install cuda-python)")
-    path = build_torch_engine(
-        trained_tiny.checkpoint,
-        TorchEngineConfig(precision="bf16", max_batch=64, device="cuda"),
-        tmp_path / "bf16.pt2",
-        quiet=True,
-    ).path
+    path = cuda_bf16_engine
     feeds = _examples(trained_tiny.data, 64).feeds(0, 64)
     ref = _reference(trained_tiny.checkpoint, feeds, steps=1)
     with open_runner(path, steps=1, memory=memory) as runner:
