@@ -6,6 +6,7 @@ what it learned."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -23,8 +24,9 @@ def _tail(text: str, lines: int = 12) -> str:
 
 def run_stage(name: str, argv: list[str], limit: float, log: Path) -> dict:
     start = time.perf_counter()
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")  # a crash in a child leaves its Python stack in the log
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=limit)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=limit, env=env)
         rc, out = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
         rc, out = 124, f"{exc.stdout or ''}{exc.stderr or ''}\n(stopped after {limit:.0f} s)"
@@ -134,7 +136,7 @@ def main() -> int:
     latency = out / "gpu_latency.json"
     record(
         run_stage(
-            "benchmarks/gpu_latency.py (reference, AOTInductor step + unrolled; batch 1, 64, 1024)",
+            "benchmarks/gpu_latency.py (reference, AOTInductor step engine; batch 1, 64, 1024)",
             [
                 PY,
                 "benchmarks/gpu_latency.py",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.errors import EngineError, require
+from hrm_deploy.errors import ConfigError, EngineError, require
 from hrm_deploy.manifest import check_artifact
 from hrm_deploy.runners.adapter import TensorSpec
 from hrm_deploy.runners.base import LoopRunner
@@ -150,16 +150,24 @@ class TorchEngineRunner(LoopRunner):
                 f"{self.path.name} was compiled for CUDA but torch sees no GPU here; rebuild it here "
                 "(hrm-deploy build-engine --backend torch builds for the CPU without a GPU)"
             )
-        self.memory = device_memory(self.device_index if on_cuda else "cpu", self.memory_kind if on_cuda else "auto")
+        if on_cuda and self.memory_kind == "cuda-python":
+            # On an H100 this pairing failed (an illegal memory access, then a crash loading the
+            # package): AOTInductor's kernels and allocator belong to torch, so its buffers do too.
+            raise ConfigError(
+                "the PyTorch engine runs on torch's CUDA memory; --memory cuda-python is for TensorRT "
+                "engines on machines without torch: use --memory torch (or auto)"
+            )
+        self.memory = device_memory(self.device_index if on_cuda else "cpu", "torch" if on_cuda else "auto")
         check_compatible(self.manifest, "torch", torch.__version__, self.memory.capability, self.memory.gpu_name)
-        if on_cuda:
+        if on_cuda:  # torch's CUDA state exists on the runner's GPU before the package is loaded onto it
+            torch.cuda.init()
             torch.cuda.set_device(self.device_index)
         graph_safe = True
         if self.compile_path == "aoti":
             fn, graph_safe = load_aoti_package(
                 torch,
                 self.path,
-                single_threaded=on_cuda and self.cuda_graph and self.memory.kind == "torch-cuda",
+                single_threaded=on_cuda and self.cuda_graph,
                 device_index=self.device_index if on_cuda else -1,
             )
         else:  # the build could not AOT-compile: compile the exported program here

@@ -205,12 +205,10 @@ def cuda_engine(trained_tiny, tmp_path_factory):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("memory", ["torch", "cuda-python"])
+@pytest.mark.parametrize("memory", ["torch"])
 def test_gpu_engine_through_the_loop_races_and_graphs(cuda_engine, trained_tiny, memory):
     from hrm_deploy.runners import open_runner
 
-    if memory == "cuda-python":
-        pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed (pip install cuda-python)")
     feeds = _examples(trained_tiny.data, 64).feeds(0, 64)
     ref = _reference(trained_tiny.checkpoint, feeds, steps=4)
     with open_runner(cuda_engine, steps=4, memory=memory) as runner:
@@ -377,13 +375,13 @@ def cuda_bf16_engine(trained_tiny, tmp_path_factory):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("memory", ["torch", "cuda-python"])
-def test_gpu_bf16_engine_runs_on_both_memory_backends(cuda_bf16_engine, trained_tiny, memory):
+def test_gpu_bf16_engine_runs_and_refuses_cuda_python_memory(cuda_bf16_engine, trained_tiny):
     from hrm_deploy.runners import open_runner
 
-    if memory == "cuda-python":
-        pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed (pip install cuda-python)")
     path = cuda_bf16_engine
+    with pytest.raises(ConfigError, match="--memory torch"):
+        open_runner(path, memory="cuda-python").activate()
+    memory = "torch"
     feeds = _examples(trained_tiny.data, 64).feeds(0, 64)
     ref = _reference(trained_tiny.checkpoint, feeds, steps=1)
     with open_runner(path, steps=1, memory=memory) as runner:
@@ -407,3 +405,17 @@ def test_gpu_every_batch_size_through_bounded_captured_plans(cuda_engine, traine
             np.testing.assert_array_equal(out["step_predictions"][:, -1], ref["logits"].argmax(-1))
         assert len(runner.loop.plans) == 3 and runner.loop.path == "cuda_graph"
         assert all(p.graph is not None for p in runner.loop.plans.values())
+
+
+def test_cuda_python_memory_is_refused_for_a_cuda_torch_engine(tmp_path, monkeypatch):
+    from hrm_deploy.manifest import write_manifest
+    from hrm_deploy.runners import open_runner
+
+    path = tmp_path / "e.pt2"
+    path.write_bytes(b"not loaded")
+    write_manifest(
+        path, stage="engine", config={}, backend={"name": "torch", "version": torch.__version__}, device="cuda"
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match="--memory cuda-python is for TensorRT engines"):
+        open_runner(path, memory="cuda-python").activate()
