@@ -191,8 +191,11 @@ def build(spec: dict[str, Any]) -> int:
         profile.set_shape(name, lo, opt, hi)
     config.add_optimization_profile(profile)
     backend.set_compute_capability(config, spec.get("compute_capability"))
-    if backend.is_rtx:  # the device loop captures the step loop as a CUDA graph: RTX needs user allocation for that
-        config.set_flag(trt.BuilderFlag.REQUIRE_USER_ALLOCATION)
+    # RTX: user-allocated memory keeps the engine's buffers the loop's (and graph-capturable);
+    # the flag exists from TensorRT-RTX 1.2, older builds go without it
+    user_allocation = getattr(trt.BuilderFlag, "REQUIRE_USER_ALLOCATION", None) if backend.is_rtx else None
+    if user_allocation is not None:
+        config.set_flag(user_allocation)
         result["require_user_allocation"] = True
     cache = None
     if spec.get("timing_cache"):

@@ -75,12 +75,17 @@ class TrtAdapter:
         is_rtx: bool = False,
         backend: Any = None,
         runtime_cache: Any = None,
+        cuda_graphs: bool = False,
     ):
         # backend + runtime_cache (TensorRT-RTX): contexts come from runners.backend.create_context so
         # the JIT kernels are cached beside the engine instead of recompiled in every process.
         self.trt, self.memory, self.is_rtx = trt, memory, is_rtx
         self.backend, self.runtime_cache = backend, runtime_cache
         self.handles: list[Any] = []  # EngineContext objects: their runtime configs must outlive the contexts
+        # RTX runs its own whole-graph capture per execute (runners.backend.create_context); the
+        # loop's hand-chosen capture stays for standard TensorRT (RTX's JIT kernels make it fragile)
+        self.cuda_graphs = cuda_graphs
+        self.builtin_graphs = False
         self.engine: tensorrt.ICudaEngine = engine
         self.tensors: dict[str, TensorSpec] = {}
         for i in range(engine.num_io_tensors):
@@ -103,8 +108,16 @@ class TrtAdapter:
         if self.backend is not None and self.is_rtx:
             from hrm_deploy.runners.backend import create_context
 
-            handle = create_context(self.engine, self.backend, self.runtime_cache, allocation_strategy="user_managed")
+            handle = create_context(
+                self.engine,
+                self.backend,
+                self.runtime_cache,
+                allocation_strategy="user_managed",
+                cuda_graphs=self.cuda_graphs,
+                shared=self.handles[0] if self.handles else None,  # one runtime cache per engine
+            )
             self.handles.append(handle)
+            self.builtin_graphs = handle.builtin_graphs
             context = handle.context
         elif self.is_rtx:  # RTX takes the strategy (and its runtime cache) through a runtime config
             config = getattr(self.engine, "create_runtime_config")()  # noqa: B009 - RTX (and TRT >= 10.11) only
@@ -117,10 +130,9 @@ class TrtAdapter:
         return context
 
     def save_runtime_caches(self) -> None:
-        """Write TensorRT-RTX's runtime cache back (atomically) once kernels were compiled."""
+        """Write TensorRT-RTX's runtime cache back (atomically, by the one context that owns it)."""
         for handle in self.handles:
-            if handle.cache is not None:
-                handle.save_runtime_cache()
+            handle.save_runtime_cache()
 
     def set_input_shape(self, context: tensorrt.IExecutionContext, name: str, shape: tuple[int, ...]) -> bool:
         return bool(context.set_input_shape(name, shape))
@@ -145,5 +157,7 @@ class TrtAdapter:
             raise EngineError("execute_async_v3 failed (see TensorRT's log above)")
 
     def capturable(self, context: tensorrt.IExecutionContext) -> bool:
-        check = getattr(context, "is_stream_capturable", None)  # TensorRT-RTX >= 1.2
+        if self.is_rtx:
+            return False  # RTX: its own per-execute capture (builtin_graphs), never the loop's
+        check = getattr(context, "is_stream_capturable", None)
         return bool(check(self.memory.stream_handle)) if check is not None else True

@@ -14,10 +14,13 @@ runners use it, so it lives in the lower room (runners) and imports only the bas
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
+import os
 import re
 import shlex
-import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +28,8 @@ from typing import Any
 
 from hrm_deploy.errors import ConfigError, DependencyError
 from hrm_deploy.io import atomic_path
+
+log = logging.getLogger(__name__)
 
 MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
 EXTRAS = {"tensorrt": "trt", "tensorrt-rtx": "rtx"}
@@ -144,23 +149,50 @@ class EngineContext:
     cache: Any = None
     cache_path: Path | None = None
     cache_loaded: bool = False
+    owns_cache: bool = True  # False: another context's cache, shared (that context saves it)
+    builtin_graphs: bool = False  # TensorRT-RTX captures each execute as a CUDA graph itself
     notes: list[str] = field(default_factory=list)
 
     def save_runtime_cache(self) -> Path | None:
-        """Write the (grown) runtime cache atomically beside the engine; None where there is none.
+        """Write the (grown) runtime cache atomically beside the engine; None where there is none
+        or where this context shares another's cache (one writer per engine).
 
         Call after the first inferences of each batch size: that is when RTX compiles kernels.
+        Saves of one folder are serialised by a lock on the folder, so two processes sharing an
+        engine never interleave their writes (each file written is a whole cache).
         """
-        if self.cache is None or self.cache_path is None:
+        if self.cache is None or self.cache_path is None or not self.owns_cache:
             return None
         blob = bytes(self.cache.serialize())
-        with atomic_path(self.cache_path) as tmp:
+        with _folder_lock(self.cache_path.parent), atomic_path(self.cache_path) as tmp:
             tmp.write_bytes(blob)
         return self.cache_path
 
 
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``folder`` (flock on its descriptor: no lock file left behind)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: atomic replacement alone
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def create_context(
-    engine: Any, backend: Backend, runtime_cache: str | Path | None = None, *, allocation_strategy: str | None = None
+    engine: Any,
+    backend: Backend,
+    runtime_cache: str | Path | None = None,
+    *,
+    allocation_strategy: str | None = None,
+    cuda_graphs: bool = False,
+    shared: EngineContext | None = None,
 ) -> EngineContext:
     """Create an execution context for ``engine``; on TensorRT-RTX with a runtime cache.
 
@@ -172,6 +204,12 @@ def create_context(
     ``config.set_runtime_cache(cache)``, then ``engine.create_execution_context(config)``.
     ``allocation_strategy`` ("static", "on_profile_change", "user_managed") picks
     ``ExecutionContextAllocationStrategy`` (the device loop wants "user_managed" to own memory).
+    ``shared``: an earlier context of the same engine whose runtime cache this one uses too (one
+    cache, one writer per engine). ``cuda_graphs`` (RTX): the runtime captures each execute as a
+    CUDA graph itself (``CudaGraphStrategy.WHOLE_GRAPH_CAPTURE``), with shape-specialised kernels
+    compiled before the first capture (``DynamicShapesKernelSpecializationStrategy.EAGER``; the
+    default LAZY one would capture the generic fallback kernels and replay them for good); names
+    an older TensorRT-RTX lacks are skipped and the context runs without graphs.
     On TensorRT there is no runtime cache: a plain ``create_execution_context``.
     """
     trt = backend.trt
@@ -193,7 +231,13 @@ def create_context(
     if strategy is not None:
         runtime_config.set_execution_context_allocation_strategy(strategy)
     handle = EngineContext(None, runtime_config=runtime_config)
-    if runtime_cache is not None:
+    if cuda_graphs:
+        handle.builtin_graphs = _rtx_graphs(trt, runtime_config)
+    if shared is not None and shared.cache is not None:
+        handle.cache, handle.cache_path, handle.owns_cache = shared.cache, shared.cache_path, False
+        if not runtime_config.set_runtime_cache(handle.cache):
+            handle.cache = None
+    elif runtime_cache is not None:
         handle.cache_path = Path(runtime_cache)
         handle.cache = runtime_config.create_runtime_cache()
         if handle.cache_path.is_file():
@@ -208,8 +252,20 @@ def create_context(
             handle.cache = None
     handle.context = engine.create_execution_context(runtime_config)
     for note in handle.notes:
-        print(f"warning: {note}", file=sys.stderr)
+        log.warning(note)
     return handle
+
+
+def _rtx_graphs(trt: Any, runtime_config: Any) -> bool:
+    """Ask TensorRT-RTX for whole-graph capture with eagerly specialised kernels; True when it took."""
+    eager = getattr(getattr(trt, "DynamicShapesKernelSpecializationStrategy", None), "EAGER", None)
+    whole = getattr(getattr(trt, "CudaGraphStrategy", None), "WHOLE_GRAPH_CAPTURE", None)
+    if eager is None or whole is None or not hasattr(runtime_config, "cuda_graph_strategy"):
+        log.info("this TensorRT-RTX has no built-in CUDA graph strategy; executes run without graphs")
+        return False
+    runtime_config.dynamic_shapes_kernel_specialization_strategy = eager
+    runtime_config.cuda_graph_strategy = whole
+    return True
 
 
 # ---------------------------------------------------------------- reproducing a build

@@ -211,9 +211,12 @@ class LoopRunner(Runner):
         """Work to do while the loop still exists (e.g. saving a runtime cache)."""
 
     def _close(self) -> None:
-        if self.loop is not None:
-            self._before_close()
-            self.loop.close()
-        self.loop = None
-        if self.memory is not None:
-            self.memory.close()
+        try:
+            if self.loop is not None:
+                self._before_close()  # e.g. a runtime-cache save: a failure there must not leak the loop
+        finally:
+            if self.loop is not None:
+                self.loop.close()
+            self.loop = None
+            if self.memory is not None:
+                self.memory.close()

@@ -127,6 +127,8 @@ class DeviceLoop:
             return "single enqueue"
         if self.capture_error:
             return f"eager (capture failed: {self.capture_error})"
+        if getattr(self.adapter, "builtin_graphs", False):
+            return "per-execute CUDA graphs (TensorRT-RTX)"
         return "cuda_graph" if self.cuda_graph else "eager"
 
     # -- plan: everything allocated and bound once per batch size -------------------------

@@ -11,13 +11,15 @@ are split into profile-sized chunks by the :class:`~hrm_deploy.runners.base.Runn
 
 from __future__ import annotations
 
-import sys
+import logging
 
 from hrm_deploy.errors import EngineError
 from hrm_deploy.manifest import read_verified
 from hrm_deploy.runners.backend import load_backend, runtime_cache_path
 from hrm_deploy.runners.base import LoopRunner
 from hrm_deploy.runners.compat import check_compatible
+
+log = logging.getLogger(__name__)
 
 
 class TrtRunner(LoopRunner):
@@ -48,7 +50,7 @@ class TrtRunner(LoopRunner):
             )
             or []
         ):
-            print(f"warning: {warning}", file=sys.stderr)
+            log.warning(warning)
         engine = self._runtime.deserialize_cuda_engine(blob)
         if engine is None:
             raise EngineError(f"{backend.name} {backend.version} could not deserialize {self.path}; rebuild it here")
@@ -60,6 +62,7 @@ class TrtRunner(LoopRunner):
             is_rtx=backend.is_rtx,
             backend=backend,
             runtime_cache=runtime_cache_path(self.path),
+            cuda_graphs=self.cuda_graph,
         )
         self._adapter = adapter
         self.loop = DeviceLoop(

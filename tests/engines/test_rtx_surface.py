@@ -47,6 +47,11 @@ DYNAMIC = {
     ("ParserError", "node_name"),
     ("ParserError", "node_operator"),
     ("", "IProgressMonitor"),
+    ("DynamicShapesKernelSpecializationStrategy", "EAGER"),
+    ("CudaGraphStrategy", "WHOLE_GRAPH_CAPTURE"),
+    ("BuilderFlag", "REQUIRE_USER_ALLOCATION"),
+    ("IRuntimeConfig", "cuda_graph_strategy"),
+    ("IRuntimeConfig", "dynamic_shapes_kernel_specialization_strategy"),
 }
 
 

@@ -146,14 +146,14 @@ def test_rtx_runtime_cache_is_loaded_attached_and_saved_atomically(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m.engine.runtime.cache"]  # no temp file left
 
 
-def test_rtx_runtime_cache_from_another_machine_starts_empty(tmp_path, capsys):
+def test_rtx_runtime_cache_from_another_machine_starts_empty(tmp_path, caplog):
     calls = []
     backend, engine = fake_rtx(calls, accept=False)
     cache_file = tmp_path / "m.engine.runtime.cache"
     cache_file.write_bytes(b"other-gpu")
     handle = create_context(engine, backend, cache_file)
     assert not handle.cache_loaded and "another GPU" in handle.notes[0]
-    assert "another GPU" in capsys.readouterr().err
+    assert "another GPU" in caplog.text
     handle.save_runtime_cache()
     assert cache_file.read_bytes() == b"+jit-kernels"
 
@@ -169,3 +169,31 @@ def test_rtx_without_cache_file_and_tensorrt_without_runtime_config(tmp_path):
     _, trt_engine = fake_rtx(plain)
     handle = create_context(trt_engine, Backend("tensorrt", types.SimpleNamespace(__version__="10.3.0")))
     assert plain == [("create_execution_context",)] and handle.save_runtime_cache() is None
+
+
+def test_rtx_graphs_use_its_whole_graph_capture_with_eager_kernels(tmp_path):
+    calls = []
+    backend, engine = fake_rtx(calls)
+    backend.trt.DynamicShapesKernelSpecializationStrategy = enum.Enum("S", "LAZY EAGER NONE")
+    backend.trt.CudaGraphStrategy = enum.Enum("G", "DISABLED WHOLE_GRAPH_CAPTURE")
+    config_class = type(engine.create_runtime_config())
+    config_class.cuda_graph_strategy = config_class.dynamic_shapes_kernel_specialization_strategy = None
+    handle = create_context(engine, backend, None, cuda_graphs=True)
+    assert handle.builtin_graphs
+    config = handle.runtime_config
+    assert config.dynamic_shapes_kernel_specialization_strategy.name == "EAGER"  # LAZY would capture fallbacks
+    assert config.cuda_graph_strategy.name == "WHOLE_GRAPH_CAPTURE"
+    old_backend, old_engine = fake_rtx([])  # a TensorRT-RTX without the strategies: no graphs, no error
+    assert not create_context(old_engine, old_backend, None, cuda_graphs=True).builtin_graphs
+
+
+def test_contexts_of_one_engine_share_one_runtime_cache_and_one_writer(tmp_path):
+    calls = []
+    backend, engine = fake_rtx(calls)
+    cache_file = tmp_path / "m.engine.runtime.cache"
+    first = create_context(engine, backend, cache_file)
+    second = create_context(engine, backend, cache_file, shared=first)
+    assert second.cache is first.cache and calls.count(("create_runtime_cache",)) == 1
+    assert second.save_runtime_cache() is None  # not the owner
+    assert first.save_runtime_cache() == cache_file and cache_file.read_bytes() == b"+jit-kernels"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.engine.runtime.cache"]  # no lock or temp file left

@@ -110,3 +110,18 @@ def test_bucket_padding_does_not_change_any_row(tmp_path, rows):
     ref = fake_trt.reference(s, x["inputs"], x["puzzle_identifiers"], steps=3)
     np.testing.assert_array_equal(out["step_predictions"], ref["step_predictions"])
     assert out["q_halt_logits"].shape == (rows, 3)
+
+
+def test_close_releases_the_loop_even_when_saving_a_runtime_cache_fails(tmp_path, monkeypatch):
+    path, s = make_engine(tmp_path, steps=2)
+    runner = open_fake(path, steps=2).activate()
+    runner.infer(feeds(2, s))
+    memory = runner.memory
+
+    def failing_save():
+        raise OSError("disk full")
+
+    monkeypatch.setattr(runner._adapter, "save_runtime_caches", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        runner.close()
+    assert runner.loop is None and memory._live == 0  # buffers freed all the same
