@@ -6,7 +6,9 @@ imports torch, onnx or TensorRT.
 
 from __future__ import annotations
 
+import importlib
 import subprocess
+import sys
 from pathlib import Path
 
 # report key -> nvidia-smi --query-gpu field
@@ -42,3 +44,57 @@ def jetson_model(tree_model: Path = DEVICE_TREE_MODEL, release: Path = TEGRA_REL
     if release.is_file():
         return "NVIDIA Jetson (model unknown)"
     return None
+
+
+# Jetson boards whose nvidia-smi (if any) reports no compute capability: device-tree model -> sm
+JETSON_CAPABILITY = {"orin": "8.7", "xavier": "7.2"}
+
+
+def gpu_identity() -> dict[str, str]:
+    """nvidia-smi's name, driver and compute capability of the first GPU ({} without one), with the
+    compute capability filled in where nvidia-smi reports ``[N/A]`` (Jetson): from torch when it
+    is already imported and sees CUDA, else cuda-python, else the Jetson board's model."""
+    info = nvidia_smi(IDENTITY)
+    jetson = jetson_model()
+    if not info and jetson is None:
+        return {}
+    if _known(info.get("compute_capability")):
+        return info
+    capability = _capability_from_runtime()
+    if capability is None and jetson is not None:
+        capability = next((cc for key, cc in JETSON_CAPABILITY.items() if key in jetson.lower()), None)
+    if capability is not None:
+        info["compute_capability"] = capability
+    else:
+        info.pop("compute_capability", None)
+    if jetson is not None:
+        info.setdefault("gpu", jetson)
+    return info
+
+
+def _known(value: str | None) -> bool:
+    return bool(value) and value.replace(".", "").isdigit()  # type: ignore[union-attr]
+
+
+def _capability_from_runtime() -> str | None:
+    torch = sys.modules.get("torch")  # never import torch just for this (the light Jetson path)
+    try:
+        if torch is not None and torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            return f"{major}.{minor}"
+        for name in ("cuda.bindings.runtime", "cuda.cudart"):
+            try:
+                rt = importlib.import_module(name)
+            except ImportError:
+                continue
+            err, props = rt.cudaGetDeviceProperties(0)
+            if int(err) == 0:
+                return f"{int(props.major)}.{int(props.minor)}"
+    except Exception:  # noqa: BLE001 - a probe: no answer rather than a crash
+        return None
+    return None
+
+
+def has_cuda_gpu() -> bool:
+    """Whether this machine has an NVIDIA GPU that CUDA can use (nvidia-smi, a Jetson, or the CUDA runtime)."""
+    return bool(nvidia_smi(IDENTITY)) or jetson_model() is not None or _capability_from_runtime() is not None

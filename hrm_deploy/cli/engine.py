@@ -105,7 +105,7 @@ def build_engine(
         typer.Option(
             "--allow-unrolled",
             help="TensorRT: build an unrolled graph whose estimated build is over 3 min / 4 GB "
-            "(printed first; otherwise refused: export --mode step builds in about a minute).",
+            "(printed first); without it such a graph's single-step graph is exported and built instead.",
         ),
     ] = False,
     output: Annotated[

@@ -14,23 +14,24 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from hrm_deploy.engines.cost import check_unrolled_build, compute_nodes
+from hrm_deploy.engines.cost import check_unrolled_build, compute_nodes, unrolled_over_budget
 from hrm_deploy.engines.layers import precision_verdict
+from hrm_deploy.engines.result import EngineResult, recorded_data_fields
 from hrm_deploy.engines.targets import TargetProfile, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
-from hrm_deploy.manifest import check_artifact, publish_artifact, read_verified
+from hrm_deploy.manifest import check_artifact, manifest_path, publish_artifact, read_verified
 from hrm_deploy.progress import Stages
 from hrm_deploy.runners.backend import (
     load_backend,
     reproduce_command,
     timing_cache_path,
 )
-from hrm_deploy.system import IDENTITY, nvidia_smi
+from hrm_deploy.system import gpu_identity
 
 ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # Host memory of a TensorRT build per ONNX node, measured: the 16-step Sudoku unroll
@@ -86,14 +87,6 @@ class EngineConfig:
             raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
         if self.cpu_int8 != "dynamic" and self.precision != "int8":
             raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
-
-
-@dataclass
-class EngineResult:
-    path: Path
-    manifest: Path
-    source_onnx: Path
-    build: dict[str, Any] = field(default_factory=dict)
 
 
 def newest_export(folder: str | Path = "export") -> Path:
@@ -153,6 +146,34 @@ def _check_memory_budget(target: TargetProfile, nodes: int, onnx_bytes: int) -> 
             f"(hrm-deploy export --mode step) and build that"
         )
     return estimate
+
+
+def _step_graph(unrolled: Path, meta: dict[str, Any], cost: Any, quiet: bool) -> Path:
+    """The single-step graph of the checkpoint ``unrolled`` was exported from (its manifest's parent),
+    exported beside it with the same opset and batch limit; an existing one of that checkpoint is reused."""
+    from hrm_deploy.artifacts import find_reference
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.manifest import read_manifest, resolve_parent
+
+    checkpoint = find_reference(unrolled)
+    step = unrolled.with_name(unrolled.name.removesuffix(".onnx") + ".step.onnx")
+    say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say(
+        f"{unrolled.name} is a {meta.get('steps', '?')}-step unrolled graph whose TensorRT build would take "
+        f"{cost.describe()}: building its single-step graph instead, run by the device loop "
+        "(--allow-unrolled builds the unroll)"
+    )
+    if step.is_file() and manifest_path(step).is_file():
+        recorded = read_manifest(step) or {}
+        parent = resolve_parent(step, recorded)
+        if parent is not None and parent.resolve() == checkpoint.resolve() and recorded.get("mode") == "step":
+            check_artifact(step)
+            return step
+    exported = (read_manifest(unrolled) or {}).get("config", {}).get("export", {})
+    export = ExportConfig(
+        mode="step", opset=int(exported.get("opset", 18)), max_batch=int(exported.get("max_batch", 64))
+    )
+    return export_onnx(checkpoint, step, export, quiet=quiet, **recorded_data_fields(unrolled)).path
 
 
 def _precision_source(onnx_path: Path, meta: dict[str, Any], config: EngineConfig, quiet: bool) -> Path:
@@ -325,7 +346,14 @@ def build_engine(
         raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first")
     check_artifact(src)  # before any conversion: the FP32 export is what its manifest says
     given = _graph_info(src)
-    # before calibration or conversion: an unrolled build over budget is refused, or announced
+    # before calibration or conversion: an unrolled graph whose build is over budget is replaced by
+    # its single-step graph (same checkpoint), unless the unrolled build was asked for
+    step_instead = None
+    over = unrolled_over_budget(given.meta, given.compute_nodes, config.precision)
+    if over is not None and not config.allow_unrolled:
+        step_instead = {"unrolled_graph": str(src), "unrolled_estimate": over.to_dict()}
+        src = _step_graph(src, given.meta, over, quiet)
+        given = _graph_info(src)
     unrolled_cost = check_unrolled_build(
         given.meta, given.compute_nodes, config.precision, config.allow_unrolled, src.name
     )
@@ -357,7 +385,7 @@ def build_engine(
         else target.builder_optimization_level,
         "compute_capability": config.compute_capability or target.compute_capability,
     }
-    machine = nvidia_smi(IDENTITY)
+    machine = gpu_identity()
     spec["timing_cache"] = (
         str(timing_cache_path(config.timing_cache, backend, machine))
         if config.timing_cache and backend.supports_timing_cache()
@@ -437,6 +465,7 @@ def build_engine(
             build=build,
             estimated_build_mib=estimate,
             unrolled_opt_in=unrolled_cost.to_dict() if unrolled_cost else None,
+            step_instead_of_unrolled=step_instead,
             timings=stages.timings,
             trtexec_command=command,
             layers_json=layers_file.name if have_layers else None,

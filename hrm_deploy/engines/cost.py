@@ -77,6 +77,15 @@ def estimate_unrolled_build(nodes: int, precision: str) -> BuildCost:
     return BuildCost(nodes, precision, seconds * scale, mib * scale)
 
 
+def unrolled_over_budget(meta: dict[str, Any], nodes: int, precision: str) -> BuildCost | None:
+    """The estimate when the graph (metadata ``meta``, ``nodes`` compute nodes) is an unrolled graph
+    whose build is over the budget; None for step graphs and builds within it."""
+    if meta.get("mode") != "unrolled":
+        return None
+    cost = estimate_unrolled_build(nodes, precision)
+    return cost if cost.over_budget else None
+
+
 def check_unrolled_build(
     meta: dict[str, Any], nodes: int, precision: str, allowed: bool, name: str
 ) -> BuildCost | None:

@@ -103,12 +103,12 @@ def build_torch_engine(
     source: str | os.PathLike, config: TorchEngineConfig, out: str | os.PathLike | None = None, quiet: bool = False
 ) -> Any:
     """Compile ``source`` (an ONNX export: its parent checkpoint; or a checkpoint) into a PyTorch
-    engine; returns an :class:`hrm_deploy.engines.build.EngineResult`."""
+    engine; returns an :class:`hrm_deploy.engines.result.EngineResult`."""
     torch = require("torch", "torch", "The PyTorch engine")
-    from hrm_deploy.engines.build import EngineResult
+    from hrm_deploy.engines.result import EngineResult, recorded_data_fields
     from hrm_deploy.export.unroll import single_step, unroll
     from hrm_deploy.model.checkpoint import load_checkpoint
-    from hrm_deploy.system import IDENTITY, nvidia_smi
+    from hrm_deploy.system import gpu_identity
 
     src = Path(source)
     checkpoint, meta = _source(src)
@@ -119,7 +119,9 @@ def build_torch_engine(
         )
     stages = Stages(quiet)
     with stages.stage(f"loading {checkpoint.name}"):
-        model, model_config = load_checkpoint(checkpoint)
+        # an ONNX export's checkpoint is loaded as it was exported (an upstream checkpoint without its
+        # dataset.json needs the sizes the export was given)
+        model, model_config = load_checkpoint(checkpoint, **(recorded_data_fields(src) if src != checkpoint else {}))
     if config.precision == "bf16":
         state = model.state_dict()
         model = type(model)(model_config.replace(forward_dtype="bfloat16")).eval()
@@ -183,7 +185,7 @@ def build_torch_engine(
             torch.export.save(program, str(built))
         seconds = time.perf_counter() - started
         engine_bytes = built.stat().st_size
-        gpu = nvidia_smi(IDENTITY) if device.startswith("cuda") else {}
+        gpu = gpu_identity() if device.startswith("cuda") else {}
         if device.startswith("cuda"):
             cap = torch.cuda.get_device_capability(torch.device(device))
             gpu = {

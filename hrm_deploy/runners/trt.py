@@ -32,6 +32,13 @@ class TrtRunner(LoopRunner):
         from hrm_deploy.runners.device_loop import DeviceLoop
         from hrm_deploy.runners.memory import device_memory
 
+        from hrm_deploy.system import has_cuda_gpu
+
+        if self.memory_kind != "host" and not has_cuda_gpu():  # the real reason first, not a missing package
+            raise EngineError(
+                f"no CUDA GPU on this machine: {self.path.name} is a TensorRT engine and runs on an NVIDIA GPU "
+                "(here, use the ONNX export or a --target cpu build)"
+            )
         backend = load_backend(self.manifest.get("backend", {}).get("name", "tensorrt"))
         self.memory = device_memory(self.device_index, self.memory_kind)
         trt = backend.trt

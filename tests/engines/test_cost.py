@@ -119,12 +119,28 @@ def test_small_unrolled_graph_builds_without_the_flag(unrolled, tmp_path, monkey
     assert manifest["unrolled_opt_in"] is None and manifest["config"]["allow_unrolled"] is False
 
 
-def test_large_unrolled_graph_needs_the_flag_before_any_conversion(unrolled, tmp_path, monkeypatch, capsys):
+def test_large_unrolled_graph_builds_its_step_graph_unless_asked(unrolled, tmp_path, monkeypatch, capsys):
+    """The documented lines (export, then build-engine) at full size: the unrolled build would be
+    over budget, so the single-step graph of the same checkpoint is exported and built instead."""
     specs = _worker_in_process(monkeypatch, fake_tensorrt(Calls()))
-    monkeypatch.setattr(build, "compute_nodes", lambda model: SUDOKU_SIZE_UNROLL)  # as if Sudoku-size, 16 steps
-    with pytest.raises(ConfigError, match=r"--mode step\) and build that, or pass --allow-unrolled"):
-        build_engine(unrolled, EngineConfig("fp16", backend="tensorrt"), out=tmp_path / "m.engine", quiet=True)
-    assert specs == [] and not (tmp_path / "tiny.fp16.onnx").exists() and not (tmp_path / "m.engine").exists()
+    real = build.compute_nodes
+    monkeypatch.setattr(  # as if the unroll were Sudoku-size with 16 steps; the step graph counts as it is
+        build, "compute_nodes", lambda model: SUDOKU_SIZE_UNROLL if len(model.graph.node) > 60 else real(model)
+    )
+    step = build_engine(
+        unrolled, EngineConfig("fp32", backend="tensorrt", timing_cache=None), out=tmp_path / "s.engine", quiet=False
+    )
+    err = capsys.readouterr().err
+    assert "building its single-step graph instead" in err and "about 8 min and 3.8 GB" in err
+    manifest = json.loads(step.manifest.read_text())
+    assert manifest["mode"] == "step" and step.source_onnx == tmp_path / "tiny.step.onnx"
+    assert manifest["step_instead_of_unrolled"]["unrolled_graph"] == str(unrolled)
+    assert json.loads((tmp_path / "tiny.step.onnx.manifest.json").read_text())["mode"] == "step"
+    again = build_engine(  # the step export of the same checkpoint is reused, not redone
+        unrolled, EngineConfig("fp32", backend="tensorrt", timing_cache=None), out=tmp_path / "s2.engine", quiet=True
+    )
+    assert again.source_onnx == step.source_onnx and len(specs) == 2
+    specs.clear()
 
     result = build_engine(
         unrolled,

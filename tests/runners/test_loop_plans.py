@@ -125,3 +125,14 @@ def test_close_releases_the_loop_even_when_saving_a_runtime_cache_fails(tmp_path
     with pytest.raises(OSError, match="disk full"):
         runner.close()
     assert runner.loop is None and memory._live == 0  # buffers freed all the same
+
+
+def test_an_engine_on_a_machine_without_a_gpu_says_so_first(tmp_path, monkeypatch):
+    from hrm_deploy import system
+    from hrm_deploy.errors import EngineError
+    from hrm_deploy.runners import open_runner
+
+    path, _ = make_engine(tmp_path)
+    monkeypatch.setattr(system, "has_cuda_gpu", lambda: False)
+    with pytest.raises(EngineError, match="no CUDA GPU on this machine"):
+        open_runner(path).activate()  # not "needs the Python package tensorrt"
