@@ -31,7 +31,6 @@ class TrtRunner(LoopRunner):
         from hrm_deploy.runners.adapter import TrtAdapter
         from hrm_deploy.runners.device_loop import DeviceLoop
         from hrm_deploy.runners.memory import device_memory
-
         from hrm_deploy.system import has_cuda_gpu
 
         if self.memory_kind != "host" and not has_cuda_gpu():  # the real reason first, not a missing package
