@@ -115,7 +115,9 @@ class DeviceLoop:
         self.cuda_graph = cuda_graph and memory.supports_graphs
         self.capture_error: str | None = None  # why capture failed, once it has (then eager for good)
         self.step_predictions = step_predictions
-        self.device_argmax = step_predictions and callable(getattr(memory, "argmax", None))
+        # memory backends with a device argmax (torch, host); cuda-python has none: logits come back
+        self._argmax: Callable[[Any, Any], None] | None = getattr(memory, "argmax", None)
+        self.device_argmax = step_predictions and self._argmax is not None
         self.buckets, self.max_plans = buckets, max(1, int(max_plans))
         self.plans: OrderedDict[int, _Plan] = OrderedDict()
         self.enqueued_steps = 0  # engine executions so far (the overhead benchmark divides by it)
@@ -245,8 +247,8 @@ class DeviceLoop:
         self.enqueued_steps += 1
         for name in ("q_halt_logits", "q_continue_logits"):
             memory.copy(memory.rows(device[name + "_hist"], k, k + 1), device[name])
-        if self.device_argmax:
-            memory.argmax(memory.rows(device["pred_hist"], k, k + 1), device["logits"])
+        if self.device_argmax and self._argmax is not None:
+            self._argmax(memory.rows(device["pred_hist"], k, k + 1), device["logits"])
         elif self.step_predictions:
             memory.copy(memory.rows(device["logits_hist"], k, k + 1), device["logits"])
 
