@@ -1,5 +1,4 @@
-"""Per-step host overhead of the device loop (issue 9 section 4; goal <= 20 us per step after
-capture), measured on the CPU with the fake TensorRT of the tests doing no maths ("noop")
+"""Per-step host overhead of the device loop (goal <= 20 us per step after capture), measured on the CPU with the fake TensorRT of the tests doing no maths ("noop")
 on HostMemory, so only the loop's own Python cost is timed.
 
 For each path the cost per step is the slope between a 1-step and a ``--steps``-step loop
@@ -12,6 +11,10 @@ For each path the cost per step is the slope between a 1-step and a ``--steps``-
   where a graph cannot be used;
 - ``halting``: eager plus the per-step download of the q logits, the host sync and the halt
   rule (which never halts here).
+
+Also the bytes one call moves between host and device with Sudoku shapes (16 steps, 81 cells,
+11 tokens, batch 1024), per-step answers reduced to their argmax on the device (the torch and host
+memory backends) against every step's logits coming back (cuda-python, which has no device argmax).
 
     python benchmarks/loop_overhead.py [--steps 64] [--iters 200]
 Writes benchmarks/results/loop_overhead.json.
@@ -57,6 +60,30 @@ def _median_ms(runner, feeds, iters: int, halt) -> float:
     return float(np.median(times)) * 1e3
 
 
+def _bytes_per_call(folder: Path, batch: int = 1024, steps: int = 16) -> dict[str, dict[str, int]]:
+    """h2d/d2h bytes of one call, per-step answers as device argmax vs as logits."""
+    from hrm_deploy.runners.memory import HostMemory
+
+    path = folder / "sudoku-shapes.engine"
+    shapes = {"steps": steps, "seq": 81, "vocab": 11, "hidden": 16, "batch": (1, batch), "noop": True}
+    path.write_bytes(fake_trt.engine_bytes(**shapes))
+    write_manifest(path, stage="engine", config={}, backend={"name": "tensorrt", "version": fake_trt.__version__},
+                   precision="fp32", mode="step", steps=steps, compute_capability=None, build_machine={})
+    feeds = {"inputs": np.ones((batch, 81), np.int64), "puzzle_identifiers": np.zeros(batch, np.int64)}
+    out = {}
+    for name in ("device_argmax", "logits_to_host"):
+        saved = HostMemory.argmax
+        if name == "logits_to_host":
+            HostMemory.argmax = None  # type: ignore[assignment,method-assign]  # as cuda-python
+        try:
+            with open_runner(path, memory="host") as runner:
+                runner.infer(feeds)
+                out[name] = {k: int(runner.last_timing[k]) for k in ("h2d_bytes", "d2h_bytes")}
+        finally:
+            HostMemory.argmax = saved  # type: ignore[method-assign]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=64)
@@ -88,7 +115,12 @@ def main() -> None:
                                   "per_step_us": per_step_us}
             print(f"{path_name:9s} per step {per_step_us:7.2f} us   (1 step {ms[1]:.3f} ms, {args.steps} steps "
                   f"{ms[args.steps]:.3f} ms per call)")
+        moved = _bytes_per_call(Path(tmp))
+        for name, row in moved.items():
+            print(f"{name:15s} per call at batch 1024, 16 steps: {row['h2d_bytes'] / 1e6:.2f} MB up, "
+                  f"{row['d2h_bytes'] / 1e6:.2f} MB down")
     report = {"benchmark": "device loop host overhead per ACT step (fake TensorRT, HostMemory, no maths)",
+              "bytes_per_call_batch_1024_16_steps": moved,
               "goal_us_per_step_after_capture": 20.0, "batch": args.batch, "steps": args.steps, "iters": args.iters,
               "results": results,
               "note": "captured = HostMemory's emulated replay (Python, item by item): an upper bound for a real "
