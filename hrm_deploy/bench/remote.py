@@ -119,12 +119,13 @@ def bench_remote(
     try:
         with tempfile.TemporaryDirectory() as tmp:
             inputs = Path(tmp) / "inputs.npz"
-            np.savez(
-                inputs,
-                inputs=examples.inputs,
-                puzzle_identifiers=examples.puzzle_identifiers,
-                **({"labels": examples.labels} if examples.labels is not None else {}),
-            )
+            arrays: dict[str, np.ndarray] = {
+                "inputs": examples.inputs,
+                "puzzle_identifiers": examples.puzzle_identifiers,
+            }
+            if examples.labels is not None:
+                arrays["labels"] = examples.labels
+            np.savez(inputs, **arrays)  # type: ignore[arg-type]  # numpy 2's stub types **kwds as savez's flags
             files = [inputs, *paths, *[manifest_path(p) for p in paths if manifest_path(p).is_file()]]
             reference = None
             if config.include_reference:
