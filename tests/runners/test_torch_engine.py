@@ -419,3 +419,31 @@ def test_cuda_python_memory_is_refused_for_a_cuda_torch_engine(tmp_path, monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ConfigError, match="--memory cuda-python is for TensorRT engines"):
         open_runner(path, memory="cuda-python").activate()
+
+
+@pytest.mark.slow
+def test_torch_engine_of_an_upstream_step_export_without_its_dataset(tmp_path, tiny_model, monkeypatch):
+    """export step_N --mode step --seq-len ... then build-engine --backend torch: the engine build
+    reloads the checkpoint with the sizes the export recorded (no dataset.json anywhere)."""
+    from hrm_deploy.engines.build import EngineConfig, build_engine
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from tests.conftest import write_upstream_run
+
+    monkeypatch.chdir(tmp_path)
+    step_file = write_upstream_run(tmp_path, tiny_model, with_dataset=False)
+    cfg = tiny_model.inner.config
+    sizes = {"seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size, "num_puzzle_identifiers": cfg.num_puzzle_identifiers}
+    onnx = export_onnx(
+        step_file, tmp_path / "up.step.onnx", ExportConfig(mode="step", parity=False), quiet=True, **sizes
+    )
+    monkeypatch.setattr(  # the compile itself is not the test
+        torch._inductor, "aoti_compile_and_package", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("skip"))
+    )
+    result = build_engine(
+        onnx.path,
+        EngineConfig(precision="fp32", backend="torch", max_batch=8, device="cpu"),
+        tmp_path / "up.pt2",
+        quiet=True,
+    )
+    manifest = json.loads(result.manifest.read_text())
+    assert manifest["mode"] == "step" and manifest["model_config"]["seq_len"] == cfg.seq_len
