@@ -30,8 +30,14 @@ def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")
     ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show the library's debug messages and which module said what.")
+    ] = False,
 ) -> None:
     """checkpoint -> export (ONNX) -> build-engine (TensorRT) -> verify / bench."""
+    from hrm_deploy.cli.logs import setup_logging
+
+    setup_logging(verbose)
 
 
 def _register() -> None:
