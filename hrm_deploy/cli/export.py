@@ -25,8 +25,12 @@ def export(
         Path | None, typer.Option("-o", "--out", "--output", help="Output .onnx (default export/<name>.onnx).")
     ] = None,
     mode: Annotated[
-        ExportMode, typer.Option(help="unrolled: all ACT steps in one graph; step: one segment, carry in/out.")
-    ] = ExportMode.UNROLLED,
+        ExportMode | None,
+        typer.Option(
+            help="unrolled: all ACT steps in one graph; step: one segment, carry in/out "
+            "(default: unrolled for HRM, step for TRM)."
+        ),
+    ] = None,
     steps: Annotated[int | None, typer.Option(help="ACT steps to unroll (default: halt_max_steps).")] = None,
     max_batch: Annotated[int, typer.Option(help="Largest batch the graph is meant for (engine profiles use it).")] = 64,
     opset: Annotated[int, typer.Option(help="ONNX opset (>= 17).")] = 18,
@@ -60,7 +64,7 @@ def export(
         checkpoint,
         output,
         ExportConfig(
-            mode=mode.value,
+            mode=mode.value if mode else None,
             steps=steps,
             max_batch=max_batch,
             opset=opset,

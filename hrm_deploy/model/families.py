@@ -30,6 +30,8 @@ class ModelFamily:
     are this family's. ``act_path``: ``module:Class`` of the ACT wrapper (imported lazily: torch).
     ``upstream_arch_fields``: the config fields upstream's ``all_config.yaml`` arch section holds.
     ``required_fields``: arch fields the weights cannot tell, never defaulted when loading.
+    ``default_mode``: the export/engine mode used when none is asked for (``step`` where the
+    unroll would repeat a deep recursion ``halt_max_steps`` times in one graph).
     """
 
     name: str
@@ -41,6 +43,7 @@ class ModelFamily:
     upstream_arch_fields: tuple[str, ...]
     required_fields: tuple[str, ...]
     describe: Callable[[Any], dict[str, Any]]
+    default_mode: str
 
     def act_class(self) -> Any:
         module, _, cls = self.act_path.partition(":")
@@ -102,6 +105,7 @@ FAMILIES: dict[str, ModelFamily] = {
         upstream_arch_fields=_COMMON_ARCH + _SIZES,
         required_fields=("num_heads", "H_cycles", "L_cycles", "halt_max_steps"),
         describe=_hrm_describe,
+        default_mode="unrolled",
     ),
     "trm": ModelFamily(
         name="trm",
@@ -121,6 +125,9 @@ FAMILIES: dict[str, ModelFamily] = {
             "no_ACT_continue",
         ),
         describe=_trm_describe,
+        # T*(n+1) passes of the network per ACT step (21 at upstream's 3 x 6): an unroll of 16 steps
+        # inlines 336 network passes, so one segment with the carry in and out is the default.
+        default_mode="step",
     ),
 }
 

@@ -118,7 +118,10 @@ class HRMCore(nn.Module):
             puzzle = self.puzzle_emb(puzzle_identifiers).to(dtype)
             pad = self.puzzle_emb_len * self.config.hidden_size - puzzle.shape[-1]
             if pad > 0:
-                puzzle = F.pad(puzzle, (0, pad))
+                # zero padding as F.pad(puzzle, (0, pad)) does; a concatenation, because onnxslim's
+                # constant folding of the traced Pad's computed pads gives wrong pads (seen with TRM's
+                # 16-position prefix)
+                puzzle = torch.cat((puzzle, torch.zeros_like(puzzle[:, :1]).expand(-1, pad)), dim=-1)
             emb = torch.cat((puzzle.view(-1, self.puzzle_emb_len, self.config.hidden_size), emb), dim=-2)
         if self.config.pos_encodings == "learned":
             emb = LEARNED_POS_SCALE * (emb + self.embed_pos.embedding_weight.to(dtype))

@@ -15,12 +15,12 @@ from tests.conftest import TRM_TINY, TRM_VARIANTS, make_trm, write_trm_upstream_
 from tests.model.trm_oracle import build_oracle, upstream_eval
 
 
-def _oracle_for(step_path):
+def _oracle_for(step_path, dtype: str = "float32"):
     run_cfg = yaml.safe_load((step_path.parent / "all_config.yaml").read_text())
     state = torch.load(step_path, weights_only=True)
     state = {k.removeprefix("_orig_mod.model.inner."): v for k, v in state.items()}
     dataset = {k: TRM_TINY[k] for k in ("seq_len", "vocab_size", "num_puzzle_identifiers")}
-    return build_oracle(run_cfg["arch"], dataset, state)
+    return build_oracle(run_cfg["arch"], dataset, state, dtype)
 
 
 @pytest.mark.parametrize("batch", [1, 3])

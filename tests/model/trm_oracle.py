@@ -261,7 +261,9 @@ def upstream_eval(inner: Inner, inputs: torch.Tensor, puzzle_identifiers: torch.
     batch = {"inputs": inputs, "puzzle_identifiers": puzzle_identifiers}
     size = inputs.shape[0]
     shape = (size, inner.config.seq_len + inner.puzzle_emb_len, inner.config.hidden_size)
-    carry = SimpleNamespace(z_H=torch.zeros(shape), z_L=torch.zeros(shape))
+    carry = SimpleNamespace(
+        z_H=torch.zeros(shape, dtype=inner.forward_dtype), z_L=torch.zeros(shape, dtype=inner.forward_dtype)
+    )
     carry = inner.reset_carry(torch.ones(size, dtype=torch.bool), carry)
     halts, conts = [], []
     for _ in range(halt_max_steps):
@@ -271,13 +273,16 @@ def upstream_eval(inner: Inner, inputs: torch.Tensor, puzzle_identifiers: torch.
     return logits, torch.stack(halts, 1), torch.stack(conts, 1)
 
 
-def build_oracle(arch: dict, dataset: dict, state: dict[str, torch.Tensor]) -> Inner:
+def build_oracle(arch: dict, dataset: dict, state: dict[str, torch.Tensor], dtype: str = "float32") -> Inner:
     """The upstream inner model from an all_config.yaml ``arch`` section, dataset.json fields and
-    a prefix-free state dict, computing in float32 (forward_dtype overridden as for export)."""
+    a prefix-free state dict, computing in ``dtype`` (forward_dtype overridden as for export;
+    float64 gives the noise-floor reference)."""
     fields = {k: v for k, v in arch.items() if k not in ("name", "loss")}
     fields.setdefault("rms_norm_eps", 1e-5)
     fields.setdefault("rope_theta", 10000.0)
-    fields.update(dataset, forward_dtype="float32")
+    fields.update(dataset, forward_dtype=dtype)
     inner = Inner(SimpleNamespace(**fields))
-    inner.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    inner.load_state_dict({k: v.to(getattr(torch, dtype)) for k, v in state.items()}, strict=True)
+    if dtype == "float64":
+        inner = inner.double()
     return inner.eval()
