@@ -23,8 +23,8 @@ from hrm_deploy.model.layers import Attention, SwiGLU, rms_norm
 class TRMBlock(nn.Module):
     """Upstream ``TinyRecursiveReasoningModel_ACTV1Block``: post-norm, token mixing by
     attention (RoPE or none) or, with ``mlp_t``, a SwiGLU over the sequence axis whose
-    residual and RMSNorm are taken in the transposed [B, D, T_seq] layout (normalising
-    over positions, as upstream does), then the channel SwiGLU."""
+    residual is normalised over positions (upstream takes it in the transposed [B, D, T_seq]
+    layout), then the channel SwiGLU."""
 
     def __init__(self, config: TRMConfig):
         super().__init__()
@@ -38,8 +38,11 @@ class TRMBlock(nn.Module):
 
     def forward(self, h: torch.Tensor, rope) -> torch.Tensor:
         if self.use_mlp_t:
-            t = h.transpose(1, 2)  # [B, D, T_seq]
-            h = rms_norm(t + self.mlp_t(t), self.eps).transpose(1, 2)
+            # upstream: t = h.transpose(1, 2); t = rms_norm(t + mlp_t(t)); h = t.transpose(1, 2).
+            # The same math with the norm taken over the position axis of [B, T_seq, D]: the graph
+            # then has no last-axis norm of width T_seq that a hidden-size RMSNorm fusion could take.
+            mixed = self.mlp_t(h.transpose(1, 2)).transpose(1, 2)  # SwiGLU over positions, per channel
+            h = rms_norm(h + mixed, self.eps, dim=1)
         else:
             h = rms_norm(h + self.self_attn(h, rope), self.eps)
         return rms_norm(h + self.mlp(h), self.eps)
