@@ -220,6 +220,11 @@ class TRMConfig(HRMConfig):
             raise ConfigError(f"TRM has no H level: H_layers must be 0 (upstream ignores it), got {self.H_layers}")
         if not isinstance(self.puzzle_emb_len, int) or self.puzzle_emb_len < 0:
             raise ConfigError(f"TRMConfig.puzzle_emb_len must be an integer >= 0, got {self.puzzle_emb_len!r}")
+        if self.puzzle_emb_ndim == 0 and self.puzzle_emb_len > 0:
+            raise ConfigError(
+                f"puzzle_emb_len {self.puzzle_emb_len} without a puzzle embedding (puzzle_emb_ndim 0): upstream's "
+                "carry would have prefix positions its input lacks; set puzzle_emb_len 0"
+            )
         if self.puzzle_emb_len == 0:  # upstream: 0 means "as many positions as the embedding needs"
             object.__setattr__(self, "puzzle_emb_len", -(self.puzzle_emb_ndim // -self.hidden_size))
         if self.puzzle_emb_len * self.hidden_size < self.puzzle_emb_ndim:

@@ -61,7 +61,9 @@ def write_upstream_run(
     data: dict[str, Any] = (
         {"data_paths": [data_path], "data_paths_test": []} if cfg.family == "trm" else {"data_path": data_path}
     )
-    all_config = {"arch": upstream_arch(cfg, loss_type), **data, "checkpoint_path": str(run), **(train_config or {})}
+    # the dataset is named once, under the family's key (TRM's upstream config has no data_path)
+    hyper = {k: v for k, v in (train_config or {}).items() if k not in ("data_path", "data_paths")}
+    all_config = {"arch": upstream_arch(cfg, loss_type), "checkpoint_path": str(run), **hyper, **data}
     target = run / f"step_{step}"
     with atomic_path(target) as tmp:
         torch.save(upstream_state_dict(model, prefix), tmp)
