@@ -42,7 +42,6 @@ FLAGS = {
     "seq_len": "--seq-len",
     "vocab_size": "--vocab-size",
     "num_puzzle_identifiers": "--num-puzzle-ids",
-    "pos_encodings": "--pos-encodings",
 }
 
 
@@ -279,7 +278,12 @@ def _upstream_config(
     derivable = {"puzzle_emb_len"} if "_total_seq_len" in hidden else set()
     absent = [k for k in family.required_fields if fields.get(k) is None and k not in derivable]
     if absent:
-        options = " ".join(f"{FLAGS.get(k, '--' + k.replace('_', '-'))} X" for k in absent)
+        flagged = [k for k in absent if k in FLAGS]
+        unflagged = [k for k in absent if k not in FLAGS]  # only all_config.yaml can give these
+        options = " ".join(f"{FLAGS[k]} X" for k in flagged)
+        options = (f"pass {options}" if options else "") + (
+            f"{' and ' if options else ''}set arch.{', arch.'.join(unflagged)}" if unflagged else ""
+        )
         where = (
             f"{cfg_file} has no arch section"
             if train_cfg and not arch
@@ -289,7 +293,7 @@ def _upstream_config(
         )
         raise ConfigError(
             f"{path} ({family.title}): {where} and {', '.join(absent)} cannot be read from the weights; copy upstream's "
-            f"all_config.yaml next to it or pass {options} (never guessed: a wrong value is a different model)"
+            f"all_config.yaml next to it or {options} (never guessed: a wrong value is a different model)"
         )
     intermediate = hidden.get("_intermediate_size")
     if intermediate is not None and fields.get("expansion") is None:
