@@ -147,3 +147,39 @@ def test_trm_preset_builds_a_trm_config(micro_data, tmp_path):
 
     model_config, config = train_configs("trm-sudoku-small", micro_data, tmp_path / "run")
     assert isinstance(model_config, TRMConfig) and model_config.mlp_t and config.ema
+
+
+# Measured on 500 held-out puzzles by scripts/refresh_bundled_checkpoint.py --preset trm-sudoku-small
+# (benchmarks/results/trm_sudoku_small_preset.json); the bound sits under it for 100 fresh puzzles.
+TRM_SMALL_MIN_EXACT = 0.85
+
+
+@pytest.mark.slow
+def test_bundled_trm_is_trained(tmp_path):
+    """The shipped trm-sudoku-small (mlp_t TRM) solves held-out puzzles it never saw."""
+    from hrm_deploy.data.format import load_split
+    from hrm_deploy.train.act_eval import act_report, step_outcomes
+    from hrm_deploy.train.presets import bundled_checkpoint, preset
+
+    model, config = load_checkpoint(bundled_checkpoint("trm-sudoku-small"))
+    assert isinstance(config, TRMConfig) and config.mlp_t and config.pos_encodings == "none"
+    spec = preset("trm-sudoku-small")["data"]
+    generate_sudoku(SudokuSpec(**{**spec, "train": 10, "test": 100, "seed": 777, "workers": 1}), str(tmp_path / "d"))
+    report = act_report(step_outcomes(model, load_split(tmp_path / "d", "test")))
+    assert report["count"] == 100 and report["per_step_exact_accuracy"][-1] >= TRM_SMALL_MIN_EXACT, report
+
+
+@pytest.mark.slow
+def test_export_cli_takes_a_bundled_model(tmp_path):
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+    from hrm_deploy.manifest import read_manifest
+
+    out = tmp_path / "trm.onnx"
+    result = CliRunner().invoke(app, ["export", "--model", "trm-sudoku-small", "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(out)
+    assert manifest["mode"] == "step" and manifest["unroll"]["family"] == "trm"
+    both = CliRunner().invoke(app, ["export", str(out), "--model", "trm-sudoku-small", "-q"])
+    assert both.exit_code == 2 and "not both" in both.output
