@@ -105,3 +105,10 @@ def test_solve_and_torch_reference_halting(trm_deploy):
         full = runner.infer(feeds)
     first_halt = np.argmax(np.concatenate([full["q_halt_logits"] > 0, np.ones((4, 1), bool)], 1), 1) + 1
     assert out["steps_used"].tolist() == np.minimum(first_halt, 3).tolist()
+
+
+def test_verify_defaults_to_the_data_paths_dataset(trm_deploy):
+    """An upstream TRM run names its datasets under data_paths (a list): verify finds them."""
+    from hrm_deploy.provenance import default_data
+
+    assert Path(default_data(trm_deploy.mlp_t.step, "--data").path).resolve() == trm_deploy.data.resolve()
