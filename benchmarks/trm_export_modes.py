@@ -76,6 +76,7 @@ def main() -> None:
         seq_len=81, vocab_size=11, num_puzzle_identifiers=1, mlp_t=True, pos_encodings="none", **SIZES[args.size]
     )
     model = build_model(config, seed=0).eval()
+    out = Path(args.out or Path(__file__).parent / "results" / f"trm_export_modes_{args.size}.json").resolve()
     results: dict = {
         "model": config.to_dict(),
         "passes_per_act_step": config.H_cycles * (config.L_cycles + 1),
@@ -97,6 +98,7 @@ def main() -> None:
                 "rtx_fp16_build_s": rtx_build_seconds(result.path, folder),
             }
             print(mode, json.dumps(results["modes"][mode]), flush=True)
+            _write(out, results)  # after each mode: a run cut short keeps what it measured
     step, unrolled = results["modes"]["step"], results["modes"]["unrolled"]
     results["ratios_unrolled_over_step"] = {
         k: round(unrolled[k] / step[k], 2) for k in ("nodes", "file_mib", "export_s") if step[k]
@@ -105,9 +107,12 @@ def main() -> None:
         results["ratios_unrolled_over_step"]["rtx_fp16_build_s"] = round(
             unrolled["rtx_fp16_build_s"] / step["rtx_fp16_build_s"], 2
         )
-    out = Path(args.out or Path(__file__).parent / "results" / f"trm_export_modes_{args.size}.json")
+    _write(out, results)
+
+
+def _write(out: Path, results: dict) -> None:
     out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {out}", flush=True)
 
 
 if __name__ == "__main__":
