@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError
+from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.metrics import row_scores, solved_rows
 
 HaltFn = Callable[..., np.ndarray]  # (step, q_halt [B], q_continue [B]) -> bool [B]
@@ -169,7 +169,24 @@ def halts_on_q_halt_alone(artifact: str | Path) -> bool:
         model = (read_manifest(artifact).get("config") or {}).get("model")
         if isinstance(model, dict):
             return HRMConfig.from_dict(model).halts_on_q_halt_alone
-    checkpoint = Path(artifact) if is_checkpoint(artifact) else find_reference(Path(artifact))
+    if Path(artifact).suffix == ".onnx":  # our exports record the model config in the graph too
+        import onnx
+
+        from hrm_deploy.export.metadata import graph_metadata
+
+        try:
+            recorded = graph_metadata(onnx.load(str(artifact), load_external_data=False)).get("config")
+        except ArtifactError:  # not one of our exports: its manifest chain is the last source
+            recorded = None
+        if isinstance(recorded, dict) and recorded:
+            return HRMConfig.from_dict(recorded).halts_on_q_halt_alone
+    try:
+        checkpoint = Path(artifact) if is_checkpoint(artifact) else find_reference(Path(artifact))
+    except ArtifactError:
+        raise ConfigError(
+            f"--halt q: cannot tell which halting rule {Path(artifact).name}'s model was trained with (no manifest "
+            "or recorded config); use threshold:0.5 (q_halt > 0) or give the artifact its manifest"
+        ) from None
     return read_checkpoint(checkpoint).config.halts_on_q_halt_alone
 
 

@@ -112,3 +112,13 @@ def test_verify_defaults_to_the_data_paths_dataset(trm_deploy):
     from hrm_deploy.provenance import default_data
 
     assert Path(default_data(trm_deploy.mlp_t.step, "--data").path).resolve() == trm_deploy.data.resolve()
+
+
+def test_q_rule_read_from_the_graph_without_manifest(trm_deploy, tmp_path):
+    import shutil
+
+    from hrm_deploy.runners.halting import resolve_rule
+
+    bare = tmp_path / "bare.onnx"
+    shutil.copy(trm_deploy.mlp_t.step, bare)  # no manifest beside it: the graph's recorded config tells
+    assert resolve_rule("q", str(bare)).q_halt_only
