@@ -21,6 +21,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "HRMDeployError": "hrm_deploy.errors",
     "HRMConfig": "hrm_deploy.model.config",
+    "TRMConfig": "hrm_deploy.model.config",
+    "FAMILIES": "hrm_deploy.model.families",
     "build_model": "hrm_deploy.model.hrm",
     "load_checkpoint": "hrm_deploy.model.checkpoint",
     "unroll": "hrm_deploy.export.unroll",

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.errors import ArtifactError
+from hrm_deploy.errors import ArtifactError, HRMDeployError
 from hrm_deploy.manifest import MANIFEST_SUFFIX, check_artifact, read_manifest, validate_manifest
 
 # Manifest fields that judge the artifact's bytes; dropped when the bytes no longer match.
@@ -36,6 +36,7 @@ def _onnx_summary(path: Path) -> dict[str, Any]:
         for d in init.dims:
             n *= d
         params += n
+    metadata = {p.key: p.value for p in model.metadata_props}
     ops: dict[str, int] = {}
     for node in model.graph.node:
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
@@ -49,12 +50,27 @@ def _onnx_summary(path: Path) -> dict[str, Any]:
         "nodes": len(model.graph.node),
         "initializer_elements": params,
         "top_ops": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:8]),
-        "metadata": {p.key: p.value for p in model.metadata_props},
+        "metadata": metadata,
+        "model": _model_description(metadata.get("hrm_deploy.config")),
     }
+
+
+def _model_description(config_json: str | None) -> dict[str, Any] | None:
+    """The model family and its recursion from a graph's recorded config (None if absent)."""
+    if not config_json:
+        return None
+    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.families import describe
+
+    try:
+        return describe(HRMConfig.from_dict(json.loads(config_json)))
+    except (json.JSONDecodeError, TypeError, HRMDeployError):
+        return None
 
 
 def _checkpoint_summary(path: Path) -> dict[str, Any]:
     from hrm_deploy.model.checkpoint import read_checkpoint
+    from hrm_deploy.model.families import describe
 
     contents = read_checkpoint(path)
     tensors = sum(int(v.numel()) for v in contents.state_dict.values())
@@ -65,6 +81,7 @@ def _checkpoint_summary(path: Path) -> dict[str, Any]:
         "parameters": contents.config.parameter_count(),
         "tensor_elements": tensors,
         "keys": len(contents.state_dict),
+        "model": describe(contents.config),
         "config": contents.config.to_dict(),
         "metrics": contents.extra.get("metrics"),
     }

@@ -103,6 +103,9 @@ def provenance_data(checkpoint: str | Path, flag: str) -> DataChoice:
             f"({_describe(spec)}) in {folder}",
         )
     data_path = contents.train_config.get("data_path")
+    paths = contents.train_config.get("data_paths")  # a list in some upstream configs (TRM)
+    if not data_path and isinstance(paths, list) and paths:
+        data_path = paths[0]
     if data_path:
         meta = _find_dataset_json(str(data_path), contents.path.parent)
         if meta is not None:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="sudoku-tiny", help="sudoku-tiny or sudoku-small")
+    parser.add_argument("--preset", default="sudoku-tiny", help="sudoku-tiny, sudoku-small or trm-sudoku-small")
     parser.add_argument("--workdir", default=None, help="scratch folder (default /tmp/<preset>-bundle)")
     parser.add_argument(
         "--threads",
@@ -46,10 +46,9 @@ def main() -> None:
         read_checkpoint,
         save_checkpoint,
     )
-    from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.train.act_eval import act_report, step_outcomes
     from hrm_deploy.train.loop import TrainConfig, train
-    from hrm_deploy.train.presets import preset
+    from hrm_deploy.train.presets import preset, preset_model_config
 
     chosen = preset(args.preset)
     bundled = ROOT / "hrm_deploy" / "train" / "presets" / f"{args.preset}.pt"
@@ -59,7 +58,7 @@ def main() -> None:
     t0 = time.perf_counter()
     generate_sudoku(spec, str(work / "data"))
     generate_s = time.perf_counter() - t0
-    model_config = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1, **chosen["model"])
+    model_config = preset_model_config(args.preset, seq_len=81, vocab_size=11, num_puzzle_identifiers=1)
     config = TrainConfig(
         data_path=str(work / "data"),
         out_dir=str(work / "run"),

@@ -113,6 +113,147 @@ def upstream_run(tmp_path, tiny_model, monkeypatch):
     return write_upstream_run(tmp_path, tiny_model)
 
 
+# A tiny TRM (upstream TinyRecursiveModels) in both variants: attention + RoPE, and mlp_t with no
+# positions (upstream's Sudoku recipe). puzzle_emb_len 4 > ceil(ndim / hidden) = 1 exercises the
+# zero-padded prefix; 3 puzzle ids exercise the table.
+TRM_TINY = dict(
+    seq_len=81,
+    vocab_size=11,
+    num_puzzle_identifiers=3,
+    hidden_size=64,
+    num_heads=4,
+    L_layers=2,
+    H_cycles=2,
+    L_cycles=3,
+    halt_max_steps=3,
+    expansion=4.0,
+    puzzle_emb_ndim=64,
+    puzzle_emb_len=4,
+)
+TRM_VARIANTS = {"attention": dict(pos_encodings="rope", mlp_t=False), "mlp_t": dict(pos_encodings="none", mlp_t=True)}
+
+
+def make_trm(variant: str, seed: int = 0):
+    """A seeded random tiny TRM with a non-zero Q head and puzzle table (upstream zero-inits both)."""
+    import torch
+
+    from hrm_deploy.model.config import TRMConfig
+    from hrm_deploy.model.hrm import build_model
+
+    model = build_model(TRMConfig(**TRM_TINY, **TRM_VARIANTS[variant]), seed=seed).eval()
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed + 1)
+        model.inner.q_head.weight.normal_(0, 0.05)
+        model.inner.q_head.bias.normal_(0, 1.0)
+        model.inner.puzzle_emb.weights.normal_(0, 0.5)
+    return model
+
+
+def write_trm_upstream_run(
+    folder: Path,
+    model,
+    prefix: str = "_orig_mod.model.inner.",
+    step: int = 100,
+    arch_overrides: dict | None = None,
+    drop_arch: tuple[str, ...] = (),
+    with_dataset: bool = True,
+    data_rel: str = "data/sudoku-tiny",
+) -> Path:
+    """A run exactly as upstream TinyRecursiveModels' pretrain.py leaves it, written here without the
+    toolkit's writer: ``step_N`` = torch.save of the (compiled) ACTLossHead's state dict (H_init/L_init
+    bf16, the forward dtype's buffers), ``all_config.yaml`` = yaml.dump(PretrainConfig.model_dump())
+    with arch/trm.yaml's fields and ``data_paths`` (a list), dataset.json from the data builder."""
+    import torch
+    import yaml
+
+    cfg = model.inner.config
+    run = folder / "checkpoints" / "Sudoku-tiny-ACT-torch" / "TinyRecursiveReasoningModel_ACTV1 calm-heron"
+    run.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for k, v in model.inner.state_dict().items():
+        state[prefix + k] = v.detach().to(torch.bfloat16) if k in ("H_init", "L_init") else v.detach().clone()
+    torch.save(state, run / f"step_{step}")
+    arch = {
+        "name": "recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1",
+        "loss": {"name": "losses@ACTLossHead", "loss_type": "stablemax_cross_entropy"},
+        "halt_exploration_prob": 0.1,
+        "halt_max_steps": cfg.halt_max_steps,
+        "H_cycles": cfg.H_cycles,
+        "L_cycles": cfg.L_cycles,
+        "H_layers": 0,
+        "L_layers": cfg.L_layers,
+        "hidden_size": cfg.hidden_size,
+        "num_heads": cfg.num_heads,
+        "expansion": cfg.expansion,
+        "puzzle_emb_ndim": cfg.puzzle_emb_ndim,
+        "pos_encodings": cfg.pos_encodings,
+        "forward_dtype": "bfloat16",
+        "mlp_t": cfg.mlp_t,
+        "puzzle_emb_len": cfg.puzzle_emb_len,
+        "no_ACT_continue": cfg.no_ACT_continue,
+        **(arch_overrides or {}),
+    }
+    for key in drop_arch:
+        arch.pop(key)
+    all_config = {
+        "arch": arch,
+        "data_paths": [data_rel],
+        "data_paths_test": [],
+        "evaluators": [],
+        "global_batch_size": 768,
+        "epochs": 50000,
+        "lr": 1e-4,
+        "lr_min_ratio": 1.0,
+        "lr_warmup_steps": 2000,
+        "weight_decay": 1.0,
+        "beta1": 0.9,
+        "beta2": 0.95,
+        "puzzle_emb_lr": 1e-4,
+        "puzzle_emb_weight_decay": 1.0,
+        "project_name": "Sudoku-tiny-ACT-torch",
+        "run_name": "TinyRecursiveReasoningModel_ACTV1 calm-heron",
+        "load_checkpoint": None,
+        "checkpoint_path": str(run),
+        "seed": 0,
+        "checkpoint_every_eval": True,
+        "eval_interval": 5000,
+        "min_eval_interval": 0,
+        "eval_save_outputs": [],
+        "ema": True,
+        "ema_rate": 0.999,
+        "freeze_weights": False,
+    }
+    (run / "all_config.yaml").write_text(yaml.dump(all_config))
+    if with_dataset:
+        meta_dir = folder / data_rel / "train"
+        meta_dir.mkdir(parents=True, exist_ok=True)
+        (meta_dir / "dataset.json").write_text(
+            json.dumps(
+                {
+                    "pad_id": 0,
+                    "ignore_label_id": 0,
+                    "blank_identifier_id": 0,
+                    "vocab_size": cfg.vocab_size,
+                    "seq_len": cfg.seq_len,
+                    "num_puzzle_identifiers": cfg.num_puzzle_identifiers,
+                    "total_groups": 10,
+                    "mean_puzzle_examples": 1.0,
+                    "total_puzzles": 10,
+                    "sets": ["all"],
+                }
+            )
+        )
+    return run / f"step_{step}"
+
+
+@pytest.fixture(params=sorted(TRM_VARIANTS))
+def trm_run(request, tmp_path, monkeypatch):
+    """(step_N path, the model it holds) of an upstream-layout TRM run, for each variant."""
+    monkeypatch.chdir(tmp_path)
+    model = make_trm(request.param)
+    return write_trm_upstream_run(tmp_path, model), model
+
+
 @pytest.fixture(scope="session")
 def trained_tiny(tmp_path_factory):
     """The trained fixture: the bundled sudoku-tiny checkpoint (the preset's training run,

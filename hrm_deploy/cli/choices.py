@@ -77,6 +77,7 @@ class Preset(str, Enum):
 
     SUDOKU_TINY = "sudoku-tiny"
     SUDOKU_SMALL = "sudoku-small"
+    TRM_SUDOKU_SMALL = "trm-sudoku-small"
     SUDOKU = "sudoku"
     MAZE = "maze"
 

@@ -10,6 +10,7 @@ import typer
 from hrm_deploy.cli import app
 from hrm_deploy.cli.choices import ExportMode
 from hrm_deploy.cli.common import Quiet, bundled_checkpoint, user_errors
+from hrm_deploy.errors import ConfigError
 
 
 @app.command()
@@ -25,8 +26,12 @@ def export(
         Path | None, typer.Option("-o", "--out", "--output", help="Output .onnx (default export/<name>.onnx).")
     ] = None,
     mode: Annotated[
-        ExportMode, typer.Option(help="unrolled: all ACT steps in one graph; step: one segment, carry in/out.")
-    ] = ExportMode.UNROLLED,
+        ExportMode | None,
+        typer.Option(
+            help="unrolled: all ACT steps in one graph; step: one segment, carry in/out "
+            "(default: unrolled for HRM, step for TRM)."
+        ),
+    ] = None,
     steps: Annotated[int | None, typer.Option(help="ACT steps to unroll (default: halt_max_steps).")] = None,
     max_batch: Annotated[int, typer.Option(help="Largest batch the graph is meant for (engine profiles use it).")] = 64,
     opset: Annotated[int, typer.Option(help="ONNX opset (>= 17).")] = 18,
@@ -48,19 +53,30 @@ def export(
     h_cycles: Annotated[int | None, typer.Option(help="Override arch.H_cycles.")] = None,
     l_cycles: Annotated[int | None, typer.Option(help="Override arch.L_cycles.")] = None,
     halt_max_steps: Annotated[int | None, typer.Option(help="Override arch.halt_max_steps.")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Export a bundled model instead of CHECKPOINT: sudoku-small, sudoku-tiny or trm-sudoku-small (TRM).",
+        ),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Export a checkpoint to a checked, parity-tested FP32 ONNX graph with dynamic batch."""
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
-    if checkpoint is None:
+    if model is not None:
+        if checkpoint is not None:
+            raise ConfigError("give a CHECKPOINT or --model NAME, not both")
+        checkpoint = Path(bundled_checkpoint(model))
+    elif checkpoint is None:
         checkpoint = Path(bundled_checkpoint())
         typer.echo(f"no checkpoint given: exporting the bundled sudoku-small model ({checkpoint})", err=True)
     result = export_onnx(
         checkpoint,
         output,
         ExportConfig(
-            mode=mode.value,
+            mode=mode.value if mode else None,
             steps=steps,
             max_batch=max_batch,
             opset=opset,

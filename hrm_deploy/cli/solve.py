@@ -28,7 +28,7 @@ def solve(
     halt: Annotated[
         str,
         typer.Option(
-            help="Early halting: off, q (q_halt > q_continue), threshold:X "
+            help="Early halting: off, q (the model's own rule: q_halt > q_continue, or q_halt > 0 if trained with no_ACT_continue), threshold:X "
             "(sigmoid(q_halt) > X) or budget:P (calibrated, see verify --halt).",
         ),
     ] = "off",

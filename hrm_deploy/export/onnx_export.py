@@ -13,7 +13,7 @@ import json
 import os
 import re
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityE
 from hrm_deploy.export.unroll import STEP_PREDICTIONS, UNROLLED_INPUTS, EmbedInit, FixedStepHRM, StepCore
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import publish_artifact
+from hrm_deploy.model.families import family_of
 from hrm_deploy.progress import Stages, progress
 
 if TYPE_CHECKING:
@@ -40,9 +41,10 @@ TRACE_TABLE_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class ExportConfig:
-    """How to export. ``steps`` defaults to the model's ``halt_max_steps``."""
+    """How to export. ``steps`` defaults to the model's ``halt_max_steps``; ``mode`` None is the
+    model family's default (unrolled for HRM, step for TRM), recorded in the manifest as chosen."""
 
-    mode: str = "unrolled"
+    mode: str | None = None
     steps: int | None = None
     max_batch: int = 64
     opset: int = 18
@@ -54,7 +56,7 @@ class ExportConfig:
     fold: bool = True
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
+        if self.mode is not None and self.mode not in MODES:
             raise ConfigError(f"export mode {self.mode!r} is unknown; use one of {MODES}")
         if not MIN_OPSET <= self.opset <= MAX_OPSET:
             raise ConfigError(f"opset {self.opset} is out of range; use --opset between {MIN_OPSET} and {MAX_OPSET}")
@@ -344,6 +346,9 @@ def export_onnx(
             )
         core.eval()
     cfg = core.config
+    family = family_of(cfg)
+    mode = config.mode or family.default_mode
+    config = replace(config, mode=mode)
     steps = config.steps or cfg.halt_max_steps
     if out is None:
         suffix = ".step.onnx" if config.mode == "step" else ".onnx"
@@ -354,7 +359,7 @@ def export_onnx(
     with stages.stage("tracing embedding and one ACT segment" + (", folding shapes" if config.fold else "")):
         embed, step = trace_pieces(core, config.opset, config.fold, folding)
     with stages.stage(f"assembling {'the single-step graph' if config.mode == 'step' else f'{steps}-step unroll'}"):
-        graph, io_spec = assemble(embed, step, cfg, config.mode, steps, config.step_predictions)
+        graph, io_spec = assemble(embed, step, cfg, mode, steps, config.step_predictions)
     folding["graph_nodes"] = len(graph.graph.node)
     external = (
         config.external_data if config.external_data is not None else initializer_bytes(graph) > EXTERNAL_DATA_BYTES
@@ -417,14 +422,7 @@ def export_onnx(
                 source=getattr(model, "checkpoint_info", None),
                 precision="fp32",
                 mode=config.mode,
-                unroll={
-                    "steps": steps,
-                    "H_cycles": cfg.H_cycles,
-                    "L_cycles": cfg.L_cycles,
-                    "H_layers": cfg.H_layers,
-                    "L_layers": cfg.L_layers,
-                    "blocks_per_step": cfg.blocks_per_step,
-                },
+                unroll={"steps": steps, **family.describe(cfg)},
                 io={
                     k: {n: [onnx.TensorProto.DataType.Name(t), list(s)] for n, (t, s) in v.items()}
                     for k, v in io_spec.items()

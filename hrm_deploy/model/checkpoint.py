@@ -19,6 +19,10 @@ from typing import Any
 from hrm_deploy.errors import CheckpointError, ConfigError
 from hrm_deploy.metrics import current_names
 from hrm_deploy.model.config import HRMConfig
+from hrm_deploy.model.families import FAMILIES, ModelFamily, detect_family, family_of
+from hrm_deploy.model.upstream_writer import upstream_state_dict, write_upstream_run
+
+__all__ = ["load_checkpoint", "read_checkpoint", "save_checkpoint", "upstream_state_dict", "write_upstream_run"]
 
 CHECKPOINT_FORMAT = "hrm-deploy-checkpoint"
 UPSTREAM_PREFIXES = ("_orig_mod.model.inner.", "model.inner.", "inner.")
@@ -27,8 +31,9 @@ DATASET_FIELDS = ("seq_len", "vocab_size", "num_puzzle_identifiers")
 # trainer's old metric names, read under the current ones.
 METRIC_RECORDS = ("metrics", "act_report")
 # Architecture fields the weights cannot tell and a config file (or a flag) must: never defaulted
-# for an upstream checkpoint, since a wrong value gives a silently different model.
-NOT_IN_WEIGHTS = ("num_heads", "H_cycles", "L_cycles", "halt_max_steps")
+# for an upstream checkpoint, since a wrong value gives a silently different model (HRM's; each
+# family lists its own in the registry).
+NOT_IN_WEIGHTS = FAMILIES["hrm"].required_fields
 FLAGS = {
     "num_heads": "--num-heads",
     "H_cycles": "--h-cycles",
@@ -141,8 +146,9 @@ def _find_dataset_json(data_path: str, ckpt_dir: Path) -> Path | None:
     return None
 
 
-def _infer_from_weights(state: dict[str, Any]) -> dict[str, Any]:
-    """Sizes the weight shapes determine (seq_len only for learned positions)."""
+def _infer_from_weights(state: dict[str, Any], family: ModelFamily) -> dict[str, Any]:
+    """Sizes the weight shapes determine (HRM's seq_len only for learned positions; the prefix +
+    token width ``_total_seq_len`` for learned positions and TRM's mlp_t)."""
     found: dict[str, Any] = {}
     emb = state.get("embed_tokens.embedding_weight")
     if emb is not None:
@@ -151,56 +157,96 @@ def _infer_from_weights(state: dict[str, Any]) -> dict[str, Any]:
         idx = {int(m.group(1)) for k in state if (m := re.match(rf"{level}_level\.layers\.(\d+)\.", k))}
         if idx:
             found[key] = max(idx) + 1
-    gate_up = state.get("H_level.layers.0.mlp.gate_up_proj.weight")
+    gate_up = state.get(
+        "H_level.layers.0.mlp.gate_up_proj.weight", state.get("L_level.layers.0.mlp.gate_up_proj.weight")
+    )
     puzzle = state.get("puzzle_emb.weights")
     if puzzle is not None:
         found["num_puzzle_identifiers"], found["puzzle_emb_ndim"] = int(puzzle.shape[0]), int(puzzle.shape[1])
     else:
         found["puzzle_emb_ndim"] = 0
+    # Positions inside the model (prefix + tokens): learned positions and TRM's mlp_t have that width.
+    mlp_t = state.get("L_level.layers.0.mlp_t.gate_up_proj.weight")
     if "embed_pos.embedding_weight" in state:
         found["pos_encodings"] = "learned"
-        if "hidden_size" in found:
-            p_len = -(found["puzzle_emb_ndim"] // -found["hidden_size"])
-            found["seq_len"] = int(state["embed_pos.embedding_weight"].shape[0]) - p_len
-    else:
-        found["pos_encodings"] = "rope"
+        found["_total_seq_len"] = int(state["embed_pos.embedding_weight"].shape[0])
+    elif family.name == "hrm":
+        found["pos_encodings"] = "rope"  # HRM has no other position encoding without weights
+    if family.name == "trm":
+        found["mlp_t"] = mlp_t is not None
+        if mlp_t is not None:
+            found["_total_seq_len"] = int(mlp_t.shape[1])
+            found["_mlp_t_intermediate_size"] = int(mlp_t.shape[0]) // 2
+    if "_total_seq_len" in found and family.name == "hrm" and "hidden_size" in found:
+        found["seq_len"] = found["_total_seq_len"] - (-(found["puzzle_emb_ndim"] // -found["hidden_size"]))
     if gate_up is not None:
         found["_intermediate_size"] = int(gate_up.shape[0]) // 2
     return found
 
 
-def _upstream_config(path: Path, state: dict[str, Any], overrides: dict[str, Any]) -> tuple[HRMConfig, dict]:
+def _dataset_source(
+    path: Path, train_cfg: dict[str, Any], overrides: dict[str, Any]
+) -> tuple[str, dict[str, Any]] | None:
+    """(origin, fields) from the dataset.json of the run's data: HRM's ``data_path`` or TRM's
+    ``data_paths`` list (upstream merges those: same seq_len and vocab, puzzle ids summed)."""
+    if overrides.get("data_path"):
+        paths = [str(overrides["data_path"])]
+    elif isinstance(train_cfg.get("data_paths"), list) and train_cfg["data_paths"]:
+        paths = [str(p) for p in train_cfg["data_paths"]]
+    elif train_cfg.get("data_path"):
+        paths = [str(train_cfg["data_path"])]
+    else:
+        return None
+    found: list[tuple[Path, dict[str, Any]]] = []
+    for data_path in paths:
+        meta = _find_dataset_json(data_path, path.parent)
+        if meta is None:
+            continue
+        try:
+            info = json.loads(meta.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ConfigError(f"{meta} is not valid JSON; rebuild the dataset") from None
+        if not isinstance(info, dict):
+            raise ConfigError(f"{meta} is not a JSON object; rebuild the dataset")
+        found.append((meta, info))
+    if not found:
+        return None
+    meta, info = found[0]
+    fields = {k: info[k] for k in DATASET_FIELDS if info.get(k) is not None}
+    for other, more in found[1:]:
+        for key in ("seq_len", "vocab_size"):
+            if more.get(key) != info.get(key):
+                raise ConfigError(
+                    f"{meta} and {other} disagree on {key} ({info.get(key)} vs {more.get(key)}); "
+                    "upstream cannot have trained on both: check data_paths in all_config.yaml"
+                )
+    if len(paths) > 1:  # upstream sums the identifiers of all datasets; only known if every one was found
+        fields.pop("num_puzzle_identifiers", None)
+        if len(found) == len(paths) and all(m.get("num_puzzle_identifiers") is not None for _, m in found):
+            fields["num_puzzle_identifiers"] = sum(int(m["num_puzzle_identifiers"]) for _, m in found)
+    shown = str(meta.relative_to(meta.parents[2]) if len(meta.parents) > 2 else meta)
+    return "{} in " + shown.replace("{", "{{").replace("}", "}}"), fields
+
+
+def _upstream_config(
+    path: Path, state: dict[str, Any], overrides: dict[str, Any], family: ModelFamily, train_cfg: dict[str, Any]
+) -> HRMConfig:
     """The config of an upstream checkpoint: sizes from the weights, the rest from
     ``all_config.yaml``/dataset.json/flags. A value that contradicts the weights is named with
     where it came from; a field neither the weights nor a config give is an error, never a default."""
     cfg_file = path.parent / "all_config.yaml"
-    train_cfg: dict[str, Any] = _read_yaml(cfg_file) if cfg_file.is_file() else {}
     raw_arch = train_cfg.get("arch")
     if raw_arch is not None and not isinstance(raw_arch, dict):
         raise ConfigError(f"{cfg_file}: arch is a {type(raw_arch).__name__}, not a mapping; restore upstream's file")
     arch = dict(raw_arch or {})
-    inferred = _infer_from_weights(state)
-    intermediate = inferred.pop("_intermediate_size", None)
+    inferred = _infer_from_weights(state, family)
+    hidden = {k: inferred.pop(k) for k in [k for k in inferred if k.startswith("_")]}
     sources: list[tuple[str, dict[str, Any]]] = [
         ("arch.{} in " + cfg_file.name, {k: v for k, v in arch.items() if k not in ("name", "loss") and v is not None})
     ]
-    if "data_path" in overrides or train_cfg.get("data_path"):
-        data_path = str(overrides.get("data_path") or train_cfg["data_path"])
-        meta = _find_dataset_json(data_path, path.parent)
-        if meta is not None:
-            try:
-                info = json.loads(meta.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise ConfigError(f"{meta} is not valid JSON; rebuild the dataset") from None
-            if not isinstance(info, dict):
-                raise ConfigError(f"{meta} is not a JSON object; rebuild the dataset")
-            shown = str(meta.relative_to(meta.parents[2]) if len(meta.parents) > 2 else meta)
-            sources.append(
-                (
-                    "{} in " + shown.replace("{", "{{").replace("}", "}}"),
-                    {k: info[k] for k in DATASET_FIELDS if info.get(k) is not None},
-                )
-            )
+    dataset = _dataset_source(path, train_cfg, overrides)
+    if dataset is not None:
+        sources.append(dataset)
     sources.append(("{flag}", {k: v for k, v in overrides.items() if k not in ("data_path", "forward_dtype")}))
     fields: dict[str, Any] = {}
     for origin, given in sources:
@@ -222,15 +268,22 @@ def _upstream_config(path: Path, state: dict[str, Any], overrides: dict[str, Any
 
     missing = [k for k in ("seq_len", "vocab_size") if k not in fields]
     if missing:
-        where = f"{cfg_file.parent}/all_config.yaml's data_path" if train_cfg else "all_config.yaml (absent)"
+        data_key = "data_paths" if family.name == "trm" else "data_path"
+        where = f"{cfg_file.parent}/all_config.yaml's {data_key}" if train_cfg else "all_config.yaml (absent)"
         options = " ".join(f"{FLAGS[k]} N" for k in missing)
         raise ConfigError(
-            f"{path}: cannot determine {', '.join(missing)}: no dataset.json found via {where} and the weights "
+            f"{path} ({family.title}): cannot determine {', '.join(missing)}: no dataset.json found via {where} and the weights "
             f"do not determine it; pass {options} (or --data-path pointing at the dataset folder)"
         )
-    absent = [k for k in NOT_IN_WEIGHTS if fields.get(k) is None]
+    derivable = {"puzzle_emb_len"} if "_total_seq_len" in hidden else set()
+    absent = [k for k in family.required_fields if fields.get(k) is None and k not in derivable]
     if absent:
-        options = " ".join(f"{FLAGS[k]} N" for k in absent)
+        flagged = [k for k in absent if k in FLAGS]
+        unflagged = [k for k in absent if k not in FLAGS]  # only all_config.yaml can give these
+        options = " ".join(f"{FLAGS[k]} X" for k in flagged)
+        options = (f"pass {options}" if options else "") + (
+            f"{' and ' if options else ''}set arch.{', arch.'.join(unflagged)}" if unflagged else ""
+        )
         where = (
             f"{cfg_file} has no arch section"
             if train_cfg and not arch
@@ -239,19 +292,42 @@ def _upstream_config(path: Path, state: dict[str, Any], overrides: dict[str, Any
             else "no all_config.yaml beside the checkpoint"
         )
         raise ConfigError(
-            f"{path}: {where} and {', '.join(absent)} cannot be read from the weights; copy upstream's "
-            f"all_config.yaml next to it or pass {options} (never guessed: a wrong value is a different model)"
+            f"{path} ({family.title}): {where} and {', '.join(absent)} cannot be read from the weights; copy upstream's "
+            f"all_config.yaml next to it or {options} (never guessed: a wrong value is a different model)"
         )
+    intermediate = hidden.get("_intermediate_size")
     if intermediate is not None and fields.get("expansion") is None:
         # upstream sizes the MLP as round(expansion * D * 2/3) up to a multiple of 256: this inverts it exactly
         fields["expansion"] = intermediate * 3 / (2 * fields["hidden_size"])
-    config = HRMConfig.from_dict(fields)
+    if family.name == "trm" and "_total_seq_len" in hidden:
+        prefix = hidden["_total_seq_len"] - int(fields["seq_len"])
+        if fields.get("puzzle_emb_len") is None:
+            fields["puzzle_emb_len"] = prefix
+    config = family.config_class.from_dict({**fields, "family": family.name})
+    _check_widths(path, config, hidden, cfg_file.name)
+    return config
+
+
+def _check_widths(path: Path, config: HRMConfig, hidden: dict[str, Any], cfg_name: str) -> None:
+    """Weight widths the config determines must match it exactly (one line naming the field)."""
+    intermediate = hidden.get("_intermediate_size")
     if intermediate is not None and intermediate != config.intermediate_size:
         raise CheckpointError(
             f"{path}: MLP width {intermediate} in the weights does not match arch.expansion {config.expansion} "
-            f"(gives {config.intermediate_size} at hidden_size {config.hidden_size}); fix arch.expansion in {cfg_file.name}"
+            f"(gives {config.intermediate_size} at hidden_size {config.hidden_size}); fix arch.expansion in {cfg_name}"
         )
-    return config, train_cfg
+    total = hidden.get("_total_seq_len")
+    if total is not None and total != config.total_seq_len:
+        raise CheckpointError(
+            f"{path}: the weights span {total} positions but seq_len {config.seq_len} + puzzle prefix "
+            f"{config.puzzle_emb_len} = {config.total_seq_len}; fix the dataset's seq_len or arch.puzzle_emb_len in {cfg_name}"
+        )
+    mlp_t_width = hidden.get("_mlp_t_intermediate_size")
+    if mlp_t_width is not None and mlp_t_width != getattr(config, "mlp_t_intermediate_size", None):
+        raise CheckpointError(
+            f"{path}: mlp_t width {mlp_t_width} in the weights does not match arch.expansion {config.expansion}; "
+            f"fix arch.expansion in {cfg_name}"
+        )
 
 
 def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointContents:
@@ -285,12 +361,12 @@ def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointCont
             "pass an upstream step_N file or a checkpoint written by hrm-deploy train"
         )
     state, prefix = _strip_prefix(obj, file)
-    if not any(k.startswith("H_level.") for k in state) and any(k.startswith("L_level.") for k in state):
-        raise CheckpointError(
-            f"{file} has L_level but no H_level weights: this looks like a TRM (TinyRecursiveModels) "
-            "checkpoint, which hrm-deploy does not load yet"
-        )
-    config, train_cfg = _upstream_config(file, state, overrides)
+    cfg_file = file.parent / "all_config.yaml"
+    train_cfg: dict[str, Any] = _read_yaml(cfg_file) if cfg_file.is_file() else {}
+    arch = train_cfg.get("arch")
+    arch_name = arch.get("name") if isinstance(arch, dict) else None
+    family = detect_family(state, str(arch_name) if arch_name else None, str(file))
+    config = _upstream_config(file, state, overrides, family, train_cfg)
     step = int(m.group(1)) if (m := re.fullmatch(r"step_(\d+)", file.name)) else None
     return CheckpointContents(file, "upstream", config, state, prefix, step, train_cfg)
 
@@ -333,10 +409,8 @@ def load_checkpoint(path: str | os.PathLike, **overrides: Any):
 def model_from_contents(contents: CheckpointContents):
     import torch
 
-    from hrm_deploy.model.hrm import HRMACT
-
     with torch.device("cpu"):
-        model = HRMACT(contents.config)
+        model = family_of(contents.config).act_class()(contents.config)
     core = model.inner
     expected = core.state_dict()
     check_state_dict(expected, contents.state_dict, contents.path)
@@ -368,69 +442,3 @@ def save_checkpoint(
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
     return Path(path)
-
-
-def upstream_state_dict(model, prefix: str = "_orig_mod.model.inner.") -> dict[str, Any]:
-    """State dict in upstream's layout: prefixed keys, bf16 H_init/L_init, as upstream saves."""
-    import torch
-
-    core = getattr(model, "inner", model)
-    out = {}
-    for k, v in core.state_dict().items():
-        v = v.detach().cpu()
-        if k in ("H_init", "L_init"):
-            v = v.to(torch.bfloat16)
-        out[prefix + k] = v
-    return out
-
-
-UPSTREAM_ARCH_FIELDS = (
-    "halt_exploration_prob",
-    "halt_max_steps",
-    "H_cycles",
-    "L_cycles",
-    "H_layers",
-    "L_layers",
-    "hidden_size",
-    "num_heads",
-    "expansion",
-    "puzzle_emb_ndim",
-    "pos_encodings",
-    "rope_theta",
-    "rms_norm_eps",
-)
-
-
-def write_upstream_run(
-    run_dir: str | os.PathLike,
-    model,
-    *,
-    step: int,
-    data_path: str,
-    train_config: dict[str, Any] | None = None,
-    loss_type: str = "stablemax_cross_entropy",
-    prefix: str = "_orig_mod.model.inner.",
-) -> Path:
-    """Write upstream's checkpoint layout: ``<run_dir>/step_N`` (a bare state dict with
-    upstream's key prefix) and ``all_config.yaml`` (arch + data_path + hyper-parameters),
-    so upstream's ``evaluate.py`` and this toolkit's loader both read it. Returns step_N."""
-    import torch
-    import yaml
-
-    from hrm_deploy.io import atomic_path
-
-    cfg = getattr(model, "inner", model).config
-    run = Path(run_dir)
-    run.mkdir(parents=True, exist_ok=True)
-    arch = {
-        "name": "hrm.hrm_act_v1@HierarchicalReasoningModel_ACTV1",
-        "loss": {"name": "losses@ACTLossHead", "loss_type": loss_type},
-        **{k: getattr(cfg, k) for k in UPSTREAM_ARCH_FIELDS},
-    }
-    all_config = {"arch": arch, "data_path": data_path, "checkpoint_path": str(run), **(train_config or {})}
-    target = run / f"step_{step}"
-    with atomic_path(target) as tmp:
-        torch.save(upstream_state_dict(model, prefix), tmp)
-    with atomic_path(run / "all_config.yaml") as tmp:
-        Path(tmp).write_text(yaml.safe_dump(all_config, sort_keys=False))
-    return target

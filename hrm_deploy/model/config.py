@@ -10,12 +10,12 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from hrm_deploy.errors import ConfigError
 
 CONFIG_VERSION = 1
-POS_ENCODINGS = ("rope", "learned")
+POS_ENCODINGS: tuple[str, ...] = ("rope", "learned")
 FORWARD_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -50,14 +50,22 @@ class HRMConfig:
     forward_dtype: str = "float32"
     version: int = field(default=CONFIG_VERSION)
 
+    # The model family (see :mod:`hrm_deploy.model.families`); serialised only for non-HRM
+    # families so HRM configs and manifests keep their fields.
+    family: ClassVar[str] = "hrm"
+    pos_choices: ClassVar[tuple[str, ...]] = POS_ENCODINGS
+
     def __post_init__(self) -> None:
+        self._check_common(("H_layers",))
+
+    def _check_common(self, extra_positive: tuple[str, ...]) -> None:
         positive = (
+            *extra_positive,
             "seq_len",
             "vocab_size",
             "num_puzzle_identifiers",
             "H_cycles",
             "L_cycles",
-            "H_layers",
             "L_layers",
             "hidden_size",
             "num_heads",
@@ -72,10 +80,10 @@ class HRMConfig:
                 f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; "
                 "check arch.num_heads in the training config"
             )
-        if (self.hidden_size // self.num_heads) % 2:
+        if self.pos_encodings == "rope" and (self.hidden_size // self.num_heads) % 2:
             raise ConfigError("head dimension (hidden_size / num_heads) must be even for RoPE")
-        if self.pos_encodings not in POS_ENCODINGS:
-            raise ConfigError(f"pos_encodings {self.pos_encodings!r} is not supported; use one of {POS_ENCODINGS}")
+        if self.pos_encodings not in self.pos_choices:
+            raise ConfigError(f"pos_encodings {self.pos_encodings!r} is not supported; use one of {self.pos_choices}")
         if self.forward_dtype not in FORWARD_DTYPES:
             raise ConfigError(f"forward_dtype {self.forward_dtype!r} is not supported; use one of {FORWARD_DTYPES}")
         if self.puzzle_emb_ndim < 0:
@@ -123,15 +131,30 @@ class HRMConfig:
 
     # (De)serialisation -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.family != HRMConfig.family:
+            out["family"] = self.family
+        return out
 
     def replace(self, **changes: Any) -> HRMConfig:
         return dataclasses.replace(self, **changes)
 
+    @property
+    def halts_on_q_halt_alone(self) -> bool:
+        """True when training halted on ``q_halt > 0`` (the continue logit is untrained)."""
+        return False
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, strict: bool = False) -> HRMConfig:
         """Build from a mapping; unknown keys (upstream's ``name``, ``loss``...) are ignored
-        unless ``strict``. Numbers given as strings or floats are coerced where exact."""
+        unless ``strict``. Numbers given as strings or floats are coerced where exact.
+        A ``family`` key names the model family; its config class builds the result."""
+        family = data.get("family", HRMConfig.family)
+        if family != cls.family:
+            from hrm_deploy.model.families import family_named
+
+            return family_named(str(family)).config_class.from_dict(data, strict=strict)
+        data = {k: v for k, v in data.items() if k != "family"}
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(known))
         if strict and unknown:
@@ -149,6 +172,10 @@ class HRMConfig:
                     value = int(as_float)
                 elif kind == "float":
                     value = float(value)
+                elif kind == "bool":
+                    if not isinstance(value, bool):
+                        raise ValueError
+
                 else:
                     value = str(value)
             except (TypeError, ValueError):
@@ -158,3 +185,74 @@ class HRMConfig:
         if missing:
             raise ConfigError(f"config is missing {missing}")
         return cls(**kwargs)
+
+
+TRM_POS_ENCODINGS = ("rope", "learned", "none")
+
+
+@dataclass(frozen=True)
+class TRMConfig(HRMConfig):
+    """Architecture and ACT settings of a Tiny Recursive Model (upstream
+    ``TinyRecursiveReasoningModel_ACTV1``): one ``L_level`` network of ``L_layers`` blocks
+    applied ``H_cycles * (L_cycles + 1)`` times per ACT step.
+
+    ``puzzle_emb_len`` is upstream's field: the puzzle-prefix length (upstream: 0 means
+    ceil(puzzle_emb_ndim / hidden_size), which is what is stored). ``mlp_t`` swaps attention
+    for a SwiGLU across the sequence axis; ``pos_encodings`` may be ``none``.
+    ``no_ACT_continue``: training halted on ``q_halt > 0`` and the continue logit is untrained.
+    ``H_layers`` is ignored by upstream TRM and kept at 0.
+    """
+
+    H_layers: int = 0
+    H_cycles: int = 3
+    L_cycles: int = 6
+    L_layers: int = 2
+    puzzle_emb_len: int = 16  # type: ignore[assignment]  # a field here, derived in HRMConfig
+    mlp_t: bool = False
+    no_ACT_continue: bool = True
+
+    family: ClassVar[str] = "trm"
+    pos_choices: ClassVar[tuple[str, ...]] = TRM_POS_ENCODINGS
+
+    def __post_init__(self) -> None:
+        self._check_common(())
+        if self.H_layers != 0:
+            raise ConfigError(f"TRM has no H level: H_layers must be 0 (upstream ignores it), got {self.H_layers}")
+        if not isinstance(self.puzzle_emb_len, int) or self.puzzle_emb_len < 0:
+            raise ConfigError(f"TRMConfig.puzzle_emb_len must be an integer >= 0, got {self.puzzle_emb_len!r}")
+        if self.puzzle_emb_ndim == 0 and self.puzzle_emb_len > 0:
+            raise ConfigError(
+                f"puzzle_emb_len {self.puzzle_emb_len} without a puzzle embedding (puzzle_emb_ndim 0): upstream's "
+                "carry would have prefix positions its input lacks; set puzzle_emb_len 0"
+            )
+        if self.puzzle_emb_len == 0:  # upstream: 0 means "as many positions as the embedding needs"
+            object.__setattr__(self, "puzzle_emb_len", -(self.puzzle_emb_ndim // -self.hidden_size))
+        if self.puzzle_emb_len * self.hidden_size < self.puzzle_emb_ndim:
+            raise ConfigError(
+                f"puzzle_emb_len {self.puzzle_emb_len} x hidden_size {self.hidden_size} cannot hold "
+                f"puzzle_emb_ndim {self.puzzle_emb_ndim}; fix arch.puzzle_emb_len"
+            )
+
+    @property
+    def halts_on_q_halt_alone(self) -> bool:
+        return self.no_ACT_continue
+
+    @property
+    def mlp_t_intermediate_size(self) -> int:
+        """Width of the sequence-axis SwiGLU (``mlp_t``): upstream's rule applied to seq_len + prefix."""
+        return _find_multiple(round(self.expansion * self.total_seq_len * 2 / 3), 256)
+
+    @property
+    def blocks_per_step(self) -> int:
+        """Blocks evaluated in one ACT step: the L_level runs H_cycles * (L_cycles + 1) times."""
+        return self.H_cycles * (self.L_cycles + 1) * self.L_layers
+
+    def parameter_count(self) -> int:
+        d, inter = self.hidden_size, self.intermediate_size
+        t = self.total_seq_len
+        mixer = t * 2 * self.mlp_t_intermediate_size + self.mlp_t_intermediate_size * t if self.mlp_t else 4 * d * d
+        block = mixer + d * 2 * inter + inter * d
+        total = block * self.L_layers + 2 * self.vocab_size * d + 2 * d + 2
+        if self.pos_encodings == "learned":
+            total += t * d
+        return total

@@ -64,6 +64,7 @@ class HRMCore(nn.Module):
 
     H_init: torch.Tensor  # buffers [D]
     L_init: torch.Tensor
+    L_level: nn.Module  # the family's reasoning networks (build_levels)
 
     def __init__(self, config: HRMConfig):
         super().__init__()
@@ -81,14 +82,9 @@ class HRMCore(nn.Module):
             self.puzzle_emb = PuzzleEmbedding(config.num_puzzle_identifiers, config.puzzle_emb_ndim)
         if config.pos_encodings == "rope":
             self.rotary_emb = RotaryTables(config.head_dim, config.total_seq_len, config.rope_theta)
-        else:
+        elif config.pos_encodings == "learned":
             self.embed_pos = CastedEmbedding(config.total_seq_len, d, init_std=embed_std)
-
-        def level(layers: int) -> ReasoningModule:
-            return ReasoningModule(layers, d, config.num_heads, config.intermediate_size, config.rms_norm_eps)
-
-        self.H_level = level(config.H_layers)
-        self.L_level = level(config.L_layers)
+        self.build_levels()
         # Upstream keeps the initial states in bf16 (its forward dtype). Ours are float32
         # buffers holding bf16-representable values, so both checkpoint formats are lossless.
         self.register_buffer("H_init", trunc_normal_(torch.empty(d), std=1.0).bfloat16().float())
@@ -97,6 +93,16 @@ class HRMCore(nn.Module):
             self.q_head.weight.zero_()
             assert self.q_head.bias is not None  # built with bias=True just above
             self.q_head.bias.fill_(-5.0)
+
+    def build_levels(self) -> None:
+        """The reasoning networks (a family's own part): HRM has an H and an L level."""
+        cfg = self.config
+
+        def level(layers: int) -> ReasoningModule:
+            return ReasoningModule(layers, cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.rms_norm_eps)
+
+        self.H_level = level(cfg.H_layers)
+        self.L_level = level(cfg.L_layers)
 
     # -- pieces, also used by the exporter --------------------------------------------------
     def rope(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -112,7 +118,10 @@ class HRMCore(nn.Module):
             puzzle = self.puzzle_emb(puzzle_identifiers).to(dtype)
             pad = self.puzzle_emb_len * self.config.hidden_size - puzzle.shape[-1]
             if pad > 0:
-                puzzle = F.pad(puzzle, (0, pad))
+                # zero padding as F.pad(puzzle, (0, pad)) does; a concatenation, because onnxslim's
+                # constant folding of the traced Pad's computed pads gives wrong pads (seen with TRM's
+                # 16-position prefix)
+                puzzle = torch.cat((puzzle, torch.zeros_like(puzzle[:, :1]).expand(-1, pad)), dim=-1)
             emb = torch.cat((puzzle.view(-1, self.puzzle_emb_len, self.config.hidden_size), emb), dim=-2)
         if self.config.pos_encodings == "learned":
             emb = LEARNED_POS_SCALE * (emb + self.embed_pos.embedding_weight.to(dtype))
@@ -180,11 +189,12 @@ class HRMACT(nn.Module):
     """
 
     checkpoint_info: dict[str, Any]  # set by load_checkpoint: the loaded file's description
+    core_class: type[HRMCore] = HRMCore  # the family's one-segment core
 
     def __init__(self, config: HRMConfig):
         super().__init__()
         self.config = config
-        self.inner = HRMCore(config)
+        self.inner = self.core_class(config)
 
     def initial_carry(self, batch: dict[str, torch.Tensor]) -> ACTCarry:
         size = batch["inputs"].shape[0]
@@ -215,10 +225,15 @@ class HRMACT(nn.Module):
             is_last = steps >= self.config.halt_max_steps
             halted = is_last
             if self.training and self.config.halt_max_steps > 1:
-                halted = halted | (q_halt > q_continue)
+                if self.config.halts_on_q_halt_alone:  # TRM's no_ACT_continue: the continue logit is unused
+                    halted = halted | (q_halt > 0)
+                else:
+                    halted = halted | (q_halt > q_continue)
                 explore = torch.rand_like(q_halt) < self.config.halt_exploration_prob
                 min_steps = explore * torch.randint_like(steps, low=2, high=self.config.halt_max_steps + 1)
                 halted = halted & (steps >= min_steps)
+                if self.config.halts_on_q_halt_alone:
+                    return ACTCarry(inner, steps, halted, data), outputs
                 # Bootstrapped target: Q of the next segment, no replay buffer or target net.
                 _, _, (next_halt, next_continue) = self.inner(inner, data["inputs"], data["puzzle_identifiers"])
                 outputs["target_q_continue"] = torch.sigmoid(
@@ -228,9 +243,12 @@ class HRMACT(nn.Module):
 
 
 def build_model(config: HRMConfig, seed: int | None = None) -> HRMACT:
-    """A freshly initialised HRM (upstream's init), optionally seeded."""
+    """A freshly initialised model of ``config``'s family (upstream's init), optionally seeded."""
+    from hrm_deploy.model.families import family_of
+
+    act_class = family_of(config).act_class()
     if seed is None:
-        return HRMACT(config)
+        return act_class(config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return HRMACT(config)
+        return act_class(config)

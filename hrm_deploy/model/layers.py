@@ -34,11 +34,11 @@ def _at_least_float32(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Weightless RMSNorm computed in (at least) float32, returned in the input dtype."""
+def rms_norm(x: torch.Tensor, eps: float, dim: int = -1) -> torch.Tensor:
+    """Weightless RMSNorm over ``dim`` computed in (at least) float32, returned in the input dtype."""
     dtype = x.dtype
     x = x.to(_at_least_float32(dtype))
-    x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+    x = x * torch.rsqrt(x.square().mean(dim, keepdim=True) + eps)
     return x.to(dtype)
 
 

@@ -4,7 +4,9 @@ continuous batching, over any backend that runs one ACT segment per call.
 Upstream evaluation always runs ``halt_max_steps`` segments; halting is therefore never on
 by default (``HaltMode.OFF``). A rule decides after each segment which rows stop:
 
-* ``q``: upstream's training rule ``q_halt > q_continue``;
+* ``q``: the checkpoint's own training rule: ``q_halt > q_continue`` (HRM), or ``q_halt > 0``
+  where training ignored the continue logit (TRM's ``no_ACT_continue``); :func:`resolve_rule`
+  reads which from the artifact's model config;
 * ``threshold:X``: ``sigmoid(q_halt) > X``;
 * ``budget:P``: a threshold calibrated on held-out data so that at most P points of exact
   accuracy are lost (:func:`calibrate_budget`), stored in the artifact's manifest.
@@ -29,7 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError
+from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.metrics import row_scores, solved_rows
 
 HaltFn = Callable[..., np.ndarray]  # (step, q_halt [B], q_continue [B]) -> bool [B]
@@ -48,13 +50,15 @@ _RULE_HELP = "use off, q, threshold:X (0 < X < 1) or budget:P (exact-accuracy po
 @dataclass(frozen=True)
 class HaltRule:
     """A per-row halting rule. ``threshold`` is X for ``threshold:X`` and the calibrated
-    threshold for ``budget:P`` (None until calibrated); ``budget`` is P in points."""
+    threshold for ``budget:P`` (None until calibrated); ``budget`` is P in points.
+    ``q_halt_only``: the ``q`` rule compares q_halt with 0 (the model's continue logit is untrained)."""
 
     mode: HaltMode
     threshold: float | None = None
     budget: float | None = None
     min_steps: int = 1
     max_steps: int | None = None
+    q_halt_only: bool = False
 
     def __post_init__(self) -> None:
         if self.min_steps < 1 or (self.max_steps is not None and self.max_steps < self.min_steps):
@@ -112,7 +116,7 @@ class HaltRule:
         if self.mode is HaltMode.OFF:
             halt = np.zeros(q_halt.shape, dtype=bool)
         elif self.mode is HaltMode.Q:
-            halt = q_halt > np.asarray(q_continue, dtype=np.float32)
+            halt = q_halt > (0.0 if self.q_halt_only else np.asarray(q_continue, dtype=np.float32))
         else:
             if self.threshold is None:
                 raise ConfigError(
@@ -139,15 +143,51 @@ def _logit(p: float) -> float:
 
 
 def resolve_rule(rule: HaltRule | str | None, artifact: str | None = None) -> HaltRule:
-    """A rule ready to run: text parsed, and for ``budget:P`` the threshold read from the
-    artifact's manifest (``halting.budgets``) when it was calibrated there."""
+    """A rule ready to run: text parsed; ``q`` made the artifact's model's own training rule; for
+    ``budget:P`` the threshold read from the artifact's manifest (``halting.budgets``) when it was
+    calibrated there."""
     if rule is None or isinstance(rule, str):
         rule = HaltRule.parse(rule)
+    if rule.mode is HaltMode.Q and artifact is not None:
+        rule = replace(rule, q_halt_only=halts_on_q_halt_alone(artifact))
     if rule.mode is HaltMode.BUDGET and rule.threshold is None and artifact is not None:
         stored = stored_budget_threshold(artifact, rule)
         if stored is not None:
             rule = rule.with_threshold(stored)
     return rule
+
+
+def halts_on_q_halt_alone(artifact: str | Path) -> bool:
+    """Whether the model behind ``artifact`` was trained to halt on ``q_halt > 0`` alone: read
+    from the manifest's model config, else from the checkpoint the artifact came from."""
+    from hrm_deploy.artifacts import find_reference, is_checkpoint
+    from hrm_deploy.manifest import manifest_path, read_manifest
+    from hrm_deploy.model.checkpoint import read_checkpoint
+    from hrm_deploy.model.config import HRMConfig
+
+    if manifest_path(artifact).is_file():
+        model = (read_manifest(artifact).get("config") or {}).get("model")
+        if isinstance(model, dict):
+            return HRMConfig.from_dict(model).halts_on_q_halt_alone
+    if Path(artifact).suffix == ".onnx":  # our exports record the model config in the graph too
+        import onnx
+
+        from hrm_deploy.export.metadata import graph_metadata
+
+        try:
+            recorded = graph_metadata(onnx.load(str(artifact), load_external_data=False)).get("config")
+        except ArtifactError:  # not one of our exports: its manifest chain is the last source
+            recorded = None
+        if isinstance(recorded, dict) and recorded:
+            return HRMConfig.from_dict(recorded).halts_on_q_halt_alone
+    try:
+        checkpoint = Path(artifact) if is_checkpoint(artifact) else find_reference(Path(artifact))
+    except ArtifactError:
+        raise ConfigError(
+            f"--halt q: cannot tell which halting rule {Path(artifact).name}'s model was trained with (no manifest "
+            "or recorded config); use threshold:0.5 (q_halt > 0) or give the artifact its manifest"
+        ) from None
+    return read_checkpoint(checkpoint).config.halts_on_q_halt_alone
 
 
 def _budget_key(rule: HaltRule) -> str:

@@ -16,6 +16,7 @@ from hrm_deploy.io import check_output_path
 from hrm_deploy.model.checkpoint import save_checkpoint, write_upstream_run
 from hrm_deploy.model.hrm import ACTCarry
 from hrm_deploy.train.distributed import Distributed, agree
+from hrm_deploy.train.ema import EMA
 from hrm_deploy.train.optim import PuzzleEmbeddingSignSGD
 from hrm_deploy.train.state import carry_state, rng_state
 
@@ -81,9 +82,10 @@ class Checkpointer:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         emb_opt: PuzzleEmbeddingSignSGD | None,
+        ema: EMA | None = None,
     ):
         self.out, self.config, self.dist_info = out, config, dist_info
-        self.model, self.optimizer, self.emb_opt = model, optimizer, emb_opt
+        self.model, self.optimizer, self.emb_opt, self.ema = model, optimizer, emb_opt, ema
         self.last = out / "last.pt"
         self._last_save = time.monotonic()
 
@@ -92,9 +94,14 @@ class Checkpointer:
         carry_saved = carry_state(carry, self.dist_info)  # collective: every rank takes part
         if self.dist_info.main:
             config = dataclasses.asdict(self.config)
+            # With EMA the checkpoint's weights are the average (what upstream saves and evaluates);
+            # the live weights ride along for --resume.
+            weights = self.ema.copy_of(self.model) if self.ema is not None else self.model
+            core: Any = getattr(self.model, "inner", self.model)
+            live = {"live_state": {k: v.detach().cpu() for k, v in core.state_dict().items()}}
             save_checkpoint(
                 path,
-                self.model,
+                weights,
                 step=position,
                 train_config=config,
                 optimizer=self.optimizer.state_dict(),
@@ -103,11 +110,12 @@ class Checkpointer:
                 carry=carry_saved,
                 metrics=metrics or {},
                 world_size=self.dist_info.world,
+                **(live if self.ema is not None else {}),
             )
             if self.config.export_upstream:
                 write_upstream_run(
                     self.out / "upstream",
-                    self.model,
+                    weights,
                     step=position,
                     data_path=str(self.config.data_path),
                     train_config=config,

@@ -39,6 +39,7 @@ from hrm_deploy.train.distributed import (
     resolve_device,
     shutdown,
 )
+from hrm_deploy.train.ema import EMA
 from hrm_deploy.train.losses import act_loss
 from hrm_deploy.train.optim import AdamATan2, PuzzleEmbeddingSignSGD
 from hrm_deploy.train.sampler import EpochSampler, to_batch
@@ -80,6 +81,8 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model core (GPU; minutes of warm-up)
     tf32: bool = True  # TF32 matmuls on CUDA (Ampere and newer)
     export_upstream: bool = False  # also write upstream's step_N + all_config.yaml under <out_dir>/upstream
+    ema: bool = False  # evaluate and checkpoint an exponential moving average of the weights (upstream TRM's ema)
+    ema_rate: float = 0.999
     log_to: tuple[str, ...] = ()  # extra metric sinks: "tensorboard", "wandb" (rank 0)
     version: int = 1
 
@@ -109,6 +112,8 @@ class TrainConfig:
         for name in ("lr_warmup_steps", "checkpoint_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 < self.ema_rate < 1.0:
+            raise ConfigError(f"ema_rate must be in (0, 1), got {self.ema_rate}")
         if self.eval_samples < 1:
             raise ConfigError(f"eval_samples must be >= 1, got {self.eval_samples}")
 
@@ -256,11 +261,17 @@ class _Setup:
     device: torch.device
     position: int
     carry: ACTCarry | None
+    ema: EMA | None = None
+
+    def eval_model(self) -> HRMACT:
+        """The weights evaluation and checkpoints use: the EMA copy when on, else the model."""
+        return self.ema.copy_of(self.model) if self.ema is not None else self.model
 
 
 def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dist_info: Distributed) -> _Setup:
     """Build (or restore) model, optimizers, RNG state, step position and ACT carry."""
     position, carry_saved, contents = 0, None, None
+    shadow: dict[str, torch.Tensor] | None = None  # EMA weights of a resumed run
     if resume:
         contents = read_checkpoint(resume)
         if contents.kind != "hrm-deploy" or not all(k in contents.extra for k in ("optimizer", "rng")):
@@ -269,7 +280,10 @@ def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dis
                 "random state, e.g. an upstream step_N or a bundled preset); --resume takes a "
                 "last.pt/step_N.pt written by hrm-deploy train"
             )
-        model = model_from_contents(contents)
+        model = model_from_contents(contents)  # the weights saved for inference (the EMA copy with ema)
+        if contents.extra.get("live_state") is not None:
+            shadow = {"inner." + k: v for k, v in contents.state_dict.items()}
+            model.inner.load_state_dict(contents.extra["live_state"])
         if contents.config != model_config:
             raise ConfigError(f"{resume} was trained with a different model config; resume it without overrides")
         position = int(contents.step or 0)
@@ -282,6 +296,9 @@ def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dis
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     model.to(device).train()
+    ema = None
+    if config.ema:
+        ema = EMA(model, config.ema_rate, shadow)
     optimizer, emb_opt = _build_optimizers(model, config, fused=device.type == "cuda")
     if contents is not None:
         optimizer.load_state_dict(contents.extra["optimizer"])
@@ -296,7 +313,7 @@ def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dis
         from torch.nn.parallel import DistributedDataParallel
 
         step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return _Setup(model, step_model, optimizer, emb_opt, device, position, carry)
+    return _Setup(model, step_model, optimizer, emb_opt, device, position, carry, ema)
 
 
 def _diverged(
@@ -391,7 +408,7 @@ def train(
     # Under DDP the averaged gradient is (1/world) sum over ranks; scaling by world / global
     # batch gives upstream's sum of per-example losses over the global batch.
     loss_scale = dist_info.world / config.global_batch_size
-    stop, ckpt = StopRequest(), Checkpointer(out, config, dist_info, model, optimizer, emb_opt)
+    stop, ckpt = StopRequest(), Checkpointer(out, config, dist_info, model, optimizer, emb_opt, run.ema)
     try:
         stop.__enter__()
         while position < end and not agree(stop.signal is not None, dist_info, device):
@@ -406,13 +423,15 @@ def train(
             if agree(not bool(torch.isfinite(loss.detach())), dist_info, device):
                 raise _diverged(loss, position, carry, last_metrics, model, ckpt)
             _optimizer_step(loss * loss_scale, optimizer, emb_opt)
+            if run.ema is not None:
+                run.ema.update(model)
             position += 1
             sums = reduce_metrics(metrics, dist_info)  # also the per-step host sync for honest timing
             t2 = time.perf_counter()
             data_time, compute_time = data_time + t1 - t0, compute_time + t2 - t1
             last_metrics = _step_metrics(position, lr, loss, sums, rows, config, t2 - t0, data_time, compute_time)
             if config.eval_every and position % config.eval_every == 0 and position < config.steps:
-                last_metrics["eval"] = _evaluate_on_main(model, test_split, config.eval_samples, dist_info)
+                last_metrics["eval"] = _evaluate_on_main(run.eval_model(), test_split, config.eval_samples, dist_info)
             if dist_info.main:
                 append_line(out / "metrics.jsonl", json.dumps(last_metrics))
                 sinks.log(last_metrics)
@@ -426,7 +445,7 @@ def train(
         sinks.close()
     if stop.signal is None and position >= config.steps:
         with display.Stages(quiet=not (progress and dist_info.main)).stage("final evaluation on the test split"):
-            last_metrics["eval"] = _evaluate_on_main(model, test_split, None, dist_info)  # full evaluation at the end
+            last_metrics["eval"] = _evaluate_on_main(run.eval_model(), test_split, None, dist_info)  # full, at the end
         last_metrics["timing"] = {"data_s": data_time, "compute_s": compute_time}
         if dist_info.main:
             append_line(out / "metrics.jsonl", json.dumps({"final": last_metrics}))

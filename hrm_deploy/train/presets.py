@@ -78,6 +78,39 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "data": dict(train=40000, test=300, blanks=(10, 30), augment=0, seed=0),
         "heldout": dict(train=10, test=500, seed=1),
     },
+    # A Tiny Recursive Model in upstream's Sudoku variant (mlp_t, no positions, EMA), CPU-sized:
+    # hidden 64, one 2-layer network run T=2 x (n=2 + 1) times per ACT step, 3 ACT steps, a
+    # 16-position puzzle prefix (upstream's default). Trained once by
+    # scripts/refresh_bundled_checkpoint.py --preset trm-sudoku-small on 2 shared CPU cores.
+    "trm-sudoku-small": {
+        "family": {"name": "trm"},
+        "model": dict(
+            hidden_size=64,
+            num_heads=4,
+            L_layers=2,
+            H_cycles=2,
+            L_cycles=2,
+            halt_max_steps=3,
+            expansion=4.0,
+            puzzle_emb_ndim=64,
+            puzzle_emb_len=16,
+            mlp_t=True,
+            pos_encodings="none",
+            no_ACT_continue=True,
+            forward_dtype="float32",
+        ),
+        "train": dict(
+            _CPU_TRAIN,
+            steps=1200,
+            global_batch_size=16,
+            lr_warmup_steps=50,
+            eval_every=400,
+            ema=True,
+            ema_rate=0.99,
+        ),
+        "data": dict(train=5000, test=300, blanks=(3, 10), augment=0, seed=0),
+        "heldout": dict(train=10, test=500, seed=1),
+    },
     # Upstream's Sudoku-Extreme-1k settings (README): for GPUs.
     "sudoku": _UPSTREAM,
     # Upstream's Maze 30x30 settings: for GPUs.
@@ -91,6 +124,17 @@ def preset(name: str) -> dict[str, dict[str, Any]]:
     return PRESETS[name]
 
 
+def preset_model_config(name: str, seq_len: int, vocab_size: int, num_puzzle_identifiers: int) -> HRMConfig:
+    """The model config of preset ``name`` (its family's config class) for a dataset's sizes."""
+    from hrm_deploy.model.families import family_named
+
+    chosen = preset(name)
+    family = family_named(chosen.get("family", {}).get("name", "hrm"))
+    return family.config_class(
+        seq_len=seq_len, vocab_size=vocab_size, num_puzzle_identifiers=num_puzzle_identifiers, **chosen["model"]
+    )
+
+
 def train_configs(
     name: str, data: str | Path, out: str | Path, *, overrides: dict[str, Any] | None = None, **settings: Any
 ) -> tuple[HRMConfig, TrainConfig]:
@@ -100,17 +144,11 @@ def train_configs(
     ``overrides`` (``None`` values mean "the preset's") replace the preset's train settings;
     ``settings`` are the remaining ``TrainConfig`` fields (device, compile, threads, ...)."""
     from hrm_deploy.data.format import load_split
-    from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.train.loop import TrainConfig
 
     chosen = preset(name)
     meta = load_split(data, "train").metadata
-    model_config = HRMConfig(
-        seq_len=meta.seq_len,
-        vocab_size=meta.vocab_size,
-        num_puzzle_identifiers=meta.num_puzzle_identifiers,
-        **chosen["model"],
-    )
+    model_config = preset_model_config(name, meta.seq_len, meta.vocab_size, meta.num_puzzle_identifiers)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     config = TrainConfig(data_path=str(data), out_dir=str(out), **settings, **{**chosen["train"], **given})
     return model_config, config
@@ -127,5 +165,7 @@ def bundled_checkpoint(preset: str = DEFAULT_PRESET) -> str:
 
     path = resources.files("hrm_deploy") / "train" / "presets" / f"{preset}.pt"
     if not path.is_file():
-        raise ConfigError(f"no bundled checkpoint for preset {preset!r}; bundled: sudoku-small, sudoku-tiny")
+        raise ConfigError(
+            f"no bundled checkpoint for preset {preset!r}; bundled: sudoku-small, sudoku-tiny, trm-sudoku-small"
+        )
     return str(path)

@@ -141,5 +141,5 @@ def test_trm_like_checkpoint_is_named(tmp_path):
         {"model.inner.L_level.layers.0.mlp.down_proj.weight": torch.zeros(2, 2), "model.inner.H_init": torch.zeros(2)},
         tmp_path / "step_5",
     )
-    with pytest.raises(CheckpointError, match="TRM"):
+    with pytest.raises(ConfigError, match=r"Tiny Recursive Model.*all_config.yaml \(absent\)"):
         load_checkpoint(tmp_path / "step_5")
