@@ -47,14 +47,23 @@ OPTIMIZATION_LEVEL = OPTIMIZATION.value  # as recorded in the manifest and the g
 @dataclass(frozen=True)
 class CpuBuildConfig:
     """How to build for ONNX Runtime CPU. ``threads`` None = ORT's default (one per core);
-    the value is recorded in the manifest and is what runners should pass as intra-op threads."""
+    the value is recorded in the manifest and is what runners should pass as intra-op threads.
+    The ``calib_*`` fields, ``accuracy_budget`` and ``check_accuracy`` are the ``static`` INT8
+    recipe's (:mod:`hrm_deploy.engines.cpu_static`); the other recipes take no data."""
 
     precision: str = "fp32"
     threads: int | None = None
     per_channel: bool = True
     exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")
     fuse: bool = True  # attention + RMSNorm into ORT's fused CPU kernels (engines/cpu_fusion.py)
-    int8_recipe: str = "dynamic"  # engines/cpu_int8.py: RECIPES
+    int8_recipe: str = "static"  # engines/cpu_int8.py: RECIPES
+    calib_data: str | None = None  # None: the checkpoint's own dataset, from its provenance
+    calib_method: str = "minmax"  # precision.int8.QuantConfig's measured defaults
+    calib_samples: int = 128
+    accuracy_budget: float | None = None  # exact-accuracy points; None: DEFAULT_BUDGET_POINTS
+    check_accuracy: bool = True  # static: measure against FP32 on held-out puzzles, fall back to FP32 layers
+    holdout_samples: int = 128  # held-out puzzles of that check
+    cache_dir: str = "calib"
 
     def __post_init__(self) -> None:
         if self.int8_recipe not in RECIPES:
@@ -65,6 +74,35 @@ class CpuBuildConfig:
             )
         if self.threads is not None and self.threads < 1:
             raise ConfigError("--threads must be >= 1")
+        if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
+            raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
+        if self.calib_samples < 1 or self.holdout_samples < 1:
+            raise ConfigError("--calib-samples and the holdout size must be >= 1")
+        static = self.precision == "int8" and self.int8_recipe == "static"
+        given = [
+            flag
+            for flag, on in (
+                ("--calib-data", self.calib_data is not None),
+                ("--calib-method", self.calib_method != "minmax"),
+                ("--calib-samples", self.calib_samples != 128),
+                ("--accuracy-budget", self.accuracy_budget is not None),
+                ("--no-accuracy-check", not self.check_accuracy),
+            )
+            if on
+        ]
+        if given and not static:
+            what = f"--cpu-int8 {self.int8_recipe}" if self.precision == "int8" else self.precision.upper()
+            raise ConfigError(
+                f"{', '.join(given)}: only the static INT8 recipe calibrates and measures accuracy on the cpu target, "
+                f"{what} takes no data; drop {'them' if len(given) > 1 else 'it'} or build --int8 --cpu-int8 static"
+            )
+
+    @property
+    def budget(self) -> float:
+        """The exact-accuracy points static INT8 may lose (``accuracy_budget`` or the default)."""
+        from hrm_deploy.engines.cpu_static import DEFAULT_BUDGET_POINTS
+
+        return DEFAULT_BUDGET_POINTS if self.accuracy_budget is None else self.accuracy_budget
 
 
 @dataclass
@@ -91,7 +129,10 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
     from hrm_deploy.engines.cpu_fusion import FUSION_TOLERANCE, check_rewrites, fuse_for_cpu
     from hrm_deploy.model.config import HRMConfig
 
+    from hrm_deploy.engines.cpu_static import sink_quantize
+
     unfused = onnx.load(str(path))
+    sink_quantize(unfused)  # static INT8: the attention output's Q back below its head merge (exact)
     if unfused.ByteSize() > MAX_FUSED_BYTES:  # one protobuf: the block check serializes the graph
         return {"skipped": f"graph of {unfused.ByteSize() / 2**30:.1f} GiB, over the 2 GiB protobuf limit: not fused"}
     fused = onnx.ModelProto()
@@ -148,6 +189,94 @@ def cpu_output_path(src: Path, precision: str, engines: str | Path = "engines") 
     return Path(engines) / f"{stem}.{precision}.cpu.ort.onnx"
 
 
+def _make_graph(
+    src: Path, tmp: Path, meta: dict[str, Any], config: CpuBuildConfig, stages: Stages, calib: Any, exclude=()
+) -> dict[str, Any]:
+    """``src`` -> the engine graph at ``tmp``: INT8 or FP16 rewrite, ORT's offline optimization,
+    the checked fusions. ``exclude``: weight MatMuls static INT8 keeps FP32. Returns build facts."""
+    import onnx
+    import onnxruntime as ort
+
+    build: dict[str, Any] = {}
+    work = tmp.with_name(tmp.name + ".pre.onnx")
+    try:
+        source = str(src)
+        if config.precision == "int8" and calib is not None:
+            from hrm_deploy.engines.cpu_static import quantize_static
+
+            label = "cached calibration" if calib.cache.is_file() else "calibrating"
+            with stages.stage(
+                f"static INT8 of the weight MatMuls ({label}: {calib.report['method']}, "
+                f"{calib.report['samples']} examples, all {meta['steps']} ACT steps)"
+            ):
+                build["quantized_nodes"] = len(quantize_static(src, work, calib, meta, config, exclude))
+            source = str(work)
+        elif config.precision == "int8":
+            with stages.stage(f"{config.int8_recipe} INT8 of the weight MatMuls: {RECIPES[config.int8_recipe]}"):
+                build["quantized_nodes"] = len(
+                    quantize_weights(
+                        source,
+                        str(work),
+                        config.int8_recipe,
+                        int(meta["config"].get("hidden_size", 0)),
+                        config.per_channel,
+                        config.exclude_patterns,
+                    )
+                )
+            source = str(work)
+        elif config.precision == "fp16":
+            from hrm_deploy.precision.fp16 import convert_half
+
+            with stages.stage("converting to fp16 (float32 islands: norms, softmax, sigmoid)"):
+                converted, _ = convert_half(onnx.load(source), "fp16", True)
+                onnx.save(converted, str(work))
+            source = str(work)
+        with stages.stage(f"ONNX Runtime {ort.__version__} graph optimizations ({OPTIMIZATION_LEVEL}), offline"):
+            build["optimize_seconds"] = round(optimize_offline(source, str(tmp), config.threads), 3)
+    finally:
+        work.unlink(missing_ok=True)
+    if config.fuse and config.precision != "fp16":  # fp16's float32 islands break the patterns
+        with stages.stage("fusing attention and RMSNorm into ORT's CPU kernels, each block checked"):
+            build["fusions"] = fuse_checked(tmp, meta, config.threads)
+    return build
+
+
+def _within_budget(
+    src: Path, tmp: Path, meta: dict[str, Any], config: CpuBuildConfig, stages: Stages, calib: Any, build: dict
+) -> dict[str, Any]:
+    """Measure the static INT8 graph at ``tmp`` against FP32; outside the budget, rebuild it with
+    the most sensitive weights FP32 (``build`` updated). Returns the manifest's accuracy record."""
+    from hrm_deploy.engines.cpu_static import MIN_AGREEMENT_PCT, fit_budget, holdout
+
+    with stages.stage(f"measuring INT8 against FP32 on {config.holdout_samples} held-out puzzles"):
+        check = holdout(src, calib, config)
+        whole = quality = check.measure(tmp)
+    record: dict[str, Any] = {
+        "checked": True,
+        "budget_points": config.budget,
+        "min_agreement_pct": MIN_AGREEMENT_PCT,
+        "holdout": check.examples.source + " (test split)",
+        "all_int8": whole.as_dict(),
+        "kept_float": [],
+    }
+    if not whole.within(config.budget):
+        probe = tmp.with_name(tmp.name + ".probe.onnx")
+        with stages.stage(f"outside the budget ({whole.describe()}): keeping the most sensitive layers FP32"):
+            kept, exclude, sensitivity = fit_budget(src, calib, meta, config, whole, check, probe)
+        build.update(_make_graph(src, tmp, meta, config, stages, calib, exclude))
+        with stages.stage(f"measuring the mix ({len(kept)} layers FP32) against FP32"):
+            quality = check.measure(tmp)
+        if not quality.within(config.budget):
+            raise ConfigError(
+                f"static INT8 with {len(kept)} layers FP32 measured {quality.describe()} as built, outside the "
+                f"budget (<= {config.budget} points, >= {MIN_AGREEMENT_PCT:.0f} % agreement); build --fp32, or pass "
+                "a larger --accuracy-budget"
+            )
+        record.update(kept_float=kept, kept_float_nodes=len(exclude), sensitivity=sensitivity)
+    record["measured"] = quality.as_dict()
+    return record
+
+
 def build_cpu(
     onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None, quiet: bool = False
 ) -> CpuBuildResult:
@@ -172,39 +301,23 @@ def build_cpu(
     target.parent.mkdir(parents=True, exist_ok=True)
     stages = Stages(quiet)
     build: dict[str, Any] = {"onnx_nodes_in": nodes_in}
+    recipe: dict[str, Any] = {}
+    if config.precision == "int8":
+        recipe = {"int8": config.int8_recipe, "description": RECIPES[config.int8_recipe]}
     start = time.perf_counter()
     with staging_dir(target.parent, "cpu-build") as staging:
         tmp = staging / target.name
-        work = tmp.with_name(tmp.name + ".pre.onnx")
-        try:
-            source = str(src)
-            if config.precision == "int8":
-                with stages.stage(f"{config.int8_recipe} INT8 of the weight MatMuls: {RECIPES[config.int8_recipe]}"):
-                    build["quantized_nodes"] = len(
-                        quantize_weights(
-                            source,
-                            str(work),
-                            config.int8_recipe,
-                            int(meta["config"].get("hidden_size", 0)),
-                            config.per_channel,
-                            config.exclude_patterns,
-                        )
-                    )
-                source = str(work)
-            elif config.precision == "fp16":
-                from hrm_deploy.precision.fp16 import convert_half
+        calib = None
+        if config.precision == "int8" and config.int8_recipe == "static":
+            from hrm_deploy.engines.cpu_static import calibration
 
-                with stages.stage("converting to fp16 (float32 islands: norms, softmax, sigmoid)"):
-                    converted, _ = convert_half(onnx.load(source), "fp16", True)
-                    onnx.save(converted, str(work))
-                source = str(work)
-            with stages.stage(f"ONNX Runtime {ort.__version__} graph optimizations ({OPTIMIZATION_LEVEL}), offline"):
-                build["optimize_seconds"] = round(optimize_offline(source, str(tmp), config.threads), 3)
-        finally:
-            work.unlink(missing_ok=True)
-        if config.fuse and config.precision != "fp16":  # fp16's float32 islands break the patterns
-            with stages.stage("fusing attention and RMSNorm into ORT's CPU kernels, each block checked"):
-                build["fusions"] = fuse_checked(tmp, meta, config.threads)
+            calib = calibration(src, src_sha256 or sha256_file(src), meta, config, quiet)
+            recipe["calibration"] = calib.report
+        build.update(_make_graph(src, tmp, meta, config, stages, calib))
+        if calib is not None and config.check_accuracy:
+            recipe["accuracy"] = _within_budget(src, tmp, meta, config, stages, calib, build)
+        elif calib is not None:
+            recipe["accuracy"] = {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
         _restore_metadata(tmp, props, config.precision)
         optimized = onnx.load(str(tmp), load_external_data=False)
         ops: dict[str, int] = {}
@@ -232,9 +345,7 @@ def build_cpu(
             precision=config.precision,
             mode=meta["mode"],
             steps=meta["steps"],
-            recipe={"int8": config.int8_recipe, "description": RECIPES[config.int8_recipe]}
-            if config.precision == "int8"
-            else {},
+            recipe=recipe,
             runtime={
                 "graph_optimization_level": OPTIMIZATION_LEVEL,
                 "saved_optimized": True,

@@ -21,12 +21,14 @@ from typing import Any
 from hrm_deploy.errors import DependencyError
 
 RECIPES = {
+    "static": "uint8 activations with scales fixed at build time by calibration, int8 weights per channel "
+    "(answers independent of batching; measured against FP32 and kept within the accuracy budget)",
     "dynamic": "int8 weights per channel, uint8 activations per call and tensor (fastest; answers can "
     "depend on the puzzles batched together)",
     "blockwise": "int8 weights in blocks, int8 activations per row block in MatMulNBits (answers "
     "independent of batching)",
 }
-INTEGER_MATMULS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits")
+INTEGER_MATMULS = ("MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "QLinearMatMul", "QGemm")
 
 
 def quantize_weights(
