@@ -127,9 +127,8 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
     import onnx
 
     from hrm_deploy.engines.cpu_fusion import FUSION_TOLERANCE, check_rewrites, fuse_for_cpu
-    from hrm_deploy.model.config import HRMConfig
-
     from hrm_deploy.engines.cpu_static import sink_quantize
+    from hrm_deploy.model.config import HRMConfig
 
     unfused = onnx.load(str(path))
     sink_quantize(unfused)  # static INT8: the attention output's Q back below its head merge (exact)

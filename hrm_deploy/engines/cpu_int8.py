@@ -33,7 +33,14 @@ RECIPES = {
     "blockwise": "int8 weights in blocks, int8 activations per row block in MatMulNBits (no calibration, "
     "answers independent of batching; slower than FP32 on small models)",
 }
-INTEGER_MATMULS = ("MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "QLinearMatMul", "QGemm")
+INTEGER_MATMULS = (
+    "MatMulInteger",
+    "MatMulIntegerToFloat",
+    "DynamicQuantizeMatMul",
+    "MatMulNBits",
+    "QLinearMatMul",
+    "QGemm",
+)
 
 
 def quantize_weights(

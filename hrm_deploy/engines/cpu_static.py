@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
-from hrm_deploy.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +126,9 @@ def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, q
             print(choice.message, file=sys.stderr, flush=True)
         data = str(choice.path)
     examples = load_examples(str(data), config.calib_samples)
-    key = calibration_key(src_sha256, config.calib_method, examples.sha256, len(examples), f"{meta['mode']}{meta['steps']}")
+    key = calibration_key(
+        src_sha256, config.calib_method, examples.sha256, len(examples), f"{meta['mode']}{meta['steps']}"
+    )
     cache = Path(config.cache_dir) / f"{key}.json"
     report = {
         "key": key,
@@ -147,7 +148,9 @@ def quantize_static(
     """U8S8 Q/DQ graph of ``src`` at ``out`` (``exclude``: node names kept FP32); returns the quantized nodes."""
     from hrm_deploy.precision.int8 import QuantConfig, quantize_int8
 
-    quant = QuantConfig(method=config.calib_method, samples=config.calib_samples, exclude_patterns=config.exclude_patterns)
+    quant = QuantConfig(
+        method=config.calib_method, samples=config.calib_samples, exclude_patterns=config.exclude_patterns
+    )
     plan = quantize_int8(
         str(src),
         str(out),
@@ -178,8 +181,9 @@ def fit_budget(
     whole: Quality,
     check: Holdout,
     probe: Path,
-) -> tuple[list[str], tuple[str, ...], dict[str, float]]:
-    """The weights to keep FP32 so that INT8 is within ``config`` 's budget (greedy by sensitivity,
+) -> tuple[list[dict[str, Any]], tuple[str, ...], list[dict[str, Any]]]:
+    """The weights to keep FP32 so that INT8 is within ``config`` 's budget (greedy by sensitivity:
+    points of exact accuracy lost + points of argmax agreement lost with only that weight INT8;
     each mix measured as a Q/DQ graph that ONNX Runtime optimizes when it loads it). Returns the
     kept weights, their node names and every weight's sensitivity; refuses when no mix fits."""
     import onnx
@@ -216,7 +220,11 @@ def fit_budget(
     finally:
         probe.unlink(missing_ok=True)
     exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    return chosen.kept_float, exclude, {w: round(s, 4) for w, s in chosen.sensitivity.items()}
+    # named by weight and by its first node (the readable one); sensitivity in points, most first
+    kept = [{"weight": w, "node": by_weight[w][0], "nodes": len(by_weight[w])} for w in chosen.kept_float]
+    ranked = sorted(chosen.sensitivity.items(), key=lambda kv: -kv[1])
+    sensitivity = [{"weight": w, "node": by_weight[w][0], "sensitivity": round(s, 4)} for w, s in ranked]
+    return kept, exclude, sensitivity
 
 
 def sink_quantize(model: Any) -> int:

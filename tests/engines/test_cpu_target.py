@@ -25,7 +25,9 @@ def cpu_graphs(tiny_onnx, tmp_path_factory):
         "int8": CpuBuildConfig("int8", threads=1, calib_data=tiny_onnx.data, cache_dir=str(folder / "calib")),
         "dynamic": CpuBuildConfig("int8", threads=1, int8_recipe="dynamic"),
     }
-    return {p: build_cpu(tiny_onnx.unrolled, c, folder / f"tiny.{p}.cpu.ort.onnx", quiet=True) for p, c in configs.items()}
+    return {
+        p: build_cpu(tiny_onnx.unrolled, c, folder / f"tiny.{p}.cpu.ort.onnx", quiet=True) for p, c in configs.items()
+    }
 
 
 def test_cpu_int8_runs_integer_gemms_and_keeps_accuracy(cpu_graphs, tiny_onnx):
@@ -88,7 +90,9 @@ def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(trained_small, tm
 
     fp32 = export_onnx(trained_small.checkpoint, tmp_path / "small.onnx", ExportConfig(parity=False), quiet=True).path
     graphs = {
-        p: build_cpu(fp32, CpuBuildConfig(p, threads=1, int8_recipe="dynamic"), tmp_path / f"{p}.cpu.ort.onnx", quiet=True)
+        p: build_cpu(
+            fp32, CpuBuildConfig(p, threads=1, int8_recipe="dynamic"), tmp_path / f"{p}.cpu.ort.onnx", quiet=True
+        )
         for p in ("fp32", "int8")
     }
     feeds = load_examples(trained_small.data, 8, split="test").feeds(0, 8)
@@ -144,7 +148,10 @@ def test_cli_build_engine_target_cpu(tiny_onnx, tmp_path, monkeypatch):
     assert out.is_file() and "wrote" in result.output
     manifest = json.loads(out.with_name(out.name + ".manifest.json").read_text())
     assert manifest["runtime"]["intra_op_num_threads"] == 2 and manifest["recipe"]["int8"] == "static"
-    assert manifest["recipe"]["calibration"]["samples"] == 32 and (tmp_path / manifest["recipe"]["calibration"]["cache"]).is_file()
+    assert (
+        manifest["recipe"]["calibration"]["samples"] == 32
+        and (tmp_path / manifest["recipe"]["calibration"]["cache"]).is_file()
+    )
     assert manifest["recipe"]["accuracy"]["checked"] and manifest["recipe"]["accuracy"]["kept_float"] == []
 
 
