@@ -5,11 +5,14 @@
   ``FusedMatMul``, ``DynamicQuantizeMatMul`` ...) are done once at build time, so starting a
   session is fast. The layout-dependent ``all`` level is left to session start (it is
   machine-specific and ORT does not recommend saving it).
-* INT8 quantizes the weight MatMuls, no calibration data needed (:mod:`hrm_deploy.engines.cpu_int8`):
-  ``dynamic`` (default, fastest: activations quantized per call over the whole batch) or
-  ``blockwise`` (activations quantized per row block: answers independent of batching). The Q/DQ
-  graphs of the TensorRT targets stay as they are: on ORT CPU they are dequantized back to
-  float and are slower than FP32 (see README, CPU).
+* INT8 quantizes the weight MatMuls into integer GEMMs (:mod:`hrm_deploy.engines.cpu_int8`):
+  ``static`` (default; :mod:`hrm_deploy.engines.cpu_static`: activation scales fixed by the
+  project's calibration, answers independent of batching, measured against FP32 on held-out
+  puzzles and kept within the accuracy budget by leaving the most sensitive weights FP32),
+  ``dynamic`` (no data, activations scaled per call over the whole batch: answers can depend on
+  batch-mates) or ``blockwise`` (no data, per-row blocks: batch-independent, slower). The Q/DQ
+  graphs of the TensorRT targets stay as they are: on ORT CPU they are symmetric int8 and
+  unfused, and are slower than FP32.
 * FP32 and INT8 graphs then get HRM's attention (RoPE included) and RMSNorm fused into ORT's
   ``MultiHeadAttention`` / ``RotaryEmbedding`` / ``SimplifiedLayerNormalization`` CPU kernels,
   which ORT's optimizer does not do for these patterns (:mod:`hrm_deploy.engines.cpu_fusion`;
@@ -17,7 +20,7 @@
   tensors) is checked against the block it replaces on the inputs the unfused graph gave it;
   ``--no-fuse`` leaves them out.
 * FP16 is the precision stage's FP16 graph, optimized the same way (on x86 ORT runs most FP16
-  ops by casting; measured in ``benchmarks/results/cpu_latency.json``).
+  ops by casting, slower than FP32).
 
 Output: ``engines/<name>.<precision>.cpu.ort.onnx`` + manifest (ORT version, optimization
 level, intra-op threads, node counts), runnable by ``hrm_deploy.runners.open_runner``.
@@ -254,7 +257,8 @@ def _within_budget(
         "checked": True,
         "budget_points": config.budget,
         "min_agreement_pct": MIN_AGREEMENT_PCT,
-        "holdout": check.examples.source + " (test split)",
+        "holdout": check.examples.source
+        + (" (examples calibration did not use)" if Path(check.examples.source).is_file() else " (test split)"),
         "all_int8": whole.as_dict(),
         "kept_float": [],
     }

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
+from hrm_deploy.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +168,26 @@ def quantize_static(
 
 
 def holdout(src: Path, calib: Calibration, config: Any) -> Holdout:
-    """The held-out puzzles: the calibration dataset's ``test`` split (never its ``train`` split)."""
+    """The held-out puzzles: a dataset folder's ``test`` split; from a ``.npz`` (one set), its
+    examples that calibration did not use."""
     from hrm_deploy.data.examples import load_examples
 
-    return Holdout(src, load_examples(calib.examples.source, config.holdout_samples, split="test"), config.threads)
+    source = Path(calib.examples.source)
+    if not source.is_file():
+        return Holdout(src, load_examples(source, config.holdout_samples, split="test"), config.threads)
+    everything = load_examples(source, None)
+    seen = {row.tobytes() for row in calib.examples.inputs}
+    keep = np.array(
+        [i for i, row in enumerate(everything.inputs) if row.tobytes() not in seen][: config.holdout_samples]
+    )
+    if not len(keep):
+        raise DataError(
+            f"{source}: calibration used every example, none is left to measure INT8 on; pass a dataset folder "
+            "(its test split is the holdout), a larger .npz or a smaller --calib-samples"
+        )
+    labels = everything.labels[keep] if everything.labels is not None else None
+    rest = Examples(everything.inputs[keep], everything.puzzle_identifiers[keep], labels, str(source), "")
+    return Holdout(src, rest, config.threads)
 
 
 def fit_budget(

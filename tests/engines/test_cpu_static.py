@@ -176,3 +176,20 @@ def test_cli_refuses_cpu_options_elsewhere_and_the_backend_on_cpu(tiny_onnx):
     ):
         result = runner.invoke(app, ["build-engine", str(tiny_onnx.unrolled), *args])
         assert result.exit_code != 0 and message in result.output, result.output
+
+
+def test_an_npz_holdout_is_the_examples_calibration_did_not_use(tiny_onnx, tmp_path):
+    from types import SimpleNamespace
+
+    from hrm_deploy.engines.cpu_static import Calibration, holdout
+    from hrm_deploy.errors import DataError
+
+    test = load_examples(tiny_onnx.data, 40, split="test")
+    npz = tmp_path / "inputs.npz"
+    np.savez(npz, inputs=test.inputs, puzzle_identifiers=test.puzzle_identifiers, labels=test.labels)
+    calib = Calibration(load_examples(npz, 30), tmp_path / "c.json", {})
+    config = SimpleNamespace(holdout_samples=128, threads=1)
+    rest = holdout(tiny_onnx.unrolled, calib, config).examples
+    assert len(rest) == 10 and not {r.tobytes() for r in rest.inputs} & {r.tobytes() for r in calib.examples.inputs}
+    with pytest.raises(DataError, match="calibration used every example"):
+        holdout(tiny_onnx.unrolled, Calibration(load_examples(npz, 40), tmp_path / "c.json", {}), config)
