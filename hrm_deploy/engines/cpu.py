@@ -65,7 +65,7 @@ class CpuBuildConfig:
     calib_samples: int = 128
     accuracy_budget: float | None = None  # exact-accuracy points; None: DEFAULT_BUDGET_POINTS
     check_accuracy: bool = True  # static: measure against FP32 on held-out puzzles, fall back to FP32 layers
-    holdout_samples: int = 128  # held-out puzzles of that check
+    holdout_samples: int | None = None  # held-out puzzles of that check; None: by the model's cost (cpu_static)
     cache_dir: str = "calib"
 
     def __post_init__(self) -> None:
@@ -79,7 +79,7 @@ class CpuBuildConfig:
             raise ConfigError("--threads must be >= 1")
         if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
             raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
-        if self.calib_samples < 1 or self.holdout_samples < 1:
+        if self.calib_samples < 1 or (self.holdout_samples is not None and self.holdout_samples < 1):
             raise ConfigError("--calib-samples and the holdout size must be >= 1")
         static = self.precision == "int8" and self.int8_recipe == "static"
         given = [
@@ -250,8 +250,11 @@ def _within_budget(
     the most sensitive weights FP32 (``build`` updated). Returns the manifest's accuracy record."""
     from hrm_deploy.engines.cpu_static import MIN_AGREEMENT_PCT, fit_budget, holdout
 
-    with stages.stage(f"measuring INT8 against FP32 on {config.holdout_samples} held-out puzzles"):
-        check = holdout(src, calib, config)
+    from hrm_deploy.engines.cpu_static import HOLDOUT_SAMPLES, holdout_size
+
+    count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
+    with stages.stage(f"measuring INT8 against FP32 on up to {count} held-out puzzles"):
+        check = holdout(src, calib, meta, config)
         whole = quality = check.measure(tmp)
     record: dict[str, Any] = {
         "checked": True,

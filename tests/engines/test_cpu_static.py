@@ -189,7 +189,25 @@ def test_an_npz_holdout_is_the_examples_calibration_did_not_use(tiny_onnx, tmp_p
     np.savez(npz, inputs=test.inputs, puzzle_identifiers=test.puzzle_identifiers, labels=test.labels)
     calib = Calibration(load_examples(npz, 30), tmp_path / "c.json", {})
     config = SimpleNamespace(holdout_samples=128, threads=1)
-    rest = holdout(tiny_onnx.unrolled, calib, config).examples
+    rest = holdout(tiny_onnx.unrolled, calib, {}, config).examples
     assert len(rest) == 10 and not {r.tobytes() for r in rest.inputs} & {r.tobytes() for r in calib.examples.inputs}
     with pytest.raises(DataError, match="calibration used every example"):
-        holdout(tiny_onnx.unrolled, Calibration(load_examples(npz, 40), tmp_path / "c.json", {}), config)
+        holdout(tiny_onnx.unrolled, Calibration(load_examples(npz, 40), tmp_path / "c.json", {}), {}, config)
+
+
+def test_the_holdout_is_sized_by_the_models_cost():
+    """Small models are measured on many puzzles (1 point of exact accuracy must be visible),
+    a Sudoku-size one on the minimum that keeps its build short."""
+    import dataclasses
+
+    from hrm_deploy.engines.cpu_static import HOLDOUT_SAMPLES, MIN_HOLDOUT, holdout_size
+    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.train.presets import preset
+
+    def size(name, steps):
+        model = {**preset(name)["model"], "forward_dtype": "float32"}
+        config = HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1, **model)
+        return holdout_size({"config": dataclasses.asdict(config), "steps": steps}, HOLDOUT_SAMPLES)
+
+    assert size("sudoku-small", 8) >= 500
+    assert size("sudoku", 16) == MIN_HOLDOUT
