@@ -248,9 +248,7 @@ def _within_budget(
 ) -> dict[str, Any]:
     """Measure the static INT8 graph at ``tmp`` against FP32; outside the budget, rebuild it with
     the most sensitive weights FP32 (``build`` updated). Returns the manifest's accuracy record."""
-    from hrm_deploy.engines.cpu_static import MIN_AGREEMENT_PCT, fit_budget, holdout
-
-    from hrm_deploy.engines.cpu_static import HOLDOUT_SAMPLES, holdout_size
+    from hrm_deploy.engines.cpu_static import HOLDOUT_SAMPLES, MIN_AGREEMENT_PCT, fit_budget, holdout, holdout_size
 
     count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
     with stages.stage(f"measuring INT8 against FP32 on up to {count} held-out puzzles"):
