@@ -39,7 +39,7 @@ BLOCK_S = 0.5  # each row's share of a round: calls until this long (one call fo
 ROWS = ("cpu-fp32", "cpu-int8-static", "cpu-int8-dynamic", "cpu-int8-blockwise", "torch-bf16")
 
 
-def prepare(name: str, work: Path, threads: int | None) -> dict:
+def prepare(name: str, work: Path, threads: int | None, rows: tuple[str, ...], calib_samples: int) -> dict:
     """Checkpoint, data, FP32 export and every row's artifact; build times recorded."""
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.engines.build import EngineConfig, build_engine
@@ -71,23 +71,26 @@ def prepare(name: str, work: Path, threads: int | None) -> dict:
     configs = {
         "cpu-fp32": CpuBuildConfig("fp32", threads),
         "cpu-int8-static": CpuBuildConfig("int8", threads, calib_data=data, cache_dir=str(folder / "calib"),
-                                          check_accuracy=name == "bundled"),
+                                          calib_samples=calib_samples, check_accuracy=name == "bundled"),
         "cpu-int8-dynamic": CpuBuildConfig("int8", threads, int8_recipe="dynamic"),
         "cpu-int8-blockwise": CpuBuildConfig("int8", threads, int8_recipe="blockwise"),
     }
     graphs, manifests = {}, {}
     for row, config in configs.items():
+        if row not in rows:
+            continue
         start = time.perf_counter()
         built = build_cpu(fp32, config, folder / f"{row}.cpu.ort.onnx", quiet=True)
         timings[f"{row}_build_s"] = time.perf_counter() - start
         graphs[row], manifests[row] = built.path, json.loads(built.manifest.read_text())
         print(name, row, f"built in {timings[f'{row}_build_s']:.1f} s", flush=True)
-    start = time.perf_counter()
-    torch_engine = build_engine(fp32, EngineConfig("bf16", backend="torch"), folder / "model.bf16.cpu.torch.pt2",
-                                quiet=True)
-    timings["torch-bf16_build_s"] = time.perf_counter() - start
-    graphs["torch-bf16"] = torch_engine.path
-    print(name, "torch-bf16", f"built in {timings['torch-bf16_build_s']:.1f} s", flush=True)
+    if "torch-bf16" in rows:
+        start = time.perf_counter()
+        torch_engine = build_engine(fp32, EngineConfig("bf16", backend="torch"),
+                                    folder / "model.bf16.cpu.torch.pt2", quiet=True)
+        timings["torch-bf16_build_s"] = time.perf_counter() - start
+        graphs["torch-bf16"] = torch_engine.path
+        print(name, "torch-bf16", f"built in {timings['torch-bf16_build_s']:.1f} s", flush=True)
     static = manifests["cpu-int8-static"]
     return {"checkpoint": ckpt, "data": evaluation, "graphs": graphs, "timings": timings,
             "static_recipe": static["recipe"], "static_stage_s": static.get("timings")}
@@ -157,6 +160,16 @@ def measure(name: str, prepared: dict, batches: tuple[int, ...], rounds: int, th
     return result
 
 
+def check_estimate(model: dict) -> float:
+    """Seconds static INT8's accuracy check would add to a Sudoku-size build (skipped there:
+    random weights): its holdout (cpu_static.MIN_HOLDOUT puzzles) through FP32 and INT8, from
+    the batch-8 latencies measured in the same run."""
+    from hrm_deploy.engines.cpu_static import MIN_HOLDOUT
+
+    lat = model["latency_ms_per_call"]["8"]
+    return round(MIN_HOLDOUT / 8 * (lat["cpu-fp32"]["median"] + lat["cpu-int8-static"]["median"]) / 1000, 1)
+
+
 def _isa() -> list[str]:
     """The instruction-set flags INT8 and BF16 kernels depend on (VNNI: int8 dot products;
     AVX-512-BF16 / AMX: native bf16), as /proc/cpuinfo lists them."""
@@ -172,6 +185,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", default="bundled,sudoku")
     parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: one per core)")
+    parser.add_argument("--rows", default=",".join(ROWS), help="rows to build and time (cpu-fp32 always)")
+    parser.add_argument("--calib-samples", type=int, default=128,
+                        help="static INT8 calibration examples (128: the build-engine default; its build time)")
     parser.add_argument("--out", default="benchmarks/results/cpu_latency.json")
     args = parser.parse_args()
     import onnxruntime as ort
@@ -192,16 +208,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             start_load = os.getloadavg()
-            prepared = prepare(name, Path(tmp), threads)
+            rows = tuple(dict.fromkeys(("cpu-fp32", *args.rows.split(","))))
+            prepared = prepare(name, Path(tmp), threads, rows, args.calib_samples)
             rounds = args.rounds if name == "sudoku" else max(args.rounds, 15)
             model = {"build_s": {k: round(v, 2) for k, v in prepared["timings"].items()},
+                     "static_calib_samples": args.calib_samples,
                      "static_build_stages_s": prepared["static_stage_s"],
                      "static_recipe": prepared["static_recipe"],
                      **measure(name, prepared, (1, 8), rounds, threads), "rounds": rounds}
-            if name != "bundled":  # what static's accuracy check (128 held-out puzzles) would add to its build
-                lat = model["latency_ms_per_call"]["8"]
-                model["static_accuracy_check_estimate_s"] = round(
-                    128 / 8 * (lat["cpu-fp32"]["median"] + lat["cpu-int8-static"]["median"]) / 1000, 1)
+            if name != "bundled":
+                model["static_accuracy_check_estimate_s"] = check_estimate(model)
             model["load_average_at_start_and_end"] = [start_load, os.getloadavg()]
             report["models"][name] = model
             out.write_text(json.dumps(report, indent=2) + "\n")
@@ -215,7 +231,7 @@ def markdown(report: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for name, m in report["models"].items():
         acc = m.get("accuracy", {})
-        for row in ROWS:
+        for row in (r for r in ROWS if r in m["latency_ms_per_call"]["1"]):
             cells = [name, row, f"{m['build_s'].get(f'{row}_build_s', 0):.1f}"]
             for b in ("1", "8"):
                 cells += [f"{m['latency_ms_per_call'][b][row]['median']:.1f}", f"{m['speedup_vs_cpu_fp32'][b][row]:.2f}x"]

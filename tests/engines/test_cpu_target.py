@@ -84,7 +84,7 @@ def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
 
 def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(trained_small, tmp_path):
     """The embedded default (sudoku-small, 8 ACT steps): dynamic INT8 measured 1.27x faster than
-    FP32 at batch 8 with 2 threads, both fused (benchmarks/results/cpu_latency.json); the bound
+    FP32 at batch 8 with 2 threads, both fused (benchmarks/results/cpu_fusion_latency.json); the bound
     only says "not slower", with room for noise. Interleaved, fastest call of each."""
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
