@@ -2,8 +2,9 @@
 run on one machine, so the ratios compare like with like.
 
 Latency is end to end per ``infer`` call (host arrays in, host arrays out: H2D + compute +
-D2H for GPU runners), after warm-up, as median / p90 / p99 over ``iters`` calls per batch; the
-engine runner also reports host-to-device, compute and device-to-host medians from CUDA events.
+D2H for GPU runners), after warm-up, as median / p90 / p99 over the timed calls of each batch:
+as many as fit ``duration_s`` per artifact and batch (like trtexec's ``--duration``; at least
+``min_iters`` for the percentiles), or exactly ``iters`` when given. The engine runner also reports host-to-device, compute and device-to-host medians from CUDA events.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
 from hrm_deploy.io import check_output_path, write_json, write_text
 
 BENCH_TARGETS = ("desktop", "jetson")  # jetson adds tegrastats power and JetPack facts
+DURATION_S = 10.0  # timed seconds per artifact and batch: a full-size model on 2 CPU cores is ~1-10 s a call
+MIN_ITERS = 10  # timed calls at least, whatever the duration: p90 needs a few samples
+MAX_ITERS = 100_000
 MAX_BATCH = 4096  # a bench batch beyond this is a typo, not a measurement (and an OOM on most machines)
 # Host/device bytes one example needs while running, per (token x hidden unit): activations of
 # the widest layer (SwiGLU at expansion 4), attention, residuals and the output logits, generous.
@@ -33,8 +37,10 @@ BYTES_PER_TOKEN_UNIT = 4 * 32
 class BenchConfig:
     data: str | None = None  # default: the reference checkpoint's own dataset (hrm_deploy.provenance)
     batches: tuple[int, ...] = (1, 8)
-    iters: int = 20
+    iters: int | None = None  # None: as many calls as fit duration_s (at least min_iters)
     warmup: int = 3
+    duration_s: float = DURATION_S
+    min_iters: int = MIN_ITERS
     reference: str | None = None  # checkpoint; default: the one the first artifact's manifests name
     include_reference: bool = True
     target: str = "desktop"  # desktop or jetson
@@ -48,14 +54,16 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.target not in BENCH_TARGETS:
             raise ConfigError(f"target {self.target!r}: use desktop or jetson")
-        if not self.batches or min(self.batches) < 1 or self.iters < 1 or self.warmup < 0:
+        if not self.batches or min(self.batches) < 1 or (self.iters is not None and self.iters < 1) or self.warmup < 0:
             raise ConfigError("batches must be >= 1, iters >= 1, warmup >= 0")
+        if not 0 < self.duration_s <= 3600 or not 1 <= self.min_iters <= MAX_ITERS:
+            raise ConfigError(f"--duration must be between 0 and 3600 s, got {self.duration_s}")
         if max(self.batches) > MAX_BATCH:
             raise ConfigError(
                 f"--batch {max(self.batches)} is too large; bench batches go up to {MAX_BATCH} "
                 "(larger batches are tiled from the data and would exhaust memory)"
             )
-        if self.iters > 100_000 or self.warmup > 10_000:
+        if (self.iters or 0) > MAX_ITERS or self.warmup > 10_000:
             raise ConfigError("--iters must be <= 100000 and --warmup <= 10000")
         if self.accuracy_samples < 1:
             raise ConfigError(f"accuracy samples must be >= 1, got {self.accuracy_samples}")
@@ -75,18 +83,39 @@ def _peak_gpu_mib() -> float | None:
     return torch.cuda.max_memory_allocated() / 2**20
 
 
+def timing_rule(config: BenchConfig) -> str:
+    """How many calls each artifact and batch gets, as the report states it."""
+    if config.iters is not None:
+        return f"{config.iters} timed calls per artifact and batch (--iters)"
+    return f"timed for {config.duration_s:g} s per artifact and batch (at least {config.min_iters} calls)"
+
+
+def _more(times: list[float], began: float, config: BenchConfig) -> bool:
+    if config.iters is not None:
+        return len(times) < config.iters
+    if len(times) < config.min_iters:
+        return True
+    return len(times) < MAX_ITERS and time.perf_counter() - began < config.duration_s
+
+
 def _time_batch(runner, feeds: dict[str, np.ndarray], config: BenchConfig, advance) -> dict[str, Any]:
-    """Latency statistics of ``config.iters`` calls at one batch size, after warm-up."""
+    """Latency statistics at one batch size after warm-up: calls for ``config.duration_s``
+    (at least ``config.min_iters``), or exactly ``config.iters``."""
     batch = len(feeds["inputs"])
     for _ in range(config.warmup):
         runner.infer(feeds)
         advance(1)
-    times, phases = [], []
-    for _ in range(config.iters):
+    times: list[float] = []
+    phases = []
+    began = time.perf_counter()
+    while _more(times, began, config):
         start = time.perf_counter()
         runner.infer(feeds)  # returns host arrays: synchronised by construction
         times.append(time.perf_counter() - start)
-        advance(1)  # outside the timed call
+        if len(times) <= (config.iters or config.min_iters):
+            advance(1)  # outside the timed call; the progress total counts the calls known in advance
+        else:
+            advance.note(f"b{batch}: {time.perf_counter() - began:.0f}/{config.duration_s:g} s")
         timing = runner.last_timing or {}
         if "compute_ms" in timing:  # device-loop runners: phases from events on their stream
             phases.append(timing)
@@ -106,7 +135,7 @@ def _measure(runner, examples, config: BenchConfig, label: str = "bench", quiet:
     from hrm_deploy.progress import progress
     from hrm_deploy.runners.infer import predict
 
-    calls = -(-len(examples) // 64) + len(config.batches) * (config.warmup + config.iters)
+    calls = -(-len(examples) // 64) + len(config.batches) * (config.warmup + (config.iters or config.min_iters))
     runner.activate()
     try:
         row: dict[str, Any] = {"precision": runner.precision, "steps": runner.steps, "batches": {}}
@@ -289,7 +318,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
         "rows": rows,
         "examples": len(examples),
         "data": examples.source,
-        "timing": "end to end per call (host in, host out), after warm-up",
+        "timing": f"end to end per call (host in, host out), after warm-up; {timing_rule(config)}",
     }
     _energy(report)
     pinned = report["environment"].get("jetson", {}).get("jetson_clocks_pinned")

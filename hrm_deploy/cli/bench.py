@@ -33,7 +33,16 @@ def bench(
         str | None, typer.Option(help="USER@HOST: run the bench there over SSH and fetch the report.")
     ] = None,
     batch: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,8",
-    iters: Annotated[int, typer.Option(help="Timed iterations per batch.")] = 20,
+    iters: Annotated[
+        int | None, typer.Option(help="Force this many timed calls per artifact and batch (default: --duration).")
+    ] = None,
+    duration: Annotated[
+        float,
+        typer.Option(
+            help="Seconds of timed calls per artifact and batch, like trtexec --duration (at least 10 calls, "
+            "for the percentiles); --iters overrides it.",
+        ),
+    ] = 10.0,
     warmup: Annotated[int, typer.Option(help="Warm-up iterations per batch.")] = 3,
     reference: Annotated[Path | None, typer.Option(help="Reference checkpoint (default: from the manifests).")] = None,
     no_reference: Annotated[bool, typer.Option("--no-reference", help="Skip the PyTorch reference row.")] = False,
@@ -77,6 +86,7 @@ def bench(
         max_steps=max_steps,
         iters=iters,
         warmup=warmup,
+        duration_s=duration,
         reference=str(reference) if reference else None,
         include_reference=not no_reference,
         target=target.value,

@@ -30,6 +30,7 @@ class Target(str, Enum):
 class CpuInt8Recipe(str, Enum):
     """INT8 recipe of the cpu target (``hrm_deploy.engines.cpu_int8.RECIPES``)."""
 
+    STATIC = "static"
     DYNAMIC = "dynamic"
     BLOCKWISE = "blockwise"
 

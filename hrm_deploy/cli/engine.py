@@ -51,13 +51,14 @@ def build_engine(
     accuracy_budget: Annotated[
         float | None,
         typer.Option(
-            help="INT8: exact-accuracy points INT8 may lose on the holdout; harmful layers stay float until it holds."
+            help="INT8: exact-accuracy points INT8 may lose on the holdout; harmful layers stay float until it "
+            "holds (cpu target, static INT8: default 1, and >= 98 % argmax agreement with FP32)."
         ),
     ] = None,
     target: Annotated[
         Target,
         typer.Option(
-            help="desktop: RTX 50 (sm_120); cpu: ONNX Runtime CPU (ORT-optimized graph, INT8 = dynamic integer GEMMs)."
+            help="desktop: RTX 50 (sm_120); cpu: ONNX Runtime CPU (ORT-optimized graph, INT8 = integer GEMMs)."
         ),
     ] = Target.DESKTOP,
     backend: Annotated[
@@ -86,12 +87,22 @@ def build_engine(
         int | None, typer.Option(help="cpu target: ONNX Runtime intra-op threads (default: one per core).")
     ] = None,
     cpu_int8: Annotated[
-        CpuInt8Recipe,
+        CpuInt8Recipe | None,
         typer.Option(
-            help="cpu target INT8: dynamic (fastest; activations scaled per call, so an answer can "
-            "depend on its batch-mates) or blockwise (per row: answers independent of batching).",
+            help="cpu target INT8 recipe. static (default): scales fixed by calibration, answers independent "
+            "of batching, kept within --accuracy-budget. dynamic: no calibration, fastest at batch > 1, but "
+            "an answer can depend on its batch-mates. blockwise: no calibration, batch-independent, slower "
+            "than FP32 on small models.",
         ),
-    ] = CpuInt8Recipe.DYNAMIC,
+    ] = None,
+    no_accuracy_check: Annotated[
+        bool,
+        typer.Option(
+            "--no-accuracy-check",
+            help="cpu target, static INT8: skip the comparison with FP32 on held-out puzzles (e.g. random "
+            "weights, whose argmax any rounding changes); the manifest says it was not measured.",
+        ),
+    ] = False,
     no_fuse: Annotated[
         bool,
         typer.Option(
@@ -141,10 +152,20 @@ def build_engine(
         timing_cache=None if timing_cache.lower() in ("", "none") else timing_cache,
         threads=threads,
         fuse=not no_fuse,
-        cpu_int8=cpu_int8.value,
+        # the cpu target's recipe goes to build_for_cpu; elsewhere --cpu-int8 is refused
+        cpu_int8=cpu_int8.value if cpu_int8 and target is not Target.CPU else "dynamic",
         allow_unrolled=allow_unrolled,
     )
-    result = build(onnx, config, output, quiet=quiet)
+    if target is Target.CPU:
+        from hrm_deploy.engines.cpu_int8 import build_for_cpu
+
+        recipe = cpu_int8.value if cpu_int8 else None
+        result = build_for_cpu(onnx, config, output, quiet, recipe, check_accuracy=not no_accuracy_check)
+    elif cpu_int8 is not None or no_accuracy_check:
+        given = f"--cpu-int8 {cpu_int8.value}" if cpu_int8 else "--no-accuracy-check"
+        raise ConfigError(f"{given} is an option of --target cpu; the {target.value} target does not take it")
+    else:
+        result = build(onnx, config, output, quiet=quiet)
     seconds = result.build.get("build_seconds", 0.0)
     typer.echo(
         f"wrote {result.path} ({result.build.get('engine_bytes', 0) / 2**20:.1f} MiB, built in {seconds:.1f} s) "

@@ -5,11 +5,14 @@
   ``FusedMatMul``, ``DynamicQuantizeMatMul`` ...) are done once at build time, so starting a
   session is fast. The layout-dependent ``all`` level is left to session start (it is
   machine-specific and ORT does not recommend saving it).
-* INT8 quantizes the weight MatMuls, no calibration data needed (:mod:`hrm_deploy.engines.cpu_int8`):
-  ``dynamic`` (default, fastest: activations quantized per call over the whole batch) or
-  ``blockwise`` (activations quantized per row block: answers independent of batching). The Q/DQ
-  graphs of the TensorRT targets stay as they are: on ORT CPU they are dequantized back to
-  float and are slower than FP32 (see README, CPU).
+* INT8 quantizes the weight MatMuls into integer GEMMs (:mod:`hrm_deploy.engines.cpu_int8`):
+  ``static`` (default; :mod:`hrm_deploy.engines.cpu_static`: activation scales fixed by the
+  project's calibration, answers independent of batching, measured against FP32 on held-out
+  puzzles and kept within the accuracy budget by leaving the most sensitive weights FP32),
+  ``dynamic`` (no data, activations scaled per call over the whole batch: answers can depend on
+  batch-mates) or ``blockwise`` (no data, per-row blocks: batch-independent, slower). The Q/DQ
+  graphs of the TensorRT targets stay as they are: on ORT CPU they are symmetric int8 and
+  unfused, and are slower than FP32.
 * FP32 and INT8 graphs then get HRM's attention (RoPE included) and RMSNorm fused into ORT's
   ``MultiHeadAttention`` / ``RotaryEmbedding`` / ``SimplifiedLayerNormalization`` CPU kernels,
   which ORT's optimizer does not do for these patterns (:mod:`hrm_deploy.engines.cpu_fusion`;
@@ -17,7 +20,7 @@
   tensors) is checked against the block it replaces on the inputs the unfused graph gave it;
   ``--no-fuse`` leaves them out.
 * FP16 is the precision stage's FP16 graph, optimized the same way (on x86 ORT runs most FP16
-  ops by casting; measured in ``benchmarks/results/cpu_latency.json``).
+  ops by casting, slower than FP32).
 
 Output: ``engines/<name>.<precision>.cpu.ort.onnx`` + manifest (ORT version, optimization
 level, intra-op threads, node counts), runnable by ``hrm_deploy.runners.open_runner``.
@@ -47,14 +50,23 @@ OPTIMIZATION_LEVEL = OPTIMIZATION.value  # as recorded in the manifest and the g
 @dataclass(frozen=True)
 class CpuBuildConfig:
     """How to build for ONNX Runtime CPU. ``threads`` None = ORT's default (one per core);
-    the value is recorded in the manifest and is what runners should pass as intra-op threads."""
+    the value is recorded in the manifest and is what runners should pass as intra-op threads.
+    The ``calib_*`` fields, ``accuracy_budget`` and ``check_accuracy`` are the ``static`` INT8
+    recipe's (:mod:`hrm_deploy.engines.cpu_static`); the other recipes take no data."""
 
     precision: str = "fp32"
     threads: int | None = None
     per_channel: bool = True
     exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")
     fuse: bool = True  # attention + RMSNorm into ORT's fused CPU kernels (engines/cpu_fusion.py)
-    int8_recipe: str = "dynamic"  # engines/cpu_int8.py: RECIPES
+    int8_recipe: str = "static"  # engines/cpu_int8.py: RECIPES
+    calib_data: str | None = None  # None: the checkpoint's own dataset, from its provenance
+    calib_method: str = "minmax"  # precision.int8.QuantConfig's measured defaults
+    calib_samples: int = 128
+    accuracy_budget: float | None = None  # exact-accuracy points; None: DEFAULT_BUDGET_POINTS
+    check_accuracy: bool = True  # static: measure against FP32 on held-out puzzles, fall back to FP32 layers
+    holdout_samples: int | None = None  # held-out puzzles of that check; None: by the model's cost (cpu_static)
+    cache_dir: str = "calib"
 
     def __post_init__(self) -> None:
         if self.int8_recipe not in RECIPES:
@@ -65,6 +77,35 @@ class CpuBuildConfig:
             )
         if self.threads is not None and self.threads < 1:
             raise ConfigError("--threads must be >= 1")
+        if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
+            raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
+        if self.calib_samples < 1 or (self.holdout_samples is not None and self.holdout_samples < 1):
+            raise ConfigError("--calib-samples and the holdout size must be >= 1")
+        static = self.precision == "int8" and self.int8_recipe == "static"
+        given = [
+            flag
+            for flag, on in (
+                ("--calib-data", self.calib_data is not None),
+                ("--calib-method", self.calib_method != "minmax"),
+                ("--calib-samples", self.calib_samples != 128),
+                ("--accuracy-budget", self.accuracy_budget is not None),
+                ("--no-accuracy-check", not self.check_accuracy),
+            )
+            if on
+        ]
+        if given and not static:
+            what = f"--cpu-int8 {self.int8_recipe}" if self.precision == "int8" else self.precision.upper()
+            raise ConfigError(
+                f"{', '.join(given)}: only the static INT8 recipe calibrates and measures accuracy on the cpu target, "
+                f"{what} takes no data; drop {'them' if len(given) > 1 else 'it'} or build --int8 --cpu-int8 static"
+            )
+
+    @property
+    def budget(self) -> float:
+        """The exact-accuracy points static INT8 may lose (``accuracy_budget`` or the default)."""
+        from hrm_deploy.engines.cpu_static import DEFAULT_BUDGET_POINTS
+
+        return DEFAULT_BUDGET_POINTS if self.accuracy_budget is None else self.accuracy_budget
 
 
 @dataclass
@@ -89,9 +130,11 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
     import onnx
 
     from hrm_deploy.engines.cpu_fusion import FUSION_TOLERANCE, check_rewrites, fuse_for_cpu
+    from hrm_deploy.engines.cpu_static import sink_quantize
     from hrm_deploy.model.config import HRMConfig
 
     unfused = onnx.load(str(path))
+    sink_quantize(unfused)  # static INT8: the attention output's Q back below its head merge (exact)
     if unfused.ByteSize() > MAX_FUSED_BYTES:  # one protobuf: the block check serializes the graph
         return {"skipped": f"graph of {unfused.ByteSize() / 2**30:.1f} GiB, over the 2 GiB protobuf limit: not fused"}
     fused = onnx.ModelProto()
@@ -148,6 +191,96 @@ def cpu_output_path(src: Path, precision: str, engines: str | Path = "engines") 
     return Path(engines) / f"{stem}.{precision}.cpu.ort.onnx"
 
 
+def _make_graph(
+    src: Path, tmp: Path, meta: dict[str, Any], config: CpuBuildConfig, stages: Stages, calib: Any, exclude=()
+) -> dict[str, Any]:
+    """``src`` -> the engine graph at ``tmp``: INT8 or FP16 rewrite, ORT's offline optimization,
+    the checked fusions. ``exclude``: weight MatMuls static INT8 keeps FP32. Returns build facts."""
+    import onnx
+    import onnxruntime as ort
+
+    build: dict[str, Any] = {}
+    work = tmp.with_name(tmp.name + ".pre.onnx")
+    try:
+        source = str(src)
+        if config.precision == "int8" and calib is not None:
+            from hrm_deploy.engines.cpu_static import quantize_static
+
+            label = "cached calibration" if calib.cache.is_file() else "calibrating"
+            with stages.stage(
+                f"static INT8 of the weight MatMuls ({label}: {calib.report['method']}, "
+                f"{calib.report['samples']} examples, all {meta['steps']} ACT steps)"
+            ):
+                build["quantized_nodes"] = len(quantize_static(src, work, calib, meta, config, exclude))
+            source = str(work)
+        elif config.precision == "int8":
+            with stages.stage(f"{config.int8_recipe} INT8 of the weight MatMuls: {RECIPES[config.int8_recipe]}"):
+                build["quantized_nodes"] = len(
+                    quantize_weights(
+                        source,
+                        str(work),
+                        config.int8_recipe,
+                        int(meta["config"].get("hidden_size", 0)),
+                        config.per_channel,
+                        config.exclude_patterns,
+                    )
+                )
+            source = str(work)
+        elif config.precision == "fp16":
+            from hrm_deploy.precision.fp16 import convert_half
+
+            with stages.stage("converting to fp16 (float32 islands: norms, softmax, sigmoid)"):
+                converted, _ = convert_half(onnx.load(source), "fp16", True)
+                onnx.save(converted, str(work))
+            source = str(work)
+        with stages.stage(f"ONNX Runtime {ort.__version__} graph optimizations ({OPTIMIZATION_LEVEL}), offline"):
+            build["optimize_seconds"] = round(optimize_offline(source, str(tmp), config.threads), 3)
+    finally:
+        work.unlink(missing_ok=True)
+    if config.fuse and config.precision != "fp16":  # fp16's float32 islands break the patterns
+        with stages.stage("fusing attention and RMSNorm into ORT's CPU kernels, each block checked"):
+            build["fusions"] = fuse_checked(tmp, meta, config.threads)
+    return build
+
+
+def _within_budget(
+    src: Path, tmp: Path, meta: dict[str, Any], config: CpuBuildConfig, stages: Stages, calib: Any, build: dict
+) -> dict[str, Any]:
+    """Measure the static INT8 graph at ``tmp`` against FP32; outside the budget, rebuild it with
+    the most sensitive weights FP32 (``build`` updated). Returns the manifest's accuracy record."""
+    from hrm_deploy.engines.cpu_static import HOLDOUT_SAMPLES, MIN_AGREEMENT_PCT, fit_budget, holdout, holdout_size
+
+    count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
+    with stages.stage(f"measuring INT8 against FP32 on up to {count} held-out puzzles"):
+        check = holdout(src, calib, meta, config)
+        whole = quality = check.measure(tmp)
+    record: dict[str, Any] = {
+        "checked": True,
+        "budget_points": config.budget,
+        "min_agreement_pct": MIN_AGREEMENT_PCT,
+        "holdout": check.examples.source
+        + (" (examples calibration did not use)" if Path(check.examples.source).is_file() else " (test split)"),
+        "all_int8": whole.as_dict(),
+        "kept_float": [],
+    }
+    if not whole.within(config.budget):
+        probe = tmp.with_name(tmp.name + ".probe.onnx")
+        with stages.stage(f"outside the budget ({whole.describe()}): keeping the most sensitive layers FP32"):
+            kept, exclude, sensitivity = fit_budget(src, calib, meta, config, whole, check, probe)
+        build.update(_make_graph(src, tmp, meta, config, stages, calib, exclude))
+        with stages.stage(f"measuring the mix ({len(kept)} layers FP32) against FP32"):
+            quality = check.measure(tmp)
+        if not quality.within(config.budget):
+            raise ConfigError(
+                f"static INT8 with {len(kept)} layers FP32 measured {quality.describe()} as built, outside the "
+                f"budget (<= {config.budget} points, >= {MIN_AGREEMENT_PCT:.0f} % agreement); build --fp32, or pass "
+                "a larger --accuracy-budget"
+            )
+        record.update(kept_float=kept, kept_float_nodes=len(exclude), sensitivity=sensitivity)
+    record["measured"] = quality.as_dict()
+    return record
+
+
 def build_cpu(
     onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None, quiet: bool = False
 ) -> CpuBuildResult:
@@ -172,39 +305,23 @@ def build_cpu(
     target.parent.mkdir(parents=True, exist_ok=True)
     stages = Stages(quiet)
     build: dict[str, Any] = {"onnx_nodes_in": nodes_in}
+    recipe: dict[str, Any] = {}
+    if config.precision == "int8":
+        recipe = {"int8": config.int8_recipe, "description": RECIPES[config.int8_recipe]}
     start = time.perf_counter()
     with staging_dir(target.parent, "cpu-build") as staging:
         tmp = staging / target.name
-        work = tmp.with_name(tmp.name + ".pre.onnx")
-        try:
-            source = str(src)
-            if config.precision == "int8":
-                with stages.stage(f"{config.int8_recipe} INT8 of the weight MatMuls: {RECIPES[config.int8_recipe]}"):
-                    build["quantized_nodes"] = len(
-                        quantize_weights(
-                            source,
-                            str(work),
-                            config.int8_recipe,
-                            int(meta["config"].get("hidden_size", 0)),
-                            config.per_channel,
-                            config.exclude_patterns,
-                        )
-                    )
-                source = str(work)
-            elif config.precision == "fp16":
-                from hrm_deploy.precision.fp16 import convert_half
+        calib = None
+        if config.precision == "int8" and config.int8_recipe == "static":
+            from hrm_deploy.engines.cpu_static import calibration
 
-                with stages.stage("converting to fp16 (float32 islands: norms, softmax, sigmoid)"):
-                    converted, _ = convert_half(onnx.load(source), "fp16", True)
-                    onnx.save(converted, str(work))
-                source = str(work)
-            with stages.stage(f"ONNX Runtime {ort.__version__} graph optimizations ({OPTIMIZATION_LEVEL}), offline"):
-                build["optimize_seconds"] = round(optimize_offline(source, str(tmp), config.threads), 3)
-        finally:
-            work.unlink(missing_ok=True)
-        if config.fuse and config.precision != "fp16":  # fp16's float32 islands break the patterns
-            with stages.stage("fusing attention and RMSNorm into ORT's CPU kernels, each block checked"):
-                build["fusions"] = fuse_checked(tmp, meta, config.threads)
+            calib = calibration(src, src_sha256 or sha256_file(src), meta, config, quiet)
+            recipe["calibration"] = calib.report
+        build.update(_make_graph(src, tmp, meta, config, stages, calib))
+        if calib is not None and config.check_accuracy:
+            recipe["accuracy"] = _within_budget(src, tmp, meta, config, stages, calib, build)
+        elif calib is not None:
+            recipe["accuracy"] = {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
         _restore_metadata(tmp, props, config.precision)
         optimized = onnx.load(str(tmp), load_external_data=False)
         ops: dict[str, int] = {}
@@ -232,9 +349,7 @@ def build_cpu(
             precision=config.precision,
             mode=meta["mode"],
             steps=meta["steps"],
-            recipe={"int8": config.int8_recipe, "description": RECIPES[config.int8_recipe]}
-            if config.precision == "int8"
-            else {},
+            recipe=recipe,
             runtime={
                 "graph_optimization_level": OPTIMIZATION_LEVEL,
                 "saved_optimized": True,

@@ -4,7 +4,7 @@ At hidden 64 (the bundled model) much of a call is ORT's per-node cost: after OR
 optimizer a transformer block is about 46 nodes, 42 of them outside the four weight GEMMs. ORT fuses
 neither HRM's weightless RMSNorm nor its rotate-half RoPE attention, so this pass does, on the
 graph ORT saved after its extended-level passes (the patterns below are that graph's).
-Measured (``benchmarks/results/cpu_latency.json``, fused vs ``--no-fuse`` rows): 1.25x FP32 and
+Measured (``benchmarks/results/cpu_fusion_latency.json``, fused vs ``--no-fuse`` rows): 1.25x FP32 and
 1.33x INT8 at batch 8 on the bundled model, 1.09x / 1.25x at Sudoku size; attention is the gain.
 
 * **attention** (24 nodes -> 4-5): ``Reshape [B,S,3N,D] -> Split(q, k, v)``, on q and k the

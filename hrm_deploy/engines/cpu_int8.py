@@ -1,6 +1,10 @@
 """INT8 recipes of the ``cpu`` target: weight MatMuls quantized so that ONNX Runtime's CPU runs
-them as integer GEMMs; no calibration data. Which weights are quantized follows the TensorRT
-recipe's plan (:func:`hrm_deploy.precision.int8.plan_nodes`: ``lm_head`` and ``q_head`` stay float).
+them as integer GEMMs. Which weights are quantized follows the TensorRT recipe's plan
+(:func:`hrm_deploy.precision.int8.plan_nodes`: ``lm_head`` and ``q_head`` stay float).
+
+* ``static`` (the default; :mod:`hrm_deploy.engines.cpu_static`): activation scales fixed at
+  build time by calibration, so answers do not depend on the batch; measured against FP32 and
+  kept within the accuracy budget. The two below need no data:
 
 * ``dynamic`` (``quantize_dynamic``): int8 weights per output column, activations quantized to
   uint8 **per call, one scale for the whole tensor** (U8S8 ``MatMulInteger`` fused into
@@ -16,17 +20,27 @@ recipe's plan (:func:`hrm_deploy.precision.int8.plan_nodes`: ``lm_head`` and ``q
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hrm_deploy.errors import DependencyError
 
 RECIPES = {
-    "dynamic": "int8 weights per channel, uint8 activations per call and tensor (fastest; answers can "
-    "depend on the puzzles batched together)",
-    "blockwise": "int8 weights in blocks, int8 activations per row block in MatMulNBits (answers "
-    "independent of batching)",
+    "static": "uint8 activations with scales fixed by calibration, int8 weights per channel (answers "
+    "independent of batching, kept within the accuracy budget; needs calibration data)",
+    "dynamic": "int8 weights per channel, uint8 activations scaled per call over the whole batch (no "
+    "calibration, fastest at batch > 1; a puzzle's answer can depend on the puzzles batched with it)",
+    "blockwise": "int8 weights in blocks, int8 activations per row block in MatMulNBits (no calibration, "
+    "answers independent of batching; slower than FP32 on small models)",
 }
-INTEGER_MATMULS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits")
+INTEGER_MATMULS = (
+    "MatMulInteger",
+    "MatMulIntegerToFloat",
+    "DynamicQuantizeMatMul",
+    "MatMulNBits",
+    "QLinearMatMul",
+    "QGemm",
+)
 
 
 def quantize_weights(
@@ -98,3 +112,61 @@ def _blockwise(model: Any, out: str, nodes: list[str], keep_float: list[str], hi
         )
         quantizer.process()
         quantizer.model.save_model_to_file(out)
+
+
+# Options of build-engine that only TensorRT builds read: (EngineConfig field, flag, its default).
+TENSORRT_ONLY = (
+    ("min_batch", "--min-batch", None),
+    ("opt_batch", "--opt-batch", None),
+    ("max_batch", "--max-batch", None),
+    ("workspace_mib", "--workspace", None),
+    ("optimization_level", "--opt-level", None),
+    ("compute_capability", "--compute-capability", None),
+    ("allow_unrolled", "--allow-unrolled", False),
+)
+
+
+def build_for_cpu(
+    onnx_path: str | Path | None,
+    config: Any,
+    out: str | Path | None = None,
+    quiet: bool = False,
+    recipe: str | None = None,
+    check_accuracy: bool = True,
+) -> Any:
+    """``build-engine --target cpu``: the engine stage's options (an ``EngineConfig``) on the
+    cpu target. Options it cannot honour are refused in one line; ``recipe`` is the INT8 recipe
+    asked for (None: ``static``); ``check_accuracy`` False skips static INT8's comparison with
+    FP32. Returns the ``EngineResult``."""
+    from hrm_deploy.engines.build import EngineResult, newest_export
+    from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
+    from hrm_deploy.errors import ConfigError
+
+    if config.backend is not None:
+        raise ConfigError(
+            f"--backend {config.backend} does not build for --target cpu (ONNX Runtime's CPU provider); drop "
+            "--backend, or drop --target cpu (--backend torch builds a PyTorch engine for this machine's CPU)"
+        )
+    given = [flag for field, flag, default in TENSORRT_ONLY if getattr(config, field) != default]
+    if config.timing_cache not in (None, "engines/timing.cache"):
+        given.append("--timing-cache")
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: TensorRT build option{'s' if len(given) > 1 else ''}; the cpu target runs any "
+            "batch and has no builder to tune: drop them"
+        )
+    if recipe is not None and config.precision != "int8":
+        raise ConfigError(f"--cpu-int8 {recipe} chooses the INT8 recipe; add --int8 (got {config.precision})")
+    cpu = CpuBuildConfig(
+        config.precision,
+        config.threads,
+        fuse=config.fuse,
+        int8_recipe=recipe or "static",
+        calib_data=config.calib_data,
+        calib_method=config.calib_method,
+        calib_samples=config.calib_samples,
+        accuracy_budget=config.accuracy_budget,
+        check_accuracy=check_accuracy,
+    )
+    built = build_cpu(onnx_path if onnx_path else newest_export(), cpu, out, quiet)
+    return EngineResult(built.path, built.manifest, built.source_onnx, built.build)

@@ -86,6 +86,8 @@ def _sensitivity_fallback(
     when only that layer is quantized (ranges come from the cache: no recalibration)."""
     import onnx
 
+    from hrm_deploy.precision.int8 import keep_sensitive_float
+
     budget = float(config.accuracy_budget or 0.0)
     base = _holdout_accuracy(str(fp32), holdout, meta)
     current = _holdout_accuracy(str(out_tmp), holdout, meta)
@@ -97,35 +99,33 @@ def _sensitivity_fallback(
     for node in model.graph.node:
         if node.name in plan.quantize:
             by_weight.setdefault(node.input[1], []).append(node.name)
+    del model
     probe = out_tmp.with_name(out_tmp.name + ".probe.onnx")
-    losses = {}
+
+    def measure(exclude: tuple[str, ...]) -> float:
+        quantize_int8(
+            str(fp32), str(probe), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
+        )
+        return _holdout_accuracy(str(probe), holdout, meta)
+
     with stages.stage(f"sensitivity of {len(by_weight)} layers"):
-        for weight, nodes in by_weight.items():
-            others = tuple(n for n in plan.quantize if n not in nodes)
-            if not others:
-                losses[weight] = base - current
-                continue
-            quantize_int8(
-                str(fp32), str(probe), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=others
-            )
-            losses[weight] = base - _holdout_accuracy(str(probe), holdout, meta)
-    kept: list[str] = []
-    for weight in sorted(losses, key=lambda w: losses[w], reverse=True):
-        kept.append(weight)
-        exclude = tuple(n for w in kept for n in by_weight[w])
-        if len(exclude) == len(plan.quantize):
-            raise ConfigError(
+        chosen = keep_sensitive_float(
+            by_weight,
+            measure,
+            severity=lambda exact: base - exact,
+            within=lambda exact: base - exact <= budget,
+            refuse=lambda exact: (
                 f"INT8 cannot meet the {budget} point budget even with one layer quantized; "
                 "use --fp16 or a larger --accuracy-budget"
-            )
-        quantize_int8(
-            str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
+            ),
+            whole=current,
         )
-        current = _holdout_accuracy(str(out_tmp), holdout, meta)
-        if base - current <= budget:
-            break
+    exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
+    quantize_int8(
+        str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
+    )
     probe.unlink(missing_ok=True)
-    report.update(int8_exact=current, kept_float=kept, layer_loss_points=losses)
+    report.update(int8_exact=chosen.measured, kept_float=chosen.kept_float, layer_loss_points=chosen.sensitivity)
     return report
 
 

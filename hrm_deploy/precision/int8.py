@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -302,9 +303,14 @@ def quantize_int8(
     steps: int,
     extra_exclude: tuple[str, ...] = (),
     quiet: bool = True,
+    activations: str = "int8",
 ) -> QuantPlan:
     """Write the Q/DQ graph of ``fp32_path`` to ``out_path``; ranges from ``cache_file``
-    when it exists (same key), else calibrated on ``examples`` and cached there."""
+    when it exists (same key), else calibrated on ``examples`` and cached there.
+
+    ``activations``: ``int8`` (TensorRT's convention) or ``uint8`` (zero point 128, the U8S8
+    form ONNX Runtime's CPU integer GEMMs take); both read the same symmetric ranges, so one
+    cache serves both."""
     import onnx
     from onnxruntime.quantization import (
         CalibrationMethod,
@@ -345,7 +351,7 @@ def quantize_int8(
             None,
             quant_format=QuantFormat.QDQ,
             per_channel=True,
-            activation_type=QuantType.QInt8,
+            activation_type=QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8,
             weight_type=QuantType.QInt8,
             nodes_to_quantize=plan.quantize,
             op_types_to_quantize=["MatMul", "Gemm"],
@@ -355,3 +361,49 @@ def quantize_int8(
         )
     _restrict_qdq_to_matmul_inputs(out_path)
     return plan
+
+
+M = TypeVar("M")  # one measurement of a quantized graph (e.g. exact accuracy)
+
+
+@dataclass
+class Fallback(Generic[M]):
+    """What :func:`keep_sensitive_float` chose: the groups kept in float (most harmful first),
+    each group's measured sensitivity, and the measurement of the chosen mix."""
+
+    kept_float: list[str]
+    sensitivity: dict[str, float]
+    measured: M
+
+
+def keep_sensitive_float(
+    groups: dict[str, list[str]],
+    measure: Callable[[tuple[str, ...]], M],
+    severity: Callable[[M], float],
+    within: Callable[[M], bool],
+    refuse: Callable[[M], str],
+    whole: M,
+) -> Fallback[M]:
+    """Greedy float fallback shared by the INT8 paths: keep whole groups of quantized nodes
+    (e.g. all unrolled copies of one weight) in float, most harmful first, until ``within``.
+
+    ``measure(excluded)`` quantizes every planned node except ``excluded`` and measures the
+    result; ``whole`` is the measurement with nothing excluded (already outside the budget).
+    Sensitivity of a group = ``severity`` of the graph where only that group is quantized.
+    Raises ConfigError(``refuse(last measurement)``) when only one group would be left quantized
+    and the budget still does not hold."""
+    everything = [n for nodes in groups.values() for n in nodes]
+    sensitivity: dict[str, float] = {}
+    for name, nodes in groups.items():
+        others = tuple(n for n in everything if n not in nodes)
+        sensitivity[name] = severity(measure(others) if others else whole)
+    kept: list[str] = []
+    measured = whole
+    for name in sorted(sensitivity, key=lambda g: sensitivity[g], reverse=True):
+        kept.append(name)
+        if len(kept) == len(groups):
+            raise ConfigError(refuse(measured))
+        measured = measure(tuple(n for g in kept for n in groups[g]))
+        if within(measured):
+            break
+    return Fallback(kept, sensitivity, measured)

@@ -205,3 +205,58 @@ def test_measure_reports_gpu_phases_when_the_runner_has_them(tiny_onnx):
     row = _measure(FakeGpuRunner(), examples, BenchConfig(data=tiny_onnx.data, batches=(2,), iters=3, warmup=0))
     phases = row["batches"]["2"]["phases_median_ms"]
     assert phases["h2d_ms"] == 0.1 and phases["compute_ms"] == 4.0 and phases["d2h_ms"] == 0.2
+
+
+class _SleepyRunner:
+    """A runner whose every call takes ``seconds`` (sleeping), for the time-sized loop."""
+
+    precision, steps, last_timing = "fp32", 1, None
+
+    def __init__(self, seconds: float):
+        self.seconds, self.calls = seconds, 0
+
+    def activate(self):
+        return self
+
+    def infer(self, feeds):
+        import numpy as np
+
+        self.calls += 1
+        time.sleep(self.seconds)
+        n = len(feeds["inputs"])
+        return {"logits": np.zeros((n, 81, 11), np.float32)}
+
+    def close(self):
+        pass
+
+
+def test_bench_is_sized_by_time_with_a_minimum_count_and_iters_forces_a_count(tiny_onnx):
+    from hrm_deploy.bench.run import _measure, timing_rule
+    from hrm_deploy.data.examples import load_examples
+
+    examples = load_examples(tiny_onnx.data, 4, split="test")
+    fast = _measure(_SleepyRunner(0.01), examples, BenchConfig(batches=(1,), warmup=0, duration_s=0.3), quiet=True)
+    assert 15 <= fast["batches"]["1"]["iterations"] <= 31  # ~0.3 s of 10 ms calls, not a fixed count
+    slow = _measure(_SleepyRunner(0.05), examples, BenchConfig(batches=(1,), warmup=0, duration_s=0.1), quiet=True)
+    assert slow["batches"]["1"]["iterations"] == 10  # past the budget, still the minimum for percentiles
+    forced = _measure(_SleepyRunner(0.001), examples, BenchConfig(batches=(1,), warmup=0, iters=3), quiet=True)
+    assert forced["batches"]["1"]["iterations"] == 3
+    assert timing_rule(BenchConfig()) == "timed for 10 s per artifact and batch (at least 10 calls)"
+    assert "--iters" in timing_rule(BenchConfig(iters=5))
+    with pytest.raises(ConfigError, match="--duration must be between"):
+        BenchConfig(duration_s=0)
+
+
+def test_bench_report_states_its_time_budget(tiny_onnx, tmp_path):
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+
+    out = tmp_path / "b"
+    args = ["bench", str(tiny_onnx.unrolled), "--data", tiny_onnx.data, "--batch", "1", "--duration", "0.2"]
+    result = CliRunner().invoke(app, [*args, "--no-reference", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["duration_s"] == 0.2 and report["config"]["iters"] is None
+    assert "timed for 0.2 s per artifact and batch (at least 10 calls)" in (out / "report.md").read_text()
+    assert report["rows"][0]["batches"]["1"]["iterations"] >= 10

@@ -79,16 +79,18 @@ def test_build_engine_help_lists_the_choices():
 
 @pytest.fixture
 def built(monkeypatch):
-    """build-engine with the library's build replaced: the EngineConfig each call passes."""
-    from hrm_deploy.engines import build
+    """build-engine with the library's builds (TensorRT/torch, and the cpu target's) replaced:
+    the EngineConfig each call passes."""
+    from hrm_deploy.engines import build, cpu_int8
 
     seen: list = []
 
-    def fake_build(onnx, config, out, quiet=False):
+    def fake_build(onnx, config, out, quiet=False, *args, **kwargs):
         seen.append(config)
         return build.EngineResult(Path("m.engine"), Path("m.engine.manifest.json"), Path("m.onnx"), {})
 
     monkeypatch.setattr(build, "build_engine", fake_build)
+    monkeypatch.setattr(cpu_int8, "build_for_cpu", fake_build)
 
     def run(*args: str):
         result = runner.invoke(app, ["build-engine", "m.onnx", *args])

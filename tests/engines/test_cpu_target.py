@@ -1,5 +1,6 @@
-"""The ``cpu`` target on the trained tiny fixture: ORT-optimized FP32 and dynamic-INT8 graphs,
-run by the existing ORT runner, INT8 keeps accuracy and is not slower than FP32."""
+"""The ``cpu`` target on the trained tiny fixture: ORT-optimized FP32 and INT8 graphs (static,
+the default, and dynamic), run by the existing ORT runner, INT8 keeps accuracy and is not slower
+than FP32. Static INT8's own tests: test_cpu_static.py."""
 
 import json
 import time
@@ -19,37 +20,45 @@ from hrm_deploy.runners.infer import predict
 @pytest.fixture(scope="module")
 def cpu_graphs(tiny_onnx, tmp_path_factory):
     folder = tmp_path_factory.mktemp("cpu")
+    configs = {
+        "fp32": CpuBuildConfig("fp32", threads=1),
+        "int8": CpuBuildConfig("int8", threads=1, calib_data=tiny_onnx.data, cache_dir=str(folder / "calib")),
+        "dynamic": CpuBuildConfig("int8", threads=1, int8_recipe="dynamic"),
+    }
     return {
-        p: build_cpu(tiny_onnx.unrolled, CpuBuildConfig(p, threads=1), folder / f"tiny.{p}.cpu.ort.onnx", quiet=True)
-        for p in ("fp32", "int8")
+        p: build_cpu(tiny_onnx.unrolled, c, folder / f"tiny.{p}.cpu.ort.onnx", quiet=True) for p, c in configs.items()
     }
 
 
 def test_cpu_int8_runs_integer_gemms_and_keeps_accuracy(cpu_graphs, tiny_onnx):
     int8 = cpu_graphs["int8"]
     ops = int8.build["op_types"]
-    assert ops.get("com.microsoft.DynamicQuantizeMatMul", 0) + ops.get("MatMulInteger", 0) >= 4
-    assert not any(k in ops for k in ("QuantizeLinear", "DequantizeLinear"))  # no Q/DQ that ORT would dequantize
+    assert ops.get("com.microsoft.MatMulIntegerToFloat", 0) == int8.build["quantized_nodes"] >= 4
+    assert "DequantizeLinear" not in ops  # every Q/DQ pair became an integer GEMM, none is dequantized to float
+    dynamic = cpu_graphs["dynamic"].build["op_types"]
+    assert dynamic.get("com.microsoft.DynamicQuantizeMatMul", 0) + dynamic.get("MatMulInteger", 0) >= 4
+    assert not any(k in dynamic for k in ("QuantizeLinear", "DequantizeLinear"))
     manifest = json.loads(int8.manifest.read_text())
     assert manifest["target"]["name"] == "cpu" and manifest["precision"] == "int8"
     assert manifest["runtime"]["intra_op_num_threads"] == 1 and manifest["runtime"]["saved_optimized"]
     examples = load_examples(tiny_onnx.data, None, split="test")
     exact = {}
-    for precision in ("fp32", "int8"):
+    for precision in ("fp32", "int8", "dynamic"):
         runner = open_runner(cpu_graphs[precision].path)
         runner.activate()
-        assert runner.precision == precision
+        assert runner.precision == precision.replace("dynamic", "int8")
         exact[precision] = 100 * accuracy(predict(runner, examples), examples.labels)["exact_accuracy"]
         runner.close()
     fp32_export = open_runner(tiny_onnx.unrolled)
     fp32_export.activate()
     assert 100 * accuracy(predict(fp32_export, examples), examples.labels)["exact_accuracy"] == exact["fp32"]
-    assert exact["fp32"] > 85 and exact["int8"] >= exact["fp32"] - 1.0, exact
+    # static holds the 1-point budget by construction (measured at build); dynamic is not held to it
+    assert exact["fp32"] > 85 and exact["int8"] >= exact["fp32"] - 1.0 and exact["dynamic"] > 85, exact
 
 
 def _int8_over_fp32(graphs, feeds, rounds: int) -> float:
     """Fastest INT8 call over fastest FP32 call, 1 thread each, calls interleaved round by round."""
-    runners = {p: open_runner(g.path, threads=1) for p, g in graphs.items()}
+    runners = {p: open_runner(graphs[p].path, threads=1) for p in ("fp32", "int8")}
     for r in runners.values():
         r.activate()
         r.infer(feeds)
@@ -75,13 +84,15 @@ def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
 
 def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(trained_small, tmp_path):
     """The embedded default (sudoku-small, 8 ACT steps): dynamic INT8 measured 1.27x faster than
-    FP32 at batch 8 with 2 threads, both fused (benchmarks/results/cpu_latency.json); the bound
+    FP32 at batch 8 with 2 threads, both fused (benchmarks/results/cpu_fusion_latency.json); the bound
     only says "not slower", with room for noise. Interleaved, fastest call of each."""
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
     fp32 = export_onnx(trained_small.checkpoint, tmp_path / "small.onnx", ExportConfig(parity=False), quiet=True).path
     graphs = {
-        p: build_cpu(fp32, CpuBuildConfig(p, threads=1), tmp_path / f"small.{p}.cpu.ort.onnx", quiet=True)
+        p: build_cpu(
+            fp32, CpuBuildConfig(p, threads=1, int8_recipe="dynamic"), tmp_path / f"{p}.cpu.ort.onnx", quiet=True
+        )
         for p in ("fp32", "int8")
     }
     feeds = load_examples(trained_small.data, 8, split="test").feeds(0, 8)
@@ -124,19 +135,24 @@ def test_cpu_target_refuses_bf16_and_non_fp32_sources(cpu_graphs):
         build_cpu(cpu_graphs["int8"].path, CpuBuildConfig("int8"), quiet=True)
 
 
-def test_cli_build_engine_target_cpu(tiny_onnx, tmp_path):
+def test_cli_build_engine_target_cpu(tiny_onnx, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from hrm_deploy.cli import app
 
+    monkeypatch.chdir(tmp_path)  # the calibration cache: calib/
     out = tmp_path / "m.int8.cpu.ort.onnx"
-    result = CliRunner().invoke(
-        app,
-        ["build-engine", str(tiny_onnx.unrolled), "--target", "cpu", "--int8", "--threads", "2", "-o", str(out), "-q"],
-    )
+    args = ["build-engine", str(tiny_onnx.unrolled), "--target", "cpu", "--int8", "--threads", "2", "-o", str(out)]
+    result = CliRunner().invoke(app, [*args, "--calib-data", tiny_onnx.data, "--calib-samples", "32", "-q"])
     assert result.exit_code == 0, result.output
     assert out.is_file() and "wrote" in result.output
-    assert json.loads(out.with_name(out.name + ".manifest.json").read_text())["runtime"]["intra_op_num_threads"] == 2
+    manifest = json.loads(out.with_name(out.name + ".manifest.json").read_text())
+    assert manifest["runtime"]["intra_op_num_threads"] == 2 and manifest["recipe"]["int8"] == "static"
+    assert (
+        manifest["recipe"]["calibration"]["samples"] == 32
+        and (tmp_path / manifest["recipe"]["calibration"]["cache"]).is_file()
+    )
+    assert manifest["recipe"]["accuracy"]["checked"] and manifest["recipe"]["accuracy"]["kept_float"] == []
 
 
 def test_blockwise_int8_answers_do_not_depend_on_the_batch(trained_small, tmp_path):
@@ -173,7 +189,7 @@ def _quantized_names(path) -> list[str]:
 
 
 def test_unknown_cpu_int8_recipe_is_one_clear_error():
-    with pytest.raises(ConfigError, match="recipe is one of dynamic, blockwise"):
+    with pytest.raises(ConfigError, match="recipe is one of static, dynamic, blockwise"):
         CpuBuildConfig("int8", int8_recipe="fast")
 
 
