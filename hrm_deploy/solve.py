@@ -341,8 +341,12 @@ def solve(
                 flag="--calib-data",
                 **runner_options,
             )
+            from hrm_deploy.manifest import manifest_path
+            from hrm_deploy.runners.halting import calibration_cache
+
+            where = manifest_path(path) if manifest_path(path).is_file() else calibration_cache(path)
             print(
-                f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in the manifest of {path.name}",
+                f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in {where}",
                 file=sys.stderr,
                 flush=True,
             )

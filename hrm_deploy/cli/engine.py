@@ -122,6 +122,9 @@ def build_engine(
     """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""
     from hrm_deploy.engines.build import EngineConfig, build_engine as build
 
+    from hrm_deploy.system import check_threads
+
+    check_threads(threads)
     flags = {Precision.FP16: fp16, Precision.BF16: bf16, Precision.INT8: int8, Precision.FP32: fp32}
     default = Precision.FP32 if backend is Backend.TORCH or target is Target.CPU else Precision.FP16
     config = EngineConfig(
@@ -144,6 +147,11 @@ def build_engine(
         cpu_int8=cpu_int8.value,
         allow_unrolled=allow_unrolled,
     )
+    if output is not None:  # before any work: never over an input or a file we did not write
+        from hrm_deploy.manifest import check_replaceable, output_path
+
+        output = output_path(output, None)
+        check_replaceable(output, [onnx, calib_data])
     result = build(onnx, config, output, quiet=quiet)
     seconds = result.build.get("build_seconds", 0.0)
     typer.echo(

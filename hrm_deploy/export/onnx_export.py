@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityError, require
 from hrm_deploy.export.unroll import STEP_PREDICTIONS, UNROLLED_INPUTS, EmbedInit, FixedStepHRM, StepCore
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
+from hrm_deploy.manifest import check_replaceable, output_path
 from hrm_deploy.manifest import publish_artifact
 from hrm_deploy.progress import Stages, progress
 
@@ -345,10 +346,11 @@ def export_onnx(
         core.eval()
     cfg = core.config
     steps = config.steps or cfg.halt_max_steps
-    if out is None:
-        suffix = ".step.onnx" if config.mode == "step" else ".onnx"
-        out = DEFAULT_WORKSPACE / (default_name(source if source else model_or_ckpt) + suffix)
+    suffix = ".step.onnx" if config.mode == "step" else ".onnx"
+    name = default_name(source if source else model_or_ckpt) + suffix
+    out = DEFAULT_WORKSPACE / name if out is None else output_path(out, name)  # -o FOLDER: FOLDER/<name>
     out = check_output_path(out)  # fail before the work, not after
+    check_replaceable(out, [source_file, source])  # never the checkpoint, never a file we did not write
 
     folding: dict[str, Any] = {}
     with stages.stage("tracing embedding and one ACT segment" + (", folding shapes" if config.fold else "")):
