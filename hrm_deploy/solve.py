@@ -266,11 +266,14 @@ def _model_seq_len(artifact: Path) -> int | None:
     """seq_len the artifact expects, where it can be read cheaply (ONNX metadata, checkpoints)."""
     try:
         if artifact.suffix == ".onnx":
-            import onnx
-
             from hrm_deploy.export.metadata import graph_metadata
+            from hrm_deploy.onnx_runtime import load_onnx
 
-            return int(graph_metadata(onnx.load(str(artifact), load_external_data=False))["config"]["seq_len"])
+            return int(graph_metadata(load_onnx(artifact))["config"]["seq_len"])
+        if artifact.suffix == ".pt2":  # a PyTorch engine: its manifest records the model config
+            from hrm_deploy.serve.contract import read_contract
+
+            return read_contract(artifact).seq_len
         if artifact.suffix in (".engine", ".plan"):
             return None
         from hrm_deploy.model.checkpoint import read_checkpoint

@@ -147,6 +147,10 @@ def build_engine(
         cpu_int8=cpu_int8.value,
         allow_unrolled=allow_unrolled,
     )
+    if onnx is not None and onnx.suffix == ".onnx":  # a FIFO, /dev/zero or random bytes: one line, now
+        from hrm_deploy.onnx_runtime import load_onnx
+
+        load_onnx(onnx)
     if output is not None:  # before any work: never over an input or a file we did not write
         from hrm_deploy.manifest import check_replaceable, output_path
 
