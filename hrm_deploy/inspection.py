@@ -112,7 +112,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
             summary["manifest"] = {
                 k: v
                 for k, v in read_manifest(p).items()
-                if k in ("stage", "created", "precision", "mode", "parity", "verify")
+                if k in ("stage", "created", "precision", "mode", "parity", "verify", "source", "checkpoint_overrides")
             }
         else:
             summary["manifest"] = None
@@ -144,7 +144,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
                     "device",
                     "compile_path",
                     "model_config",
-                    "overrides",
+                    "checkpoint_overrides",
                     "verify",
                 )
             }

@@ -417,6 +417,9 @@ def export_onnx(
                 companions=[(staging / data_file.name, data_file)] if external else [],
                 remove=[] if external else [data_file],  # weights of an earlier external-data export
                 source=getattr(model, "checkpoint_info", None),
+                # fields the checkpoint lacked, given on the command line: shown by inspect and
+                # verify, and applied when verify loads the reference
+                checkpoint_overrides=(getattr(model, "checkpoint_info", None) or {}).get("overrides") or {},
                 precision="fp32",
                 mode=config.mode,
                 unroll={

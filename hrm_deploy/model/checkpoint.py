@@ -18,6 +18,7 @@ from typing import Any
 
 from hrm_deploy.errors import CheckpointError, ConfigError
 from hrm_deploy.metrics import current_names
+from hrm_deploy.model.validate import check_finite, reconcile_overrides
 from hrm_deploy.model.config import HRMConfig
 
 CHECKPOINT_FORMAT = "hrm-deploy-checkpoint"
@@ -54,7 +55,8 @@ class CheckpointContents:
     extra: dict[str, Any] = field(default_factory=dict)  # optimizer states etc. (ours only)
 
     def describe(self) -> dict[str, Any]:
-        return {"path": str(self.path), "kind": self.kind, "prefix": self.prefix, "step": self.step}
+        described = {"path": str(self.path), "kind": self.kind, "prefix": self.prefix, "step": self.step}
+        return {**described, **({"overrides": self.extra["overrides"]} if self.extra.get("overrides") else {})}
 
 
 # --------------------------------------------------------------------------------- reading
@@ -265,7 +267,7 @@ def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointCont
     obj = _torch_load(file)
     if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
         try:
-            cfg_fields = {**obj["model_config"], **{k: v for k, v in overrides.items() if k != "data_path"}}
+            cfg_fields, recorded = reconcile_overrides(obj["model_config"], overrides, file)
             config = HRMConfig.from_dict(cfg_fields)
             state = obj["model_state"]
         except KeyError as exc:
@@ -273,6 +275,7 @@ def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointCont
         extra = {
             k: v for k, v in obj.items() if k not in ("format", "model_config", "model_state", "train_config", "step")
         }
+        extra.update({"overrides": recorded} if recorded else {})
         for key in METRIC_RECORDS:
             if isinstance(extra.get(key), dict):
                 extra[key] = current_names(extra[key])
@@ -291,8 +294,9 @@ def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointCont
             "checkpoint, which hrm-deploy does not load yet"
         )
     config, train_cfg = _upstream_config(file, state, overrides)
+    _, recorded = reconcile_overrides(train_cfg.get("arch") or {}, overrides, file, required=())
     step = int(m.group(1)) if (m := re.fullmatch(r"step_(\d+)", file.name)) else None
-    return CheckpointContents(file, "upstream", config, state, prefix, step, train_cfg)
+    return CheckpointContents(file, "upstream", config, state, prefix, step, train_cfg, {"overrides": recorded})
 
 
 def check_state_dict(expected: dict[str, Any], given: dict[str, Any], source: Path) -> None:
@@ -340,6 +344,7 @@ def model_from_contents(contents: CheckpointContents):
     core = model.inner
     expected = core.state_dict()
     check_state_dict(expected, contents.state_dict, contents.path)
+    check_finite(contents.state_dict, contents.path)
     state = {k: v.to(expected[k].dtype) for k, v in contents.state_dict.items()}
     core.load_state_dict(state, strict=True)
     model.eval()
