@@ -164,6 +164,7 @@ def test_solve_url_asks_the_server_client(monkeypatch):
 
     client = types.ModuleType("hrm_deploy.serve.client")
     client.infer_remote = infer_remote  # type: ignore[attr-defined]
+    client.server_max_batch = lambda url, model_name="hrm": 64  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "hrm_deploy.serve", types.ModuleType("hrm_deploy.serve"))
     monkeypatch.setitem(sys.modules, "hrm_deploy.serve.client", client)
     [solution] = solve(PUZZLE, url="http://localhost:8000")

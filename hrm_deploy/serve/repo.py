@@ -264,12 +264,10 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
 
         for name, contract in zip(names, contracts):
             max_batch = config.max_batch or contract.max_batch
-            if max_batch < 1:
-                raise ConfigError(f"--max-batch must be >= 1, got {max_batch}")
-            if contract.kind == "engine" and max_batch > contract.max_batch:
+            if not 1 <= max_batch <= contract.max_batch:
                 raise ConfigError(
-                    f"--max-batch {max_batch} exceeds {contract.path.name}'s profile max "
-                    f"{contract.max_batch}; rebuild the engine with a larger --max-batch"
+                    f"--max-batch {max_batch}: give 1..{contract.max_batch}, the largest batch "
+                    f"{contract.path.name} was made for (export or build it with a larger --max-batch for more)"
                 )
             step = contract.mode == "step"
             own = f"{name}_step" if step else name

@@ -34,6 +34,7 @@ LOOPBACK_NAMES = ("localhost",)
 MODEL_NAME = "hrm"
 # Long enough to gather concurrent requests into one batch, short next to one CPU inference (ms).
 DEFAULT_QUEUE_DELAY_US = 2000
+MAX_QUEUE_DELAY_US = 1_000_000
 
 
 class RequestError(HRMDeployError):
@@ -77,6 +78,44 @@ def check_bind(config: ServeConfig) -> None:
     ports = [config.http_port, config.grpc_port, config.metrics_port]
     if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
         raise ConfigError(f"HTTP, gRPC and metrics ports must be three different ports in 1..65535, got {ports}")
+    if not 0 <= config.queue_delay_us <= MAX_QUEUE_DELAY_US:
+        raise ConfigError(f"--queue-delay-us must be in 0..{MAX_QUEUE_DELAY_US} (one second), got {config.queue_delay_us}")
+    from hrm_deploy.serve.repo import check_model_name
+
+    check_model_name(config.model_name)
+
+
+def check_ports_free(config: ServeConfig) -> None:
+    """Refuse, before loading anything, a port another process (another ``serve``) listens on."""
+    import socket
+
+    for flag, port in (
+        ("--http-port", config.http_port),
+        ("--grpc-port", config.grpc_port),
+        ("--metrics-port", config.metrics_port),
+    ):
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of a stopped server is fine
+            try:
+                probe.bind((config.host, port))
+            except OSError as exc:
+                raise ConfigError(
+                    f"{flag} {port} on {config.host} is in use ({exc.strerror}; another server?); stop it or "
+                    f"choose another {flag}"
+                ) from None
+
+
+def check_max_batch(requested: int | None, artifact_max: int, name: str) -> int:
+    """The batch Triton may form: the artifact's own maximum unless a smaller one is asked for;
+    more is refused (its buffers would be sized for a batch the artifact was not made for)."""
+    max_batch = requested or artifact_max
+    if not 1 <= max_batch <= artifact_max:
+        raise ConfigError(
+            f"--max-batch {max_batch}: give 1..{artifact_max}, the largest batch {name} was made for "
+            "(export or build it with a larger --max-batch for more)"
+        )
+    return max_batch
 
 
 def halt_function(halt: str) -> Callable[..., Any] | None:
@@ -189,10 +228,9 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     from hrm_deploy.runners import open_runner
     from hrm_deploy.serve.contract import read_contract
 
+    check_ports_free(config)
     contract = read_contract(config.artifact)
-    max_batch = config.max_batch or contract.max_batch
-    if max_batch < 1:
-        raise ConfigError(f"--max-batch must be >= 1, got {max_batch}")
+    max_batch = check_max_batch(config.max_batch, contract.max_batch, config.artifact.name)
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
     infer = BatchInfer(
