@@ -241,8 +241,8 @@ def verify(
     examples = load_examples(data, samples, split="test")
     cand_out = _run(candidate, examples, batch, f"{path.name} ({candidate.name})", quiet)
     reference_ckpt = Path(against) if against else find_reference(path)
-    overrides = recorded_overrides(path)  # the same model the artifact was exported as
-    reference = TorchRunner(reference_ckpt, steps=candidate.steps, **overrides)
+    ckpt_overrides = recorded_overrides(path)  # the same model the artifact was exported as
+    reference = TorchRunner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
     ref_out = _run(reference, examples, batch, "PyTorch reference", quiet)
     report: dict[str, Any] = {
         "artifact": str(path),
@@ -250,7 +250,7 @@ def verify(
         "precision": candidate.precision,
         "steps": candidate.steps,
         "reference_checkpoint": str(reference_ckpt),
-        "checkpoint_overrides": overrides,
+        "checkpoint_overrides": ckpt_overrides,
         "data": examples.source,
         "examples": len(examples),
         **compare(ref_out, cand_out, examples.labels),
