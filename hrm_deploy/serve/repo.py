@@ -263,7 +263,7 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
         from hrm_deploy.manifest import manifest_path
 
         for name, contract in zip(names, contracts):
-            max_batch = config.max_batch or contract.max_batch
+            max_batch = contract.max_batch if config.max_batch is None else config.max_batch
             if not 1 <= max_batch <= contract.max_batch:
                 raise ConfigError(
                     f"--max-batch {max_batch}: give 1..{contract.max_batch}, the largest batch "

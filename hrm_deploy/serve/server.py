@@ -109,7 +109,7 @@ def check_ports_free(config: ServeConfig) -> None:
 def check_max_batch(requested: int | None, artifact_max: int, name: str) -> int:
     """The batch Triton may form: the artifact's own maximum unless a smaller one is asked for;
     more is refused (its buffers would be sized for a batch the artifact was not made for)."""
-    max_batch = requested or artifact_max
+    max_batch = artifact_max if requested is None else requested
     if not 1 <= max_batch <= artifact_max:
         raise ConfigError(
             f"--max-batch {max_batch}: give 1..{artifact_max}, the largest batch {name} was made for "
