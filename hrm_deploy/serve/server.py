@@ -212,6 +212,78 @@ class BatchInfer:
         return responses
 
 
+# PyTriton's proxy model (copied into the model store, run by Triton's Python backend) turns any
+# error of the inference function into an internal error (HTTP 500, the stub's traceback). A bad
+# request is the client's error: the copied model.py is patched so that an error raised as
+# RequestError answers every request of the batch with INVALID_ARG (HTTP 400) and its one line.
+_PROXY_ERROR = """                    triton_responses_or_error = pb_utils.TritonModelException(  # pytype: disable=module-attr
+                        responses_payload.decode("utf-8")
+                    )
+"""
+_PROXY_REQUEST_ERROR = """                    _text = responses_payload.decode("utf-8")
+                    _marker = "RequestError: "
+                    if _marker in _text:  # written by hrm-deploy serve: the client's error, one line
+                        _line = _text.rsplit(_marker, 1)[1].strip().splitlines()[0]
+                        triton_responses_or_error = [
+                            pb_utils.InferenceResponse(  # pytype: disable=module-attr
+                                error=pb_utils.TritonError(_line, pb_utils.TritonError.INVALID_ARG)
+                            )
+                            for _ in triton_requests
+                        ]
+                    else:
+                        triton_responses_or_error = pb_utils.TritonModelException(  # pytype: disable=module-attr
+                            _text
+                        )
+"""
+
+
+class _OneLineRequestErrors(logging.Filter):
+    """PyTriton logs every error of the inference function with its traceback; a refused request
+    is the client's error, logged as its one line (other errors keep their traceback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "RequestError: " in text:
+            line = text.rsplit("RequestError: ", 1)[1].strip().splitlines()[0]
+            record.msg, record.args, record.exc_info = "refused a request: %s", (line,), None
+        return True
+
+
+def request_errors_as_400() -> bool:
+    """Make PyTriton's proxy model answer :class:`RequestError` with HTTP 400 (see above); False
+    (with a warning, errors stay HTTP 500 with the same message) when its model.py has changed."""
+    from pytriton.models import model as pytriton_model
+
+    original = pytriton_model.Model.generate_model
+    if getattr(original, "_request_errors_as_400", False):
+        return True
+    text = (Path(pytriton_model.__file__).parent.parent / "proxy" / "model.py").read_text()
+    if _PROXY_ERROR not in text:
+        logging.getLogger(__name__).warning(
+            "this PyTriton's proxy model differs from the one hrm-deploy knows: bad requests get HTTP 500"
+        )
+        return False
+
+    original_files = pytriton_model.Model.get_proxy_model_files
+
+    def generate_model(self: Any, model_repository: Path) -> None:  # a local model store
+        original(self, model_repository)
+        copied = Path(model_repository) / self.model_name / str(self.model_version) / "model.py"
+        copied.write_text(copied.read_text().replace(_PROXY_ERROR, _PROXY_REQUEST_ERROR))
+
+    def get_proxy_model_files(self: Any) -> dict[str, bytes]:  # files sent with the load request
+        files = original_files(self)
+        key = f"file:{self.model_version}/model.py"
+        if key in files:
+            files[key] = files[key].decode().replace(_PROXY_ERROR, _PROXY_REQUEST_ERROR).encode()
+        return files
+
+    generate_model._request_errors_as_400 = True  # type: ignore[attr-defined]
+    pytriton_model.Model.generate_model = generate_model  # type: ignore[method-assign]
+    pytriton_model.Model.get_proxy_model_files = get_proxy_model_files  # type: ignore[method-assign]
+    return True
+
+
 def _runner_options(config: ServeConfig) -> dict[str, Any]:
     return {"provider": config.provider} if config.provider and config.artifact.suffix == ".onnx" else {}
 
@@ -264,6 +336,8 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
     logging.getLogger("pytriton").setLevel(logging.WARNING)
+    logging.getLogger("pytriton.proxy.inference").addFilter(_OneLineRequestErrors())
+    request_errors_as_400()
     code = 0
     try:
         with pytriton_triton.Triton(config=triton_config) as triton:

@@ -275,3 +275,41 @@ def test_solve_out_never_replaces_the_puzzle_file(tmp_path):
     puzzles.write_text(PUZZLE + "\n")
     _one_line(runner.invoke(app, ["solve", str(puzzles), "-o", str(puzzles)]), "puzzle file itself")
     assert puzzles.read_text() == PUZZLE + "\n"
+
+
+@pytest.mark.slow
+def test_out_of_vocabulary_tokens_get_http_400_naming_the_range(tiny_onnx, tmp_path):
+    from tests.serve.helpers import ServeProcess, puzzles, serving_unavailable
+
+    why = serving_unavailable()
+    if why:
+        pytest.skip(why)
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    server = ServeProcess(Path(tiny_onnx.unrolled), tmp_path / "serve.log")
+    try:
+        server.wait_ready()
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}", network_timeout=30)
+        tokens, ids = puzzles(tiny_onnx.data, 2)
+
+        def ask(x: np.ndarray) -> dict:
+            feeds = [
+                httpclient.InferInput("inputs", list(x.shape), "INT32"),
+                httpclient.InferInput("puzzle_identifiers", [len(x), 1], "INT32"),
+            ]
+            feeds[0].set_data_from_numpy(x)
+            feeds[1].set_data_from_numpy(ids[: len(x)].reshape(-1, 1))
+            return client.infer("hrm", feeds)
+
+        for bad in (tokens + 11, tokens - 12):
+            with pytest.raises(InferenceServerException) as caught:
+                ask(bad)
+            assert caught.value.status() == "400", (caught.value.status(), caught.value.message())
+            assert "outside the vocabulary 0..10" in caught.value.message()
+            assert "Traceback" not in caught.value.message()
+        assert ask(tokens).as_numpy("answer").shape == (2, 81)  # and serving goes on
+        assert "Traceback" not in server.log.read_text()
+    finally:
+        if server.proc.poll() is None:
+            assert server.stop() == 0
