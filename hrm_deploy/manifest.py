@@ -155,8 +155,8 @@ def publish_artifact(
     check_output_path(manifest_path(artifact))
     # The last gate before anything is replaced (every builder ends here): never over the
     # parent it was made from, never over a file that is not one of our artifacts.
-    old = check_replaceable(artifact, [parent] if parent is not None else [])
-    owned = _owned_names(old)
+    replaced = check_replaceable(artifact, [parent] if parent is not None else [])
+    owned = _owned_names(replaced)
     remove = [r for r in remove if Path(r).name in owned]  # only files the old manifest names
     companions = list(companions)
     if companions:
@@ -203,7 +203,7 @@ def _owned_names(manifest: dict[str, Any] | None) -> set[str]:
 
 
 def check_replaceable(
-    out: str | Path, inputs: Iterable[str | Path | None] = (), *, default_name: str | None = None, flag: str = "-o"
+    out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), *, flag: str = "-o"
 ) -> dict[str, Any] | None:
     """Refuse an output that would destroy something hrm-deploy did not write; returns the
     manifest of the artifact it replaces (None when ``out`` does not exist yet).
@@ -249,7 +249,7 @@ def check_replaceable(
     )
 
 
-def output_path(out: str | Path, default_name: str | None, *, flag: str = "-o") -> Path:
+def output_path(out: str | os.PathLike, default_name: str | None, *, flag: str = "-o") -> Path:
     """``out``, or ``<out>/<default_name>`` when ``out`` is an existing folder (one error line
     without a default name)."""
     out = Path(out)

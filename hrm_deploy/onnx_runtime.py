@@ -162,7 +162,9 @@ def ort_session(
         from hrm_deploy.errors import ArtifactError
 
         where = "the graph" if isinstance(model, bytes) else str(model)
-        raise ArtifactError(f"{where} is not a readable ONNX file (ONNX Runtime cannot parse it); re-export it") from None
+        raise ArtifactError(
+            f"{where} is not a readable ONNX file (ONNX Runtime cannot parse it); re-export it"
+        ) from None
     used = session.get_providers()[0]
     if used != wanted and not allow_fallback:
         raise DependencyError(

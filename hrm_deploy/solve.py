@@ -318,9 +318,7 @@ def solve(
 
         # never more puzzles per request than the server batches (Triton refuses them)
         size = min(batch, server_max_batch(url, model_name))
-        _in_batches(
-            lambda feeds: infer_remote(url, feeds, model_name=model_name), inputs, pids, size, parts, quiet
-        )
+        _in_batches(lambda feeds: infer_remote(url, feeds, model_name=model_name), inputs, pids, size, parts, quiet)
     else:
         if artifact is None:
             from hrm_deploy.train.presets import bundled_checkpoint

@@ -121,7 +121,6 @@ def build_engine(
 ) -> None:
     """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""
     from hrm_deploy.engines.build import EngineConfig, build_engine as build
-
     from hrm_deploy.system import check_threads
 
     check_threads(threads)

@@ -10,8 +10,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any

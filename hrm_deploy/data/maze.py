@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hrm_deploy.data.format import check_dataset_size, Split, ensure_new_folder, pack_groups, save_dataset
+from hrm_deploy.data.format import Split, check_dataset_size, ensure_new_folder, pack_groups, save_dataset
 from hrm_deploy.errors import ConfigError
 
 WALL, OPEN, START, GOAL, PATH = 1, 2, 3, 4, 5  # "# SGo"

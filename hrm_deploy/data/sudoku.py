@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hrm_deploy.data.format import check_dataset_size, Split, ensure_new_folder, pack_groups, save_dataset
+from hrm_deploy.data.format import Split, check_dataset_size, ensure_new_folder, pack_groups, save_dataset
 from hrm_deploy.errors import ConfigError
 
 _BOX = [(r // 3) * 3 + c // 3 for r in range(9) for c in range(9)]
@@ -174,7 +174,6 @@ def _make_group(job: tuple[SudokuSpec, int, int]) -> tuple[list[np.ndarray], lis
 def generate_sudoku(spec: SudokuSpec, output: str | None = None, progress=None) -> dict[str, Split]:
     """Generate train/test splits (and write them to ``output`` in upstream's format if given),
     in ``spec.workers`` processes."""
-    import os
     from concurrent.futures import ProcessPoolExecutor
 
     from hrm_deploy.system import check_threads, die_with_parent, usable_cores

@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityError, require
 from hrm_deploy.export.unroll import STEP_PREDICTIONS, UNROLLED_INPUTS, EmbedInit, FixedStepHRM, StepCore
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
-from hrm_deploy.manifest import check_replaceable, output_path
-from hrm_deploy.manifest import publish_artifact
+from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
 from hrm_deploy.progress import Stages, progress
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ from typing import Any
 
 from hrm_deploy.errors import CheckpointError, ConfigError
 from hrm_deploy.metrics import current_names
-from hrm_deploy.model.validate import check_finite, reconcile_overrides
 from hrm_deploy.model.config import HRMConfig
+from hrm_deploy.model.validate import check_finite, reconcile_overrides
 
 CHECKPOINT_FORMAT = "hrm-deploy-checkpoint"
 UPSTREAM_PREFIXES = ("_orig_mod.model.inner.", "model.inner.", "inner.")

@@ -29,7 +29,7 @@ class OrtRunner(Runner):
         self._session: Any = None
 
     def _activate(self) -> None:
-        onnx = require("onnx", "onnx", "The ONNX Runtime runner")
+        require("onnx", "onnx", "The ONNX Runtime runner")
         from hrm_deploy.export.metadata import graph_metadata
         from hrm_deploy.manifest import check_artifact
 

@@ -53,7 +53,7 @@ def _pt2_contract(path: Path) -> Contract:
     from hrm_deploy.manifest import check_artifact
 
     manifest = check_artifact(path, require_manifest=True) or {}
-    model = manifest.get("model_config")
+    model = manifest.get("model_config") or {}
     try:
         max_batch = int((manifest.get("profile_shapes") or {})["batch"][1])
         steps = int(model["halt_max_steps"] if manifest.get("mode") == "step" else manifest["steps"])

@@ -330,6 +330,5 @@ def check_repo_output(out: Path, artifacts: Sequence[Path], overwrite: bool) -> 
         raise ConfigError(f"{out} exists and is not empty; choose another -o or pass --overwrite")
     if why is not None:
         raise ConfigError(
-            f"--overwrite replaces only a repository hrm-deploy wrote, and {out} is not one: {why}; "
-            "choose another -o"
+            f"--overwrite replaces only a repository hrm-deploy wrote, and {out} is not one: {why}; choose another -o"
         )

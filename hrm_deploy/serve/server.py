@@ -79,7 +79,9 @@ def check_bind(config: ServeConfig) -> None:
     if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
         raise ConfigError(f"HTTP, gRPC and metrics ports must be three different ports in 1..65535, got {ports}")
     if not 0 <= config.queue_delay_us <= MAX_QUEUE_DELAY_US:
-        raise ConfigError(f"--queue-delay-us must be in 0..{MAX_QUEUE_DELAY_US} (one second), got {config.queue_delay_us}")
+        raise ConfigError(
+            f"--queue-delay-us must be in 0..{MAX_QUEUE_DELAY_US} (one second), got {config.queue_delay_us}"
+        )
     from hrm_deploy.serve.repo import check_model_name
 
     check_model_name(config.model_name)

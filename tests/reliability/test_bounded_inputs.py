@@ -74,7 +74,7 @@ def test_onnx_files_are_size_and_type_checked_before_reading(not_onnx):
     from hrm_deploy.errors import ArtifactError
     from hrm_deploy.onnx_runtime import load_onnx, ort_session
 
-    for kind, path in not_onnx.items():
+    for path in not_onnx.values():
         for read in (load_onnx, ort_session):
             with pytest.raises(ArtifactError, match="not a regular file|not a readable ONNX|empty"):
                 read(path)
