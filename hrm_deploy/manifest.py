@@ -223,6 +223,15 @@ def check_replaceable(
                     "input: choose another output path"
                 )
     if not os.path.lexists(out):
+        beside = manifest_path(out)
+        if os.path.lexists(beside):  # publishing removes it: only if it is one of our manifests
+            try:
+                read_manifest(out)
+            except ArtifactError:
+                raise ArtifactError(
+                    f"{flag} {out}: {beside.name} exists and is not an hrm-deploy manifest; hrm-deploy replaces "
+                    "only its own files: move it away or choose another output path"
+                ) from None
         return None
     if out.is_symlink():
         raise ArtifactError(

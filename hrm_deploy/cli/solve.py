@@ -59,7 +59,7 @@ def solve(
     if out is not None:  # before any work: never over the puzzles, never over a folder
         from hrm_deploy.io import check_output_path
 
-        _check_out(out, puzzle)
+        _check_out(out, puzzle, [artifact, calib_data])
         check_output_path(out)
     try:
         solutions = run_solve(
@@ -84,14 +84,23 @@ def solve(
     _write(format_solutions(solutions, json_lines), out)
 
 
-def _check_out(out: Path, puzzle: str) -> None:
+def _check_out(out: Path, puzzle: str, inputs: list[Path | None]) -> None:
+    """-o is never a folder, the puzzle file, the model or any other input (through links too)."""
     from hrm_deploy.errors import ConfigError
     from hrm_deploy.io import same_file
+    from hrm_deploy.manifest import manifest_path
 
     if out.is_dir():
         raise ConfigError(f"-o {out} is a folder; give a file name for the answers")
-    if len(puzzle) < 4096 and "\n" not in puzzle and Path(puzzle).exists() and out.exists() and same_file(out, puzzle):
+    if not out.exists():
+        return
+    if len(puzzle) < 4096 and "\n" not in puzzle and Path(puzzle).exists() and same_file(out, puzzle):
         raise ConfigError(f"-o {out} is the puzzle file itself; write the answers elsewhere")
+    for given in inputs:
+        if given is not None and given.exists():
+            for src in (given, manifest_path(given)):
+                if src.exists() and same_file(out, src):
+                    raise ConfigError(f"-o {out} is the input {src}; write the answers elsewhere")
 
 
 def _write(text: str, out: Path | None) -> None:

@@ -125,6 +125,11 @@ def ensure_new_folder(root: str | Path) -> None:
         check_output_path(root)
     except ArtifactError as exc:
         raise DataError(str(exc)) from None
+    ancestor = root.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise DataError(f"{root}: {ancestor} is a file, not a folder; choose another --output")
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise DataError(f"{root} already exists and is not empty; choose another --output or delete it")
 

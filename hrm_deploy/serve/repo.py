@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import re
 import shutil
 from collections.abc import Sequence
@@ -252,7 +253,7 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
                 f"{c.path} is a PyTorch (AOTInductor) engine, which Triton has no backend for; serve it with "
                 "`hrm-deploy serve`, or put the ONNX graph it was built from in the repository"
             )
-    out = Path(config.output)
+    out = Path(os.path.abspath(config.output))  # "." has a real parent to stage in
     check_repo_output(out, [Path(a) for a in artifacts], config.overwrite)
     written: list[RepoModel] = []
     # Build the whole repository in a private staging folder beside it and rename: never half a

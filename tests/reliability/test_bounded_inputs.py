@@ -313,3 +313,13 @@ def test_out_of_vocabulary_tokens_get_http_400_naming_the_range(tiny_onnx, tmp_p
     finally:
         if server.proc.poll() is None:
             assert server.stop() == 0
+
+
+def test_solve_out_never_replaces_the_model(trained_tiny, tmp_path):
+    import shutil
+
+    ckpt = tmp_path / "m.pt"
+    shutil.copy(trained_tiny.checkpoint, ckpt)
+    before = ckpt.read_bytes()
+    _one_line(runner.invoke(app, ["solve", PUZZLE, str(ckpt), "-o", str(ckpt)]), "is the input")
+    assert ckpt.read_bytes() == before

@@ -239,3 +239,20 @@ def test_an_empty_existing_folder_takes_a_repository(tiny_onnx, tmp_path):
     result = runner.invoke(app, ["triton-repo", str(tiny_onnx.unrolled), "-o", str(empty)])
     assert result.exit_code == 0, result.output
     assert (empty / ".hrm-deploy-repo.json").is_file()
+
+
+def test_a_users_file_named_like_a_manifest_is_never_removed(tmp_path):
+    from hrm_deploy.manifest import check_replaceable
+
+    out = tmp_path / "m.onnx"
+    manifest_path(out).write_text("my notes")
+    with pytest.raises(ArtifactError, match="not an hrm-deploy manifest"):
+        check_replaceable(out)
+    assert manifest_path(out).read_text() == "my notes"
+
+
+def test_data_under_a_file_is_one_line_before_the_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("afile").write_text("x")
+    _one_line(runner.invoke(app, ["data", "sudoku", "-o", "afile/ds", "--train", "4", "--test", "2"]), "is a file")
+    assert Path("afile").read_text() == "x"
