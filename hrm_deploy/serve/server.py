@@ -10,8 +10,10 @@ on the whole batch and splits the answers. Per request (batch dimension ``B`` ad
 
 Wrong dtypes, wrong shapes and batches over ``max_batch`` are refused by Triton itself before
 the function runs; out-of-vocabulary tokens, unknown puzzle ids and empty requests by the
-function with an error naming the problem. An error fails every request of the batch Triton
-formed (PyTriton answers per batch), the server keeps serving.
+function with an error naming the problem (HTTP 400, see :func:`request_errors_as_400`). An
+error fails every request of the batch Triton formed (PyTriton answers per batch), the server
+keeps serving. Ports in use, ``--max-batch`` beyond the artifact's own maximum and model names
+that are not plain names are refused before anything starts.
 """
 
 from __future__ import annotations
