@@ -245,13 +245,9 @@ def check_replaceable(
     reason = "it has no manifest"
     if manifest_path(out).is_file():
         try:
-            data = read_manifest(out)
+            return read_manifest(out)  # ours (a copy renamed with its manifest included)
         except ArtifactError as exc:
             reason = f"its manifest is not ours ({exc})"
-        else:
-            if data.get("artifact") == out.name:
-                return data
-            reason = f"its manifest names {data.get('artifact')!r}"
     raise ArtifactError(
         f"{flag} {out} exists and is not an hrm-deploy artifact ({reason}); hrm-deploy replaces only "
         "its own artifacts: move it away or choose another output path"

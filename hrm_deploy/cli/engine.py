@@ -147,7 +147,9 @@ def build_engine(
         cpu_int8=cpu_int8.value,
         allow_unrolled=allow_unrolled,
     )
-    if onnx is not None and onnx.suffix == ".onnx" and os.path.lexists(onnx):  # a FIFO, /dev/zero or random bytes: one line, now
+    if (
+        onnx is not None and onnx.suffix == ".onnx" and os.path.lexists(onnx)
+    ):  # a FIFO, /dev/zero or random bytes: one line, now
         from hrm_deploy.onnx_runtime import load_onnx
 
         load_onnx(onnx)
