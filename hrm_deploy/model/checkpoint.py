@@ -68,6 +68,8 @@ def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"checkpoint {p} does not exist; pass the path of a step_N or .pt file")
     if p.is_file():
         return p
+    if not p.is_dir():  # a FIFO would block the reader, /dev/zero never ends
+        raise CheckpointError(f"{p} is not a regular file or folder (a FIFO or device?); pass a step_N or .pt file")
     steps = [(int(m.group(1)), c) for c in p.iterdir() if (m := re.fullmatch(r"step_(\d+)", c.name)) and c.is_file()]
     if steps:
         return max(steps)[1]

@@ -323,3 +323,12 @@ def test_solve_out_never_replaces_the_model(trained_tiny, tmp_path):
     before = ckpt.read_bytes()
     _one_line(runner.invoke(app, ["solve", PUZZLE, str(ckpt), "-o", str(ckpt)]), "is the input")
     assert ckpt.read_bytes() == before
+
+
+@pytest.mark.parametrize("argv", [["inspect", "{x}"], ["export", "{x}", "-o", "q.onnx"], ["solve", PUZZLE, "{x}"]])
+def test_a_checkpoint_that_is_a_device_or_fifo_is_one_line(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("fifo.pt")
+    Path("zero.pt").symlink_to("/dev/zero")
+    for name in ("fifo.pt", "zero.pt"):
+        _one_line(runner.invoke(app, [a.replace("{x}", name) for a in argv]), "not a regular file or folder")
