@@ -48,3 +48,22 @@ def find_reference(artifact: Path) -> Path:
         if is_checkpoint(current):
             return current
     raise ArtifactError(f"cannot tell which checkpoint {artifact} came from; pass it with --against CKPT")
+
+
+def recorded_overrides(artifact: str | Path) -> dict:
+    """The checkpoint-config overrides an artifact was exported with (``export --num-heads 8``
+    filling a field its checkpoint lacked), read from its manifests' chain; {} when none. The
+    reference model must be loaded with exactly these to be the same model."""
+    current = Path(artifact)
+    for _ in range(MAX_PARENT_LINKS):
+        if is_checkpoint(current) or not manifest_path(current).is_file():
+            break
+        manifest = check_artifact(current) or {}
+        found = manifest.get("checkpoint_overrides")
+        if isinstance(found, dict) and found:
+            return dict(found)
+        parent = resolve_parent(current, manifest)
+        if parent is None:
+            break
+        current = parent
+    return {}

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.errors import ArtifactError, HRMDeployError
+from hrm_deploy.artifacts import is_checkpoint, runner_name
+from hrm_deploy.errors import ArtifactError, HRMDeployError, require
 from hrm_deploy.manifest import MANIFEST_SUFFIX, check_artifact, read_manifest, validate_manifest
 
 # Manifest fields that judge the artifact's bytes; dropped when the bytes no longer match.
@@ -14,13 +15,10 @@ _JUDGEMENTS = ("verify", "parity", "report", "build")
 
 
 def _onnx_summary(path: Path) -> dict[str, Any]:
-    from hrm_deploy.errors import require
+    from hrm_deploy.onnx_runtime import load_onnx
 
     onnx = require("onnx", "onnx", "Inspecting ONNX files")
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types
-        raise ArtifactError(f"{path} is not a readable ONNX file ({type(exc).__name__}); re-export it") from None
+    model = load_onnx(path)  # size-checked first: a FIFO, /dev/zero or random bytes are one line
 
     def io(values) -> dict[str, str]:
         out = {}
@@ -131,15 +129,19 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
             summary["manifest"] = {
                 k: v
                 for k, v in read_manifest(p).items()
-                if k in ("stage", "created", "precision", "mode", "parity", "verify")
+                if k in ("stage", "created", "precision", "mode", "parity", "verify", "source", "checkpoint_overrides")
             }
         else:
             summary["manifest"] = None
         return summary
-    if p.suffix in (".engine", ".plan"):
-        # engines are opaque here (no TensorRT needed): what the manifest says, if it still applies
+    if not is_checkpoint(p):
+        # engines (TensorRT, PyTorch .pt2) are opaque here (no TensorRT or compile needed): what the
+        # manifest says, if it still applies
+        if not p.is_file():
+            raise ArtifactError(f"{p} is not a file; give an engine file")
         status = _artifact_status(p)
-        summary = {"kind": "engine", "path": str(p), "size_bytes": p.stat().st_size, "artifact_check": status}
+        kind = "engine (PyTorch AOTInductor)" if runner_name(p) == "torch_engine" else "engine"
+        summary = {"kind": kind, "path": str(p), "size_bytes": p.stat().st_size, "artifact_check": status}
         if status == "ok":
             summary["manifest"] = {
                 k: v
@@ -156,6 +158,10 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
                     "compute_capability",
                     "profile_shapes",
                     "onnx_sha256",
+                    "device",
+                    "compile_path",
+                    "model_config",
+                    "checkpoint_overrides",
                     "verify",
                 )
             }

@@ -192,3 +192,30 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def cache_dir(*parts: str) -> Path:
+    """The user cache folder for ``parts`` (datasets regenerated from provenance, halting
+    calibrations of files we did not write): ``$HRM_DEPLOY_CACHE``, else the platform's user
+    cache dir (``$XDG_CACHE_HOME`` or ``~/.cache`` on Linux, ``~/Library/Caches`` on macOS,
+    ``%LOCALAPPDATA%`` on Windows) plus ``hrm-deploy``. Never the package or an artifact's folder."""
+    import sys
+
+    env = os.environ.get("HRM_DEPLOY_CACHE")
+    if env:
+        base = Path(env)
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches" / "hrm-deploy"
+    elif sys.platform.startswith("win"):
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "hrm-deploy" / "Cache"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hrm-deploy"
+    return base.joinpath(*parts)
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """True when ``a`` and ``b`` are the same file on disk (through links, hard links included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)

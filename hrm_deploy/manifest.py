@@ -33,7 +33,7 @@ from typing import Any
 
 from hrm_deploy import __version__
 from hrm_deploy.errors import ArtifactError
-from hrm_deploy.io import sha256_bytes, sha256_file, write_json
+from hrm_deploy.io import same_file, sha256_bytes, sha256_file, write_json
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_VERSION = 1
@@ -153,6 +153,11 @@ def publish_artifact(
     staged, artifact = Path(staged), Path(artifact)
     check_output_path(artifact)
     check_output_path(manifest_path(artifact))
+    # The last gate before anything is replaced (every builder ends here): never over the
+    # parent it was made from, never over a file that is not one of our artifacts.
+    replaced = check_replaceable(artifact, [parent] if parent is not None else [])
+    owned = _owned_names(replaced)
+    remove = [r for r in remove if Path(r).name in owned]  # only files the old manifest names
     companions = list(companions)
     if companions:
         fields.setdefault("companions", {final.name: sha256_file(src) for src, final in companions})
@@ -185,6 +190,79 @@ def publish_artifact(
     _hook("between-artifact-and-manifest")
     os.replace(staged_manifest, final_manifest)
     return final_manifest
+
+
+def _owned_names(manifest: dict[str, Any] | None) -> set[str]:
+    """Names of the files beside an artifact that its manifest says we wrote (companions, layers)."""
+    if not manifest:
+        return set()
+    names = {str(n) for n in (manifest.get("companions") or {})}
+    if isinstance(manifest.get("layers_json"), str):
+        names.add(manifest["layers_json"])
+    return {n for n in names if Path(n).name == n}
+
+
+def check_replaceable(
+    out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), *, flag: str = "-o"
+) -> dict[str, Any] | None:
+    """Refuse an output that would destroy something hrm-deploy did not write; returns the
+    manifest of the artifact it replaces (None when ``out`` does not exist yet).
+
+    Refused, each with one :class:`ArtifactError` line: ``out`` (or its manifest or ``.data``
+    companion) is, or resolves to through links, one of ``inputs``; ``out`` is a folder, a
+    symlink, a FIFO or device; ``out`` exists but has no manifest of ours naming it (a user's
+    file). Use :func:`output_path` first to map a folder to ``<folder>/<default name>``."""
+    out = Path(out)
+    for src in inputs:
+        if src is None or not os.path.lexists(src):
+            continue
+        for candidate in (out, manifest_path(out), out.with_name(out.name + ".data")):
+            if os.path.lexists(candidate) and same_file(candidate, src):
+                raise ArtifactError(
+                    f"{flag} {out} is (or resolves to) the input {src}; an output never replaces its "
+                    "input: choose another output path"
+                )
+    if not os.path.lexists(out):
+        beside = manifest_path(out)
+        if os.path.lexists(beside):  # publishing removes it: only if it is one of our manifests
+            try:
+                read_manifest(out)
+            except ArtifactError:
+                raise ArtifactError(
+                    f"{flag} {out}: {beside.name} exists and is not an hrm-deploy manifest; hrm-deploy replaces "
+                    "only its own files: move it away or choose another output path"
+                ) from None
+        return None
+    if out.is_symlink():
+        raise ArtifactError(
+            f"{flag} {out} is a symbolic link to {os.path.realpath(out)}; hrm-deploy replaces only its own "
+            "artifacts: give the real path or a new file name"
+        )
+    if out.is_dir():
+        raise ArtifactError(f"{flag} {out} is a folder; give a file path (e.g. {out}/model{out.suffix or '.onnx'})")
+    if not out.is_file():
+        raise ArtifactError(f"{flag} {out} is not a regular file (a FIFO or device?); choose another output path")
+    reason = "it has no manifest"
+    if manifest_path(out).is_file():
+        try:
+            return read_manifest(out)  # ours (a copy renamed with its manifest included)
+        except ArtifactError as exc:
+            reason = f"its manifest is not ours ({exc})"
+    raise ArtifactError(
+        f"{flag} {out} exists and is not an hrm-deploy artifact ({reason}); hrm-deploy replaces only "
+        "its own artifacts: move it away or choose another output path"
+    )
+
+
+def output_path(out: str | os.PathLike, default_name: str | None, *, flag: str = "-o") -> Path:
+    """``out``, or ``<out>/<default_name>`` when ``out`` is an existing folder (one error line
+    without a default name)."""
+    out = Path(out)
+    if out.is_dir():
+        if default_name is None:
+            raise ArtifactError(f"{flag} {out} is a folder; give the output's file name inside it")
+        return out / default_name
+    return out
 
 
 def _hook(point: str) -> None:

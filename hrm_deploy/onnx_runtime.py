@@ -67,6 +67,54 @@ def provider_name(provider: str) -> str:
     raise ConfigError(f"ORT provider {provider!r} unknown; use one of {', '.join(PROVIDERS)}")
 
 
+# One protobuf message (an ONNX file without external data) cannot exceed 2 GiB; larger
+# weights live in external ``.data`` files, so a bigger ``.onnx`` is not an ONNX graph.
+MAX_ONNX_BYTES = 2**31
+
+
+def check_onnx_file(path: str | Path) -> int:
+    """The size of ``path`` after checking, without opening it, that it can be an ONNX file: a
+    regular file (a FIFO would block a reader forever, ``/dev/zero`` never ends), not empty and
+    under :data:`MAX_ONNX_BYTES`. Raises one :class:`~hrm_deploy.errors.ArtifactError` line."""
+    import os
+    import stat
+
+    from hrm_deploy.errors import ArtifactError
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ArtifactError(f"{path} cannot be read ({exc.strerror}); give an ONNX file") from None
+    if not stat.S_ISREG(st.st_mode):
+        what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device)"
+        raise ArtifactError(f"{path} is {what}, not an ONNX file; give the .onnx file itself")
+    if st.st_size == 0:
+        raise ArtifactError(f"{path} is empty, not a readable ONNX file; re-export it")
+    if st.st_size >= MAX_ONNX_BYTES:
+        raise ArtifactError(
+            f"{path} is {st.st_size / 2**30:.1f} GiB, over protobuf's 2 GiB limit for an ONNX file "
+            "(larger weights live in external data): not a readable ONNX file; re-export it"
+        )
+    return st.st_size
+
+
+def load_onnx(path: str | Path) -> Any:
+    """An ``onnx.ModelProto`` of ``path`` (weights in external data not loaded), size-checked
+    before it is read (:func:`check_onnx_file`); anything that does not parse as an ONNX model
+    (truncated, random bytes) is one :class:`~hrm_deploy.errors.ArtifactError` line."""
+    from hrm_deploy.errors import ArtifactError
+
+    check_onnx_file(path)
+    onnx = require("onnx", "onnx", "Reading ONNX files")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types (DecodeError, ...)
+        raise ArtifactError(f"{path} is not a readable ONNX file ({type(exc).__name__}); re-export it") from None
+    if model.ir_version <= 0 or not model.graph.node:
+        raise ArtifactError(f"{path} is not a readable ONNX file (no ONNX graph in it); re-export it")
+    return model
+
+
 def ort_session(
     model: str | Path | bytes,
     *,
@@ -106,7 +154,17 @@ def ort_session(
     if priority_order:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     providers = [wanted] + ([CPU] if wanted != CPU else [])
-    session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), options, providers=providers)
+    if not isinstance(model, bytes):
+        check_onnx_file(model)  # never block on a FIFO or read /dev/zero forever
+    try:
+        session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), options, providers=providers)
+    except (ort.capi.onnxruntime_pybind11_state.InvalidProtobuf, ort.capi.onnxruntime_pybind11_state.InvalidGraph):
+        from hrm_deploy.errors import ArtifactError
+
+        where = "the graph" if isinstance(model, bytes) else str(model)
+        raise ArtifactError(
+            f"{where} is not a readable ONNX file (ONNX Runtime cannot parse it); re-export it"
+        ) from None
     used = session.get_providers()[0]
     if used != wanted and not allow_fallback:
         raise DependencyError(

@@ -3,7 +3,7 @@
 
 In order: a dataset spec stored in the checkpoint (bundled presets and checkpoints written by
 ``scripts/refresh_bundled_checkpoint.py``) is regenerated deterministically into a cache
-folder (``$HRM_DEPLOY_CACHE`` or ``~/.cache/hrm-deploy``); else the data path a checkpoint
+folder (``$HRM_DEPLOY_CACHE``, else the platform's user cache dir); else the data path a checkpoint
 records (our trainer's ``train_config.data_path``, upstream's ``all_config.yaml`` ``data_path``,
 resolved as the loader does). With none of these: one error naming the flag to pass.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.artifacts import find_reference, runner_name
+from hrm_deploy.artifacts import find_reference, is_checkpoint
 from hrm_deploy.errors import ArtifactError, ConfigError
 
 
@@ -30,14 +30,17 @@ class DataChoice:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("HRM_DEPLOY_CACHE") or Path.home() / ".cache" / "hrm-deploy")
+    """The user cache folder (:func:`hrm_deploy.io.cache_dir`)."""
+    from hrm_deploy.io import cache_dir as user_cache
+
+    return user_cache()
 
 
 def checkpoint_of(artifact: str | Path) -> Path:
-    """The checkpoint behind an artifact: itself, or (ONNX graphs, TensorRT engines) its manifests'
-    parent chain."""
+    """The checkpoint behind an artifact: itself, or (ONNX graphs, engines of every kind the
+    suffix table knows) its manifests' parent chain."""
     path = Path(artifact)
-    if runner_name(path) in ("ort", "trt"):
+    if not is_checkpoint(path):
         return find_reference(path)
     return path
 

@@ -266,11 +266,14 @@ def _model_seq_len(artifact: Path) -> int | None:
     """seq_len the artifact expects, where it can be read cheaply (ONNX metadata, checkpoints)."""
     try:
         if artifact.suffix == ".onnx":
-            import onnx
-
             from hrm_deploy.export.metadata import graph_metadata
+            from hrm_deploy.onnx_runtime import load_onnx
 
-            return int(graph_metadata(onnx.load(str(artifact), load_external_data=False))["config"]["seq_len"])
+            return int(graph_metadata(load_onnx(artifact))["config"]["seq_len"])
+        if artifact.suffix == ".pt2":  # a PyTorch engine: its manifest records the model config
+            from hrm_deploy.serve.contract import read_contract
+
+            return read_contract(artifact).seq_len
         if artifact.suffix in (".engine", ".plan"):
             return None
         from hrm_deploy.model.checkpoint import read_checkpoint
@@ -309,10 +312,13 @@ def solve(
     rule = HaltRule.parse(halt, min_steps=min_steps, max_steps=max_steps)
     inputs = np.stack([p.tokens for p in puzzles]).astype(np.int32)
     pids = np.array([p.puzzle_id for p in puzzles], np.int32)
+    parts: list[dict[str, Any]] = []
     if url:
-        from hrm_deploy.serve.client import infer_remote
+        from hrm_deploy.serve.client import infer_remote, server_max_batch
 
-        out = infer_remote(url, {"inputs": inputs, "puzzle_identifiers": pids}, model_name=model_name)
+        # never more puzzles per request than the server batches (Triton refuses them)
+        size = min(batch, server_max_batch(url, model_name))
+        _in_batches(lambda feeds: infer_remote(url, feeds, model_name=model_name), inputs, pids, size, parts, quiet)
     else:
         if artifact is None:
             from hrm_deploy.train.presets import bundled_checkpoint
@@ -341,35 +347,65 @@ def solve(
                 flag="--calib-data",
                 **runner_options,
             )
+            from hrm_deploy.manifest import manifest_path
+            from hrm_deploy.runners.halting import calibration_cache
+
+            where = manifest_path(path) if manifest_path(path).is_file() else calibration_cache(path)
             print(
-                f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in the manifest of {path.name}",
+                f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in {where}",
                 file=sys.stderr,
                 flush=True,
             )
-        from hrm_deploy.progress import progress
         from hrm_deploy.runners import open_runner
 
         runner = open_runner(path, **runner_options)
         runner.activate()
-        parts = []
         try:
-            with progress(len(inputs), "solving", quiet or len(inputs) <= batch, unit="puzzles") as advance:
-                for s in range(0, len(inputs), batch):
-                    parts.append(
-                        runner.infer(
-                            {"inputs": inputs[s : s + batch], "puzzle_identifiers": pids[s : s + batch]},
-                            **({"halt": rule.should_halt} if rule.active else {}),
-                        )
-                    )
-                    advance(len(parts[-1]["logits"]))
+            halting = {"halt": rule.should_halt} if rule.active else {}
+            _in_batches(lambda feeds: runner.infer(feeds, **halting), inputs, pids, batch, parts, quiet)
         finally:
             runner.close()
-        out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    q_halt = np.asarray(out["q_halt_logits"], np.float32)
-    steps_used = np.asarray(out.get("steps_used", np.full(len(inputs), q_halt.shape[1], np.int32)))
+    solutions = _solutions(puzzles, parts)
+    if len(solutions) < len(puzzles):  # interrupted: hand over the answers computed so far
+        raise SolveInterrupted(solutions, len(puzzles))
+    return solutions
+
+
+class SolveInterrupted(KeyboardInterrupt):
+    """Ctrl-C / SIGTERM during :func:`solve`: ``solutions`` holds the answers computed before it
+    (the first ones, in order), ``total`` how many puzzles were asked."""
+
+    def __init__(self, solutions: list[Solution], total: int):
+        super().__init__(f"interrupted after {len(solutions)} of {total} puzzles")
+        self.solutions, self.total = solutions, total
+
+
+def _in_batches(
+    infer: Any, inputs: np.ndarray, pids: np.ndarray, batch: int, parts: list[dict[str, Any]], quiet: bool
+) -> None:
+    """Run ``infer`` on ``batch``-sized slices, appending each result to ``parts``; an interrupt
+    (Ctrl-C, SIGTERM through the CLI) stops the loop and keeps what was computed."""
+    from hrm_deploy.progress import progress
+
+    try:
+        with progress(len(inputs), "solving", quiet or len(inputs) <= batch, unit="puzzles") as advance:
+            for s in range(0, len(inputs), batch):
+                parts.append(infer({"inputs": inputs[s : s + batch], "puzzle_identifiers": pids[s : s + batch]}))
+                advance(len(parts[-1]["logits"]))
+    except KeyboardInterrupt:
+        return
+
+
+def _solutions(puzzles: list[Puzzle], parts: list[dict[str, Any]]) -> list[Solution]:
+    """The checked solutions of the first puzzles, from the batches' outputs in order."""
+    if not parts:
+        return []
+    out = {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in parts[0]}
+    q_halt = np.asarray(out["q_halt_logits"], np.float32).reshape(len(out["logits"]), -1)
+    steps_used = np.asarray(out.get("steps_used", np.full(len(q_halt), q_halt.shape[1], np.int32)))
     answers = np.asarray(out["logits"]).argmax(-1).astype(np.int32)
     solutions = []
-    for i, puzzle in enumerate(puzzles):
+    for i, puzzle in enumerate(puzzles[: len(answers)]):
         used = int(steps_used[i])
         if puzzle.kind is PuzzleKind.SUDOKU:
             checks = sudoku_checks(puzzle.tokens, answers[i])

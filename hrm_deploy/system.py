@@ -95,6 +95,81 @@ def _capability_from_runtime() -> str | None:
     return None
 
 
+# Threads/processes beyond this many per core only thrash (and 100,000 threads exhaust the
+# process table): a bound checked before any work starts.
+THREADS_PER_CORE = 4
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the platform has one)."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def check_threads(value: int | None, flag: str = "--threads") -> int | None:
+    """``value`` if it is None/0 (the default) or 1..THREADS_PER_CORE x cores, else a
+    :class:`~hrm_deploy.errors.ConfigError` naming the bound."""
+    from hrm_deploy.errors import ConfigError
+
+    if value is None or value == 0:
+        return value
+    limit = THREADS_PER_CORE * usable_cores()
+    if not 1 <= value <= limit:
+        raise ConfigError(
+            f"{flag} {value}: give 1..{limit} ({THREADS_PER_CORE} per core on this machine's "
+            f"{usable_cores()} cores), or leave it out for the default"
+        )
+    return value
+
+
+def available_memory_bytes() -> int | None:
+    """Memory available to new work (``MemAvailable`` on Linux); None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def has_cuda_gpu() -> bool:
     """Whether this machine has an NVIDIA GPU that CUDA can use (nvidia-smi, a Jetson, or the CUDA runtime)."""
     return bool(nvidia_smi(IDENTITY)) or jetson_model() is not None or _capability_from_runtime() is not None
+
+
+def free_disk_bytes(path: str | Path) -> int | None:
+    """Free bytes on the file system that ``path`` (or its nearest existing ancestor) is on."""
+    import shutil
+
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def die_with_parent() -> None:
+    """In a child process (a pool worker's initializer): get SIGKILL when the parent dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``), so ``kill -9`` of a command never leaves its workers orphaned."""
+    import os
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.artifacts import find_reference
+from hrm_deploy.artifacts import find_reference, recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.io import check_output_path, write_json, write_text
 from hrm_deploy.manifest import check_artifact, manifest_path, report_paths, update_manifest
@@ -130,6 +130,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"| argmax agreement | {report['logits']['argmax_agreement']:.4%} |",
         f"| q_halt sign agreement | {report['q_halt']['sign_agreement']:.4%} |",
     ]
+    if report.get("checkpoint_overrides"):  # fields the checkpoint lacked, given at export
+        given = ", ".join(f"{k}={v}" for k, v in report["checkpoint_overrides"].items())
+        lines.append(f"| checkpoint overrides (not in its config) | {given} |")
     if "reference" in report:
         lines += [
             f"| exact accuracy reference / candidate | {report['reference']['exact_accuracy']:.2%} / "
@@ -238,7 +241,9 @@ def verify(
     examples = load_examples(data, samples, split="test")
     cand_out = _run(candidate, examples, batch, f"{path.name} ({candidate.name})", quiet)
     reference_ckpt = Path(against) if against else find_reference(path)
-    ref_out = _run(TorchRunner(reference_ckpt, steps=candidate.steps), examples, batch, "PyTorch reference", quiet)
+    ckpt_overrides = recorded_overrides(path)  # the same model the artifact was exported as
+    reference = TorchRunner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
+    ref_out = _run(reference, examples, batch, "PyTorch reference", quiet)
     report: dict[str, Any] = {
         "artifact": str(path),
         "runner": candidate.name,
@@ -246,6 +251,7 @@ def verify(
         "precision": candidate.precision,
         "steps": candidate.steps,
         "reference_checkpoint": str(reference_ckpt),
+        "checkpoint_overrides": ckpt_overrides,
         "data": examples.source,
         "examples": len(examples),
         **compare(ref_out, cand_out, examples.labels),

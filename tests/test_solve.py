@@ -125,9 +125,10 @@ def test_solve_multi_step_checkpoint_with_halting(tiny_model, tmp_path):
     assert result.exit_code == 2 and "--calib-data" in result.output
 
 
-def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tmp_path):
+def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("HRM_DEPLOY_CACHE", str(tmp_path / "cache"))
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-    from hrm_deploy.manifest import read_manifest
+    from hrm_deploy.manifest import manifest_path
     from hrm_deploy.model.checkpoint import save_checkpoint
 
     ckpt = save_checkpoint(tmp_path / "rand.pt", tiny_model)
@@ -135,7 +136,10 @@ def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tmp_path):
     generate_sudoku(SudokuSpec(train=32, test=8, blanks=(3, 6), seed=99), str(data))
     result = runner.invoke(app, ["solve", PUZZLE, str(ckpt), "--halt", "budget:2", "--calib-data", str(data), "--json"])
     assert result.exit_code == 0, result.output
-    stored = read_manifest(ckpt)["halting"]["budgets"]
+    from hrm_deploy.runners.halting import _stored_budgets
+
+    assert not manifest_path(ckpt).exists()  # nothing written beside a checkpoint
+    stored = _stored_budgets(str(ckpt))
     assert list(stored) == ["2|min1|max0"] and stored["2|min1|max0"]["loss_points"] <= 2.0
     again = solve(PUZZLE, ckpt, "budget:2")  # the stored threshold, no data needed
     assert 1 <= again[0].steps_used <= 4
@@ -160,6 +164,7 @@ def test_solve_url_asks_the_server_client(monkeypatch):
 
     client = types.ModuleType("hrm_deploy.serve.client")
     client.infer_remote = infer_remote  # type: ignore[attr-defined]
+    client.server_max_batch = lambda url, model_name="hrm": 64  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "hrm_deploy.serve", types.ModuleType("hrm_deploy.serve"))
     monkeypatch.setitem(sys.modules, "hrm_deploy.serve.client", client)
     [solution] = solve(PUZZLE, url="http://localhost:8000")

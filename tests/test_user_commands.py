@@ -1,6 +1,7 @@
 """The user's three command lines, exactly as written, in a fresh workspace (issue 10 §4),
 and where default data comes from (hrm_deploy.provenance)."""
 
+import json
 import os
 import re
 import shutil
@@ -102,7 +103,6 @@ def test_every_writing_command_takes_dash_o():
 
 
 def test_budget_calibrates_on_fresh_puzzles_of_the_checkpoint_spec(tmp_path, monkeypatch):
-    from hrm_deploy.manifest import read_manifest
     from hrm_deploy.provenance import default_data, heldout_data
     from hrm_deploy.solve import solve
 
@@ -113,5 +113,8 @@ def test_budget_calibrates_on_fresh_puzzles_of_the_checkpoint_spec(tmp_path, mon
     assert fresh is not None and "never trained on" in fresh.message
     assert fresh.path != default_data(ckpt, "--data").path
     solve("175604839462893157893751642930517264624938715751206983089175426246389571517462390", ckpt, "budget:1")
-    [entry] = read_manifest(ckpt)["halting"]["budgets"].values()
+    from hrm_deploy.runners.halting import calibration_cache
+
+    assert calibration_cache(ckpt).is_relative_to(tmp_path / "cache")  # the user cache, not beside it
+    [entry] = json.loads(calibration_cache(ckpt).read_text())["budgets"].values()
     assert Path(entry["data"]).parent == fresh.path.parent and entry["examples"] == 512

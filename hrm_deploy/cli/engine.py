@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -132,7 +133,9 @@ def build_engine(
 ) -> None:
     """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""
     from hrm_deploy.engines.build import EngineConfig, build_engine as build
+    from hrm_deploy.system import check_threads
 
+    check_threads(threads)
     flags = {Precision.FP16: fp16, Precision.BF16: bf16, Precision.INT8: int8, Precision.FP32: fp32}
     default = Precision.FP32 if backend is Backend.TORCH or target is Target.CPU else Precision.FP16
     config = EngineConfig(
@@ -156,6 +159,17 @@ def build_engine(
         cpu_int8=cpu_int8.value if cpu_int8 and target is not Target.CPU else "dynamic",
         allow_unrolled=allow_unrolled,
     )
+    if (
+        onnx is not None and onnx.suffix == ".onnx" and os.path.lexists(onnx)
+    ):  # a FIFO, /dev/zero or random bytes: one line, now
+        from hrm_deploy.onnx_runtime import load_onnx
+
+        load_onnx(onnx)
+    if output is not None:  # before any work: never over an input or a file we did not write
+        from hrm_deploy.manifest import check_replaceable, output_path
+
+        output = output_path(output, None)
+        check_replaceable(output, [onnx, calib_data])
     if target is Target.CPU:
         from hrm_deploy.engines.cpu_int8 import build_for_cpu
 

@@ -51,23 +51,59 @@ def solve(
     quiet: Quiet = False,
 ) -> None:
     """Solve your own puzzles with a trained model and check the answers."""
-    from hrm_deploy.solve import format_solutions, solve as run_solve
+    from hrm_deploy.solve import SolveInterrupted, format_solutions, solve as run_solve
 
     options: dict[str, Any] = (
         {"provider": provider.value} if artifact is not None and artifact.suffix == ".onnx" else {}
     )
-    solutions = run_solve(
-        puzzle,
-        artifact,
-        halt,
-        min_steps=min_steps,
-        max_steps=max_steps,
-        url=url,
-        calib_data=calib_data,
-        quiet=quiet,
-        **options,
-    )
-    text = format_solutions(solutions, json_lines)
+    if out is not None:  # before any work: never over the puzzles, never over a folder
+        from hrm_deploy.io import check_output_path
+
+        _check_out(out, puzzle, [artifact, calib_data])
+        check_output_path(out)
+    try:
+        solutions = run_solve(
+            puzzle,
+            artifact,
+            halt,
+            min_steps=min_steps,
+            max_steps=max_steps,
+            url=url,
+            calib_data=calib_data,
+            quiet=quiet,
+            **options,
+        )
+    except SolveInterrupted as stopped:  # Ctrl-C / SIGTERM: the answers so far are kept
+        _write(format_solutions(stopped.solutions, json_lines), out)
+        typer.echo(
+            f"interrupted: wrote the {len(stopped.solutions)} answers computed of {stopped.total} puzzles"
+            + (f" (also to {out})" if out is not None else ""),
+            err=True,
+        )
+        raise typer.Exit(130) from None
+    _write(format_solutions(solutions, json_lines), out)
+
+
+def _check_out(out: Path, puzzle: str, inputs: list[Path | None]) -> None:
+    """-o is never a folder, the puzzle file, the model or any other input (through links too)."""
+    from hrm_deploy.errors import ConfigError
+    from hrm_deploy.io import same_file
+    from hrm_deploy.manifest import manifest_path
+
+    if out.is_dir():
+        raise ConfigError(f"-o {out} is a folder; give a file name for the answers")
+    if not out.exists():
+        return
+    if len(puzzle) < 4096 and "\n" not in puzzle and Path(puzzle).exists() and same_file(out, puzzle):
+        raise ConfigError(f"-o {out} is the puzzle file itself; write the answers elsewhere")
+    for given in inputs:
+        if given is not None and given.exists():
+            for src in (given, manifest_path(given)):
+                if src.exists() and same_file(out, src):
+                    raise ConfigError(f"-o {out} is the input {src}; write the answers elsewhere")
+
+
+def _write(text: str, out: Path | None) -> None:
     typer.echo(text, nl=False)
     if out is not None:
         from hrm_deploy.io import atomic_path

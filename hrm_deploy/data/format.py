@@ -10,8 +10,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,33 +109,83 @@ def load_split(root: str | Path, split: str = "test", set_name: str | None = Non
 
 
 def ensure_new_folder(root: str | Path) -> None:
-    """Datasets are never written over: an existing non-empty folder is an error."""
+    """Datasets are never written over: an existing non-empty folder is an error; so is a
+    symlink (written through, the dataset would land elsewhere) or a path through a link that
+    leads out of the workspace."""
+    from hrm_deploy.errors import ArtifactError
+    from hrm_deploy.io import check_output_path
+
     root = Path(root)
+    if root.is_symlink():
+        raise DataError(
+            f"{root} is a symbolic link (to {root.resolve()}); give the real folder path, "
+            "datasets are never written through a link"
+        )
+    try:
+        check_output_path(root)
+    except ArtifactError as exc:
+        raise DataError(str(exc)) from None
+    ancestor = root.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise DataError(f"{root}: {ancestor} is a file, not a folder; choose another --output")
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise DataError(f"{root} already exists and is not empty; choose another --output or delete it")
 
 
+# Generation keeps every example as small numpy arrays in Python lists before packing (about
+# 20 bytes per cell plus 400 of object overhead, measured order of magnitude); on disk a
+# example is its input and label (uint8) plus 12 bytes of indices.
+MEMORY_BYTES_PER_CELL = 20
+MEMORY_BYTES_PER_EXAMPLE = 400
+
+
+def check_dataset_size(examples: int, seq_len: int, output: str | Path | None, flag: str = "--train/--test") -> None:
+    """Refuse, before any work, a dataset that would not fit in memory or on ``output``'s disk
+    (an estimate, with a margin: at most half of what is free)."""
+    from hrm_deploy.system import available_memory_bytes, free_disk_bytes
+
+    memory = examples * (seq_len * MEMORY_BYTES_PER_CELL + MEMORY_BYTES_PER_EXAMPLE)
+    disk = examples * (2 * seq_len + 12)
+    free_memory = available_memory_bytes()
+    if free_memory is not None and memory > free_memory // 2:
+        raise DataError(
+            f"{flag}: {examples:,} examples need about {memory / 2**30:.1f} GiB of memory to generate, "
+            f"{free_memory / 2**30:.1f} GiB is available; generate fewer (at most about "
+            f"{free_memory // 2 // (seq_len * MEMORY_BYTES_PER_CELL + MEMORY_BYTES_PER_EXAMPLE):,})"
+        )
+    free_disk = free_disk_bytes(output) if output else None
+    if free_disk is not None and disk > free_disk // 2:
+        raise DataError(
+            f"{flag}: {examples:,} examples need about {disk / 2**30:.1f} GiB on disk, {output} has "
+            f"{free_disk / 2**30:.1f} GiB free; generate fewer or write elsewhere"
+        )
+
+
 def save_dataset(root: str | Path, splits: dict[str, Split], identifiers: list[str]) -> Path:
-    """Write a dataset atomically: built in a temp folder beside ``root``, then renamed."""
+    """Write a dataset atomically: built in a private staging folder beside ``root`` (removed
+    on any exit; a killed run's is removed by the next write there), then renamed."""
+    from hrm_deploy.io import staging_dir
+
     root = Path(root)
     ensure_new_folder(root)
     root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-    try:
+    with staging_dir(root.parent, "stage") as staging:
+        data = staging / "data"
+        data.mkdir()
         for split_name, split in splits.items():
             split.validate(f"{split_name} split")
-            folder = staging / split_name
+            folder = data / split_name
             folder.mkdir()
             set_name = split.metadata.sets[0]
             for name in FIELDS:
                 np.save(folder / f"{set_name}__{name}.npy", np.asarray(getattr(split, name)))
             (folder / "dataset.json").write_text(json.dumps(asdict(split.metadata)))
-        (staging / "identifiers.json").write_text(json.dumps(identifiers))
+        (data / "identifiers.json").write_text(json.dumps(identifiers))
         if root.exists():
             root.rmdir()
-        staging.rename(root)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        data.rename(root)
     return root
 
 

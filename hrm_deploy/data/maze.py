@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hrm_deploy.data.format import Split, ensure_new_folder, pack_groups, save_dataset
+from hrm_deploy.data.format import Split, check_dataset_size, ensure_new_folder, pack_groups, save_dataset
 from hrm_deploy.errors import ConfigError
 
 WALL, OPEN, START, GOAL, PATH = 1, 2, 3, 4, 5  # "# SGo"
@@ -105,6 +105,7 @@ def dihedral(grid: np.ndarray, k: int) -> np.ndarray:
 
 def generate_maze(spec: MazeSpec, output: str | None = None, progress=None) -> dict[str, Split]:
     """Generate train/test splits (and write them in upstream's format to ``output``)."""
+    check_dataset_size((spec.train * (8 if spec.augment else 1)) + spec.test, spec.size * spec.size, output)
     if output:
         ensure_new_folder(output)
     splits = {}

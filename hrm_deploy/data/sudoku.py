@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hrm_deploy.data.format import Split, ensure_new_folder, pack_groups, save_dataset
+from hrm_deploy.data.format import Split, check_dataset_size, ensure_new_folder, pack_groups, save_dataset
 from hrm_deploy.errors import ConfigError
 
 _BOX = [(r // 3) * 3 + c // 3 for r in range(9) for c in range(9)]
@@ -174,14 +174,18 @@ def _make_group(job: tuple[SudokuSpec, int, int]) -> tuple[list[np.ndarray], lis
 def generate_sudoku(spec: SudokuSpec, output: str | None = None, progress=None) -> dict[str, Split]:
     """Generate train/test splits (and write them to ``output`` in upstream's format if given),
     in ``spec.workers`` processes."""
-    import os
     from concurrent.futures import ProcessPoolExecutor
 
+    from hrm_deploy.system import check_threads, die_with_parent, usable_cores
+
+    check_threads(spec.workers or None, "--workers")
+    check_dataset_size(spec.train * (1 + spec.augment) + spec.test, 81, output)
     if output:
         ensure_new_folder(output)  # fail before the work, not after it
-    workers = spec.workers or os.cpu_count() or 1
+    workers = min(spec.workers or usable_cores(), max(1, (spec.train + spec.test) // 64))
     splits = {}
-    pool = ProcessPoolExecutor(workers) if workers > 1 and spec.train + spec.test > 64 else None
+    # Workers die with this process (kill -9 included): never orphaned, never deadlocked on a dead pipe.
+    pool = ProcessPoolExecutor(workers, initializer=die_with_parent) if workers > 1 else None
     try:
         for split_id, (name, count) in enumerate((("train", spec.train), ("test", spec.test))):
             jobs = [(spec, split_id, i) for i in range(count)]
@@ -194,8 +198,8 @@ def generate_sudoku(spec: SudokuSpec, output: str | None = None, progress=None) 
                     progress(1)
             splits[name] = _split(boards, solutions)
     finally:
-        if pool:
-            pool.shutdown()
+        if pool:  # on Ctrl-C / SIGTERM: drop the queued chunks, wait only for the running ones
+            pool.shutdown(cancel_futures=True)
     if output:
         save_dataset(output, splits, ["<blank>"])
     return splits

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityError, require
 from hrm_deploy.export.unroll import STEP_PREDICTIONS, UNROLLED_INPUTS, EmbedInit, FixedStepHRM, StepCore
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
-from hrm_deploy.manifest import publish_artifact
+from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
 from hrm_deploy.model.families import family_of
 from hrm_deploy.progress import Stages, progress
 
@@ -350,10 +350,11 @@ def export_onnx(
     mode = config.mode or family.default_mode
     config = replace(config, mode=mode)
     steps = config.steps or cfg.halt_max_steps
-    if out is None:
-        suffix = ".step.onnx" if config.mode == "step" else ".onnx"
-        out = DEFAULT_WORKSPACE / (default_name(source if source else model_or_ckpt) + suffix)
+    suffix = ".step.onnx" if config.mode == "step" else ".onnx"
+    name = default_name(source if source else model_or_ckpt) + suffix
+    out = DEFAULT_WORKSPACE / name if out is None else output_path(out, name)  # -o FOLDER: FOLDER/<name>
     out = check_output_path(out)  # fail before the work, not after
+    check_replaceable(out, [source_file, source])  # never the checkpoint, never a file we did not write
 
     folding: dict[str, Any] = {}
     with stages.stage("tracing embedding and one ACT segment" + (", folding shapes" if config.fold else "")):
@@ -420,6 +421,9 @@ def export_onnx(
                 companions=[(staging / data_file.name, data_file)] if external else [],
                 remove=[] if external else [data_file],  # weights of an earlier external-data export
                 source=getattr(model, "checkpoint_info", None),
+                # fields the checkpoint lacked, given on the command line: shown by inspect and
+                # verify, and applied when verify loads the reference
+                checkpoint_overrides=(getattr(model, "checkpoint_info", None) or {}).get("overrides") or {},
                 precision="fp32",
                 mode=config.mode,
                 unroll={"steps": steps, **family.describe(cfg)},

@@ -23,6 +23,7 @@ from hrm_deploy.model.families import FAMILIES, ModelFamily, detect_family, fami
 from hrm_deploy.model.upstream_writer import upstream_state_dict, write_upstream_run
 
 __all__ = ["load_checkpoint", "read_checkpoint", "save_checkpoint", "upstream_state_dict", "write_upstream_run"]
+from hrm_deploy.model.validate import check_finite, reconcile_overrides
 
 CHECKPOINT_FORMAT = "hrm-deploy-checkpoint"
 UPSTREAM_PREFIXES = ("_orig_mod.model.inner.", "model.inner.", "inner.")
@@ -59,7 +60,8 @@ class CheckpointContents:
     extra: dict[str, Any] = field(default_factory=dict)  # optimizer states etc. (ours only)
 
     def describe(self) -> dict[str, Any]:
-        return {"path": str(self.path), "kind": self.kind, "prefix": self.prefix, "step": self.step}
+        described = {"path": str(self.path), "kind": self.kind, "prefix": self.prefix, "step": self.step}
+        return {**described, **({"overrides": self.extra["overrides"]} if self.extra.get("overrides") else {})}
 
 
 # --------------------------------------------------------------------------------- reading
@@ -71,6 +73,8 @@ def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"checkpoint {p} does not exist; pass the path of a step_N or .pt file")
     if p.is_file():
         return p
+    if not p.is_dir():  # a FIFO would block the reader, /dev/zero never ends
+        raise CheckpointError(f"{p} is not a regular file or folder (a FIFO or device?); pass a step_N or .pt file")
     steps = [(int(m.group(1)), c) for c in p.iterdir() if (m := re.fullmatch(r"step_(\d+)", c.name)) and c.is_file()]
     if steps:
         return max(steps)[1]
@@ -341,7 +345,7 @@ def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointCont
     obj = _torch_load(file)
     if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
         try:
-            cfg_fields = {**obj["model_config"], **{k: v for k, v in overrides.items() if k != "data_path"}}
+            cfg_fields, recorded = reconcile_overrides(obj["model_config"], overrides, file)
             config = HRMConfig.from_dict(cfg_fields)
             state = obj["model_state"]
         except KeyError as exc:
@@ -349,6 +353,7 @@ def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointCont
         extra = {
             k: v for k, v in obj.items() if k not in ("format", "model_config", "model_state", "train_config", "step")
         }
+        extra.update({"overrides": recorded} if recorded else {})
         for key in METRIC_RECORDS:
             if isinstance(extra.get(key), dict):
                 extra[key] = current_names(extra[key])
@@ -367,8 +372,9 @@ def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointCont
     arch_name = arch.get("name") if isinstance(arch, dict) else None
     family = detect_family(state, str(arch_name) if arch_name else None, str(file))
     config = _upstream_config(file, state, overrides, family, train_cfg)
+    _, recorded = reconcile_overrides(train_cfg.get("arch") or {}, overrides, file, required=())
     step = int(m.group(1)) if (m := re.fullmatch(r"step_(\d+)", file.name)) else None
-    return CheckpointContents(file, "upstream", config, state, prefix, step, train_cfg)
+    return CheckpointContents(file, "upstream", config, state, prefix, step, train_cfg, {"overrides": recorded})
 
 
 def check_state_dict(expected: dict[str, Any], given: dict[str, Any], source: Path) -> None:
@@ -414,6 +420,7 @@ def model_from_contents(contents: CheckpointContents):
     core = model.inner
     expected = core.state_dict()
     check_state_dict(expected, contents.state_dict, contents.path)
+    check_finite(contents.state_dict, contents.path)
     state = {k: v.to(expected[k].dtype) for k, v in contents.state_dict.items()}
     core.load_state_dict(state, strict=True)
     model.eval()

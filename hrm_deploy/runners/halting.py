@@ -23,6 +23,7 @@ of batch-first arrays or tensors); a :class:`StepFunction` knows how to make and
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -194,12 +195,37 @@ def _budget_key(rule: HaltRule) -> str:
     return f"{rule.budget:g}|min{rule.min_steps}|max{rule.max_steps or 0}"
 
 
-def stored_budget_threshold(artifact: str, rule: HaltRule) -> float | None:
+def calibration_cache(artifact: str | Path) -> Path:
+    """Where calibrations of a file without a writable manifest of ours are kept (a user's or the
+    bundled checkpoint, a read-only artifact): the user cache folder, keyed by the file's sha256,
+    never the package or the artifact's folder."""
+    from hrm_deploy.io import cache_dir, sha256_file
+
+    return cache_dir("halting", f"{sha256_file(artifact)}.json")
+
+
+def _stored_budgets(artifact: str) -> dict[str, Any]:
+    """The budgets calibrated for ``artifact``: its manifest's, then the user cache's."""
+    import json
+
     from hrm_deploy.manifest import manifest_path, read_manifest
 
-    if not manifest_path(artifact).is_file():
-        return None
-    entry = read_manifest(artifact).get("halting", {}).get("budgets", {}).get(_budget_key(rule))
+    budgets: dict[str, Any] = {}
+    if Path(artifact).is_file():
+        cached = calibration_cache(artifact)
+        if cached.is_file():
+            try:
+                data = json.loads(cached.read_text())
+                budgets.update(data.get("budgets", {}) if isinstance(data, dict) else {})
+            except (OSError, ValueError):
+                pass  # a damaged cache entry is recomputed, not used
+    if manifest_path(artifact).is_file():
+        budgets.update(read_manifest(artifact).get("halting", {}).get("budgets", {}))
+    return budgets
+
+
+def stored_budget_threshold(artifact: str, rule: HaltRule) -> float | None:
+    entry = _stored_budgets(artifact).get(_budget_key(rule))
     return None if entry is None else float(entry["threshold"])
 
 
@@ -520,13 +546,8 @@ def calibrate_budget(
     dataset's train split, so verify's test split stays unseen) and store the threshold in the
     artifact's manifest under ``halting.budgets``. Returns the stored entry."""
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.manifest import (
-        check_artifact,
-        manifest_path,
-        read_manifest,
-        update_manifest,
-        write_manifest,
-    )
+    from hrm_deploy.io import write_json
+    from hrm_deploy.manifest import check_artifact, manifest_path, read_manifest, update_manifest
     from hrm_deploy.runners import open_runner
     from hrm_deploy.runners.infer import infer_all
 
@@ -564,17 +585,22 @@ def calibrate_budget(
         "examples": len(examples),
     }
     path = manifest_path(artifact)
-    halting = dict(read_manifest(artifact).get("halting", {})) if path.is_file() else {}
-    halting["budgets"] = {**halting.get("budgets", {}), _budget_key(rule): entry}
+    if path.is_file() and os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
+        # our artifact: the threshold travels with it, only if the manifest still describes the
+        # bytes we calibrated
+        halting = dict(read_manifest(artifact).get("halting", {}))
+        halting["budgets"] = {**halting.get("budgets", {}), _budget_key(rule): entry}
+        update_manifest(artifact, expect_sha256=judged, halting=halting)
+        return entry
+    # a checkpoint, the bundled model or a read-only artifact: the user cache, keyed by sha256
+    cached = calibration_cache(artifact)
+    budgets = {**_stored_budgets(artifact), _budget_key(rule): entry}
     try:
-        if path.is_file():  # only if the manifest still describes the bytes we calibrated
-            update_manifest(artifact, expect_sha256=judged, halting=halting)
-        else:  # e.g. a checkpoint: a manifest of its own, hashing it, so later reads are checked
-            write_manifest(artifact, stage="halting-calibration", config={}, halting=halting)
+        write_json(cached, {"artifact": str(artifact), "budgets": budgets})
     except OSError as exc:
         raise ConfigError(
-            f"cannot store the calibrated threshold in {path} ({exc.strerror}); copy {artifact} "
-            "to a writable folder and use that copy"
+            f"cannot store the calibrated threshold in {cached} ({exc.strerror}); set HRM_DEPLOY_CACHE "
+            "to a writable folder"
         ) from None
     return entry
 

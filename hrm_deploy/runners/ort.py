@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.errors import require
-from hrm_deploy.onnx_runtime import ort_session, provider_name
+from hrm_deploy.onnx_runtime import load_onnx, ort_session, provider_name
 from hrm_deploy.runners.base import HaltFn, Runner
 
 
@@ -29,12 +29,12 @@ class OrtRunner(Runner):
         self._session: Any = None
 
     def _activate(self) -> None:
-        onnx = require("onnx", "onnx", "The ONNX Runtime runner")
+        require("onnx", "onnx", "The ONNX Runtime runner")
         from hrm_deploy.export.metadata import graph_metadata
         from hrm_deploy.manifest import check_artifact
 
         manifest = check_artifact(self.path)  # a graph whose manifest describes other bytes is refused
-        meta = graph_metadata(onnx.load(str(self.path), load_external_data=False))
+        meta = graph_metadata(load_onnx(self.path))
         self.precision, self.mode = meta.get("precision", "fp32"), meta["mode"]
         self.steps = self.requested_steps or meta["steps"]
         # A cpu-target graph was built for a thread count (build-engine --target cpu --threads N);

@@ -71,3 +71,26 @@ def infer_remote(
     )
     out["steps_used"] = out["steps"]  # Runner.infer's name for it
     return out
+
+
+def server_max_batch(url: str, model_name: str = "hrm", *, timeout_s: float = 30.0) -> int:
+    """The largest batch the served model takes (its config's ``max_batch_size``; 1 when the
+    model does not batch). Unreachable servers and unknown models are :class:`RemoteError`."""
+    httpclient = require("tritonclient.http", "serve", "Talking to a Triton server")
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        client = httpclient.InferenceServerClient(
+            _host_port(url), connection_timeout=timeout_s, network_timeout=timeout_s
+        )
+    except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
+        raise RemoteError(f"cannot reach {url}: {exc}") from None
+    try:
+        config = client.get_model_config(model_name)
+    except InferenceServerException as exc:
+        raise RemoteError(f"{url} model '{model_name}': {_server_message(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - connection refused / reset, socket timeouts
+        raise RemoteError(f"{url} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}") from None
+    finally:
+        client.close()
+    return max(1, int(config.get("max_batch_size") or 1))

@@ -29,7 +29,7 @@ class Contract:
     """
 
     path: Path
-    kind: str  # "onnx", "engine", "checkpoint"
+    kind: str  # "onnx", "engine", "pt2", "checkpoint"
     mode: str  # "unrolled" or "step"
     steps: int
     seq_len: int
@@ -42,15 +42,32 @@ class Contract:
 
 
 def _kind(path: Path) -> str:
-    if path.suffix == ".onnx":
-        return "onnx"
-    if path.suffix in ENGINE_SUFFIXES:
-        return "engine"
-    return "checkpoint"
+    """The artifact kind from the suffix table (:data:`hrm_deploy.artifacts.SUFFIXES`)."""
+    from hrm_deploy.artifacts import runner_name
+
+    return {"ort": "onnx", "trt": "engine", "torch_engine": "pt2"}.get(runner_name(path), "checkpoint")
+
+
+def _pt2_contract(path: Path) -> Contract:
+    """A PyTorch engine's contract: its manifest records the model config, mode, steps and profile."""
+    from hrm_deploy.manifest import check_artifact
+
+    manifest = check_artifact(path, require_manifest=True) or {}
+    model = manifest.get("model_config") or {}
+    try:
+        max_batch = int((manifest.get("profile_shapes") or {})["batch"][1])
+        steps = int(model["halt_max_steps"] if manifest.get("mode") == "step" else manifest["steps"])
+        sizes = int(model["seq_len"]), int(model["vocab_size"]), int(model.get("num_puzzle_identifiers", 1))
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise ArtifactError(
+            f"manifest of {path.name} lacks the model config, steps or batch profile; rebuild it with "
+            "`hrm-deploy build-engine --backend torch`"
+        ) from None
+    return Contract(path, "pt2", str(manifest.get("mode") or "step"), steps, *sizes, max_batch, {}, manifest)
 
 
 def read_contract(artifact: str | Path) -> Contract:
-    """The :class:`Contract` of an ONNX graph, engine or checkpoint.
+    """The :class:`Contract` of an ONNX graph, engine (TensorRT or PyTorch ``.pt2``) or checkpoint.
 
     ONNX graphs and engines are read from their manifests (an engine's I/O and model sizes come
     from its parent ONNX's manifest); a checkpoint is loaded (torch) for its config.
@@ -68,6 +85,8 @@ def read_contract(artifact: str | Path) -> Contract:
         return Contract(
             path, kind, "unrolled", cfg.halt_max_steps, cfg.seq_len, cfg.vocab_size, cfg.num_puzzle_identifiers, 64
         )
+    if kind == "pt2":
+        return _pt2_contract(path)
     if not manifest_path(path).is_file():
         raise ArtifactError(
             f"{path} has no manifest ({manifest_path(path).name}); re-create it with "

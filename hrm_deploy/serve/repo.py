@@ -17,6 +17,8 @@ Every ``config.pbtxt`` is written in protobuf text format and re-parsed with tri
 from __future__ import annotations
 
 import enum
+import json
+import os
 import re
 import shutil
 from collections.abc import Sequence
@@ -25,9 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.errors import ArtifactError, ConfigError
+from hrm_deploy.io import staging_dir
 from hrm_deploy.serve.contract import TRITON_TYPES, Contract, read_contract
 
 DEFAULT_QUEUE_DELAY_US = 2000
+MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,99}$")  # Triton model folder names we write
+REPO_MARKER = ".hrm-deploy-repo.json"  # written in every repository: what --overwrite may replace
 HALT_RULE = re.compile(r"^(off|q|threshold:0?\.\d*[1-9]\d*)$")  # threshold:X with 0 < X < 1
 
 
@@ -234,6 +239,8 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
     names = list(config.names) or [model_name(Path(a)) for a in artifacts]
     if len(names) != len(artifacts) or len(set(names)) != len(names):
         raise ConfigError(f"model names {names} must be one per artifact and distinct; pass --name for each")
+    for n in names:
+        check_model_name(n)
     contracts = [read_contract(a) for a in artifacts]
     for c in contracts:
         if c.kind == "checkpoint":
@@ -241,25 +248,27 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
                 f"{c.path} is a checkpoint; export it first (`hrm-deploy export`), Triton runs "
                 "ONNX graphs and TensorRT engines"
             )
-    out = Path(config.output)
-    if out.exists() and any(out.iterdir()) and not config.overwrite:
-        raise ConfigError(f"{out} exists and is not empty; choose another -o or pass --overwrite")
-    # Build the whole repository in a temporary sibling folder and rename: never half a repository.
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+        if c.kind == "pt2":
+            raise ArtifactError(
+                f"{c.path} is a PyTorch (AOTInductor) engine, which Triton has no backend for; serve it with "
+                "`hrm-deploy serve`, or put the ONNX graph it was built from in the repository"
+            )
+    out = Path(os.path.abspath(config.output))  # "." has a real parent to stage in
+    check_repo_output(out, [Path(a) for a in artifacts], config.overwrite)
     written: list[RepoModel] = []
-    try:
+    # Build the whole repository in a private staging folder beside it and rename: never half a
+    # repository, and a killed run's staging is removed by the next write there.
+    with staging_dir(out.parent, "stage") as staging:
+        tmp = staging / "repo"
+        tmp.mkdir()
         from hrm_deploy.manifest import manifest_path
 
         for name, contract in zip(names, contracts):
-            max_batch = config.max_batch or contract.max_batch
-            if max_batch < 1:
-                raise ConfigError(f"--max-batch must be >= 1, got {max_batch}")
-            if contract.kind == "engine" and max_batch > contract.max_batch:
+            max_batch = contract.max_batch if config.max_batch is None else config.max_batch
+            if not 1 <= max_batch <= contract.max_batch:
                 raise ConfigError(
-                    f"--max-batch {max_batch} exceeds {contract.path.name}'s profile max "
-                    f"{contract.max_batch}; rebuild the engine with a larger --max-batch"
+                    f"--max-batch {max_batch}: give 1..{contract.max_batch}, the largest batch "
+                    f"{contract.path.name} was made for (export or build it with a larger --max-batch for more)"
                 )
             step = contract.mode == "step"
             own = f"{name}_step" if step else name
@@ -270,9 +279,57 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
                 driver = _driver_config(name, own, contract, config, max_batch)
                 _write_model(tmp / name, driver, {"model.py": _template("act_driver")}, manifest_path(contract.path))
                 written.append(RepoModel(name, "act-driver", out / name))
-        if out.exists():
-            shutil.rmtree(out)
+        (tmp / REPO_MARKER).write_text(
+            json.dumps({"tool": "hrm-deploy", "models": [m.name for m in written]}, indent=2) + "\n"
+        )
+        if out.exists():  # checked above: a repository of ours; moved aside, removed with the staging
+            out.rename(staging / "old")
         tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return written
+
+
+def check_model_name(name: str) -> None:
+    """A plain Triton model name (letters, digits, ``_``, ``-``): never a path such as ``../x``."""
+    if not MODEL_NAME.match(name):
+        raise ConfigError(
+            f"--name {name!r} is not a plain model name; use 1-100 letters, digits, '_' or '-' "
+            "(no '/', '.', spaces), e.g. sudoku_fp16"
+        )
+
+
+def _is_ours(out: Path) -> str | None:
+    """None when ``out`` is a repository this tool wrote (its marker lists every entry), else why not."""
+    marker = out / REPO_MARKER
+    try:
+        data = json.loads(marker.read_text()) if marker.is_file() and not marker.is_symlink() else None
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict) or data.get("tool") != "hrm-deploy" or not isinstance(data.get("models"), list):
+        return f"it has no {REPO_MARKER} marker (hrm-deploy writes one in every repository)"
+    ours = {str(m) for m in data["models"]} | {REPO_MARKER}
+    foreign = sorted(e.name for e in out.iterdir() if e.name not in ours or e.is_symlink())
+    if foreign:
+        return f"it holds entries hrm-deploy did not write ({', '.join(foreign[:5])})"
+    return None
+
+
+def check_repo_output(out: Path, artifacts: Sequence[Path], overwrite: bool) -> None:
+    """Refuse an output folder that is a link, a file, holds one of the inputs, or (unless it is an
+    empty folder, or ``overwrite`` and a repository this tool wrote) exists at all."""
+    if out.is_symlink():
+        raise ConfigError(f"-o {out} is a symbolic link; give the real folder path")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"-o {out} exists and is not a folder; choose another -o")
+    real = out.resolve()
+    for a in artifacts:
+        if Path(a).resolve().is_relative_to(real):
+            raise ConfigError(f"-o {out} holds the input {a}; write the repository to another folder")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    why = _is_ours(out)
+    if not overwrite:
+        raise ConfigError(f"{out} exists and is not empty; choose another -o or pass --overwrite")
+    if why is not None:
+        raise ConfigError(
+            f"--overwrite replaces only a repository hrm-deploy wrote, and {out} is not one: {why}; choose another -o"
+        )

@@ -10,8 +10,10 @@ on the whole batch and splits the answers. Per request (batch dimension ``B`` ad
 
 Wrong dtypes, wrong shapes and batches over ``max_batch`` are refused by Triton itself before
 the function runs; out-of-vocabulary tokens, unknown puzzle ids and empty requests by the
-function with an error naming the problem. An error fails every request of the batch Triton
-formed (PyTriton answers per batch), the server keeps serving.
+function with an error naming the problem (HTTP 400, see :func:`request_errors_as_400`). An
+error fails every request of the batch Triton formed (PyTriton answers per batch), the server
+keeps serving. Ports in use, ``--max-batch`` beyond the artifact's own maximum and model names
+that are not plain names are refused before anything starts.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ LOOPBACK_NAMES = ("localhost",)
 MODEL_NAME = "hrm"
 # Long enough to gather concurrent requests into one batch, short next to one CPU inference (ms).
 DEFAULT_QUEUE_DELAY_US = 2000
+MAX_QUEUE_DELAY_US = 1_000_000
 
 
 class RequestError(HRMDeployError):
@@ -77,6 +80,46 @@ def check_bind(config: ServeConfig) -> None:
     ports = [config.http_port, config.grpc_port, config.metrics_port]
     if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
         raise ConfigError(f"HTTP, gRPC and metrics ports must be three different ports in 1..65535, got {ports}")
+    if not 0 <= config.queue_delay_us <= MAX_QUEUE_DELAY_US:
+        raise ConfigError(
+            f"--queue-delay-us must be in 0..{MAX_QUEUE_DELAY_US} (one second), got {config.queue_delay_us}"
+        )
+    from hrm_deploy.serve.repo import check_model_name
+
+    check_model_name(config.model_name)
+
+
+def check_ports_free(config: ServeConfig) -> None:
+    """Refuse, before loading anything, a port another process (another ``serve``) listens on."""
+    import socket
+
+    for flag, port in (
+        ("--http-port", config.http_port),
+        ("--grpc-port", config.grpc_port),
+        ("--metrics-port", config.metrics_port),
+    ):
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of a stopped server is fine
+            try:
+                probe.bind((config.host, port))
+            except OSError as exc:
+                raise ConfigError(
+                    f"{flag} {port} on {config.host} is in use ({exc.strerror}; another server?); stop it or "
+                    f"choose another {flag}"
+                ) from None
+
+
+def check_max_batch(requested: int | None, artifact_max: int, name: str) -> int:
+    """The batch Triton may form: the artifact's own maximum unless a smaller one is asked for;
+    more is refused (its buffers would be sized for a batch the artifact was not made for)."""
+    max_batch = artifact_max if requested is None else requested
+    if not 1 <= max_batch <= artifact_max:
+        raise ConfigError(
+            f"--max-batch {max_batch}: give 1..{artifact_max}, the largest batch {name} was made for "
+            "(export or build it with a larger --max-batch for more)"
+        )
+    return max_batch
 
 
 def halt_function(halt: str) -> Callable[..., Any] | None:
@@ -173,6 +216,78 @@ class BatchInfer:
         return responses
 
 
+# PyTriton's proxy model (copied into the model store, run by Triton's Python backend) turns any
+# error of the inference function into an internal error (HTTP 500, the stub's traceback). A bad
+# request is the client's error: the copied model.py is patched so that an error raised as
+# RequestError answers every request of the batch with INVALID_ARG (HTTP 400) and its one line.
+_PROXY_ERROR = """                    triton_responses_or_error = pb_utils.TritonModelException(  # pytype: disable=module-attr
+                        responses_payload.decode("utf-8")
+                    )
+"""
+_PROXY_REQUEST_ERROR = """                    _text = responses_payload.decode("utf-8")
+                    _marker = "RequestError: "
+                    if _marker in _text:  # written by hrm-deploy serve: the client's error, one line
+                        _line = _text.rsplit(_marker, 1)[1].strip().splitlines()[0]
+                        triton_responses_or_error = [
+                            pb_utils.InferenceResponse(  # pytype: disable=module-attr
+                                error=pb_utils.TritonError(_line, pb_utils.TritonError.INVALID_ARG)
+                            )
+                            for _ in triton_requests
+                        ]
+                    else:
+                        triton_responses_or_error = pb_utils.TritonModelException(  # pytype: disable=module-attr
+                            _text
+                        )
+"""
+
+
+class _OneLineRequestErrors(logging.Filter):
+    """PyTriton logs every error of the inference function with its traceback; a refused request
+    is the client's error, logged as its one line (other errors keep their traceback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "RequestError: " in text:
+            line = text.rsplit("RequestError: ", 1)[1].strip().splitlines()[0]
+            record.msg, record.args, record.exc_info = "refused a request: %s", (line,), None
+        return True
+
+
+def request_errors_as_400() -> bool:
+    """Make PyTriton's proxy model answer :class:`RequestError` with HTTP 400 (see above); False
+    (with a warning, errors stay HTTP 500 with the same message) when its model.py has changed."""
+    from pytriton.models import model as pytriton_model
+
+    original = pytriton_model.Model.generate_model
+    if getattr(original, "_request_errors_as_400", False):
+        return True
+    text = (Path(pytriton_model.__file__).parent.parent / "proxy" / "model.py").read_text()
+    if _PROXY_ERROR not in text:
+        logging.getLogger(__name__).warning(
+            "this PyTriton's proxy model differs from the one hrm-deploy knows: bad requests get HTTP 500"
+        )
+        return False
+
+    original_files = pytriton_model.Model.get_proxy_model_files
+
+    def generate_model(self: Any, model_repository: Path) -> None:  # a local model store
+        original(self, model_repository)
+        copied = Path(model_repository) / self.model_name / str(self.model_version) / "model.py"
+        copied.write_text(copied.read_text().replace(_PROXY_ERROR, _PROXY_REQUEST_ERROR))
+
+    def get_proxy_model_files(self: Any) -> dict[str, bytes]:  # files sent with the load request
+        files = original_files(self)
+        key = f"file:{self.model_version}/model.py"
+        if key in files:
+            files[key] = files[key].decode().replace(_PROXY_ERROR, _PROXY_REQUEST_ERROR).encode()
+        return files
+
+    generate_model._request_errors_as_400 = True  # type: ignore[attr-defined]
+    pytriton_model.Model.generate_model = generate_model  # type: ignore[method-assign]
+    pytriton_model.Model.get_proxy_model_files = get_proxy_model_files  # type: ignore[method-assign]
+    return True
+
+
 def _runner_options(config: ServeConfig) -> dict[str, Any]:
     return {"provider": config.provider} if config.provider and config.artifact.suffix == ".onnx" else {}
 
@@ -189,10 +304,9 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     from hrm_deploy.runners import open_runner
     from hrm_deploy.serve.contract import read_contract
 
+    check_ports_free(config)
     contract = read_contract(config.artifact)
-    max_batch = config.max_batch or contract.max_batch
-    if max_batch < 1:
-        raise ConfigError(f"--max-batch must be >= 1, got {max_batch}")
+    max_batch = check_max_batch(config.max_batch, contract.max_batch, config.artifact.name)
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
     infer = BatchInfer(
@@ -226,6 +340,8 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
     logging.getLogger("pytriton").setLevel(logging.WARNING)
+    logging.getLogger("pytriton.proxy.inference").addFilter(_OneLineRequestErrors())
+    request_errors_as_400()
     code = 0
     try:
         with pytriton_triton.Triton(config=triton_config) as triton:

@@ -40,6 +40,32 @@ def check_out_dir(out: Path, overwrite: bool, resume: str | None) -> None:
         )
 
 
+def rewind_metrics(out: Path, position: int) -> int:
+    """On resume from step ``position``: drop the ``metrics.jsonl`` lines of steps after it (written
+    after that checkpoint, before the run stopped) and a torn last line, so the log continues
+    exactly where the checkpoint left off with no step twice. Atomic; returns the lines dropped."""
+    import json
+
+    from hrm_deploy.io import write_text
+
+    log = out / "metrics.jsonl"
+    if not log.is_file():
+        return 0
+    lines = log.read_text(errors="replace").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line torn by a kill mid-write
+        step = (record.get("final") or record).get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and step <= position:
+            kept.append(line)
+    if len(kept) != len(lines):
+        write_text(log, "".join(line + "\n" for line in kept))
+    return len(lines) - len(kept)
+
+
 class StopRequest:
     """SIGINT/SIGTERM during training: finish the step, checkpoint, stop cleanly. A second
     signal interrupts at once (the last checkpoint stays)."""

@@ -29,7 +29,7 @@ from hrm_deploy.metrics import row_scores, summary
 from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.hrm import HRMACT, ACTCarry, build_model
-from hrm_deploy.train.checkpointer import Checkpointer, StopRequest, check_out_dir
+from hrm_deploy.train.checkpointer import Checkpointer, StopRequest, check_out_dir, rewind_metrics
 from hrm_deploy.train.distributed import (
     Distributed,
     agree,
@@ -400,6 +400,8 @@ def train(
         run.carry,
     )
     out.mkdir(parents=True, exist_ok=True)
+    if resume and dist_info.main:  # the log continues exactly where the checkpoint left off
+        rewind_metrics(out, position)
     sinks = MetricSinks(config.log_to if dist_info.main else (), str(out), dataclasses.asdict(config))
     end = config.steps if stop_after is None else min(config.steps, position + stop_after)
     bar = _ProgressBar(progress and dist_info.main, config.steps, position)

@@ -18,6 +18,7 @@ from hrm_deploy.engines.build import (
 )
 from hrm_deploy.engines.targets import TARGETS, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, DependencyError, EngineError
+from hrm_deploy.manifest import write_manifest
 from hrm_deploy.runners.backend import load_backend
 
 try:
@@ -35,6 +36,9 @@ def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkey
     monkeypatch.chdir(tmp_path)  # calib/ and engines/ workspaces
     stale = layers_path(tmp_path / f"m.{precision}.engine")
     stale.write_text('{"Layers": ["from an older engine"]}')
+    older = tmp_path / f"m.{precision}.engine"  # the older engine of ours these layers belong to
+    older.write_bytes(b"an older engine")
+    write_manifest(older, stage="engine", config={}, layers_json=stale.name)
     result = build_engine(
         tiny_onnx.unrolled,
         EngineConfig(precision, calib_data=tiny_onnx.data, calib_samples=64, max_batch=16),

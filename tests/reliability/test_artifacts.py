@@ -78,7 +78,12 @@ def test_kill_between_artifact_and_manifest_never_leaves_a_lying_pair(tmp_path):
         check_artifact(old, require_manifest=True)
     debris = [p for p in tmp_path.iterdir() if p.name.startswith(".export-check-")]
     assert debris, "the killed writer's staging folder is there (SIGKILL cannot be handled)"
-    # the next write in that folder removes the dead writer's debris and publishes a consistent pair
+    # a file without its manifest is never replaced (it cannot be told from a user's file): one line
+    with pytest.raises(ArtifactError, match="not an hrm-deploy artifact"):
+        _publish(tmp_path, "model.onnx", b"third")
+    # once it is moved away, the next write in that folder removes the dead writer's debris and
+    # publishes a consistent pair
+    old.unlink()
     _publish(tmp_path, "model.onnx", b"third")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert check_artifact(old)["sha256"] == read_manifest(old)["sha256"]

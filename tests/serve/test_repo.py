@@ -127,7 +127,7 @@ def test_engine_repo_structural(tiny_onnx, tmp_path):
     assert (out / "trt" / "1" / "model.plan").read_bytes() == b"not a real plan"
     assert (out / "trt" / engine.name.replace(".engine", ".engine.manifest.json")).is_file()
     assert parse(out / "ort").backend == "onnxruntime"
-    with pytest.raises(ConfigError, match="exceeds .* profile max 32"):
+    with pytest.raises(ConfigError, match="give 1..32, the largest batch"):
         write_triton_repo([engine], RepoConfig(output=tmp_path / "r2", max_batch=64))
 
 
@@ -173,8 +173,13 @@ def test_refusals(tiny_onnx, trained_tiny, tmp_path):
     with pytest.raises(ConfigError, match="not empty"):
         write_triton_repo([tiny_onnx.unrolled], RepoConfig(output=full))
     assert (full / "x").is_dir()  # nothing replaced
-    write_triton_repo([tiny_onnx.unrolled], RepoConfig(output=full, overwrite=True))
-    assert not (full / "x").exists() and (full / "tiny" / "config.pbtxt").is_file()
+    with pytest.raises(ConfigError, match="replaces only a repository hrm-deploy wrote"):
+        write_triton_repo([tiny_onnx.unrolled], RepoConfig(output=full, overwrite=True))
+    assert (full / "x").is_dir()  # a folder of someone else's is never replaced
+    ours = tmp_path / "ours"
+    write_triton_repo([tiny_onnx.unrolled], RepoConfig(output=ours))
+    write_triton_repo([tiny_onnx.unrolled], RepoConfig(output=ours, overwrite=True, names=("again",)))
+    assert not (ours / "tiny").exists() and (ours / "again" / "config.pbtxt").is_file()
 
 
 def test_python_ort_backend_and_names(tiny_onnx, tmp_path):
