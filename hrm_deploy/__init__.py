@@ -22,7 +22,6 @@ _LAZY = {
     "HRMDeployError": "hrm_deploy.errors",
     "HRMConfig": "hrm_deploy.model.config",
     "TRMConfig": "hrm_deploy.model.config",
-    "FAMILIES": "hrm_deploy.model.families",
     "build_model": "hrm_deploy.model.hrm",
     "load_checkpoint": "hrm_deploy.model.checkpoint",
     "unroll": "hrm_deploy.export.unroll",
