@@ -195,6 +195,8 @@ def _model_config(
 
 
 def _driver_config(name: str, step_name: str, contract: Contract, config: RepoConfig, max_batch: int) -> str:
+    from hrm_deploy.runners.halting import halts_on_q_halt_alone
+
     s, v = contract.seq_len, contract.vocab_size
     carry = contract.io["inputs"]["z_H"][1]  # ["batch", S + prefix, hidden]
     io = {
@@ -212,7 +214,8 @@ def _driver_config(name: str, step_name: str, contract: Contract, config: RepoCo
         "carry_len": carry[1],
         "hidden_size": carry[2],
         "vocab_size": v,
-        "halt": config.halt,
+        # the model's own q rule: q_halt > 0 for a model trained without the continue logit (TRM)
+        "halt": "q0" if config.halt == "q" and halts_on_q_halt_alone(contract.path) else config.halt,
     }
     return (
         f'name: "{name}"\nbackend: "python"\n'

@@ -122,3 +122,22 @@ def test_q_rule_read_from_the_graph_without_manifest(trm_deploy, tmp_path):
     bare = tmp_path / "bare.onnx"
     shutil.copy(trm_deploy.mlp_t.step, bare)  # no manifest beside it: the graph's recorded config tells
     assert resolve_rule("q", str(bare)).q_halt_only
+
+
+def test_triton_act_driver_uses_the_trm_q_rule(trm_deploy, tmp_path):
+    """triton-repo --halt q of a TRM step graph writes the driver's q_halt > 0 rule (q0)."""
+    import importlib.util
+    import sys
+    import types
+
+    from hrm_deploy.serve.repo import RepoConfig, write_triton_repo
+
+    write_triton_repo([trm_deploy.mlp_t.step], RepoConfig(output=tmp_path / "repo", halt="q", names=("trm",)))
+    config = (tmp_path / "repo" / "trm" / "config.pbtxt").read_text()
+    assert 'key: "halt"' in config and 'string_value: "q0"' in config
+    spec = importlib.util.spec_from_file_location("act_driver", tmp_path / "repo" / "trm" / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    spec.loader.exec_module(module)
+    rule = module.halting("q0")
+    assert rule(np.array([0.5, -0.5]), np.array([2.0, -2.0])).tolist() == [True, False]

@@ -3,7 +3,8 @@
 Runs the host loop over a single-step model (ONNX or TensorRT plan) with BLS calls: the carry
 ``z_H``/``z_L`` [B, S + prefix, hidden] starts at zero with ``reset=True`` on the first step;
 up to ``steps`` ACT steps. Halting rule (parameter ``halt``): ``off`` runs every step (upstream's
-evaluation), ``q`` stops a puzzle when ``q_halt > q_continue`` (upstream's rule), ``threshold:X``
+evaluation), ``q`` stops a puzzle when ``q_halt > q_continue`` (upstream HRM's rule; ``q0``: ``q_halt > 0``, the
+rule of models trained without the continue logit, written for ``--halt q`` of such a model), ``threshold:X``
 when ``sigmoid(q_halt) > X`` (the rules of hrm_deploy.runners.halting). Halted puzzles leave the batch; their last logits are the answer.
 
 Written by hrm-deploy (hrm_deploy/serve/triton_models/act_driver.py); self-contained on purpose.
@@ -23,6 +24,8 @@ def halting(rule):
         return None
     if rule == "q":
         return lambda qh, qc: qh > qc
+    if rule == "q0":  # the q rule of a model trained to halt on q_halt alone (TRM's no_ACT_continue)
+        return lambda qh, qc: qh > 0
     if rule.startswith("threshold:"):
         x = float(rule.split(":", 1)[1])
         return lambda qh, qc: qh > np.log(x / (1.0 - x))  # sigmoid(qh) > x without overflow
