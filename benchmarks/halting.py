@@ -83,7 +83,7 @@ def main() -> None:
 
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-    from hrm_deploy.runners.halting import (
+    from hrm_deploy.halting import (
         HaltMode,
         HaltRule,
         accuracy_vs_steps,
@@ -191,7 +191,7 @@ def main() -> None:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2) + "\n")
     try:
-        from hrm_deploy.runners.halting import plot_curve
+        from hrm_deploy.halting import plot_curve
 
         plot_curve({"curve": result["curve"], "all_steps": result["all_steps"], "rules": result["rules"]},
                    out_path.with_suffix(".png"), f"{name}: early halting ({len(evaluation)} held-out puzzles)")

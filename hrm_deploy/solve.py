@@ -302,7 +302,7 @@ def solve(
     the artifact's manifest, else calibrates it first on ``calib_data`` (default: fresh puzzles
     of the checkpoint's dataset spec, never trained on) and stores it there. More puzzles than
     one ``batch`` show a progress line with ETA on stderr unless ``quiet``."""
-    from hrm_deploy.runners.halting import HaltMode, HaltRule, resolve_rule
+    from hrm_deploy.halting import HaltMode, HaltRule, resolve_rule
 
     puzzles = parse_puzzles(source)
     kinds = {p.kind for p in puzzles}
@@ -335,7 +335,7 @@ def solve(
         if rule.mode is HaltMode.BUDGET and rule.threshold is None:
             import sys
 
-            from hrm_deploy.runners.halting import prepare_rules
+            from hrm_deploy.halting import prepare_rules
 
             [rule] = prepare_rules(
                 [rule.text],
@@ -347,8 +347,8 @@ def solve(
                 flag="--calib-data",
                 **runner_options,
             )
+            from hrm_deploy.halting import calibration_cache
             from hrm_deploy.manifest import manifest_path
-            from hrm_deploy.runners.halting import calibration_cache
 
             where = manifest_path(path) if manifest_path(path).is_file() else calibration_cache(path)
             print(

@@ -15,7 +15,8 @@ Rank  Rooms (first package level below ``hrm_deploy``)
 1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format),
       ``provenance`` (default data from a checkpoint's own dataset)
 2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
-3     ``runners`` (run an artifact: torch reference, ORT, TensorRT, PyTorch engine)
+3     ``runners`` (run an artifact: torch reference, ORT, TensorRT, PyTorch engine), ``halting``
+      (rules, the step driver and continuous batching, budget calibration)
 4     ``precision`` (FP16/INT8 conversion, calibration, accuracy on examples)
 5     ``engines`` (build TensorRT / AOTInductor engines)
 6     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``
@@ -46,6 +47,7 @@ RANKS: dict[str, int] = {
     "provenance": 1,
     "export": 2,
     "runners": 3,
+    "halting": 3,
     "precision": 4,
     "engines": 5,
     "verify": 6,
@@ -110,3 +112,46 @@ def test_every_room_has_a_rank():
     rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists() or p.suffix == ".py"}
     missing = sorted(r.removesuffix(".py") for r in rooms if r.removesuffix(".py") not in RANKS | {"__init__": 0})
     assert not missing, f"give these rooms a rank in tests/test_layering.py: {missing}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(path: Path, known: set[str]) -> set[str]:
+    """hrm_deploy modules imported at module level (function bodies and TYPE_CHECKING blocks aside)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            continue
+        for sub in [node] if not isinstance(node, (ast.If, ast.Try)) else ast.walk(node):
+            if isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("hrm_deploy"):
+                names = [f"{sub.module}.{a.name}" for a in sub.names]
+                found |= {n for n in names if n in known} or {sub.module}
+            elif isinstance(sub, ast.Import):
+                found |= {a.name for a in sub.names if a.name.startswith("hrm_deploy")}
+    return {m for m in found if m in known}
+
+
+def test_no_module_level_import_circle():
+    """Module-level imports between hrm_deploy modules form no cycle (lazy imports inside
+    functions are how a lower room reaches an optional higher one)."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: _top_level_imports(path, set(files)) for name, path in files.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt) :] + [nxt] if nxt in stack else [node, nxt]
+                pytest.fail(f"import circle: {' -> '.join(cycle)}")
+            if nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])

@@ -136,10 +136,10 @@ def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tmp_path, monkey
     generate_sudoku(SudokuSpec(train=32, test=8, blanks=(3, 6), seed=99), str(data))
     result = runner.invoke(app, ["solve", PUZZLE, str(ckpt), "--halt", "budget:2", "--calib-data", str(data), "--json"])
     assert result.exit_code == 0, result.output
-    from hrm_deploy.runners.halting import _stored_budgets
+    from hrm_deploy.halting.store import stored_budgets
 
     assert not manifest_path(ckpt).exists()  # nothing written beside a checkpoint
-    stored = _stored_budgets(str(ckpt))
+    stored = stored_budgets(str(ckpt))
     assert list(stored) == ["2|min1|max0"] and stored["2|min1|max0"]["loss_points"] <= 2.0
     again = solve(PUZZLE, ckpt, "budget:2")  # the stored threshold, no data needed
     assert 1 <= again[0].steps_used <= 4

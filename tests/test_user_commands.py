@@ -113,7 +113,7 @@ def test_budget_calibrates_on_fresh_puzzles_of_the_checkpoint_spec(tmp_path, mon
     assert fresh is not None and "never trained on" in fresh.message
     assert fresh.path != default_data(ckpt, "--data").path
     solve("175604839462893157893751642930517264624938715751206983089175426246389571517462390", ckpt, "budget:1")
-    from hrm_deploy.runners.halting import calibration_cache
+    from hrm_deploy.halting import calibration_cache
 
     assert calibration_cache(ckpt).is_relative_to(tmp_path / "cache")  # the user cache, not beside it
     [entry] = json.loads(calibration_cache(ckpt).read_text())["budgets"].values()

@@ -57,7 +57,7 @@ class OrtRunner(Runner):
 
     def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
         """Outputs for one batch; ``halt`` (e.g. ``HaltRule.should_halt``) stops rows early on
-        a step graph (see runners.halting); ``steps_used`` int32 [B] says where each stopped."""
+        a step graph (see hrm_deploy.halting); ``steps_used`` int32 [B] says where each stopped."""
         batch = len(feeds["inputs"])
         if self.mode != "step":
             if halt is not None:
@@ -70,13 +70,13 @@ class OrtRunner(Runner):
             names = ["logits", "q_halt_logits", "q_continue_logits"] + (["step_predictions"] if self._per_step else [])
             out = dict(zip(names, self._session.run(names, feeds)))
             return {**out, "steps_used": np.full(batch, self.steps, np.int32)}
-        from hrm_deploy.runners.halting import OrtStep, drive
+        from hrm_deploy.halting import OrtStep, drive
 
         return drive(OrtStep(self._session, self.steps), feeds["inputs"], feeds["puzzle_identifiers"], halt)
 
     def step_function(self):
-        """The step graph as a :class:`hrm_deploy.runners.halting.StepFunction` (continuous batching)."""
-        from hrm_deploy.runners.halting import OrtStep
+        """The step graph as a :class:`hrm_deploy.halting.StepFunction` (continuous batching)."""
+        from hrm_deploy.halting import OrtStep
 
         if self.mode != "step":
             from hrm_deploy.errors import ConfigError

@@ -55,9 +55,9 @@ class TorchRunner(Runner):
 
     def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
         """Outputs for one batch; with ``halt`` (e.g. ``HaltRule.should_halt``) rows stop early
-        through the one-segment module (runners.halting); ``steps_used`` int32 [B]."""
+        through the one-segment module (hrm_deploy.halting); ``steps_used`` int32 [B]."""
         if halt is not None:
-            from hrm_deploy.runners.halting import drive
+            from hrm_deploy.halting import drive
 
             return drive(
                 self.step_function(), np.asarray(feeds["inputs"]), np.asarray(feeds["puzzle_identifiers"]), halt
@@ -76,8 +76,8 @@ class TorchRunner(Runner):
             }
 
     def step_function(self):
-        """One ACT segment as a :class:`hrm_deploy.runners.halting.StepFunction` (eager, no compile)."""
-        from hrm_deploy.runners.halting import TorchStep
+        """One ACT segment as a :class:`hrm_deploy.halting.StepFunction` (eager, no compile)."""
+        from hrm_deploy.halting import TorchStep
 
         if getattr(self, "_step_fn", None) is None:
             self._step_fn = TorchStep(self._model, self.device, self.steps)

@@ -195,7 +195,7 @@ def _model_config(
 
 
 def _driver_config(name: str, step_name: str, contract: Contract, config: RepoConfig, max_batch: int) -> str:
-    from hrm_deploy.runners.halting import halts_on_q_halt_alone
+    from hrm_deploy.halting import halts_on_q_halt_alone
 
     s, v = contract.seq_len, contract.vocab_size
     carry = contract.io["inputs"]["z_H"][1]  # ["batch", S + prefix, hidden]

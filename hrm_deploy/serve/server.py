@@ -53,7 +53,7 @@ class ServeConfig:
     grpc_port: int = 8001
     metrics_port: int = 8002
     max_batch: int | None = None  # default: the artifact's max batch (engine profile / export)
-    halt: str = "off"  # off | q | threshold:X (rules of hrm_deploy.runners.halting)
+    halt: str = "off"  # off | q | threshold:X (rules of hrm_deploy.halting)
     allow_remote: bool = False
     model_name: str = MODEL_NAME
     queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
@@ -125,15 +125,15 @@ def check_max_batch(requested: int | None, artifact_max: int, name: str) -> int:
 def halt_function(halt: str) -> Callable[..., Any] | None:
     """The runner's ``halt=`` callback for a ``--halt`` rule; None for "off" (all ACT steps).
 
-    The rules live in ``hrm_deploy.runners.halting`` (imported only when a rule is asked for)."""
+    The rules live in ``hrm_deploy.halting`` (imported only when a rule is asked for)."""
     if halt == "off":
         return None
     try:
-        from hrm_deploy.runners.halting import HaltRule  # type: ignore[import-not-found]
+        from hrm_deploy.halting import HaltRule  # type: ignore[import-not-found]
     except ImportError:
         raise DependencyError(
             f"--halt {halt}: early halting is not available in this hrm-deploy "
-            "(hrm_deploy.runners.halting is missing); use --halt off"
+            "(hrm_deploy.halting is missing); use --halt off"
         ) from None
     return HaltRule.parse(halt).should_halt
 

@@ -178,8 +178,8 @@ def test_a_killed_dataset_writes_staging_is_removed_by_the_next_run(tmp_path):
 # ------------------------------------------------------------------------------- caches
 def test_calibrations_of_a_checkpoint_go_to_the_user_cache_not_beside_it(tiny_model, tmp_path, monkeypatch):
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+    from hrm_deploy.halting import calibration_cache
     from hrm_deploy.model.checkpoint import save_checkpoint
-    from hrm_deploy.runners.halting import calibration_cache
     from hrm_deploy.solve import solve
 
     cache = tmp_path / "cache"

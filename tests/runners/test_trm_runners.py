@@ -76,7 +76,7 @@ def test_tensorrt_rtx_builds_the_step_graph(trm_deploy, tmp_path, monkeypatch):
 
 
 def test_q_rule_follows_the_checkpoint(trm_deploy, upstream_run):
-    from hrm_deploy.runners.halting import HaltRule, resolve_rule
+    from hrm_deploy.halting import HaltRule, resolve_rule
 
     for artifact in (trm_deploy.mlp_t.step, trm_deploy.mlp_t.checkpoint):
         assert resolve_rule("q", str(artifact)).q_halt_only  # trained with no_ACT_continue
@@ -89,8 +89,8 @@ def test_q_rule_follows_the_checkpoint(trm_deploy, upstream_run):
 
 def test_solve_and_torch_reference_halting(trm_deploy):
     from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.halting import resolve_rule
     from hrm_deploy.runners import open_runner
-    from hrm_deploy.runners.halting import resolve_rule
     from hrm_deploy.solve import solve
 
     examples = load_examples(str(trm_deploy.data), 4, "test")
@@ -117,7 +117,7 @@ def test_verify_defaults_to_the_data_paths_dataset(trm_deploy):
 def test_q_rule_read_from_the_graph_without_manifest(trm_deploy, tmp_path):
     import shutil
 
-    from hrm_deploy.runners.halting import resolve_rule
+    from hrm_deploy.halting import resolve_rule
 
     bare = tmp_path / "bare.onnx"
     shutil.copy(trm_deploy.mlp_t.step, bare)  # no manifest beside it: the graph's recorded config tells

@@ -72,8 +72,8 @@ def test_halt_rule_is_loaded_only_when_asked(monkeypatch):
 
     from hrm_deploy.errors import HRMDeployError
 
-    monkeypatch.delitem(sys.modules, "hrm_deploy.runners.halting", raising=False)
-    assert halt_function("off") is None and "hrm_deploy.runners.halting" not in sys.modules
+    monkeypatch.delitem(sys.modules, "hrm_deploy.halting", raising=False)
+    assert halt_function("off") is None and "hrm_deploy.halting" not in sys.modules
     try:
         fn = halt_function("q")
     except HRMDeployError as exc:  # this build has no early halting yet: one clear line

@@ -5,7 +5,7 @@ Runs the host loop over a single-step model (ONNX or TensorRT plan) with BLS cal
 up to ``steps`` ACT steps. Halting rule (parameter ``halt``): ``off`` runs every step (upstream's
 evaluation), ``q`` stops a puzzle when ``q_halt > q_continue`` (upstream HRM's rule; ``q0``: ``q_halt > 0``, the
 rule of models trained without the continue logit, written for ``--halt q`` of such a model), ``threshold:X``
-when ``sigmoid(q_halt) > X`` (the rules of hrm_deploy.runners.halting). Halted puzzles leave the batch; their last logits are the answer.
+when ``sigmoid(q_halt) > X`` (the rules of hrm_deploy.halting). Halted puzzles leave the batch; their last logits are the answer.
 
 Written by hrm-deploy (hrm_deploy/serve/triton_models/act_driver.py); self-contained on purpose.
 """

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hrm_deploy.errors import ConfigError
-from hrm_deploy.runners.halting import (
+from hrm_deploy.halting import (
     HaltMode,
     HaltRule,
     calibrate_threshold,

@@ -1,0 +1,175 @@
+"""Halting in verify and bench: every rule evaluated on a runner's outputs, the report, its
+markdown and the accuracy-vs-steps plot; ``--halt`` texts prepared (budgets calibrated)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.errors import ConfigError
+from hrm_deploy.halting.budget import accuracy_vs_steps, calibrate_budget, exact_at, rule_summary
+from hrm_deploy.halting.rules import HaltFn, HaltMode, HaltRule, resolve_rule, simulate_steps
+from hrm_deploy.metrics import solved_rows
+
+
+# --------------------------------------------------------------------------------- verify / bench
+def _run_all(runner: Any, examples: Any, batch: int, halt: HaltFn | None) -> dict[str, np.ndarray]:
+    kwargs = {"halt": halt} if halt is not None else {}
+    parts = [runner.infer(examples.feeds(s, s + batch), **kwargs) for s in range(0, len(examples), batch)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def evaluate_halting(
+    runner: Any,
+    examples: Any,
+    rules: list[HaltRule],
+    batch: int = 64,
+    full: dict[str, np.ndarray] | None = None,
+    min_steps: int = 1,
+    max_steps: int | None = None,
+) -> dict[str, Any]:
+    """Per rule: exact accuracy, mean/p90 steps and puzzles/s of an early-exit run on an
+    activated runner (rules it cannot run early, e.g. on an unrolled graph, are simulated from
+    the per-step outputs and marked so), plus the accuracy-vs-mean-steps curve of ``threshold:X``.
+    ``full``: the runner's all-step outputs when already computed."""
+    import time
+
+    labels = examples.labels
+    if labels is None:
+        raise ConfigError("halting accuracy needs labelled examples (a dataset folder or a .npz with labels)")
+    full = full if full is not None else _run_all(runner, examples, batch, None)
+    steps = int(full["q_halt_logits"].shape[1])
+    q_halt = full["q_halt_logits"]
+    q_cont = full.get("q_continue_logits")
+    per_step = full.get("step_predictions")
+    all_steps = np.full(len(examples), steps, np.int32)
+    report: dict[str, Any] = {
+        "steps": steps,
+        "examples": len(examples),
+        "all_steps": rule_summary(all_steps, solved_rows(full["logits"], labels), steps),
+        "rules": {},
+    }
+    for rule in rules:
+        entry: dict[str, Any]
+        simulated = None
+        if per_step is not None and (q_cont is not None or rule.mode is not HaltMode.Q):
+            simulated = simulate_steps(rule, q_halt, q_cont if q_cont is not None else np.zeros_like(q_halt))
+        try:
+            start = time.perf_counter()
+            out = _run_all(runner, examples, batch, rule.should_halt)
+            seconds = time.perf_counter() - start
+            entry = {
+                **rule_summary(out["steps_used"], solved_rows(out["logits"], labels), steps),
+                "run": "early exit",
+                "puzzles_per_s": len(examples) / seconds,
+            }
+            if simulated is not None:
+                entry["agrees_with_simulation"] = float((simulated == out["steps_used"]).mean())
+        except ConfigError:
+            if simulated is None or per_step is None:
+                entry = {"run": "not available: this artifact exposes no per-step outputs"}
+            else:
+                entry = {
+                    **rule_summary(simulated, exact_at(per_step, simulated, labels), steps),
+                    "run": "simulated from every step's outputs (this artifact always computes all steps)",
+                }
+        if rule.mode is HaltMode.BUDGET:
+            entry["threshold"] = rule.threshold
+        report["rules"][rule.text] = entry
+    if per_step is not None:
+        report["curve"] = accuracy_vs_steps(
+            q_halt, q_cont if q_cont is not None else np.zeros_like(q_halt), per_step, labels, min_steps, max_steps
+        )
+    return report
+
+
+def halting_markdown(report: dict[str, Any]) -> str:
+    lines = ["| halting rule | exact accuracy | mean steps | p90 steps | run |", "|---|---|---|---|---|"]
+    rows = [("off (all steps)", {**report["all_steps"], "run": "all steps"})] + list(report["rules"].items())
+    for name, entry in rows:
+        if "mean_steps" not in entry:
+            lines.append(f"| {name} | - | - | - | {entry['run']} |")
+            continue
+        speed = f", {entry['puzzles_per_s']:.1f} puzzles/s" if "puzzles_per_s" in entry else ""
+        lines.append(
+            f"| {name} | {entry.get('exact_accuracy', float('nan')):.2%} | {entry['mean_steps']:.2f} | "
+            f"{entry['p90_steps']:.0f} of {report['steps']} | {entry['run']}{speed} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_curve(report: dict[str, Any], path: Any, title: str = "") -> Any:
+    """accuracy-vs-mean-steps PNG (None without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    curve = report.get("curve") or []
+    if curve:
+        ax.plot(
+            [c["mean_steps"] for c in curve],
+            [100 * c["exact_accuracy"] for c in curve],
+            marker=".",
+            label="threshold:X sweep",
+        )
+    for name, entry in [("all steps", report["all_steps"]), *report["rules"].items()]:
+        if "mean_steps" in entry and "exact_accuracy" in entry:
+            ax.scatter([entry["mean_steps"]], [100 * entry["exact_accuracy"]], zorder=3)
+            ax.annotate(name, (entry["mean_steps"], 100 * entry["exact_accuracy"]), fontsize=8)
+    ax.set_xlabel("mean ACT steps")
+    ax.set_ylabel("exact accuracy (%)")
+    ax.set_title(title or "accuracy vs mean ACT steps")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def prepare_rules(
+    texts: list[str],
+    artifact: str,
+    data: str | None,
+    *,
+    min_steps: int = 1,
+    max_steps: int | None = None,
+    calib_data: str | None = None,
+    flag: str = "--data",
+    **runner_options: Any,
+) -> list[HaltRule]:
+    """Parse ``--halt`` texts; ``budget:P`` takes the threshold stored in the artifact's manifest,
+    else calibrates it now, on fresh puzzles of the checkpoint's dataset spec when it stores one
+    (never trained on), else on ``data``'s train split (held out from the test split verify and
+    bench report on). ``calib_data``, when given, is used instead of both."""
+    import sys
+
+    from hrm_deploy.provenance import heldout_data
+
+    rules = []
+    for text in texts:
+        rule = resolve_rule(HaltRule.parse(text, min_steps=min_steps, max_steps=max_steps), artifact)
+        if rule.mode is HaltMode.BUDGET and rule.threshold is None:
+            fresh = heldout_data(artifact) if calib_data is None else None
+            source = calib_data or (str(fresh.path) if fresh is not None else data)
+            if source is None:
+                raise ConfigError(
+                    f"--halt {rule.text} needs calibration data and {Path(artifact).name} records no "
+                    f"dataset spec: pass {flag} DATASET_DIR"
+                )
+            print(
+                f"calibrating --halt {rule.text} on " + (fresh.message if fresh else f"{source}'s train split"),
+                file=sys.stderr,
+                flush=True,
+            )
+            entry = calibrate_budget(
+                artifact, source, float(rule.budget or 0.0), min_steps=min_steps, max_steps=max_steps, **runner_options
+            )
+            rule = rule.with_threshold(entry["threshold"])
+        rules.append(rule)
+    return rules
