@@ -39,7 +39,22 @@ BLOCK_S = 0.5  # each row's share of a round: calls until this long (one call fo
 ROWS = ("cpu-fp32", "cpu-int8-static", "cpu-int8-dynamic", "cpu-int8-blockwise", "torch-bf16")
 
 
-def prepare(name: str, work: Path, threads: int | None, rows: tuple[str, ...], calib_samples: int) -> dict:
+def _reuse(folder: Path, rows: tuple[str, ...]) -> dict:
+    graphs, timings = {}, {}
+    for row in rows:
+        path = folder / f"{row}.cpu.ort.onnx"
+        if path.is_file():
+            graphs[row] = path
+            manifest = json.loads(path.with_name(path.name + ".manifest.json").read_text())
+            timings[f"{row}_build_s"] = manifest["build"]["build_seconds"]
+    static = json.loads((folder / "cpu-int8-static.cpu.ort.onnx.manifest.json").read_text())
+    return {"checkpoint": folder / "sudoku-random.pt", "data": str(folder / "data"), "graphs": graphs,
+            "timings": timings, "static_recipe": static["recipe"], "static_stage_s": static.get("timings"),
+            "reused": str(folder)}
+
+
+def prepare(name: str, work: Path, threads: int | None, rows: tuple[str, ...], calib_samples: int,
+            reuse: bool = False) -> dict:
     """Checkpoint, data, FP32 export and every row's artifact; build times recorded."""
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.engines.build import EngineConfig, build_engine
@@ -50,6 +65,8 @@ def prepare(name: str, work: Path, threads: int | None, rows: tuple[str, ...], c
     from sudoku_size import sudoku_size_model
 
     folder = work / name
+    if reuse:  # a killed run's folder: its artifacts, build times from their manifests
+        return _reuse(folder, rows)
     folder.mkdir()
     if name == "bundled":
         ckpt = bundled_checkpoint(DEFAULT_PRESET)
@@ -186,6 +203,7 @@ def main() -> None:
     parser.add_argument("--models", default="bundled,sudoku")
     parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: one per core)")
     parser.add_argument("--rows", default=",".join(ROWS), help="rows to build and time (cpu-fp32 always)")
+    parser.add_argument("--reuse", help="time the artifacts an interrupted run left in this folder (no builds)")
     parser.add_argument("--calib-samples", type=int, default=128,
                         help="static INT8 calibration examples (128: the build-engine default; its build time)")
     parser.add_argument("--out", default="benchmarks/results/cpu_latency.json")
@@ -206,16 +224,20 @@ def main() -> None:
     if out.is_file():  # one run per model: the models not measured now keep their last run
         report["models"] = json.loads(out.read_text()).get("models", {})
     with tempfile.TemporaryDirectory() as tmp:
+        tmp = args.reuse or tmp
         for name in args.models.split(","):
             start_load = os.getloadavg()
             rows = tuple(dict.fromkeys(("cpu-fp32", *args.rows.split(","))))
-            prepared = prepare(name, Path(tmp), threads, rows, args.calib_samples)
+            prepared = prepare(name, Path(tmp), threads, rows, args.calib_samples, bool(args.reuse))
             rounds = args.rounds if name == "sudoku" else max(args.rounds, 15)
             model = {"build_s": {k: round(v, 2) for k, v in prepared["timings"].items()},
                      "static_calib_samples": args.calib_samples,
                      "static_build_stages_s": prepared["static_stage_s"],
                      "static_recipe": prepared["static_recipe"],
                      **measure(name, prepared, (1, 8), rounds, threads), "rounds": rounds}
+            if prepared.get("reused"):
+                model["note"] = ("timed from the artifacts of an interrupted run of this script (its builds: the "
+                                 "build times, from their manifests); rows it had not built are missing")
             if name != "bundled":
                 model["static_accuracy_check_estimate_s"] = check_estimate(model)
             model["load_average_at_start_and_end"] = [start_load, os.getloadavg()]

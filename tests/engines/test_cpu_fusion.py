@@ -21,9 +21,13 @@ from hrm_deploy.runners.infer import predict
 FUSED_OPS = ("com.microsoft.MultiHeadAttention", "com.microsoft.RotaryEmbedding", "SimplifiedLayerNormalization")
 
 
-def _build(onnx_path, folder, precision, fuse):
+def _build(onnx_path, folder, precision, fuse, data=None):
+    """INT8: the static recipe, calibrated on ``data`` (cache in ``folder``; the accuracy check
+    is test_cpu_static.py's)."""
     name = f"m.{precision}{'' if fuse else '-unfused'}.cpu.ort.onnx"
-    return build_cpu(onnx_path, CpuBuildConfig(precision, threads=1, fuse=fuse), folder / name, quiet=True)
+    static = {"calib_data": data, "cache_dir": str(folder / "calib"), "check_accuracy": False}
+    config = CpuBuildConfig(precision, threads=1, fuse=fuse, **(static if precision == "int8" else {}))
+    return build_cpu(onnx_path, config, folder / name, quiet=True)
 
 
 def _predictions(path, examples):
@@ -46,7 +50,8 @@ def small_export(trained_small, tmp_path_factory):
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_fused_bundled_model_gives_the_same_answers_with_far_fewer_nodes(small_export, trained_small, precision):
     folder, fp32 = small_export
-    fused, plain = _build(fp32, folder, precision, True), _build(fp32, folder, precision, False)
+    data = trained_small.data
+    fused, plain = _build(fp32, folder, precision, True, data), _build(fp32, folder, precision, False, data)
     report = fused.build["fusions"]
     # sudoku-small: 8 ACT steps x (2 H + 2x2 L) = 48 attention blocks, two RMSNorms each.
     assert (report["attention"], report["rotary_embedding"], report["rms_norm"]) == (48, 96, 96)
