@@ -155,8 +155,8 @@ def build_engine(
         timing_cache=None if timing_cache.lower() in ("", "none") else timing_cache,
         threads=threads,
         fuse=not no_fuse,
-        # the cpu target's recipe goes to build_for_cpu; elsewhere --cpu-int8 is refused
-        cpu_int8=cpu_int8.value if cpu_int8 and target is not Target.CPU else "dynamic",
+        cpu_int8=cpu_int8.value if cpu_int8 else None,  # refused off the cpu target (EngineConfig)
+        cpu_accuracy_check=not no_accuracy_check,
         allow_unrolled=allow_unrolled,
     )
     if (
@@ -170,16 +170,7 @@ def build_engine(
 
         output = output_path(output, None)
         check_replaceable(output, [onnx, calib_data])
-    if target is Target.CPU:
-        from hrm_deploy.engines.cpu_int8 import build_for_cpu
-
-        recipe = cpu_int8.value if cpu_int8 else None
-        result = build_for_cpu(onnx, config, output, quiet, recipe, check_accuracy=not no_accuracy_check)
-    elif cpu_int8 is not None or no_accuracy_check:
-        given = f"--cpu-int8 {cpu_int8.value}" if cpu_int8 else "--no-accuracy-check"
-        raise ConfigError(f"{given} is an option of --target cpu; the {target.value} target does not take it")
-    else:
-        result = build(onnx, config, output, quiet=quiet)
+    result = build(onnx, config, output, quiet=quiet)
     seconds = result.build.get("build_seconds", 0.0)
     typer.echo(
         f"wrote {result.path} ({result.build.get('engine_bytes', 0) / 2**20:.1f} MiB, built in {seconds:.1f} s) "

@@ -61,7 +61,8 @@ class EngineConfig:
     timing_cache: str | None = "engines/timing.cache"  # base name; the file is keyed by GPU + TensorRT version
     threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
     fuse: bool = True  # cpu target: attention and RMSNorm into ORT's fused CPU kernels
-    cpu_int8: str = "dynamic"  # cpu target: INT8 recipe (engines/cpu_int8.py)
+    cpu_int8: str | None = None  # cpu target: INT8 recipe (engines/cpu_int8.py; None: static)
+    cpu_accuracy_check: bool = True  # cpu target: static INT8 compared with FP32 on held-out data
     allow_unrolled: bool = False  # TensorRT: build an unrolled graph whose estimated cost is over budget (engines.cost)
     device: str = "auto"  # torch backend: compile for "cuda", "cpu" or "auto" (cuda when torch sees a GPU)
 
@@ -82,10 +83,16 @@ class EngineConfig:
             raise ConfigError(f"--calib-samples must be between 1 and 1000000, got {self.calib_samples}")
         if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
             raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
-        if self.target != "cpu" and (not self.fuse or self.cpu_int8 != "dynamic"):
-            given = "--no-fuse" if not self.fuse else f"--cpu-int8 {self.cpu_int8}"
+        if self.target != "cpu" and (not self.fuse or self.cpu_int8 is not None or not self.cpu_accuracy_check):
+            given = (
+                "--no-fuse"
+                if not self.fuse
+                else f"--cpu-int8 {self.cpu_int8}"
+                if self.cpu_int8
+                else "--no-accuracy-check"
+            )
             raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
-        if self.cpu_int8 != "dynamic" and self.precision != "int8":
+        if self.cpu_int8 is not None and self.precision != "int8":
             raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
 
 
@@ -317,6 +324,15 @@ def build_engine(
     ``config.backend == "torch"``: a PyTorch (AOTInductor) engine for this machine instead
     (:mod:`hrm_deploy.engines.torch_engine`); ``onnx_path`` may then also be a checkpoint.
     The ``cpu`` target makes an ORT-optimized ONNX instead (:mod:`hrm_deploy.engines.cpu`)."""
+    target = get_target(config.target)
+    if target.name == "cpu":  # before the torch branch: --backend on the cpu target is refused there
+        from hrm_deploy.engines.cpu_int8 import build_for_cpu
+
+        source = Path(onnx_path) if onnx_path is not None else None
+        target_out = Path(out) if out is not None else None
+        return build_for_cpu(
+            source, config, target_out, quiet, config.cpu_int8, check_accuracy=config.cpu_accuracy_check
+        )
     if config.backend == "torch":
         from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
 
@@ -324,17 +340,6 @@ def build_engine(
             precision=config.precision, max_batch=config.max_batch or 1024, device=config.device
         )
         return build_torch_engine(onnx_path or newest_export(), torch_config, out, quiet=quiet)
-    target = get_target(config.target)
-    if target.name == "cpu":
-        from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
-
-        cpu = build_cpu(
-            onnx_path if onnx_path else newest_export(),
-            CpuBuildConfig(config.precision, config.threads, fuse=config.fuse, int8_recipe=config.cpu_int8),
-            out,
-            quiet,
-        )
-        return EngineResult(cpu.path, cpu.manifest, cpu.source_onnx, cpu.build)
     backend_name = config.backend or target.backends[0]
     if backend_name not in target.backends:
         raise ConfigError(f"target {target.name} builds with {' or '.join(target.backends)}, not {backend_name}")

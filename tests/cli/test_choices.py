@@ -139,3 +139,18 @@ def test_an_invalid_choice_is_named_with_the_valid_ones(args, option):
     assert result.exit_code == 2 and "Traceback" not in result.output
     [line] = [line for line in result.output.splitlines() if "Invalid value" in line]
     assert f"'{option}'" in line and "is not one of" in line, result.output
+
+
+def test_the_library_builds_the_cpu_target_like_the_cli(monkeypatch):
+    """build_engine(EngineConfig(target="cpu", ...)) takes the cpu target's own path (static INT8 by
+    default, options it cannot honour refused), not a dynamic-INT8 shortcut."""
+    from hrm_deploy.engines import build, cpu_int8
+    from hrm_deploy.errors import ConfigError
+
+    calls = []
+    monkeypatch.setattr(cpu_int8, "build_for_cpu", lambda *a, **k: calls.append((a, k)) or "built")
+    assert build.build_engine("m.onnx", build.EngineConfig(precision="int8", target="cpu")) == "built"
+    ((args, kwargs),) = calls
+    assert args[4] is None and kwargs == {"check_accuracy": True}  # recipe None: static
+    with pytest.raises(ConfigError, match="--cpu-int8 dynamic is an option of --target cpu"):
+        build.EngineConfig(precision="int8", cpu_int8="dynamic")
