@@ -1,0 +1,90 @@
+"""FP8 (E4M3) Q/DQ graphs of the trained bundled models, run on ONNX Runtime CPU's float8 kernels."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+from hrm_deploy.data.examples import load_examples
+from hrm_deploy.errors import ConfigError
+from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+from hrm_deploy.precision.fp8 import E4M3_MAX, fp8_weight, per_step_agreement
+from hrm_deploy.precision.int8 import QuantConfig
+
+
+def _fp8(onnx_path, data, tmp_path, **kw):
+    cfg = PrecisionConfig("fp8", calib_data=data, cache_dir=str(tmp_path / "calib"), **kw)
+    return make_precision_graph(onnx_path, cfg, out=tmp_path / "m.fp8.onnx", quiet=True)
+
+
+def test_fp8_weights_are_per_channel_amax_over_448():
+    w = np.array([[1.0, -0.5], [-4.0, 0.25]], np.float32)
+    scaled, scale = fp8_weight(w, axis=1)
+    assert np.allclose(scale, [4.0 / E4M3_MAX, 0.5 / E4M3_MAX])
+    assert np.allclose(np.abs(scaled).max(0), E4M3_MAX)
+
+
+def test_fp8_graph_follows_tensorrt_convention(tiny_onnx, tmp_path):
+    result = _fp8(tiny_onnx.unrolled, tiny_onnx.data, tmp_path, quant=QuantConfig(samples=32))
+    model = onnx.load(str(result.path))
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 19
+    by_output = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name: i for i in model.graph.initializer}
+    quantized = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[0] in by_output]
+    quantized = [n for n in quantized if by_output[n.input[0]].op_type == "DequantizeLinear"]
+    assert len(quantized) == result.report["quantized_nodes"] > 0
+    for node in quantized:
+        act, weight = by_output[node.input[0]], by_output[node.input[1]]
+        assert weight.op_type == "DequantizeLinear" and inits[weight.input[0]].data_type == TensorProto.FLOAT8E4M3FN
+        assert inits[weight.input[1]].dims[0] > 1  # per output channel
+        assert by_output[act.input[0]].op_type == "QuantizeLinear" and not inits[act.input[1]].dims  # per tensor
+    # heads, norms, softmax and residual adds stay float: Q/DQ feeds MatMuls only
+    consumers = {i: n for n in model.graph.node for i in n.input}
+    dq_out = [n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert all(consumers[o].op_type in ("MatMul", "Gemm") for o in dq_out)
+    assert not any("lm_head" in n.name or "q_head" in n.name for n in quantized)
+    assert next(p.value for p in model.metadata_props if p.key == "hrm_deploy.precision") == "fp8"
+
+
+def test_fp8_reuses_the_int8_calibration_cache(tiny_onnx, tmp_path):
+    quant = QuantConfig(samples=32)
+    int8 = PrecisionConfig("int8", calib_data=tiny_onnx.data, cache_dir=str(tmp_path / "calib"), quant=quant)
+    make_precision_graph(tiny_onnx.unrolled, int8, out=tmp_path / "m.int8.onnx", quiet=True)
+    assert _fp8(tiny_onnx.unrolled, tiny_onnx.data, tmp_path, quant=quant).report["calibration"]["reused"]
+
+
+def test_fp8_refuses_without_calibration_data():
+    with pytest.raises(ConfigError, match="FP8 needs calibration data"):
+        PrecisionConfig("fp8")
+
+
+@pytest.mark.slow
+def test_fp8_keeps_accuracy_per_act_step_on_the_trained_act_model(trained_small, tmp_path):
+    """The goal: <= 1 point of exact accuracy and >= 98 % argmax agreement vs FP32 at every ACT step."""
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+
+    fp32 = export_onnx(
+        trained_small.checkpoint, tmp_path / "small.onnx", ExportConfig(parity=False, step_predictions=True), quiet=True
+    ).path
+    result = _fp8(fp32, trained_small.data, tmp_path)
+    heldout = load_examples(trained_small.data, None, split="test")
+    steps = per_step_agreement(str(fp32), str(result.path), heldout)
+    assert len(steps["argmax_agreement"]) == 8
+    for ref, cand, agree in zip(steps["reference_exact"], steps["candidate_exact"], steps["argmax_agreement"]):
+        assert ref - cand <= 1.0 and agree >= 0.98, steps
+
+
+def test_fp8_budget_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path, monkeypatch):
+    """The INT8 fallback drives FP8 too: layers that cost accuracy are kept in float until the budget holds."""
+    import hrm_deploy.precision.convert as convert
+
+    def fake_accuracy(path, examples, meta):
+        model = onnx.load(path)
+        dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+        harmful = [n for n in model.graph.node if "L_level" in n.name and "mlp" in n.name and n.input[0] in dq]
+        return 100.0 - 5.0 * len(harmful)
+
+    monkeypatch.setattr(convert, "_holdout_accuracy", fake_accuracy)
+    budget = _fp8(tiny_onnx.unrolled, tiny_onnx.data, tmp_path, accuracy_budget=1.0, quant=QuantConfig(samples=32))
+    report = budget.report["accuracy_budget"]
+    assert report["fp8_exact"] == 100.0 and len(report["kept_float"]) == 2
