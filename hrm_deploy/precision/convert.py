@@ -133,9 +133,7 @@ def _sensitivity_fallback(
             whole=current,
         )
     exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    quantize(
-        str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
-    )
+    quantize(str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude)
     probe.unlink(missing_ok=True)
     report.update({measured_key: chosen.measured}, kept_float=chosen.kept_float, layer_loss_points=chosen.sensitivity)
     return report

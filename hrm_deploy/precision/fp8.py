@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
+from hrm_deploy.errors import DataError
 from hrm_deploy.precision.int8 import QuantConfig, QuantPlan, ensure_calibration
 
 logger = logging.getLogger(__name__)
@@ -117,13 +118,17 @@ def write_fp8_qdq(model, plan: QuantPlan, scales: dict[str, float]) -> None:
         axis = _weight_axis(node, values)
         if (w, axis) not in weights:
             base = f"{w}/fp8_axis{axis}"
-            scaled, scale = fp8_weight(values, axis)
+            scaled, channel_scale = fp8_weight(values, axis)
             graph.initializer.extend(
                 [
                     _fp8_tensor(f"{base}/e4m3", scaled),
-                    numpy_helper.from_array(scale, f"{base}/scale"),
+                    numpy_helper.from_array(channel_scale, f"{base}/scale"),
                     helper.make_tensor(
-                        f"{base}/zero", TensorProto.FLOAT8E4M3FN, [scale.size], bytes(scale.size), raw=True
+                        f"{base}/zero",
+                        TensorProto.FLOAT8E4M3FN,
+                        [channel_scale.size],
+                        bytes(channel_scale.size),
+                        raw=True,
                     ),
                 ]
             )
@@ -189,6 +194,8 @@ def per_step_agreement(reference: str, candidate: str, examples: Examples, batch
                 parts.append(session.run(["logits"], feeds)[0].argmax(-1)[:, None, :])
         return np.concatenate(parts)  # [N, K, S]
 
+    if examples.labels is None:
+        raise DataError("these examples have no labels; per-step accuracy needs a dataset folder")
     ref, cand = predictions(reference), predictions(candidate)
     labels = examples.labels[:, None, :]
     mask = np.broadcast_to(labels != IGNORE_LABEL_ID, ref.shape)

@@ -343,7 +343,6 @@ def quantize_int8(
     ``activations``: ``int8`` (TensorRT's convention) or ``uint8`` (zero point 128, the U8S8
     form ONNX Runtime's CPU integer GEMMs take); both read the same symmetric ranges, so one
     cache serves both."""
-    import onnx
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
