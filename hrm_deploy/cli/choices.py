@@ -15,6 +15,7 @@ class Precision(str, Enum):
     FP16 = "fp16"
     BF16 = "bf16"
     INT8 = "int8"
+    FP8 = "fp8"
     FP32 = "fp32"
 
 

@@ -28,13 +28,15 @@ def build_engine(
     precision: Annotated[
         Precision | None,
         typer.Option(
-            help="fp16 and bf16 keep float32 islands; int8 is Q/DQ (calibrates an FP32 graph first). "
+            help="fp16 and bf16 keep float32 islands; int8 and fp8 (E4M3, compute capability >= 8.9) are "
+            "Q/DQ (calibrate an FP32 graph first). "
             "Default fp16, or fp32 with --backend torch or --target cpu.",
         ),
     ] = None,
     fp16: Annotated[bool, typer.Option("--fp16", help=_SHORT + "fp16.")] = False,
     bf16: Annotated[bool, typer.Option("--bf16", help=_SHORT + "bf16.")] = False,
     int8: Annotated[bool, typer.Option("--int8", help=_SHORT + "int8.")] = False,
+    fp8: Annotated[bool, typer.Option("--fp8", help=_SHORT + "fp8.")] = False,
     fp32: Annotated[bool, typer.Option("--fp32", help=_SHORT + "fp32.")] = False,
     calib_data: Annotated[
         Path | None,
@@ -136,7 +138,7 @@ def build_engine(
     from hrm_deploy.system import check_threads
 
     check_threads(threads)
-    flags = {Precision.FP16: fp16, Precision.BF16: bf16, Precision.INT8: int8, Precision.FP32: fp32}
+    flags = {Precision.FP16: fp16, Precision.BF16: bf16, Precision.INT8: int8, Precision.FP8: fp8, Precision.FP32: fp32}
     default = Precision.FP32 if backend is Backend.TORCH or target is Target.CPU else Precision.FP16
     config = EngineConfig(
         precision=_precision(precision, flags, default).value,

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from hrm_deploy.engines.cost import check_unrolled_build, compute_nodes, unrolled_over_budget
 from hrm_deploy.engines.layers import precision_verdict
 from hrm_deploy.engines.result import EngineResult, recorded_data_fields
-from hrm_deploy.engines.targets import TargetProfile, get_target
+from hrm_deploy.engines.targets import TargetProfile, get_target, target_architectures
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
 from hrm_deploy.manifest import check_artifact, manifest_path, publish_artifact, read_verified
@@ -33,7 +33,7 @@ from hrm_deploy.runners.backend import (
 )
 from hrm_deploy.system import gpu_identity
 
-ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 # Host memory of a TensorRT build per ONNX node, measured: the 16-step Sudoku unroll
 # (58,206 nodes, 152 MB) peaked at 9.3 GB in TensorRT-RTX on 2 cores.
 BUILD_MIB_PER_NODE = 0.16
@@ -92,6 +92,11 @@ class EngineConfig:
                 else "--no-accuracy-check"
             )
             raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
+        if self.target == "cpu" and self.precision == "fp8":
+            raise ConfigError(
+                "fp8 engines need a GPU of compute capability >= 8.9 (TensorRT); for the cpu target use "
+                "--int8 or --fp32 (FP8 accuracy is measured on CPU by benchmarks/fp8_accuracy.py)"
+            )
         if self.cpu_int8 is not None and self.precision != "int8":
             raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
 
@@ -102,7 +107,7 @@ def newest_export(folder: str | Path = "export") -> Path:
         p
         for p in Path(folder).glob("*.onnx")
         if not p.name.startswith(".")  # temp files
-        and not any(p.name.endswith(f".{x}.onnx") for x in ("fp16", "bf16", "int8"))
+        and not any(p.name.endswith(f".{x}.onnx") for x in ENGINE_PRECISIONS[1:])
     ]
     if not candidates:
         raise ArtifactError(f"no ONNX export in {folder}/; run `hrm-deploy export` first or pass the ONNX path")
@@ -189,13 +194,13 @@ def _precision_source(onnx_path: Path, meta: dict[str, Any], config: EngineConfi
         return onnx_path
     if have != "fp32":
         raise ConfigError(f"{onnx_path} is a {have} graph but {config.precision} was asked for; pass the FP32 export")
-    from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+    from hrm_deploy.precision.convert import QDQ_PRECISIONS, PrecisionConfig, make_precision_graph
     from hrm_deploy.precision.int8 import QuantConfig
 
     if not quiet:
-        what = "calibrating and quantizing" if config.precision == "int8" else "converting"
+        what = "calibrating and quantizing" if config.precision in QDQ_PRECISIONS else "converting"
         print(f"{onnx_path.name} is FP32: {what} it to {config.precision} first", file=sys.stderr, flush=True)
-    if config.precision == "int8" and not config.calib_data:
+    if config.precision in QDQ_PRECISIONS and not config.calib_data:
         from dataclasses import replace
 
         from hrm_deploy.provenance import default_data
@@ -230,7 +235,7 @@ def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
         missing = "no layer computes in FP16"
     elif precision == "bf16" and not dtypes.get("BF16"):
         missing = "no layer computes in BF16"
-    elif precision == "int8" and not network.get("qdq_layers"):
+    elif precision in ("int8", "fp8") and not network.get("qdq_layers"):
         missing = "no Q/DQ layers"
     inspection = build.setdefault("engine_inspection", {})
     verdict = "not_inspected"
@@ -345,6 +350,11 @@ def build_engine(
         raise ConfigError(f"target {target.name} builds with {' or '.join(target.backends)}, not {backend_name}")
     backend = load_backend(backend_name)  # fail before any conversion work when the backend is missing
     backend.compute_capability(config.compute_capability or target.compute_capability)  # validate early
+    machine = gpu_identity()
+    # before any conversion work: a precision the target's GPUs cannot run is refused in one line
+    architectures = target_architectures(
+        target, config.precision, config.compute_capability, machine.get("compute_capability")
+    )
     stages = Stages(quiet)
     src = Path(onnx_path) if onnx_path else newest_export()
     if not src.is_file():
@@ -390,7 +400,6 @@ def build_engine(
         else target.builder_optimization_level,
         "compute_capability": config.compute_capability or target.compute_capability,
     }
-    machine = gpu_identity()
     spec["timing_cache"] = (
         str(timing_cache_path(config.timing_cache, backend, machine))
         if config.timing_cache and backend.supports_timing_cache()
@@ -457,6 +466,7 @@ def build_engine(
             backend={"name": backend.name, "version": backend.version},
             target=asdict(target),
             compute_capability=spec["compute_capability"],
+            architectures=architectures,
             build_machine=machine,
             precision=config.precision,
             recipe=recipe,

@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 # requested engine precision -> the normalized dtype the inspector must show somewhere
-EVIDENCE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8"}
+EVIDENCE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8"}
 
 # order matters: BFloat16 before Float, FP8 before the rest
 _DTYPE_PATTERNS = [

@@ -24,6 +24,8 @@ class TargetProfile:
     builder_optimization_level: int = 3
     dla: bool = False
     tensorrt_api: str = "any"  # the TensorRT API generation the target runs
+    # compute capabilities of the target's GPUs ("12.0"); empty: the build machine's GPU
+    architectures: tuple[str, ...] = ()
 
 
 TARGETS: dict[str, TargetProfile] = {
@@ -33,6 +35,7 @@ TARGETS: dict[str, TargetProfile] = {
         backends=("tensorrt-rtx", "tensorrt"),
         compute_capability="SM120",
         workspace_mib=4096,
+        architectures=("12.0",),
     ),
     "jetson-orin-8gb": TargetProfile(
         name="jetson-orin-8gb",
@@ -47,6 +50,7 @@ TARGETS: dict[str, TargetProfile] = {
         builder_optimization_level=3,
         dla=False,
         tensorrt_api="10.3",
+        architectures=("8.7",),
     ),
     "datacenter": TargetProfile(
         name="datacenter",
@@ -68,6 +72,49 @@ TARGETS: dict[str, TargetProfile] = {
         max_batch=64,
     ),
 }
+
+
+# Lowest compute capability whose tensor cores run each precision's GEMMs (TensorRT's support
+# matrix: FP8 from Ada / Hopper, FP4 from Blackwell); precisions not named run everywhere.
+MIN_CAPABILITY = {"fp8": (8, 9), "nvfp4": (10, 0)}
+_GENERATIONS = {"fp8": "Ada (RTX 40), Hopper or Blackwell", "nvfp4": "Blackwell"}
+
+
+def parse_capability(text: str) -> tuple[int, int]:
+    """``"SM120"`` / ``"sm_89"`` / ``"8.9"`` -> (major, minor)."""
+    raw = text.strip().lower().removeprefix("sm").lstrip("_")
+    try:
+        if "." in raw:
+            major, minor = raw.split(".", 1)
+            return int(major), int(minor)
+        return int(raw[:-1]), int(raw[-1])
+    except (ValueError, IndexError):
+        raise ConfigError(f"compute capability {text!r} is not like SM89, SM120 or 8.9") from None
+
+
+def target_architectures(
+    target: TargetProfile, precision: str, compute_capability: str | None = None, machine: str | None = None
+) -> list[str]:
+    """The compute capabilities ("8.9") an engine for ``target`` is built for: the one asked for
+    (``--compute-capability``), else the target's, else the build machine's GPU (``machine``);
+    empty when none is known. Raises one clear ConfigError when ``precision`` needs a newer GPU."""
+    if compute_capability:
+        arches = ["{}.{}".format(*parse_capability(compute_capability))]
+    else:
+        arches = list(target.architectures) or ([machine] if machine else [])
+    need = MIN_CAPABILITY.get(precision)
+    for arch in arches:
+        if need and parse_capability(arch) < need:
+            where = (
+                f"--compute-capability {compute_capability} is {arch}"
+                if compute_capability
+                else f"target {target.name} is {arch} ({target.description})"
+            )
+            raise ConfigError(
+                f"{precision} needs compute capability >= {need[0]}.{need[1]} ({_GENERATIONS[precision]}); "
+                f"{where}: use --int8 or --fp16 there"
+            )
+    return arches
 
 
 def get_target(name: str) -> TargetProfile:

@@ -1,6 +1,6 @@
-"""The precision stage: FP32 ONNX -> FP16 / BF16 / INT8 (Q/DQ) ONNX, with a manifest.
+"""The precision stage: FP32 ONNX -> FP16 / BF16 / INT8 or FP8 (Q/DQ) ONNX, with a manifest.
 
-``make_precision_graph`` is one function from artifact to artifact. INT8 calibrates on real
+``make_precision_graph`` is one function from artifact to artifact. INT8 and FP8 calibrate on real
 examples (ranges cached in ``calib/`` under a key of ONNX sha256 + method + data sha256 + K),
 and with an accuracy budget keeps the most harmful layers in float until the budget holds.
 """
@@ -18,7 +18,8 @@ from hrm_deploy.manifest import check_artifact, publish_artifact
 from hrm_deploy.precision.int8 import QuantConfig, QuantPlan, _cache_readable, calibration_key, quantize_int8
 from hrm_deploy.progress import Stages
 
-PRECISIONS = ("fp16", "bf16", "int8")
+PRECISIONS = ("fp16", "bf16", "int8", "fp8")
+QDQ_PRECISIONS = ("int8", "fp8")  # calibrated Q/DQ graphs (one range cache serves both)
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,9 @@ class PrecisionConfig:
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(PRECISIONS)}")
-        if self.precision == "int8" and not self.calib_data:
+        if self.precision in QDQ_PRECISIONS and not self.calib_data:
             raise ConfigError(
-                "INT8 needs calibration data: pass --calib-data DATASET_DIR or a .npz of inputs "
+                f"{self.precision.upper()} needs calibration data: pass --calib-data DATASET_DIR or a .npz of inputs "
                 "(hrm-deploy never invents scales)"
             )
 
@@ -64,6 +65,15 @@ def _set_precision_metadata(model, precision: str) -> None:
             prop.value = precision
 
 
+def _quantizer(precision: str):
+    """The Q/DQ graph writer of ``precision`` (same signature for INT8 and FP8)."""
+    if precision == "fp8":
+        from hrm_deploy.precision.fp8 import quantize_fp8
+
+        return quantize_fp8
+    return quantize_int8
+
+
 def _holdout_accuracy(path: str, examples, meta) -> float:
     from hrm_deploy.precision.accuracy import onnx_accuracy
 
@@ -82,7 +92,7 @@ def _sensitivity_fallback(
     stages: Stages,
 ) -> dict[str, Any]:
     """Keep whole layers (all unrolled copies of one weight) in float, most harmful first,
-    until INT8 loses at most the budget on the holdout. Sensitivity of a layer = accuracy lost
+    until the Q/DQ graph loses at most the budget on the holdout. Sensitivity of a layer = accuracy lost
     when only that layer is quantized (ranges come from the cache: no recalibration)."""
     import onnx
 
@@ -91,7 +101,9 @@ def _sensitivity_fallback(
     budget = float(config.accuracy_budget or 0.0)
     base = _holdout_accuracy(str(fp32), holdout, meta)
     current = _holdout_accuracy(str(out_tmp), holdout, meta)
-    report: dict[str, Any] = {"fp32_exact": base, "int8_exact": current, "budget_points": budget, "kept_float": []}
+    measured_key = f"{config.precision}_exact"
+    quantize = _quantizer(config.precision)
+    report: dict[str, Any] = {"fp32_exact": base, measured_key: current, "budget_points": budget, "kept_float": []}
     if base - current <= budget:
         return report
     model = onnx.load(str(fp32))
@@ -103,7 +115,7 @@ def _sensitivity_fallback(
     probe = out_tmp.with_name(out_tmp.name + ".probe.onnx")
 
     def measure(exclude: tuple[str, ...]) -> float:
-        quantize_int8(
+        quantize(
             str(fp32), str(probe), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
         )
         return _holdout_accuracy(str(probe), holdout, meta)
@@ -115,17 +127,15 @@ def _sensitivity_fallback(
             severity=lambda exact: base - exact,
             within=lambda exact: base - exact <= budget,
             refuse=lambda exact: (
-                f"INT8 cannot meet the {budget} point budget even with one layer quantized; "
+                f"{config.precision.upper()} cannot meet the {budget} point budget even with one layer quantized; "
                 "use --fp16 or a larger --accuracy-budget"
             ),
             whole=current,
         )
     exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    quantize_int8(
-        str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
-    )
+    quantize(str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude)
     probe.unlink(missing_ok=True)
-    report.update(int8_exact=chosen.measured, kept_float=chosen.kept_float, layer_loss_points=chosen.sensitivity)
+    report.update({measured_key: chosen.measured}, kept_float=chosen.kept_float, layer_loss_points=chosen.sensitivity)
     return report
 
 
@@ -171,10 +181,10 @@ def make_precision_graph(
             label = (
                 "reusing cached calibration"
                 if cached
-                else f"calibrating INT8 ({config.quant.method}, {len(examples)} examples, all {meta['steps']} ACT steps)"
+                else f"calibrating {config.precision.upper()} ({config.quant.method}, {len(examples)} examples, all {meta['steps']} ACT steps)"
             )
             with stages.stage(label):
-                plan = quantize_int8(
+                plan = _quantizer(config.precision)(
                     str(src), str(tmp), examples, config.quant, cache, meta["mode"], meta["steps"], quiet=quiet
                 )
             report.update(
@@ -196,7 +206,7 @@ def make_precision_graph(
                     src, tmp, examples, holdout, config, cache, meta, plan, stages
                 )
             quantized = onnx.load(str(tmp))
-            _set_precision_metadata(quantized, "int8")
+            _set_precision_metadata(quantized, config.precision)
             onnx.save(quantized, str(tmp))
         # artifact + manifest as one unit (manifest renamed last, sha256 of the staged bytes)
         manifest = publish_artifact(

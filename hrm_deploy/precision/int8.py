@@ -293,6 +293,38 @@ def _cache_readable(cache_file: Path) -> bool:
     return True
 
 
+def ensure_calibration(
+    fp32_path: str,
+    examples: Examples,
+    config: QuantConfig,
+    cache_file: Path,
+    mode: str,
+    steps: int,
+    extra_exclude: tuple[str, ...] = (),
+    quiet: bool = True,
+) -> QuantPlan:
+    """The plan of ``fp32_path`` under ``config``, with the activation ranges of every weight
+    MatMul/Gemm input in ``cache_file`` (read when it is there and readable, else calibrated on
+    ``examples`` and written there). Every Q/DQ format (INT8, FP8) reads the same cache."""
+    import onnx
+
+    model = onnx.load(fp32_path)
+    plan = plan_nodes(model, config, extra_exclude)
+    by_name = {n.name: n for n in model.graph.node}
+    # Calibrate every weight MatMul's input (not only this plan's), so one cache serves any exclusion.
+    all_weighted = plan_nodes(model, QuantConfig(method=config.method, exclude_patterns=()))
+    tensors = sorted({by_name[n].input[0] for n in all_weighted.quantize})
+    del model, by_name
+    if cache_file.is_file() and not _cache_readable(cache_file):
+        cache_file.unlink()  # derived data: a damaged cache is recomputed, never used
+    if not cache_file.is_file():
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        total = _runs(examples, config.batch, mode, steps)
+        with _progress(total, "calibrating", quiet) as on_feed:
+            _calibrate(fp32_path, tensors, examples, config, mode, steps, cache_file, on_feed)
+    return plan
+
+
 def quantize_int8(
     fp32_path: str,
     out_path: str,
@@ -311,7 +343,6 @@ def quantize_int8(
     ``activations``: ``int8`` (TensorRT's convention) or ``uint8`` (zero point 128, the U8S8
     form ONNX Runtime's CPU integer GEMMs take); both read the same symmetric ranges, so one
     cache serves both."""
-    import onnx
     from onnxruntime.quantization import (
         CalibrationMethod,
         QuantFormat,
@@ -319,13 +350,7 @@ def quantize_int8(
         quantize_static,
     )
 
-    model = onnx.load(fp32_path)
-    plan = plan_nodes(model, config, extra_exclude)
-    by_name = {n.name: n for n in model.graph.node}
-    # Calibrate every weight MatMul's input (not only this plan's), so one cache serves any exclusion.
-    all_weighted = plan_nodes(model, QuantConfig(method=config.method, exclude_patterns=()))
-    tensors = sorted({by_name[n].input[0] for n in all_weighted.quantize})
-    del model, by_name
+    plan = ensure_calibration(fp32_path, examples, config, cache_file, mode, steps, extra_exclude, quiet)
     method = {
         "entropy": CalibrationMethod.Entropy,
         "minmax": CalibrationMethod.MinMax,
@@ -337,13 +362,6 @@ def quantize_int8(
         "QuantizeBias": False,  # TensorRT rejects an int32 bias DequantizeLinear
         "OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"],  # Q/DQ on MatMul inputs only
     }
-    if cache_file.is_file() and not _cache_readable(cache_file):
-        cache_file.unlink()  # derived data: a damaged cache is recomputed, never used
-    if not cache_file.is_file():
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        total = _runs(examples, config.batch, mode, steps)
-        with _progress(total, "calibrating", quiet) as on_feed:
-            _calibrate(fp32_path, tensors, examples, config, mode, steps, cache_file, on_feed)
     with quiet_ort():
         quantize_static(
             fp32_path,
