@@ -206,8 +206,8 @@ def build_arc(
         )
     ids: dict[str, int] = {}
     for split in ("train", "test"):
-        for group in groups[split]:
-            for name, _ in group:
+        for packed in groups[split]:
+            for name, _ in packed:
                 ids.setdefault(name, len(ids) + 1)  # 0 is <blank>
     identifiers = ["<blank>", *ids]
     splits = {
