@@ -10,7 +10,6 @@ all pass (HRM's ``arc_eval.ipynb``); pass@k is the mean over tasks.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.arc.choices import TaskScore
 from hrm_deploy.arc.grids import crop_batch, grid_hash, inverse_augment, parse_name, to_grid
 from hrm_deploy.errors import DataError
 
@@ -25,13 +25,6 @@ log = logging.getLogger(__name__)
 
 PASS_KS = (1, 2, 5, 10, 100, 1000)
 SUBMISSION_K = 2
-
-
-class TaskScore(str, enum.Enum):
-    """How a task with several test inputs scores."""
-
-    FRACTION = "fraction"  # TRM: the fraction of its test inputs that pass
-    ALL = "all"  # HRM's notebook: 1 when every test input passes, else 0
 
 
 @dataclass
@@ -207,7 +200,7 @@ def markdown(report: dict[str, Any]) -> str:
         "| " + " | ".join(f"{100 * report['pass_at'][k]:.2f}%" for k in ks) + " |",
         "",
     ]
-    for key in ("artifact", "reference", "pass2_difference_points", "max_pass2_difference_points"):
+    for key in ("artifact", "data", "reference", "pass2_difference_points", "max_pass2_difference_points", "passed"):
         if key in report:
             lines.append(f"- {key.replace('_', ' ')}: {report[key]}")
     lines += [
