@@ -36,6 +36,16 @@ class ArcTestInput:
     label_hash: str | None
 
 
+def _checked_ids(puzzle_identifiers: np.ndarray, identifier_map: Sequence[str]) -> np.ndarray:
+    ids = np.asarray(puzzle_identifiers).astype(np.int64)
+    if ids.size and (ids.max() >= len(identifier_map) or ids.min() < 0):
+        raise DataError(
+            f"puzzle identifier {int(ids.max())} is outside identifiers.json ({len(identifier_map)} names); "
+            "use the identifiers.json of the dataset the predictions were made on"
+        )
+    return ids
+
+
 @dataclass
 class Votes:
     """Predictions grouped as upstream does: task -> input hash -> [(grid hash, sigmoid q_halt)]."""
@@ -55,13 +65,8 @@ class Votes:
     ) -> None:
         """Add rows: ``inputs`` / ``predictions`` (argmax tokens) [N, side*side], ``q_halt_logits`` [N]
         at the last ACT step. Rows of the blank identifier (padding) are skipped."""
-        ids = np.asarray(puzzle_identifiers).astype(np.int64)
+        ids = _checked_ids(puzzle_identifiers, identifier_map)
         keep = ids != blank_identifier_id
-        if ids.size and (ids.max() >= len(identifier_map) or ids.min() < 0):
-            raise DataError(
-                f"puzzle identifier {int(ids.max())} is outside identifiers.json ({len(identifier_map)} names); "
-                "use the identifiers.json of the dataset the predictions were made on"
-            )
         q = 1.0 / (1.0 + np.exp(-np.asarray(q_halt_logits, dtype=np.float64)))
         for ident, inp, pred, qv in zip(
             ids[keep],
@@ -84,11 +89,11 @@ def labels_from_split(
 ) -> dict[str, list[ArcTestInput]]:
     """HRM's labels: the original (un-augmented) rows of the test split, in dataset order."""
     tests: dict[str, list[ArcTestInput]] = {}
-    ids = np.asarray(puzzle_identifiers)
-    original = np.array([parse_name(identifier_map[int(i)])[2] is None and int(i) != 0 for i in ids], dtype=bool)
-    for ident, inp, lab in zip(
-        ids[original], crop_batch(np.asarray(inputs)[original]), crop_batch(np.asarray(labels)[original])
-    ):
+    ids = _checked_ids(puzzle_identifiers, identifier_map)
+    is_original = np.array([parse_name(name)[2] is None for name in identifier_map], dtype=bool)
+    is_original[0] = False  # <blank>
+    original = is_original[ids]  # only these rows are read from a memory-mapped split
+    for ident, inp, lab in zip(ids[original], crop_batch(inputs[original]), crop_batch(labels[original])):
         tests.setdefault(identifier_map[int(ident)], []).append(ArcTestInput(grid_hash(inp), lab, grid_hash(lab)))
     return tests
 

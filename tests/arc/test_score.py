@@ -162,6 +162,8 @@ def test_bad_inputs_are_one_clear_error():
     names, puzzles, ids, inputs, labels, preds, qs = _predictions(trm_names=True)
     with pytest.raises(DataError, match="outside identifiers.json"):
         Votes().add(names[:3], ids, inputs, preds, qs)
+    with pytest.raises(DataError, match="outside identifiers.json"):
+        labels_from_split(names[:3], ids, inputs, labels)
     with pytest.raises(DataError, match="positive"):
         score(labels_from_puzzles(puzzles), Votes(), (0,))
     with pytest.raises(DataError, match="no test puzzles"):
