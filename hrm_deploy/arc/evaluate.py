@@ -157,7 +157,8 @@ def predict(
     return _load_records(preds, meta.seq_len)
 
 
-def _score(data: Path, records: np.ndarray, config: ArcEvalConfig):
+def _labels(data: Path, config: ArcEvalConfig):
+    """(test split, identifiers, labels per task, task score) of an ARC dataset folder."""
     from hrm_deploy.data.format import load_split
 
     split = load_split(data, "test")
@@ -168,20 +169,56 @@ def _score(data: Path, records: np.ndarray, config: ArcEvalConfig):
         raise DataError(
             f"{identifiers_path} is missing or unreadable ({exc}); use the dataset folder as built"
         ) from None
-    ids = split.example_puzzle_ids()
     puzzles_path = data / "test_puzzles.json"
     if puzzles_path.is_file():  # TRM's builder: the raw test pairs
         tests = labels_from_puzzles(json.loads(puzzles_path.read_text()))
-        task_score = config.task_score or TaskScore.FRACTION
-    else:  # HRM's builder: the original rows of the test split
-        tests = labels_from_split(identifiers, ids, split.inputs, split.labels)
-        task_score = config.task_score or TaskScore.ALL
+        return split, identifiers, tests, config.task_score or TaskScore.FRACTION
+    # HRM's builder: the original rows of the test split
+    tests = labels_from_split(identifiers, split.example_puzzle_ids(), split.inputs, split.labels)
+    return split, identifiers, tests, config.task_score or TaskScore.ALL
+
+
+def _score(data: Path, records: np.ndarray, config: ArcEvalConfig):
+    split, identifiers, tests, task_score = _labels(data, config)
+    ids = split.example_puzzle_ids()
     votes = Votes()
     step = 4096
     for start in range(0, len(records), step):
         chunk = records[start : start + step]
         votes.add(
             identifiers, ids[chunk["row"]], np.asarray(split.inputs[chunk["row"]]), chunk["pred"], chunk["q_halt"]
+        )
+    return score(tests, votes, config.ks, task_score)
+
+
+def score_saved_predictions(paths: list[str | Path], data: str | Path, config: ArcEvalConfig | None = None):
+    """Score upstream's own saved evaluation outputs (``torch.save`` dicts, e.g. HRM's
+    ``step_N_all_preds.0``) on the dataset they were made from: ``puzzle_identifiers``,
+    ``inputs``, ``q_halt_logits`` and ``preds`` (TRM) or ``logits`` (HRM, argmax taken)."""
+    from hrm_deploy.errors import require
+
+    torch = require("torch", "torch", "Reading upstream's saved predictions")
+    config = config or ArcEvalConfig()
+    _, identifiers, tests, task_score = _labels(Path(data), config)
+    votes = Votes()
+    for path in paths:
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError) as exc:
+            raise DataError(f"{path} is not a readable torch.save file ({exc})") from None
+        missing = [k for k in ("puzzle_identifiers", "inputs", "q_halt_logits") if k not in saved]
+        if missing or ("preds" not in saved and "logits" not in saved):
+            raise DataError(
+                f"{path} lacks {', '.join(missing) or 'preds/logits'}; save puzzle_identifiers, inputs, "
+                "q_halt_logits and preds (or logits) in upstream's eval_save_outputs"
+            )
+        preds = saved["preds"] if "preds" in saved else saved["logits"].argmax(-1)
+        votes.add(
+            identifiers,
+            saved["puzzle_identifiers"].numpy(),
+            saved["inputs"].numpy(),
+            preds.numpy(),
+            saved["q_halt_logits"].double().numpy().reshape(len(preds), -1)[:, -1],
         )
     return score(tests, votes, config.ks, task_score)
 

@@ -135,3 +135,34 @@ def test_cli(arc_run):
     assert "pass@1" in result.output and (tmp / "c.json").is_file()
     result = CliRunner().invoke(app, [*args[:-3], "--k", "0", "-q"])
     assert result.exit_code != 0 and "positive integers" in result.output
+
+
+def test_scores_upstreams_saved_predictions(arc_run, tmp_path):
+    """Upstream's own eval outputs (a torch.save dict per rank) score like our saved predictions."""
+    import torch
+
+    from hrm_deploy.arc.evaluate import _record_dtype, score_saved_predictions
+    from hrm_deploy.data.format import load_split
+
+    checkpoint, data, tmp = arc_run
+    report = arc_eval(checkpoint, data, tmp / "s.json", config=ArcEvalConfig(ks=(1, 2), quiet=True))
+    records = np.fromfile(output_paths(tmp / "s.json")["preds"], dtype=_record_dtype(SIDE * SIDE))
+    split = load_split(data, "test")
+    logits = torch.nn.functional.one_hot(torch.from_numpy(records["pred"].astype(np.int64)), 12).float()
+    half = len(records) // 2
+    files = []
+    for rank, rows in enumerate((slice(0, half), slice(half, None))):
+        saved = {
+            "puzzle_identifiers": torch.from_numpy(split.example_puzzle_ids()[rows]),
+            "inputs": torch.from_numpy(np.asarray(split.inputs[rows]).astype(np.int32)),
+            "logits": logits[rows],
+            "q_halt_logits": torch.from_numpy(np.ascontiguousarray(records["q_halt"][rows])).float(),
+        }
+        files.append(tmp_path / f"step_2_all_preds.{rank}")
+        torch.save(saved, files[-1])
+    got = score_saved_predictions(files, data, ArcEvalConfig(ks=(1, 2)))
+    assert {str(k): v for k, v in got.pass_at.items()} == report["pass_at"]
+    assert got.submission == json.loads((tmp / "s.json").read_text())
+    torch.save({"inputs": torch.zeros(1)}, tmp_path / "bad")
+    with pytest.raises(DataError, match="lacks puzzle_identifiers"):
+        score_saved_predictions([tmp_path / "bad"], data)
