@@ -240,6 +240,8 @@ def arc_eval(
     paths = output_paths(submission)
     if against is not None and 2 not in config.ks:
         raise ConfigError("--against compares pass@2: include 2 in --k")
+    if not 0 <= config.max_pass2_difference_points <= 100:
+        raise ConfigError(f"--max-pass2-difference {config.max_pass2_difference_points}: give points between 0 and 100")
     for target in (submission, *paths.values()):
         check_output_path(target)
         if target.exists() and target.resolve() in (path.resolve(), data.resolve()):

@@ -114,6 +114,8 @@ def test_bad_inputs_are_one_clear_error(arc_run):
         arc_eval(small, data, tmp / "s.json", config=ArcEvalConfig(quiet=True))
     with pytest.raises(ConfigError, match="include 2"):
         arc_eval(checkpoint, data, tmp / "s.json", against=checkpoint, config=ArcEvalConfig(ks=(1,), quiet=True))
+    with pytest.raises(ConfigError, match="between 0 and 100"):
+        arc_eval(checkpoint, data, tmp / "s.json", config=ArcEvalConfig(max_pass2_difference_points=-1))
     with pytest.raises(ConfigError, match="positive integers"):
         parse_ks("1,x")
     arc_eval(checkpoint, data, tmp / "s.json", config=ArcEvalConfig(ks=(1,), quiet=True))
