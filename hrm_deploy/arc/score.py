@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.arc.choices import TaskScore
-from hrm_deploy.arc.grids import crop_batch, grid_hash, inverse_augment, parse_name, to_grid
+from hrm_deploy.data.arc_grids import crop_batch, grid_hash, inverse_augment, parse_name, to_grid
 from hrm_deploy.errors import DataError
 
 log = logging.getLogger(__name__)

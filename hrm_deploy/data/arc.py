@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.arc.grids import MAX_GRID, VOCAB_SIZE, augment_name, dihedral_transform, encode_grid, to_grid
+from hrm_deploy.data.arc_grids import MAX_GRID, VOCAB_SIZE, augment_name, dihedral_transform, encode_grid, to_grid
 from hrm_deploy.data.format import DatasetMetadata, Split, check_dataset_size, ensure_new_folder, save_dataset
 from hrm_deploy.errors import DataError
 

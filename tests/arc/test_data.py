@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hrm_deploy.arc import grids
 from hrm_deploy.arc.score import labels_from_split
+from hrm_deploy.data import arc_grids as grids
 from hrm_deploy.data.arc import ArcSpec, build_arc
 from hrm_deploy.data.format import load_split
 from hrm_deploy.errors import DataError

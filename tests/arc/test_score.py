@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm_deploy.arc import grids
 from hrm_deploy.arc.score import TaskScore, Votes, labels_from_puzzles, labels_from_split, markdown, rank, score
+from hrm_deploy.data import arc_grids as grids
 from hrm_deploy.errors import DataError
 from tests.arc import upstream_oracle as oracle
 
