@@ -19,7 +19,8 @@ Rank  Rooms (first package level below ``hrm_deploy``)
       (rules, the step driver and continuous batching, budget calibration)
 4     ``precision`` (FP16/INT8 conversion, calibration, accuracy on examples)
 5     ``engines`` (build TensorRT / AOTInductor engines)
-6     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``
+6     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``,
+      ``arc`` (ARC evaluation)
 7     ``cli``, ``__main__`` (thin Typer commands over the applications)
 """
 
@@ -57,6 +58,7 @@ RANKS: dict[str, int] = {
     "train": 6,
     "doctor": 6,
     "inspection": 6,
+    "arc": 6,
     "cli": 7,
     "__main__": 7,
 }

@@ -80,6 +80,7 @@ class Preset(str, Enum):
     SUDOKU_TINY = "sudoku-tiny"
     SUDOKU_SMALL = "sudoku-small"
     TRM_SUDOKU_SMALL = "trm-sudoku-small"
+    ARC_TINY = "arc-tiny"
     SUDOKU = "sudoku"
     MAZE = "maze"
 

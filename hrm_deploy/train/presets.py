@@ -111,6 +111,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "data": dict(train=5000, test=300, blanks=(3, 10), augment=0, seed=0),
         "heldout": dict(train=10, test=500, seed=1),
     },
+    # ARC on CPU for the walk-through and tests: seconds per step. One ACT segment pair of one H
+    # and one L pass, on a small-canvas dataset (`hrm-deploy data arc --max-grid 10`); it runs the
+    # ARC pipeline end to end, it does not solve ARC. The data is the user's task folder.
+    "arc-tiny": {
+        "model": dict(_CPU_MODEL, H_cycles=1, L_cycles=1, halt_max_steps=2),
+        "train": dict(_CPU_TRAIN, steps=200, global_batch_size=16, lr_warmup_steps=20, eval_every=200, eval_samples=64),
+    },
     # Upstream's Sudoku-Extreme-1k settings (README): for GPUs.
     "sudoku": _UPSTREAM,
     # Upstream's Maze 30x30 settings: for GPUs.

@@ -1,0 +1,12 @@
+"""Choices of the ARC evaluation (no heavy imports: the CLI reads them at start-up)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class TaskScore(str, enum.Enum):
+    """How a task with several test inputs scores."""
+
+    FRACTION = "fraction"  # TRM's evaluators/arc.py: the fraction of its test inputs that pass
+    ALL = "all"  # HRM's arc_eval.ipynb: 1 when every test input passes, else 0

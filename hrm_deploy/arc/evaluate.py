@@ -1,0 +1,278 @@
+"""``arc_eval``: run any artifact over an ARC dataset's test split and score it as upstream does.
+
+Every test row runs all ACT steps (no early halting); its argmax prediction and final
+``q_halt`` logit are appended to ``<submission>.preds.bin`` as each batch finishes, so an
+interrupted run picks up where it stopped. Scoring (:mod:`hrm_deploy.arc.score`) then writes
+``submission.json`` (ARC Prize format) and ``<submission>.report.json`` / ``.report.md``.
+With ``against`` (a checkpoint) the reference is evaluated the same way and the pass@2
+difference, in points, is judged against ``max_pass2_difference_points``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.arc.choices import TaskScore
+from hrm_deploy.arc.score import PASS_KS, Votes, labels_from_puzzles, labels_from_split, markdown, score
+from hrm_deploy.errors import ConfigError, DataError
+from hrm_deploy.io import check_output_path, write_json, write_text
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ArcEvalConfig:
+    """How to evaluate: ``ks`` for pass@k, ``batch`` rows per call (None: the artifact's largest),
+    ``task_score`` (None: TRM's fraction when the dataset has ``test_puzzles.json``, else HRM's
+    all-tests rule), the pass@2 tolerance against a reference, ``restart`` to discard saved
+    predictions, ``quiet`` for no progress display."""
+
+    ks: tuple[int, ...] = PASS_KS
+    batch: int | None = None
+    task_score: TaskScore | None = None
+    max_pass2_difference_points: float = 1.0
+    restart: bool = False
+    quiet: bool = False
+
+
+def output_paths(submission: Path) -> dict[str, Path]:
+    """Files written beside ``submission``: report (JSON, Markdown) and saved predictions."""
+    return {
+        "report_json": submission.with_suffix(".report.json"),
+        "report_md": submission.with_suffix(".report.md"),
+        "preds": submission.with_suffix(".preds.bin"),
+        "reference_preds": submission.with_suffix(".reference-preds.bin"),
+    }
+
+
+def _record_dtype(seq_len: int) -> np.dtype:
+    return np.dtype([("row", "<i8"), ("q_halt", "<f8"), ("pred", "u1", (seq_len,))])
+
+
+def _fingerprint(artifact: Path, data: Path, rows: int, seq_len: int) -> dict[str, Any]:
+    stat = artifact.stat()
+    return {
+        "artifact": str(artifact.resolve()),
+        "artifact_size": stat.st_size,
+        "artifact_mtime_ns": stat.st_mtime_ns,
+        "data": str(data.resolve()),
+        "rows": rows,
+        "seq_len": seq_len,
+    }
+
+
+def _resume(preds: Path, fingerprint: dict[str, Any], restart: bool) -> int:
+    """Complete records already in ``preds`` for this artifact and dataset (0 when starting)."""
+    meta_path = preds.with_suffix(".json")
+    if restart or not preds.exists():
+        for path in (preds, meta_path):
+            if path.exists() and not path.is_symlink():
+                path.unlink()
+        write_json(meta_path, fingerprint)
+        return 0
+    try:
+        saved = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        saved = None
+    if saved != fingerprint:
+        raise ConfigError(
+            f"{preds} holds predictions of another artifact or dataset ({meta_path.name} differs); "
+            "pass --restart to discard them, or choose another --output"
+        )
+    record = _record_dtype(fingerprint["seq_len"]).itemsize
+    size = preds.stat().st_size
+    if size % record:  # a batch cut short by an interruption: drop its partial record
+        with open(preds, "r+b") as f:
+            f.truncate(size - size % record)
+    return size // record
+
+
+def _load_records(preds: Path, seq_len: int) -> np.ndarray:
+    records = np.fromfile(preds, dtype=_record_dtype(seq_len))
+    if not np.array_equal(records["row"], np.arange(len(records))):
+        raise DataError(f"{preds} is damaged (rows out of order); pass --restart to evaluate again")
+    return records
+
+
+def predict(
+    artifact: Path,
+    data: Path,
+    preds: Path,
+    config: ArcEvalConfig,
+    label: str,
+    runner_options: dict[str, Any],
+) -> np.ndarray:
+    """Predictions of ``artifact`` on every row of ``data``'s test split (records of row, final
+    q_halt logit, argmax tokens), run or resumed into ``preds``."""
+    from hrm_deploy.data.format import load_split
+    from hrm_deploy.progress import progress
+    from hrm_deploy.runners import open_runner
+    from hrm_deploy.serve.contract import read_contract
+
+    split = load_split(data, "test")
+    contract = read_contract(artifact)
+    meta = split.metadata
+    for name, model_value in (("seq_len", contract.seq_len), ("vocab_size", contract.vocab_size)):
+        if getattr(meta, name) != model_value:
+            raise DataError(f"{data}: dataset {name} {getattr(meta, name)} != model's {model_value}; use its dataset")
+    ids = split.example_puzzle_ids()
+    if ids.size and int(ids.max()) >= contract.num_puzzle_identifiers:
+        raise DataError(
+            f"{data}: puzzle identifiers go up to {int(ids.max())} ({meta.num_puzzle_identifiers} in the dataset) "
+            f"but {artifact.name}'s puzzle-embedding table has {contract.num_puzzle_identifiers} rows; "
+            "use the dataset the model was trained on (same task folders, seed and --num-aug)"
+        )
+    batch = config.batch or contract.max_batch
+    if batch < 1:
+        raise ConfigError(f"--batch must be >= 1, got {batch}")
+    check_output_path(preds)
+    done = _resume(preds, _fingerprint(artifact, data, len(split), meta.seq_len), config.restart)
+    if done < len(split):
+        if done:
+            log.info("%s: resuming after %d of %d rows", preds, done, len(split))
+        runner = open_runner(artifact, **runner_options)
+        dtype = _record_dtype(meta.seq_len)
+        with runner, progress(len(split), label, config.quiet, unit="rows", done=done) as advance:
+            for start in range(done, len(split), batch):
+                stop = min(start + batch, len(split))
+                out = runner.infer(
+                    {"inputs": np.asarray(split.inputs[start:stop]), "puzzle_identifiers": ids[start:stop]}
+                )
+                records = np.empty(stop - start, dtype)
+                records["row"] = np.arange(start, stop)
+                records["q_halt"] = out["q_halt_logits"].reshape(stop - start, -1)[:, -1]  # the last ACT step
+                records["pred"] = out["logits"].argmax(-1)
+                with open(preds, "ab") as f:  # one write per batch; a cut-short one is truncated on resume
+                    f.write(records.tobytes())
+                    f.flush()
+                    os.fsync(f.fileno())
+                advance(stop - start)
+    return _load_records(preds, meta.seq_len)
+
+
+def _labels(data: Path, config: ArcEvalConfig):
+    """(test split, identifiers, labels per task, task score) of an ARC dataset folder."""
+    from hrm_deploy.data.format import load_split
+
+    split = load_split(data, "test")
+    identifiers_path = data / "identifiers.json"
+    try:
+        identifiers = json.loads(identifiers_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(
+            f"{identifiers_path} is missing or unreadable ({exc}); use the dataset folder as built"
+        ) from None
+    puzzles_path = data / "test_puzzles.json"
+    if puzzles_path.is_file():  # TRM's builder: the raw test pairs
+        tests = labels_from_puzzles(json.loads(puzzles_path.read_text()))
+        return split, identifiers, tests, config.task_score or TaskScore.FRACTION
+    # HRM's builder: the original rows of the test split
+    tests = labels_from_split(identifiers, split.example_puzzle_ids(), split.inputs, split.labels)
+    return split, identifiers, tests, config.task_score or TaskScore.ALL
+
+
+def _score(data: Path, records: np.ndarray, config: ArcEvalConfig):
+    split, identifiers, tests, task_score = _labels(data, config)
+    ids = split.example_puzzle_ids()
+    votes = Votes()
+    step = 4096
+    for start in range(0, len(records), step):
+        chunk = records[start : start + step]
+        votes.add(
+            identifiers, ids[chunk["row"]], np.asarray(split.inputs[chunk["row"]]), chunk["pred"], chunk["q_halt"]
+        )
+    return score(tests, votes, config.ks, task_score)
+
+
+def score_saved_predictions(paths: list[str | Path], data: str | Path, config: ArcEvalConfig | None = None):
+    """Score upstream's own saved evaluation outputs (``torch.save`` dicts, e.g. HRM's
+    ``step_N_all_preds.0``) on the dataset they were made from: ``puzzle_identifiers``,
+    ``inputs``, ``q_halt_logits`` and ``preds`` (TRM) or ``logits`` (HRM, argmax taken)."""
+    from hrm_deploy.errors import require
+
+    torch = require("torch", "torch", "Reading upstream's saved predictions")
+    config = config or ArcEvalConfig()
+    _, identifiers, tests, task_score = _labels(Path(data), config)
+    votes = Votes()
+    for path in paths:
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError) as exc:
+            raise DataError(f"{path} is not a readable torch.save file ({exc})") from None
+        missing = [k for k in ("puzzle_identifiers", "inputs", "q_halt_logits") if k not in saved]
+        if missing or ("preds" not in saved and "logits" not in saved):
+            raise DataError(
+                f"{path} lacks {', '.join(missing) or 'preds/logits'}; save puzzle_identifiers, inputs, "
+                "q_halt_logits and preds (or logits) in upstream's eval_save_outputs"
+            )
+        preds = saved["preds"] if "preds" in saved else saved["logits"].argmax(-1)
+        votes.add(
+            identifiers,
+            saved["puzzle_identifiers"].numpy(),
+            saved["inputs"].numpy(),
+            preds.numpy(),
+            saved["q_halt_logits"].double().numpy().reshape(len(preds), -1)[:, -1],
+        )
+    return score(tests, votes, config.ks, task_score)
+
+
+def arc_eval(
+    artifact: str | Path,
+    data: str | Path,
+    output: str | Path | None = None,
+    against: str | Path | None = None,
+    config: ArcEvalConfig | None = None,
+    **runner_options: Any,
+) -> dict[str, Any]:
+    """Evaluate ``artifact`` (checkpoint, ONNX graph or engine) on the ARC dataset ``data``;
+    write ``submission.json`` (default ``<artifact>.arc-submission.json``) and its report; return
+    the report. ``runner_options`` go to :func:`hrm_deploy.runners.open_runner`."""
+    config = config or ArcEvalConfig()
+    path, data = Path(artifact), Path(data)
+    submission = Path(output) if output else path.parent / f"{path.name}.arc-submission.json"
+    paths = output_paths(submission)
+    if against is not None and 2 not in config.ks:
+        raise ConfigError("--against compares pass@2: include 2 in --k")
+    if not 0 <= config.max_pass2_difference_points <= 100:
+        raise ConfigError(f"--max-pass2-difference {config.max_pass2_difference_points}: give points between 0 and 100")
+    for target in (submission, *paths.values()):
+        check_output_path(target)
+        if target.exists() and target.resolve() in (path.resolve(), data.resolve()):
+            raise ConfigError(f"--output {submission} would replace an input; choose another file")
+    records = predict(path, data, paths["preds"], config, f"{path.name}: ARC test rows", runner_options)
+    result = _score(data, records, config)
+    report: dict[str, Any] = {"artifact": str(path), "data": str(data), **result.to_json()}
+    if against is not None:
+        ref_records = predict(Path(against), data, paths["reference_preds"], config, "PyTorch reference", {})
+        reference = _score(data, ref_records, config)
+        difference = 100 * (result.pass_at[2] - reference.pass_at[2])
+        report.update(
+            reference=str(against),
+            reference_pass_at={str(k): v for k, v in reference.pass_at.items()},
+            pass2_difference_points=difference,
+            max_pass2_difference_points=config.max_pass2_difference_points,
+        )
+        report["passed"] = abs(difference) <= config.max_pass2_difference_points
+    write_json(submission, result.submission)
+    write_json(paths["report_json"], report)
+    write_text(paths["report_md"], markdown(report))
+    report["submission"] = str(submission)
+    return report
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    """``"1,2,10"`` -> (1, 2, 10)."""
+    try:
+        ks = tuple(int(k) for k in text.split(",") if k.strip())
+    except ValueError:
+        raise ConfigError(f"--k {text!r}: give comma-separated positive integers, e.g. 1,2,10") from None
+    if not ks or min(ks) < 1:
+        raise ConfigError(f"--k {text!r}: give comma-separated positive integers, e.g. 1,2,10")
+    return ks

@@ -1,0 +1,98 @@
+"""``hrm-deploy data arc`` and ``hrm-deploy arc-eval``: ARC datasets and upstream's ARC score."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hrm_deploy.arc.choices import TaskScore
+from hrm_deploy.cli import app
+from hrm_deploy.cli.common import Quiet, user_errors
+from hrm_deploy.cli.data import data_app
+
+
+@data_app.command("arc")
+@user_errors
+def arc(
+    source: Annotated[
+        Path, typer.Option("--source", help="Folder of ARC task JSON files (<subset>/<task>.json or <task>.json).")
+    ],
+    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Dataset folder to create.")] = Path(
+        "data/arc-aug-1000"
+    ),
+    num_aug: Annotated[int, typer.Option(help="Augmented copies per task (upstream: 1000).")] = 1000,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed and files, same dataset).")] = 42,
+    max_grid: Annotated[int, typer.Option(help="Canvas side (upstream: 30, seq_len 900); grids must fit.")] = 30,
+    test_subset: Annotated[
+        list[str] | None,
+        typer.Option("--test-subset", help="Sub-folder whose test pairs form the test split (repeatable)."),
+    ] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Build an ARC dataset in upstream's format (augmentations, identifiers.json) from task files."""
+    from hrm_deploy.data.arc import ArcSpec, build_arc, find_subsets
+    from hrm_deploy.progress import progress
+
+    spec = ArcSpec(
+        source=str(source),
+        num_aug=num_aug,
+        seed=seed,
+        max_grid=max_grid,
+        test_subsets=tuple(test_subset) if test_subset else ("evaluation",),
+    )
+    total = sum(len(files) for _, files in find_subsets(source))
+    with progress(total, "building ARC dataset", quiet, unit="tasks") as advance:
+        splits, identifiers = build_arc(spec, output, advance)
+    typer.echo(
+        f"wrote {output}: {len(splits['train'])} train examples, {len(splits['test'])} test examples, "
+        f"{len(identifiers)} puzzle identifiers"
+    )
+
+
+@app.command("arc-eval")
+@user_errors
+def arc_eval(
+    artifact: Annotated[Path, typer.Argument(help="Checkpoint, ONNX graph or engine to evaluate.")],
+    data: Annotated[Path, typer.Option("--data", help="ARC dataset folder (upstream's build or `data arc`).")],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="submission.json to write (default: beside the artifact).")
+    ] = None,
+    k: Annotated[str, typer.Option("--k", help="pass@k values, comma-separated.")] = "1,2,5,10,100,1000",
+    against: Annotated[
+        Path | None, typer.Option(help="Reference checkpoint: also evaluate it and compare pass@2.")
+    ] = None,
+    max_pass2_difference: Annotated[
+        float, typer.Option(help="With --against: largest |pass@2 difference| in points that passes.")
+    ] = 1.0,
+    batch: Annotated[int | None, typer.Option(help="Rows per call (default: the artifact's largest batch).")] = None,
+    task_score: Annotated[
+        TaskScore | None,
+        typer.Option(help="Task with several test inputs: fraction passed (TRM) or all must pass (HRM)."),
+    ] = None,
+    restart: Annotated[bool, typer.Option("--restart", help="Discard saved predictions and run again.")] = False,
+    quiet: Quiet = False,
+) -> None:
+    """Upstream's ARC score (augmented voting, pass@k) and an ARC Prize submission.json for any artifact."""
+    from hrm_deploy.arc.evaluate import ArcEvalConfig, arc_eval as run_arc_eval, parse_ks
+    from hrm_deploy.arc.score import markdown
+
+    config = ArcEvalConfig(
+        ks=parse_ks(k),
+        batch=batch,
+        task_score=task_score,
+        max_pass2_difference_points=max_pass2_difference,
+        restart=restart,
+        quiet=quiet,
+    )
+    report = run_arc_eval(artifact, data, output, against=against, config=config)
+    typer.echo(markdown(report).split("\n| task |")[0].rstrip())
+    typer.echo(f"wrote {report['submission']}")
+    if report.get("passed") is False:
+        from hrm_deploy.errors import VerifyError
+
+        raise VerifyError(
+            f"{artifact.name}: pass@2 differs from the reference by {report['pass2_difference_points']:.2f} points "
+            f"(allowed {max_pass2_difference})"
+        )
