@@ -141,3 +141,44 @@ def test_triton_act_driver_uses_the_trm_q_rule(trm_deploy, tmp_path):
     spec.loader.exec_module(module)
     rule = module.halting("q0")
     assert rule(np.array([0.5, -0.5]), np.array([2.0, -2.0])).tolist() == [True, False]
+
+
+@pytest.mark.slow
+def test_bench_measures_a_trm_step_graph_beside_its_reference(trm_deploy, tmp_path):
+    from hrm_deploy.bench.run import BenchConfig, bench
+
+    report = bench(
+        [trm_deploy.mlp_t.step],
+        BenchConfig(
+            data=str(trm_deploy.data),
+            batches=(1, 4),
+            iters=2,
+            warmup=1,
+            accuracy_samples=16,
+            out_dir=str(tmp_path / "bench"),
+        ),
+    )
+    rows = {r["runner"]: r for r in report["rows"]}
+    assert rows["ort"]["status"] == "ok", rows["ort"]
+    assert rows["ort"]["accuracy"] == rows["torch_ref"]["accuracy"]  # the same answers as the TRM reference
+
+
+@pytest.mark.slow
+def test_serve_answers_a_trm_step_graph_like_the_runner(trm_deploy, tmp_path):
+    from hrm_deploy.runners import open_runner
+    from hrm_deploy.serve.client import infer_remote
+    from tests.serve.helpers import ServeProcess, puzzles, serving_unavailable
+
+    why = serving_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    tokens, ids = puzzles(str(trm_deploy.data), 6)
+    with open_runner(trm_deploy.mlp_t.step) as runner:
+        want = runner.infer({"inputs": tokens, "puzzle_identifiers": ids})
+    proc = ServeProcess(trm_deploy.mlp_t.step, tmp_path / "serve.log", "--max-batch", "8")
+    try:
+        proc.wait_ready()
+        got = infer_remote(proc.url, {"inputs": tokens, "puzzle_identifiers": ids}, timeout_s=60)
+    finally:
+        proc.stop()
+    np.testing.assert_array_equal(got["answer"], want["logits"].argmax(-1))
