@@ -23,6 +23,7 @@ def _cli(workspace: Path, env: dict[str, str], *args: str) -> subprocess.Complet
     return subprocess.run(argv, check=False, cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_the_three_command_lines_as_written(tmp_path):
     pytest.importorskip("tensorrt_rtx", reason="build-engine needs the TensorRT-RTX builder (pip install tensorrt-rtx)")
     workspace = tmp_path / "fresh"
@@ -55,6 +56,7 @@ def test_the_three_command_lines_as_written(tmp_path):
         assert run.returncode == 0, run.stderr
 
 
+@pytest.mark.slow
 def test_default_data_from_each_kind_of_provenance(tmp_path, tiny_model, upstream_run, monkeypatch):
     from hrm_deploy.model.checkpoint import save_checkpoint
     from hrm_deploy.provenance import default_data
@@ -102,6 +104,7 @@ def test_every_writing_command_takes_dash_o():
         assert re.search(r"(?<!-)-o\b", text) and "--out" in text, command
 
 
+@pytest.mark.slow
 def test_budget_calibrates_on_fresh_puzzles_of_the_checkpoint_spec(tmp_path, monkeypatch):
     from hrm_deploy.provenance import default_data, heldout_data
     from hrm_deploy.solve import solve

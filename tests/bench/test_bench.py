@@ -66,6 +66,7 @@ def test_jetson_detection(tmp_path):
     assert not _clocks_pinned("GPU MinFreq=306000000 MaxFreq=1020000000 CurrentFreq=306000000")
 
 
+@pytest.mark.slow
 def test_bench_cpu_runners_table_json_plot(tiny_onnx, tmp_path):
     out = tmp_path / "bench"
     report = bench(
@@ -230,6 +231,7 @@ class _SleepyRunner:
         pass
 
 
+@pytest.mark.slow
 def test_bench_is_sized_by_time_with_a_minimum_count_and_iters_forces_a_count(tiny_onnx):
     from hrm_deploy.bench.run import _measure, timing_rule
     from hrm_deploy.data.examples import load_examples
@@ -247,6 +249,7 @@ def test_bench_is_sized_by_time_with_a_minimum_count_and_iters_forces_a_count(ti
         BenchConfig(duration_s=0)
 
 
+@pytest.mark.slow
 def test_bench_report_states_its_time_budget(tiny_onnx, tmp_path):
     from typer.testing import CliRunner
 

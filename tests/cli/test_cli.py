@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from hrm_deploy.cli import app
@@ -11,6 +12,7 @@ from hrm_deploy.cli import app
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_bad_checkpoint_is_one_line_no_traceback(tmp_path):
     bad = tmp_path / "step_3"
     bad.write_bytes(b"\x00" * 10)
@@ -22,6 +24,7 @@ def test_bad_checkpoint_is_one_line_no_traceback(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_export_bundled_default_then_inspect(tmp_path):
     out = tmp_path / "tiny.onnx"
     result = runner.invoke(app, ["export", "-o", str(out), "-q"])
@@ -40,6 +43,7 @@ def test_inspect_checkpoint(upstream_run):
     assert data["kind"] == "checkpoint (upstream)" and data["parameters"] > 0 and data["config"]["seq_len"] == 81
 
 
+@pytest.mark.slow
 def test_data_and_train_commands(tmp_path):
     data = tmp_path / "d"
     r = runner.invoke(
@@ -56,6 +60,7 @@ def test_data_and_train_commands(tmp_path):
     assert r.exit_code == 2 and "dataset.json" in r.output
 
 
+@pytest.mark.slow
 def test_build_engine_refuses_int8_without_calibration_data(tiny_model, tmp_path):
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.checkpoint import save_checkpoint

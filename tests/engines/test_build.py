@@ -29,6 +29,7 @@ except DependencyError:
 rtx = pytest.mark.skipif(not HAVE_RTX, reason="tensorrt-rtx is not installed (pip install 'hrm-deploy[rtx]')")
 
 
+@pytest.mark.slow
 @rtx
 @pytest.mark.trt
 @pytest.mark.parametrize("precision,dtype_key", [("fp16", "HALF"), ("int8", None), ("bf16", "BF16")])
@@ -72,6 +73,7 @@ def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkey
         assert inspection["reason"] and manifest["layers_json"] is None and not stale.exists()
 
 
+@pytest.mark.slow
 @rtx
 @pytest.mark.trt
 def test_rtx_builds_the_single_step_engine(tiny_onnx, tmp_path):

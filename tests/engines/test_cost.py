@@ -74,6 +74,7 @@ def test_precision_graphs_count_like_their_export():
     assert cost.compute_nodes(model) == 2
 
 
+@pytest.mark.slow
 def test_the_bundled_default_builds_without_opt_in(trained_small, tmp_path):
     """CI and the README build the embedded sudoku-small export (8-step unroll) with no flag."""
     from hrm_deploy.export.metadata import graph_metadata
@@ -119,6 +120,7 @@ def test_small_unrolled_graph_builds_without_the_flag(unrolled, tmp_path, monkey
     assert manifest["unrolled_opt_in"] is None and manifest["config"]["allow_unrolled"] is False
 
 
+@pytest.mark.slow
 def test_large_unrolled_graph_builds_its_step_graph_unless_asked(unrolled, tmp_path, monkeypatch, capsys):
     """The documented lines (export, then build-engine) at full size: the unrolled build would be
     over budget, so the single-step graph of the same checkpoint is exported and built instead."""

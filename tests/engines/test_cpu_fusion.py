@@ -47,6 +47,7 @@ def small_export(trained_small, tmp_path_factory):
     ).path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_fused_bundled_model_gives_the_same_answers_with_far_fewer_nodes(small_export, trained_small, precision):
     folder, fp32 = small_export
@@ -91,6 +92,7 @@ def test_fused_step_graph_matches_on_every_step(tiny_onnx, trained_tiny, tmp_pat
         np.testing.assert_allclose(outs[0][key], outs[1][key], atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["learned", "random-weights"])
 def test_models_without_rope_and_chaotic_random_weights_are_fused_and_checked(tiny_config, tmp_path, variant):
     """Learned positions: attention without the rotary part. Random weights: the recurrence is
@@ -121,6 +123,7 @@ def _feed(seq_len=81):
     return {"inputs": np.full((1, seq_len), 1, np.int32), "puzzle_identifiers": np.zeros(1, np.int32)}
 
 
+@pytest.mark.slow
 def test_the_block_check_catches_a_wrong_fusion(small_export, tmp_path):
     unfused = _optimized(small_export, tmp_path)
     fused = onnx.ModelProto()
@@ -165,6 +168,7 @@ def test_blocks_that_differ_from_the_pattern_are_left_alone(small_export, tmp_pa
     assert report.rms_norm == 96
 
 
+@pytest.mark.slow
 def test_fp16_and_no_fuse_builds_are_not_fused(small_export):
     folder, fp32 = small_export
     for config in (CpuBuildConfig("fp16", threads=1), CpuBuildConfig("fp32", threads=1, fuse=False)):

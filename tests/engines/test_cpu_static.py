@@ -80,6 +80,7 @@ def _mlp_weights(fp32):
     )
 
 
+@pytest.mark.slow
 def test_accuracy_budget_keeps_the_most_sensitive_layers_fp32(tiny_onnx, tmp_path, monkeypatch):
     """A measurement that punishes quantized L-level MLP weights (1.5 points of argmax agreement
     each): the fallback keeps the fewest of them FP32 that bring agreement to >= 98 % (one of
@@ -105,6 +106,7 @@ def test_accuracy_budget_keeps_the_most_sensitive_layers_fp32(tiny_onnx, tmp_pat
     assert _float_weights_lost(built.path, mlp) == 1  # the engine is the mix the manifest describes
 
 
+@pytest.mark.slow
 def test_no_mix_within_the_budget_is_refused_with_the_numbers(tiny_onnx, tmp_path, monkeypatch):
     monkeypatch.setattr(Holdout, "measure", lambda self, path: Quality(93.0, 80.0, 90.0, len(self.examples)))
     config = CpuBuildConfig(

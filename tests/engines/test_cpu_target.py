@@ -30,6 +30,7 @@ def cpu_graphs(tiny_onnx, tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 def test_cpu_int8_runs_integer_gemms_and_keeps_accuracy(cpu_graphs, tiny_onnx):
     int8 = cpu_graphs["int8"]
     ops = int8.build["op_types"]
@@ -73,6 +74,7 @@ def _int8_over_fp32(graphs, feeds, rounds: int) -> float:
     return min(times["int8"]) / min(times["fp32"])
 
 
+@pytest.mark.slow
 def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
     """A ratio measured in one run, interleaved, with a loose bound for a shared machine. The
     tiny model's calls take ~1 ms, shorter than a scheduler time slice, so on a loaded machine a
@@ -82,6 +84,7 @@ def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
     assert ratio <= 1.3, f"CPU INT8 takes {ratio:.2f}x the FP32 time"
 
 
+@pytest.mark.slow
 def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(trained_small, tmp_path):
     """The embedded default (sudoku-small, 8 ACT steps): dynamic INT8 measured 1.27x faster than
     FP32 at batch 8 with 2 threads, both fused (benchmarks/results/cpu_fusion_latency.json); the bound
@@ -118,6 +121,7 @@ def test_cpu_graph_runs_with_its_built_thread_count_and_bench_reports_it(cpu_gra
     assert row["runtime"]["intra_op_num_threads"] == 1 and row["runtime"]["provider"] == "CPUExecutionProvider"
 
 
+@pytest.mark.slow
 def test_build_engine_dispatches_cpu_target(tiny_onnx, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = build_engine(tiny_onnx.unrolled, EngineConfig("int8", target="cpu"), quiet=True)
@@ -135,6 +139,7 @@ def test_cpu_target_refuses_bf16_and_non_fp32_sources(cpu_graphs):
         build_cpu(cpu_graphs["int8"].path, CpuBuildConfig("int8"), quiet=True)
 
 
+@pytest.mark.slow
 def test_cli_build_engine_target_cpu(tiny_onnx, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
@@ -155,6 +160,7 @@ def test_cli_build_engine_target_cpu(tiny_onnx, tmp_path, monkeypatch):
     assert manifest["recipe"]["accuracy"]["checked"] and manifest["recipe"]["accuracy"]["kept_float"] == []
 
 
+@pytest.mark.slow
 def test_blockwise_int8_answers_do_not_depend_on_the_batch(trained_small, tmp_path):
     """Dynamic INT8 scales activations per call over the whole batch, so a puzzle's answer can
     change with its batch-mates; the blockwise recipe scales each row's blocks on their own."""

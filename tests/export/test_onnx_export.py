@@ -14,6 +14,7 @@ from hrm_deploy.manifest import read_manifest
 from hrm_deploy.onnx_runtime import ort_session, run_stepwise
 
 
+@pytest.mark.slow
 def test_unrolled_export_contract_and_parity(tmp_path, tiny_model):
     out = tmp_path / "tiny.onnx"
     result = export_onnx(tiny_model, out, ExportConfig(step_predictions=True, max_batch=8), quiet=True)
@@ -41,6 +42,7 @@ def test_unrolled_export_contract_and_parity(tmp_path, tiny_model):
     assert all(v["logits"]["max_abs"] <= v["logits"]["strict_limit"] for v in result.parity["batches"].values())
 
 
+@pytest.mark.slow
 def test_onnx_matches_pytorch_at_any_batch(tmp_path, tiny_model):
     out = tmp_path / "tiny.onnx"
     export_onnx(tiny_model, out, ExportConfig(parity=False), quiet=True)
@@ -54,6 +56,7 @@ def test_onnx_matches_pytorch_at_any_batch(tmp_path, tiny_model):
         np.testing.assert_allclose(got[1], ref[1].numpy(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_step_export_loop_matches_unroll(tmp_path, tiny_model):
     out = tmp_path / "tiny.step.onnx"
     export_onnx(tiny_model, out, ExportConfig(mode="step"), quiet=True)
@@ -67,6 +70,7 @@ def test_step_export_loop_matches_unroll(tmp_path, tiny_model):
     np.testing.assert_allclose(got["q_halt_logits"], ref[1].numpy(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_external_data_export(tmp_path, tiny_model):
     out = tmp_path / "ext.onnx"
     export_onnx(tiny_model, out, ExportConfig(external_data=True, parity_batches=(2,)), quiet=True)
@@ -78,6 +82,7 @@ def test_external_data_export(tmp_path, tiny_model):
     assert ort_session(str(out)).run(None, sample_inputs(tiny_model.config, 1, 0))[0].shape == (1, 81, 11)
 
 
+@pytest.mark.slow
 def test_large_puzzle_table_is_traced_small_and_restored(tmp_path, tiny_config, monkeypatch):
     from hrm_deploy.export import onnx_export
     from hrm_deploy.model.hrm import build_model
@@ -93,6 +98,7 @@ def test_large_puzzle_table_is_traced_small_and_restored(tmp_path, tiny_config, 
     assert model.inner.puzzle_emb.weights.shape == (50, 64)
 
 
+@pytest.mark.slow
 def test_parity_failure_is_an_error_with_numbers_and_writes_nothing(tmp_path, tiny_model, monkeypatch):
     def broken_session(path, **options):
         class Wrong:
@@ -110,6 +116,7 @@ def test_parity_failure_is_an_error_with_numbers_and_writes_nothing(tmp_path, ti
     assert not out.exists() and not list(tmp_path.glob("*.manifest.json"))
 
 
+@pytest.mark.slow
 def test_chaotic_model_passes_teacher_forced_parity(tmp_path, tiny_config, monkeypatch):
     """A random model over many steps: ORT and PyTorch float32 disagree legitimately end to end;
     every step checked from the graph's own carry stays within the strict limit, with no
@@ -125,6 +132,7 @@ def test_chaotic_model_passes_teacher_forced_parity(tmp_path, tiny_config, monke
         assert entry["logits"]["check"] == "teacher-forced per step" and entry["logits"]["worst_step"] == 15
 
 
+@pytest.mark.slow
 def test_wrong_carry_in_a_middle_step_fails_parity(tmp_path, tiny_config, monkeypatch):
     """A miswired unroll (step 5 fed step 3's carry) is caught by the per-step check."""
     from hrm_deploy.export import onnx_export
@@ -145,6 +153,7 @@ def test_wrong_carry_in_a_middle_step_fails_parity(tmp_path, tiny_config, monkey
         export_onnx(model, tmp_path / "bad.onnx", ExportConfig(parity_batches=(2,)), quiet=True)
 
 
+@pytest.mark.slow
 def test_sampled_parity_checks_first_two_and_last_step_and_proves_the_copies(tmp_path, tiny_config):
     from hrm_deploy.model.hrm import build_model
 
@@ -163,6 +172,7 @@ def test_sampled_parity_checks_first_two_and_last_step_and_proves_the_copies(tmp
         (15, ("step14/z_H_out", "step13/z_H_out"), r"z_\w+ at ACT step 15|logits at ACT step 15"),  # numeric, sampled
     ],
 )
+@pytest.mark.slow
 def test_miswired_copies_fail_parity_wherever_they_are(tmp_path, tiny_config, monkeypatch, step, rewire, match):
     from hrm_deploy.export import onnx_export
     from hrm_deploy.model.hrm import build_model
@@ -183,6 +193,7 @@ def test_miswired_copies_fail_parity_wherever_they_are(tmp_path, tiny_config, mo
     assert not (tmp_path / "bad.onnx").exists()
 
 
+@pytest.mark.slow
 def test_step_graph_parity_checks_two_calls_from_a_reset(tmp_path, tiny_config):
     from hrm_deploy.model.hrm import build_model
 
@@ -192,6 +203,7 @@ def test_step_graph_parity_checks_two_calls_from_a_reset(tmp_path, tiny_config):
     assert all(e["passed"] for e in result.parity["batches"]["2"].values())
 
 
+@pytest.mark.slow
 def test_folding_shrinks_the_segment_and_keeps_outputs(tmp_path, tiny_model):
     folded = export_onnx(tiny_model, tmp_path / "f.onnx", ExportConfig(parity=False), quiet=True)
     plain = export_onnx(tiny_model, tmp_path / "p.onnx", ExportConfig(parity=False, fold=False), quiet=True)
@@ -208,6 +220,7 @@ def test_folding_shrinks_the_segment_and_keeps_outputs(tmp_path, tiny_model):
     assert read_manifest(tmp_path / "f.onnx")["folding"]["segment"]["nodes_after"] == seg["nodes_after"]
 
 
+@pytest.mark.slow
 def test_export_from_upstream_checkpoint_default_name(upstream_run, tmp_path):
     result = export_onnx(upstream_run, None, ExportConfig(parity_batches=(1, 2)), quiet=True)
     assert result.path.parent.name == "export"

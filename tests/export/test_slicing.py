@@ -84,6 +84,7 @@ def test_a_graph_without_static_slices_is_returned_as_is():
     assert count == 0 and same is model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["unrolled", "step"])
 def test_exported_graphs_rewritten_have_no_slices_left_and_the_same_outputs(tmp_path, tiny_model, mode):
     """The export keeps its slices (ONNX Runtime's CPU runs them ~3x faster than gathers); the

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from hrm_deploy.export.unroll import single_step, unroll, upstream_evaluate
@@ -8,6 +9,7 @@ def _batch(cfg, n, seed=0):
     return (torch.randint(0, cfg.vocab_size, (n, cfg.seq_len), generator=g), torch.zeros(n, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_unroll_equals_upstream_eval_loop(tiny_model):
     inputs, pids = _batch(tiny_model.config, 3)
     ref = upstream_evaluate(tiny_model, inputs, pids)
@@ -21,6 +23,7 @@ def test_unroll_equals_upstream_eval_loop(tiny_model):
     assert q_halt.shape == (3, tiny_model.config.halt_max_steps)
 
 
+@pytest.mark.slow
 def test_unroll_step_count_and_predictions(tiny_model):
     inputs, pids = _batch(tiny_model.config, 2)
     with torch.inference_mode():
@@ -29,6 +32,7 @@ def test_unroll_step_count_and_predictions(tiny_model):
     assert torch.equal(preds[:, -1], logits.argmax(-1).int())
 
 
+@pytest.mark.slow
 def test_single_step_loop_equals_unroll(tiny_model):
     cfg = tiny_model.config
     inputs, pids = _batch(cfg, 2, seed=3)
@@ -46,6 +50,7 @@ def test_single_step_loop_equals_unroll(tiny_model):
     torch.testing.assert_close(torch.stack(halts, 1), ref[1])
 
 
+@pytest.mark.slow
 def test_reset_is_per_row(tiny_model):
     """A row with reset=False keeps its carry while a reset row restarts (continuous batching)."""
     cfg = tiny_model.config

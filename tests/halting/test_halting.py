@@ -86,6 +86,7 @@ def _check_rows_match_alone(halted, alone_fn, feeds):
         assert (halted["step_predictions"][row, used[row] :] == -1).all()
 
 
+@pytest.mark.slow
 def test_torch_reference_halting_equals_each_row_run_alone(random_ckpt, tiny_model, feeds):
     import torch
 
@@ -125,6 +126,7 @@ def random_step_onnx(random_ckpt, tmp_path):
     ).path
 
 
+@pytest.mark.slow
 def test_ort_step_graph_halting_equals_each_row_run_alone(random_step_onnx, feeds):
     from hrm_deploy.runners.ort import OrtRunner
 
@@ -154,6 +156,7 @@ def test_ort_step_graph_halting_equals_each_row_run_alone(random_step_onnx, feed
     runner.close()
 
 
+@pytest.mark.slow
 def test_continuous_batching_gives_the_one_by_one_answers(random_step_onnx, random_ckpt, feeds):
     from hrm_deploy.runners.ort import OrtRunner
     from hrm_deploy.runners.torch_ref import TorchRunner
@@ -186,6 +189,7 @@ def _synthetic(n, rng, steps=8, seq=5):
     return q_halt.astype(np.float32), np.zeros((n, steps), np.float32), preds.astype(np.int32), labels
 
 
+@pytest.mark.slow
 def test_budget_calibration_respects_p_on_held_out_data():
     rng = np.random.default_rng(0)
     calib, held_out = _synthetic(4000, rng), _synthetic(4000, rng)

@@ -16,6 +16,7 @@ def small_data(tmp_path_factory):
     return str(folder)
 
 
+@pytest.mark.slow
 def test_verify_reports_halting_rules_on_a_step_graph(tiny_model, small_data, tmp_path):
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.manifest import read_manifest
@@ -41,6 +42,7 @@ def test_verify_reports_halting_rules_on_a_step_graph(tiny_model, small_data, tm
     assert "halting rule" in markdown(report)
 
 
+@pytest.mark.slow
 def test_unrolled_graph_halting_is_simulated_from_step_predictions(tiny_model, small_data, tmp_path):
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.checkpoint import save_checkpoint
@@ -55,6 +57,7 @@ def test_unrolled_graph_halting_is_simulated_from_step_predictions(tiny_model, s
     assert entry["run"].startswith("simulated") and np.isfinite(entry["mean_steps"])
 
 
+@pytest.mark.slow
 def test_bench_halt_writes_rules_and_curve(tiny_model, small_data, tmp_path):
     from hrm_deploy.bench.run import BenchConfig, bench
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx

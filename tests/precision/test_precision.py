@@ -95,6 +95,7 @@ def test_bad_calibration_data_is_one_clear_error(tmp_path):
         load_examples(tmp_path / "bad.npz", 8)
 
 
+@pytest.mark.slow
 def test_sensitivity_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path, monkeypatch):
     """With an accuracy function that punishes quantizing the L-level MLP, the fallback keeps
     exactly those layers in float and reports them."""
@@ -124,6 +125,7 @@ def test_sensitivity_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path,
     assert all(budget["layer_loss_points"][w] > 0 for w in budget["kept_float"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_step_and_unrolled_precision_graphs_give_the_same_answers(tiny_onnx, heldout, tmp_path, precision):
     """The single-step graph driven by the host loop and the full unroll agree after conversion too."""

@@ -188,6 +188,7 @@ def test_consumers_refuse_an_artifact_replaced_behind_its_manifest(tiny_onnx, tm
     assert not (tmp_path / "e.engine").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_a_concurrent_writer_never_makes_a_reader_accept_other_bytes(tmp_path):
     artifact = _publish(tmp_path, "g.onnx", b"v0" * 50000)
     stop = threading.Event()
@@ -289,6 +290,7 @@ def test_killing_build_engines_parent_stops_its_worker(tmp_path):
             parent.kill()
 
 
+@pytest.mark.slow
 def test_sigterm_during_export_leaves_no_debris(tmp_path):
     """SIGTERM while `hrm-deploy export` is checking its staged graph: exit 130, nothing left."""
     out = tmp_path / "export"

@@ -96,6 +96,7 @@ def pt2(trained_tiny, tmp_path_factory):
     return result.path
 
 
+@pytest.mark.slow
 def test_pt2_is_accepted_by_inspect_solve_and_the_provenance_lookup(pt2, trained_tiny, monkeypatch):
     import json
 

@@ -65,6 +65,7 @@ def test_an_override_contradicting_upstreams_all_config_is_refused(upstream_run,
         load_checkpoint(upstream_run, num_heads=8)
 
 
+@pytest.mark.slow
 def test_an_override_filling_a_missing_field_is_recorded_shown_and_applied(trained_tiny, tmp_path):
     import shutil
 

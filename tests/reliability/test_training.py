@@ -42,6 +42,7 @@ def _cfg(data, out, **kw):
     )
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_then_resume_continues(micro_data, tmp_path):
     out = tmp_path / "run"
     argv = [

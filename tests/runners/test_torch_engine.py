@@ -115,6 +115,7 @@ def test_unrolled_engine_from_the_onnx_export_and_verify_end_to_end(torch_engine
     assert report["per_step_disagreement"] == [0.0]
 
 
+@pytest.mark.slow
 def test_fallback_saves_the_exported_program_and_runs_it_compiled(trained_tiny, tmp_path, monkeypatch):
     """Without a working AOTInductor (no host compiler / CUDA headers) the build saves the
     exported program and says so; the runner compiles it with torch.compile inside the same
@@ -165,6 +166,7 @@ def test_bench_measures_a_torch_engine_on_cpu(torch_engines, tmp_path):
     assert row["accuracy"] == report["rows"][1]["accuracy"]  # same answers as the reference row
 
 
+@pytest.mark.slow
 def test_cli_builds_a_torch_engine_with_fp32_by_default(trained_tiny, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

@@ -386,6 +386,7 @@ def test_act_driver_halting_in_bundled_tritonserver(tiny_model, tmp_path):
         assert np.array_equal(thr["answer"], ref["step_predictions"][rows, want_steps - 1])
 
 
+@pytest.mark.slow
 def test_solve_url_answers_like_the_in_process_runner(server, reference, tmp_path):
     """`hrm-deploy solve --url` end to end: the library call the command makes, against the real server."""
     from hrm_deploy.solve import solve

@@ -42,6 +42,7 @@ def _cfg(data, out, **kw):
     )
 
 
+@pytest.mark.slow
 def test_resume_reaches_the_same_weights(micro_data, tmp_path):
     full = train(MICRO, _cfg(micro_data, tmp_path / "full"), progress=False)
     part = train(MICRO, _cfg(micro_data, tmp_path / "part"), stop_after=3, progress=False)
@@ -54,6 +55,7 @@ def test_resume_reaches_the_same_weights(micro_data, tmp_path):
     assert lines[-1]["final"]["eval"]["count"] == 8 and "samples_per_s" in lines[0]
 
 
+@pytest.mark.slow
 def test_trained_checkpoint_exports(micro_data, tmp_path):
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
@@ -87,6 +89,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process(micro_data, tmp_path):
     """torchrun with 2 CPU ranks (gloo) reaches the weights of one process on the same global batch."""
     import subprocess
@@ -119,6 +122,7 @@ def test_ddp_two_processes_match_one_process(micro_data, tmp_path):
     assert carry["z_H"].shape[0] == 8  # the saved carry is the global batch's, gathered from both ranks
 
 
+@pytest.mark.slow
 def test_export_upstream_round_trip(micro_data, tmp_path):
     result = train(MICRO, _cfg(micro_data, tmp_path / "run", export_upstream=True), progress=False)
     upstream_file = tmp_path / "run" / "upstream" / "step_6"
@@ -194,6 +198,7 @@ def test_checkpoints_with_the_old_metric_names_read_under_the_new(tiny_model, tm
     assert report["per_step_exact_accuracy"][-1] == pytest.approx(report["exact_accuracy"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_bundled_act_model_uses_its_steps(trained_small):
     """The shipped sudoku-small checkpoint (the embedded default) solves held-out puzzles it never
     saw, and its ACT steps matter: exact accuracy after step 1 is well below the final step's."""

@@ -86,6 +86,7 @@ def test_gradients_equal_upstream_code():
             torch.testing.assert_close(param.grad, ref_grads[name].grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_ema_checkpoint_and_exact_resume(micro_data, tmp_path):
     from hrm_deploy.model.hrm import build_model
 
