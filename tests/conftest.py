@@ -46,6 +46,25 @@ def tiny_model(tiny_config):
     return model
 
 
+def write_dataset_json(data: Path, cfg, **extra) -> None:
+    """``<data>/train/dataset.json`` as upstream's builders write it, for a model config ``cfg``."""
+    meta_dir = data / "train"
+    meta_dir.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "pad_id": 0,
+        "ignore_label_id": 0,
+        "blank_identifier_id": 0,
+        "vocab_size": cfg.vocab_size,
+        "seq_len": cfg.seq_len,
+        "num_puzzle_identifiers": cfg.num_puzzle_identifiers,
+        "total_groups": 10,
+        "mean_puzzle_examples": 1.0,
+        **extra,
+        "sets": ["all"],
+    }
+    (meta_dir / "dataset.json").write_text(json.dumps(meta))
+
+
 def write_upstream_run(
     folder: Path,
     model,
@@ -87,23 +106,7 @@ def write_upstream_run(
         run.mkdir(parents=True, exist_ok=True)
         torch.save(upstream_state_dict(model, prefix), run / f"step_{step}")
     if with_dataset:
-        meta_dir = folder / data_rel / "train"
-        meta_dir.mkdir(parents=True, exist_ok=True)
-        (meta_dir / "dataset.json").write_text(
-            json.dumps(
-                {
-                    "pad_id": 0,
-                    "ignore_label_id": 0,
-                    "blank_identifier_id": 0,
-                    "vocab_size": cfg.vocab_size,
-                    "seq_len": cfg.seq_len,
-                    "num_puzzle_identifiers": cfg.num_puzzle_identifiers,
-                    "total_groups": 10,
-                    "mean_puzzle_examples": 1.0,
-                    "sets": ["all"],
-                }
-            )
-        )
+        write_dataset_json(folder / data_rel, cfg)
     return run / f"step_{step}"
 
 
@@ -225,24 +228,7 @@ def write_trm_upstream_run(
     }
     (run / "all_config.yaml").write_text(yaml.dump(all_config))
     if with_dataset:
-        meta_dir = folder / data_rel / "train"
-        meta_dir.mkdir(parents=True, exist_ok=True)
-        (meta_dir / "dataset.json").write_text(
-            json.dumps(
-                {
-                    "pad_id": 0,
-                    "ignore_label_id": 0,
-                    "blank_identifier_id": 0,
-                    "vocab_size": cfg.vocab_size,
-                    "seq_len": cfg.seq_len,
-                    "num_puzzle_identifiers": cfg.num_puzzle_identifiers,
-                    "total_groups": 10,
-                    "mean_puzzle_examples": 1.0,
-                    "total_puzzles": 10,
-                    "sets": ["all"],
-                }
-            )
-        )
+        write_dataset_json(folder / data_rel, cfg, total_puzzles=10)
     return run / f"step_{step}"
 
 
