@@ -11,7 +11,7 @@ included, for two weight kinds, and the node counts before/after folding the sha
 Parity is per ACT step from the graph's own carry (``hrm_deploy.export.parity``): steps 0, 1 and the
 last compared with PyTorch float32, every other copy of the unroll proven identical to step 0, so its
 cost no longer depends on the weights or grows with the steps; the end-to-end difference is recorded
-to show what kind each is. Goal (issue 13): <= 20 s on 2 cores, parity included.
+to show what kind each is. Goal: <= 20 s on 2 cores, parity included.
 
     nice python benchmarks/export_speed.py [--out benchmarks/results/export_speed.json]
 """

@@ -3,7 +3,7 @@ weights, 16 ACT steps), FP16 and INT8, single-step and unrolled, from the folded
 (shape arithmetic folded out of the traced segment and its static slices exported as gathers
 before the unroll is assembled; ``step-unfolded`` is the segment as traced).
 
-Goals (issue 13): single-step <= 1 min and <= 2 GB; unrolled <= 3 min and <= 4 GB.
+Goals: single-step <= 1 min and <= 2 GB; unrolled <= 3 min and <= 4 GB.
 Builds run in the engine stage's child process, which reports its own wall time and peak RSS.
 
     nice python benchmarks/trt_build_cost.py [--only step] [--out benchmarks/results/trt_build_cost.json]

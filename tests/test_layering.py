@@ -1,9 +1,9 @@
-"""The package's rooms are layered like the pipeline: no import goes up (issue 12, item 1).
+"""The package's rooms are layered like the pipeline: no import goes up.
 
 Every ``import``/``from ... import`` of ``hrm_deploy`` in every module is checked, including
 imports inside functions (lazy imports are still dependencies). A module may import modules of
 its own rank or lower ranks, nothing else: where a lower room needs something from a higher one,
-that code moves down (issue 12 moved the TensorRT backend and compatibility checks into runners,
+that code moves down (the TensorRT backend and compatibility checks into runners,
 the artifact table and ``find_reference`` into the base ``artifacts``, and ORT sessions into the
 base ``onnx_runtime``; there is no allow-list).
 

@@ -1,4 +1,4 @@
-"""The user's three command lines, exactly as written, in a fresh workspace (issue 10 §4),
+"""The user's three command lines, exactly as written, in a fresh workspace,
 and where default data comes from (hrm_deploy.provenance)."""
 
 import json

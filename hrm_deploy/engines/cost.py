@@ -3,7 +3,7 @@
 Measured (``benchmarks/results/trt_build_cost.json``: TensorRT-RTX 1.7 on a 2-core machine): the
 folded 16-step Sudoku-size unroll took 501 s and 3.9 GB of peak host memory to build in FP16 (19,830
 ONNX nodes, static slices as gathers), 256 s and 4.6 GiB in INT8 (19,062 nodes); its single-step
-graph about 5 s and 0.6 GB. Issue 13 allows an unrolled
+graph about 5 s and 0.6 GB. The project allows an unrolled
 build 3 minutes and 4 GB; an unrolled graph whose estimate is over that is refused unless asked for
 (``EngineConfig.allow_unrolled``, ``build-engine --allow-unrolled``), and the estimate is printed
 before such a build starts.
@@ -25,7 +25,7 @@ from hrm_deploy.errors import ConfigError
 
 # precision -> (ONNX nodes, build seconds, peak host MiB) of the folded 16-step Sudoku-size unroll
 MEASURED = {"fp16": (19_830, 501.42, 3940.0), "int8": (19_062, 256.22, 4707.6)}
-BUDGET_SECONDS, BUDGET_MIB = 180.0, 4096.0  # issue 13's goal for an unrolled build
+BUDGET_SECONDS, BUDGET_MIB = 180.0, 4096.0  # the goal for an unrolled build
 FUSED_OPS = frozenset({"Cast", "QuantizeLinear", "DequantizeLinear"})
 
 

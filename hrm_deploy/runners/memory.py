@@ -9,7 +9,7 @@ interface with three implementations:
   "capturing" (for tests and the host-overhead benchmark; no GPU).
 
 Every copy, launch and event of a runner goes through its one memory object and so runs on
-its one stream: nothing is ordered against torch's *current* stream (issue 9, item 2).
+its one stream: nothing is ordered against torch's *current* stream.
 Dtypes are names (``float32 float16 bfloat16 int32 int64 bool``); numpy has no bfloat16, so
 bfloat16 lives in uint16 on the host and :func:`to_float32` widens it.
 """
@@ -471,7 +471,7 @@ class HostMemory:
 def device_memory(device: int | str = 0, prefer: str = "auto") -> DeviceMemory:
     """The memory backend for ``device``: ``"torch"``, ``"cuda-python"``, ``"host"`` or ``"auto"``
     (torch when it imports *and* sees CUDA, else cuda-python: a Jetson with a CPU-only torch
-    still runs engines; issue 9 item 8). ``device="cpu"`` gives torch CPU memory (CPU engines)."""
+    still runs engines). ``device="cpu"`` gives torch CPU memory (CPU engines)."""
     if prefer not in ("auto", "torch", "cuda-python", "host"):
         raise DependencyError(f"memory backend {prefer!r} unknown; use auto, torch, cuda-python or host")
     if prefer == "host":

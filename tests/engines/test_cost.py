@@ -1,4 +1,4 @@
-"""Unrolled TensorRT builds over the measured budget are opt-in (issue 13), and the engine
+"""Unrolled TensorRT builds over the measured budget are opt-in, and the engine
 build says what it is doing: build_engine driven end to end with its worker run in this process
 against the fake TensorRT of test_worker."""
 

@@ -1,4 +1,4 @@
-"""An artifact and its manifest always agree, and every consumer checks it (issue 11, §2, §4, §5).
+"""An artifact and its manifest always agree, and every consumer checks it.
 
 Real reproductions: a SIGKILL between the two renames of a unit write (test hook), a
 concurrent writer replacing the file while a reader hashes it, hostile and damaged

@@ -1,4 +1,4 @@
-"""build-engine while an export replaces the same ONNX (issue 11, §2): the engine is built
+"""build-engine while an export replaces the same ONNX: the engine is built
 from the bytes whose sha256 was checked, and its manifest records exactly those bytes."""
 
 from __future__ import annotations

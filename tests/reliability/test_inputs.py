@@ -1,4 +1,4 @@
-"""Every bad input is one line (issue 11, §1, §4, §5): numeric ranges, upstream configs that
+"""Every bad input is one line: numeric ranges, upstream configs that
 lack an architecture field, logits far off with the same argmax, reports through symlinks,
 ssh options, and internal bugs reported as bugs."""
 

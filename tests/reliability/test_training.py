@@ -1,4 +1,4 @@
-"""Training never loses work (issue 11, §3): SIGTERM checkpoints and resumes, periodic
+"""Training never loses work: SIGTERM checkpoints and resumes, periodic
 checkpoints, non-trainer resumes, existing run folders, bad numbers and data, NaN loss."""
 
 from __future__ import annotations

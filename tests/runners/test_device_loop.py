@@ -249,7 +249,7 @@ def test_suffix_table_is_the_one_source(tmp_path):
 
 
 def test_auto_memory_falls_back_to_cuda_python_when_torch_has_no_cuda(monkeypatch):
-    """Issue 9 item 8: a CPU-only torch (a Jetson with pip's torch) must not stop the engine runner."""
+    """A CPU-only torch (a Jetson with pip's torch) must not stop the engine runner."""
     import sys
 
     from hrm_deploy.errors import DependencyError

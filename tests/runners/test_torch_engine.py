@@ -1,6 +1,6 @@
 """The PyTorch engine (``build-engine --backend torch``): AOTInductor packages of the trained
 tiny model built and run through the device loop on the CPU (answers equal to the reference),
-the torch.compile fallback's plumbing, and (marker ``gpu``) the CUDA checks of issue 9."""
+the torch.compile fallback's plumbing, and (marker ``gpu``) the CUDA checks."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def test_cli_builds_a_torch_engine_with_fp32_by_default(trained_tiny, tmp_path, 
     assert refused.exit_code == 2 and "--fp32 or --bf16" in refused.output
 
 
-# -- GPU (issue 9 section 3): run wherever a CUDA GPU is available ------------------------------
+# -- GPU: run wherever a CUDA GPU is available ------------------------------
 
 
 @pytest.fixture(scope="module")
