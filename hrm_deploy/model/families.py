@@ -92,6 +92,8 @@ def _trm_describe(cfg: TRMConfig) -> dict[str, Any]:
 
 
 _COMMON_ARCH = ("halt_exploration_prob", "halt_max_steps", "H_cycles", "L_cycles", "H_layers", "L_layers")
+# architecture fields the weights cannot tell: an upstream config must name them
+_REQUIRED = ("num_heads", "H_cycles", "L_cycles", "halt_max_steps")
 _SIZES = ("hidden_size", "num_heads", "expansion", "puzzle_emb_ndim", "pos_encodings", "rope_theta", "rms_norm_eps")
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -103,7 +105,7 @@ FAMILIES: dict[str, ModelFamily] = {
         has_layout=_hrm_layout,
         act_path="hrm_deploy.model.hrm:HRMACT",
         upstream_arch_fields=_COMMON_ARCH + _SIZES,
-        required_fields=("num_heads", "H_cycles", "L_cycles", "halt_max_steps"),
+        required_fields=_REQUIRED,
         describe=_hrm_describe,
         default_mode="unrolled",
     ),
@@ -115,11 +117,8 @@ FAMILIES: dict[str, ModelFamily] = {
         has_layout=_trm_layout,
         act_path="hrm_deploy.model.trm:TRMACT",
         upstream_arch_fields=_COMMON_ARCH + _SIZES + ("mlp_t", "puzzle_emb_len", "no_ACT_continue", "forward_dtype"),
-        required_fields=(
-            "num_heads",
-            "H_cycles",
-            "L_cycles",
-            "halt_max_steps",
+        required_fields=_REQUIRED
+        + (
             "pos_encodings",
             "puzzle_emb_len",
             "no_ACT_continue",

@@ -61,10 +61,14 @@ class TorchEngineAdapter:
         self.inputs = [s.name for s in specs if s.is_input]
         self.outputs = [s.name for s in specs if not s.is_input]
         cuda = memory.kind in ("torch-cuda", "cuda-python")
-        # the memory backend's device (the runner's --device), not whatever device is current
-        index = getattr(getattr(memory, "device", None), "index", None)
-        self.device = torch.device("cuda", index if index is not None else memory_index(memory)) if cuda else None
-        self.device = self.device or torch.device("cpu")
+        # the memory backend's device (the runner's --device), not whatever device is current:
+        # TorchMemory has a torch device, cuda-python memory a device index
+        if not cuda:
+            self.device = torch.device("cpu")
+        elif getattr(memory, "device", None) is not None:
+            self.device = memory.device
+        else:
+            self.device = torch.device("cuda", int(getattr(memory, "device_index", 0)))
         self.graph_safe = True  # False when the compiled model cannot be captured (see load_aoti_package)
         external = memory.kind == "cuda-python"
         self._stream = torch.cuda.ExternalStream(memory.stream_handle) if external else None
@@ -110,11 +114,6 @@ class TorchEngineAdapter:
     def capturable(self, context: Any) -> bool:
         # torch's allocator must know the capture (torch.cuda.graph): only with torch memory
         return self.memory.kind == "torch-cuda" and self.graph_safe
-
-
-def memory_index(memory: Any) -> int:
-    """The GPU index of a cuda-python memory backend (its device), 0 when it does not say."""
-    return int(getattr(memory, "device_index", 0))
 
 
 class _null:
