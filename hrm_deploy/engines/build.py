@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from hrm_deploy.engines.cost import check_unrolled_build, compute_nodes, unrolled_over_budget
 from hrm_deploy.engines.layers import precision_verdict
 from hrm_deploy.engines.result import EngineResult, recorded_data_fields
-from hrm_deploy.engines.targets import TargetProfile, get_target, target_architectures
+from hrm_deploy.engines.targets import MIN_CAPABILITY, TargetProfile, get_target, target_architectures
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
 from hrm_deploy.manifest import check_artifact, manifest_path, publish_artifact, read_verified
@@ -33,7 +33,7 @@ from hrm_deploy.runners.backend import (
 )
 from hrm_deploy.system import gpu_identity
 
-ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "nvfp4")
 # Host memory of a TensorRT build per ONNX node, measured: the 16-step Sudoku unroll
 # (58,206 nodes, 152 MB) peaked at 9.3 GB in TensorRT-RTX on 2 cores.
 BUILD_MIB_PER_NODE = 0.16
@@ -92,10 +92,12 @@ class EngineConfig:
                 else "--no-accuracy-check"
             )
             raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
-        if self.target == "cpu" and self.precision == "fp8":
+        if self.target == "cpu" and self.precision in MIN_CAPABILITY:
+            need = "{}.{}".format(*MIN_CAPABILITY[self.precision])
             raise ConfigError(
-                "fp8 engines need a GPU of compute capability >= 8.9 (TensorRT); for the cpu target use "
-                "--int8 or --fp32 (FP8 accuracy is measured on CPU by benchmarks/fp8_accuracy.py)"
+                f"{self.precision} engines need a GPU of compute capability >= {need} (TensorRT); for the cpu "
+                f"target use --int8 or --fp32 ({self.precision.upper()} accuracy is measured on CPU by "
+                f"benchmarks/{self.precision}_accuracy.py)"
             )
         if self.cpu_int8 is not None and self.precision != "int8":
             raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
@@ -235,8 +237,10 @@ def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
         missing = "no layer computes in FP16"
     elif precision == "bf16" and not dtypes.get("BF16"):
         missing = "no layer computes in BF16"
-    elif precision in ("int8", "fp8") and not network.get("qdq_layers"):
+    elif precision in ("int8", "fp8", "nvfp4") and not network.get("qdq_layers"):
         missing = "no Q/DQ layers"
+    elif precision == "nvfp4" and not dtypes.get("FP4"):
+        missing = "no FP4 tensor in the network"
     inspection = build.setdefault("engine_inspection", {})
     verdict = "not_inspected"
     if not missing and inspection.get("available"):

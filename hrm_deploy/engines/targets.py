@@ -110,9 +110,10 @@ def target_architectures(
                 if compute_capability
                 else f"target {target.name} is {arch} ({target.description})"
             )
+            runs = [f"--{p}" for p, low in MIN_CAPABILITY.items() if parse_capability(arch) >= low]
             raise ConfigError(
                 f"{precision} needs compute capability >= {need[0]}.{need[1]} ({_GENERATIONS[precision]}); "
-                f"{where}: use --int8 or --fp16 there"
+                f"{where}: use {', '.join([*runs, '--int8'])} or --fp16 there"
             )
     return arches
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
+from hrm_deploy.errors import ConfigError
 from hrm_deploy.precision.fp8 import E4M3_MAX, activation_amax, raise_opset
 from hrm_deploy.precision.int8 import QuantConfig, QuantPlan, ensure_calibration
 
@@ -137,6 +138,11 @@ def _keep_float_where_fp4_cannot(model, plan: QuantPlan) -> None:
         if why:
             plan.quantize.remove(node.name)
             plan.excluded[node.name] = why
+    if not plan.quantize:
+        raise ConfigError(
+            f"NVFP4 can take none of this graph's MatMul/Gemm nodes ({'; '.join(sorted(set(plan.excluded.values())))}); "
+            "use --fp8 or --int8"
+        )
 
 
 def _as_nk(node, weight: np.ndarray) -> tuple[np.ndarray, bool]:
