@@ -140,9 +140,12 @@ def _sensitivity_fallback(
             whole=current,
         )
     exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    quantize(str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude)
+    final = quantize(
+        str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
+    )
     probe.unlink(missing_ok=True)
     report.update({measured_key: chosen.measured}, kept_float=chosen.kept_float, layer_loss_points=chosen.sensitivity)
+    report["quantized_nodes"] = len(final.quantize)  # in the published graph (the layers kept float are out)
     return report
 
 

@@ -49,6 +49,7 @@ TRT_DOMAIN = "trt"
 DYNAMIC_QUANTIZE = "TRT_FP4DynamicQuantize"
 SIM_OPSET = 19  # the simulation: float8 Q/DQ, no float4 left
 _TINY = 1e-12
+E4M3_SMALLEST = 2.0**-9  # smallest (subnormal) E4M3 value: block scales are clamped up to it, as ModelOpt does
 
 
 def e2m1_round(x: np.ndarray) -> np.ndarray:
@@ -77,13 +78,15 @@ def tensor_scale(amax: float) -> np.float32:
 
 def quantize_blocks(x: np.ndarray, scale: np.float32) -> tuple[np.ndarray, np.ndarray]:
     """NVFP4 of ``x`` [..., K] (K a multiple of 16) with per-tensor ``scale``: (E2M1 values
-    [..., K] as float32, E4M3 block scales [..., K/16] as float32). A block whose scale rounds
-    to 0 dequantizes to 0 (its values are stored as 0)."""
+    [..., K] as float32, E4M3 block scales [..., K/16] as float32). A block scale is
+    ``E4M3(block_amax / (6 * scale))``, clamped into [2**-9, 448] first (never 0: an all-zero
+    block gets the smallest scale and zero values), ModelOpt's rule."""
     x = np.asarray(x, np.float32)
     blocks = x.reshape(*x.shape[:-1], -1, BLOCK)
-    block_scale = e4m3_round(np.abs(blocks).max(-1) / (np.float32(E2M1_MAX) * scale))
+    wanted = np.abs(blocks).max(-1) / (np.float32(E2M1_MAX) * scale)
+    block_scale = e4m3_round(np.maximum(wanted, np.float32(E4M3_SMALLEST)))
     step = (block_scale * scale)[..., None]  # what DequantizeLinear(block_scale, scale) gives
-    values = e2m1_round(np.divide(blocks, step, out=np.zeros_like(blocks), where=step > 0))
+    values = e2m1_round(blocks / step)
     return values.reshape(x.shape), block_scale
 
 
@@ -315,8 +318,8 @@ def _fake_quantize_nodes(x: str, scale: np.float32, out: str, base: str) -> tupl
         const("blocks_tail", [-1, BLOCK], np.int64),
         const("six_scale", np.float32(E2M1_MAX) * scale),
         const("scale", scale),
+        const("smallest", E4M3_SMALLEST),
         const("one", 1.0),
-        const("zero", 0.0),
         const("half", 0.5),
         const("two", 2.0),
         const("four", 4.0),
@@ -336,13 +339,12 @@ def _fake_quantize_nodes(x: str, scale: np.float32, out: str, base: str) -> tupl
         n("Reshape", [x, f"{base}/block_shape"], "blocks"),  # [..., K/16, 16]
         n("Abs", [f"{base}/blocks"], "abs"),
         n("ReduceMax", [f"{base}/abs", c["last_axis"]], "amax", keepdims=1),
-        n("Div", [f"{base}/amax", c["six_scale"]], "block_scale_f32"),
-        n("QuantizeLinear", [f"{base}/block_scale_f32", c["one"], c["fp8_zero"]], "block_scale_e4m3"),
+        n("Div", [f"{base}/amax", c["six_scale"]], "wanted_scale"),
+        n("Max", [f"{base}/wanted_scale", c["smallest"]], "block_scale_f32"),
+        n("QuantizeLinear", [f"{base}/block_scale_f32", c["one"], c["fp8_zero"]], "block_scale_e4m3"),  # saturating
         n("DequantizeLinear", [f"{base}/block_scale_e4m3", c["one"]], "block_scale"),
         n("Mul", [f"{base}/block_scale", c["scale"]], "step"),
-        n("Equal", [f"{base}/step", c["zero"]], "step_is_zero"),
-        n("Where", [f"{base}/step_is_zero", c["one"], f"{base}/step"], "safe_step"),
-        n("Div", [f"{base}/blocks", f"{base}/safe_step"], "scaled"),
+        n("Div", [f"{base}/blocks", f"{base}/step"], "scaled"),
         n("Abs", [f"{base}/scaled"], "magnitude"),
         n("Less", [f"{base}/magnitude", c["two"]], "below_two"),
         n("Less", [f"{base}/magnitude", c["four"]], "below_four"),

@@ -43,7 +43,7 @@ def test_block_scales_are_e4m3_of_block_amax_over_six_times_the_tensor_scale():
     x[0, :4] = [3.0, -1.5, 0.74, 0.2]  # amax 3 -> block scale 0.5 (exact in E4M3)
     x[1, :2] = [1.8, 0.9]  # amax 1.8 -> 0.3 -> E4M3 0.3125 (0.28125 and 0.3125 are its neighbours)
     values, block = quantize_blocks(x, scale)
-    assert block.tolist() == [[0.5], [0.3125], [0.0]]  # an all-zero block: scale 0, values 0
+    assert block.tolist() == [[0.5], [0.3125], [2.0**-9]]  # an all-zero block: the smallest E4M3 scale, values 0
     assert values[0, :4].tolist() == [6, -3, 1.5, 0.5]  # 3/0.5, -1.5/0.5, 0.74/0.5=1.48, 0.2/0.5=0.4
     assert values[1, :2].tolist() == [6, 3]  # 5.76 -> 6 (saturating after the scale rounded down), 2.88 -> 3
     assert not values[2].any()
