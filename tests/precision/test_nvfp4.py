@@ -270,3 +270,22 @@ def test_an_nvfp4_engine_must_show_fp4_tensors_where_a_gpu_inspects_it():
     assert precision_verdict("nvfp4", summarize_layers([gemm("FP32")]))[0] == "fp32"
     assert precision_verdict("nvfp4", summarize_layers([gemm("FP8")]))[0] == "fp32"
     assert precision_verdict("nvfp4", summarize_layers([gemm("FP4")]))[0] == "took"
+
+
+def test_verify_judges_nvfp4_by_its_own_bounds():
+    """An NVFP4 engine within a 1-point budget (as measured on the bundled model) passes verify; plain
+    NVFP4 of that model does not; neither would under FP32's bounds, which verify used before."""
+    from hrm_deploy.verify import THRESHOLDS, judge
+
+    def report(argmax, logits_rel, q_rel, q_sign, drop):
+        return {
+            "logits": {"argmax_agreement": argmax, "max_rel": logits_rel},
+            "q_halt": {"max_rel": q_rel, "sign_agreement": q_sign},
+            "reference": {"exact_accuracy": 0.833},
+            "candidate": {"exact_accuracy": 0.833 - drop / 100},
+        }
+
+    within_budget, plain = report(0.997, 0.53, 0.80, 0.955, 2.0), report(0.991, 0.87, 1.03, 0.851, 16.2)
+    assert judge(within_budget, THRESHOLDS["nvfp4"]) == []
+    assert len(judge(plain, THRESHOLDS["nvfp4"])) == 4
+    assert judge(within_budget, THRESHOLDS["fp32"])
