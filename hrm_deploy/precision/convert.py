@@ -215,6 +215,8 @@ def make_precision_graph(
                 report["accuracy_budget"] = _sensitivity_fallback(
                     src, tmp, examples, holdout, config, cache, meta, plan, stages
                 )
+                # the published graph's count (layers kept in float are no longer quantized)
+                report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(plan.quantize))
             quantized = onnx.load(str(tmp))
             _set_precision_metadata(quantized, config.precision)
             onnx.save(quantized, str(tmp))

@@ -182,7 +182,7 @@ def write_nvfp4_qdq(model, plan: QuantPlan, amax: dict[str, float]) -> None:
             raise RuntimeError(f"no calibrated range for {x!r}: the calibration cache does not match the graph")
         if x not in activations:
             base = f"{x}/nvfp4"
-            graph.initializer.append(numpy_helper.from_array(tensor_scale(amax[x]), f"{base}/tensor_scale"))
+            graph.initializer.append(numpy_helper.from_array(np.array(tensor_scale(amax[x])), f"{base}/tensor_scale"))
             added += [
                 helper.make_node(
                     DYNAMIC_QUANTIZE,
@@ -225,7 +225,7 @@ def write_nvfp4_qdq(model, plan: QuantPlan, amax: dict[str, float]) -> None:
                         _e4m3_bytes(block_scale),
                         raw=True,
                     ),
-                    numpy_helper.from_array(scale, f"{base}/tensor_scale"),
+                    numpy_helper.from_array(np.array(scale), f"{base}/tensor_scale"),
                 ]
             )
             out = f"{base}/dq_nk" if transpose else f"{base}/dq"
@@ -246,7 +246,9 @@ def write_nvfp4_qdq(model, plan: QuantPlan, amax: dict[str, float]) -> None:
                 ),
             ]
             if transpose:
-                added.append(helper.make_node("Transpose", [out], [f"{base}/dq"], name=f"{base}/Transpose", perm=[1, 0]))
+                added.append(
+                    helper.make_node("Transpose", [out], [f"{base}/dq"], name=f"{base}/Transpose", perm=[1, 0])
+                )
             weights[w] = f"{base}/dq"
         node.input[0], node.input[1] = activations[x], weights[w]
     graph.node.extend(added)

@@ -132,7 +132,9 @@ def test_simulated_weights_equal_what_the_onnx_graph_says(tiny_onnx, tmp_path):
             [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None)],
             [inits[n] for n in names],
         )
-        said = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])).run(None, {})[0]
+        said = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])).run(None, {})[
+            0
+        ]
         assert np.array_equal(said, sim[node.output[0]])
         assert np.array_equal(said, dequantize_weight(*(inits[n] for n in names)))
         original = fp32[node.input[0].removesuffix("/nvfp4/e2m1")].T  # MatMul [K, N] -> [N, K]
@@ -194,6 +196,10 @@ def test_nvfp4_budget_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path
     budget = _nvfp4(tiny_onnx.unrolled, tiny_onnx.data, tmp_path, accuracy_budget=1.0, quant=QuantConfig(samples=32))
     report = budget.report["accuracy_budget"]
     assert report["nvfp4_exact"] == 100.0 and len(report["kept_float"]) == 2
+    model = onnx.load(str(budget.path))  # the report counts what the published graph quantizes
+    dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    quantized = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[0] in dq]
+    assert budget.report["quantized_nodes"] == report["quantized_nodes"] == len(quantized)
 
 
 @pytest.mark.slow
@@ -253,7 +259,9 @@ def test_rtx_builds_an_nvfp4_engine_on_cpu_for_blackwell(tiny_onnx, tmp_path, mo
     except Exception:  # noqa: BLE001 - tensorrt-rtx not installed
         pytest.skip("tensorrt-rtx is not installed")
     monkeypatch.chdir(tmp_path)
-    config = EngineConfig("nvfp4", calib_data=tiny_onnx.data, calib_samples=64, max_batch=16, compute_capability="SM120")
+    config = EngineConfig(
+        "nvfp4", calib_data=tiny_onnx.data, calib_samples=64, max_batch=16, compute_capability="SM120"
+    )
     result = build_engine(tiny_onnx.unrolled, config, out=tmp_path / "m.nvfp4.engine", quiet=True)
     manifest = json.loads(result.manifest.read_text())
     assert manifest["precision"] == "nvfp4" and manifest["architectures"] == ["12.0"]
