@@ -130,11 +130,15 @@ def _keep_float_where_fp4_cannot(model, plan: QuantPlan) -> None:
 
     inits = {i.name: i for i in model.graph.initializer}
     ranks = _rank_of(model)
-    for node in [n for n in model.graph.node if n.name in set(plan.quantize)]:
-        k = _as_nk(node, numpy_helper.to_array(inits[node.input[1]]))[0].shape[-1]
+    planned = set(plan.quantize)
+    for node in [n for n in model.graph.node if n.name in planned]:
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        k = _as_nk(node, weight)[0].shape[-1] if weight.ndim == 2 else 0
         rank = ranks.get(node.input[0])
         why = None
-        if k % BLOCK:
+        if weight.ndim != 2:
+            why = f"NVFP4: the weight is {weight.ndim}-D, not a [K, N] matrix (kept in float)"
+        elif k % BLOCK:
             why = f"NVFP4: reduction size {k} is not a multiple of {BLOCK} (kept in float)"
         elif rank is not None and rank not in (2, 3):
             why = f"NVFP4: TensorRT quantizes 2-D or 3-D activations dynamically, this one is {rank}-D (kept in float)"

@@ -297,3 +297,34 @@ def test_verify_judges_nvfp4_by_its_own_bounds():
     assert judge(within_budget, THRESHOLDS["nvfp4"]) == []
     assert len(judge(plain, THRESHOLDS["nvfp4"])) == 4
     assert judge(within_budget, THRESHOLDS["fp32"])
+
+
+def test_gemms_fp4_cannot_take_stay_float_and_say_why():
+    """K not a multiple of 16 (and 4-D activations) are kept in float with the reason in the plan;
+    a graph with nothing left for FP4 is refused in one line."""
+    from onnx import numpy_helper
+
+    from hrm_deploy.precision.int8 import QuantPlan
+    from hrm_deploy.precision.nvfp4 import write_nvfp4_qdq
+
+    def graph(k: int, rank: int):
+        shape = [2] * (rank - 1) + [k]
+        w = numpy_helper.from_array(np.ones((k, 8), np.float32), "w")
+        g = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [w],
+        )
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+    model = graph(32, 3)
+    plan = QuantPlan(quantize=["mm"])
+    write_nvfp4_qdq(model, plan, {"x": 1.0})
+    assert plan.quantize == ["mm"] and any(n.op_type == DYNAMIC_QUANTIZE for n in model.graph.node)
+    for k, rank, why in ((24, 3, "reduction size 24 is not a multiple of 16"), (32, 4, "this one is 4-D")):
+        plan = QuantPlan(quantize=["mm"])
+        with pytest.raises(ConfigError, match="NVFP4 can take none of this graph's MatMul/Gemm nodes"):
+            write_nvfp4_qdq(graph(k, rank), plan, {"x": 1.0})
+        assert why in plan.excluded["mm"]
