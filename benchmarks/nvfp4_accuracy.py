@@ -10,7 +10,8 @@ activations' dynamic block quantization as float operators), compared with FP32 
 ``compare`` on the evaluation puzzles: exact accuracy and argmax disagreement per ACT step, output
 errors, the q_halt sign agreement, and which of ``verify``'s INT8/FP8 bounds would hold.
 
-    nice python benchmarks/nvfp4_accuracy.py [--test-puzzles 1000] [--budget 1.0]
+    nice python benchmarks/nvfp4_accuracy.py [--test-puzzles 1000] [--budget 1.0] [--holdout 256]
+About 15 minutes on 2 busy cores, most of it the budgeted graph (14 holdout runs of the simulation).
 Writes benchmarks/results/nvfp4_accuracy.json.
 """
 
