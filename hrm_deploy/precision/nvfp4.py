@@ -34,6 +34,7 @@ import numpy as np
 
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.onnx_runtime import holds_fp4
 from hrm_deploy.precision.fp8 import E4M3_MAX, activation_amax, raise_opset
 from hrm_deploy.precision.int8 import QuantConfig, QuantPlan, ensure_calibration
 
@@ -291,15 +292,6 @@ def quantize_nvfp4(
     return plan
 
 
-def is_nvfp4(model) -> bool:
-    """Whether ``model`` holds NVFP4 (FP4) tensors or TensorRT's FP4 dynamic quantization."""
-    from onnx import TensorProto
-
-    return any(n.op_type == DYNAMIC_QUANTIZE for n in model.graph.node) or any(
-        i.data_type == TensorProto.FLOAT4E2M1 for i in model.graph.initializer
-    )
-
-
 def dequantize_weight(e2m1, block_scale, scale) -> np.ndarray:
     """The float32 [N, K] that ``DequantizeLinear(e2m1, DequantizeLinear(block_scale, scale),
     axis=-1, block_size=16)`` gives, from the three stored initializers (TensorProtos)."""
@@ -429,7 +421,7 @@ def cpu_runnable(path: str | Path) -> Iterator[str]:
     import onnx
 
     model = onnx.load(str(path))
-    if not is_nvfp4(model):
+    if not holds_fp4(model):
         del model
         yield str(path)
         return
