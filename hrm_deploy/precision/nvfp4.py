@@ -397,13 +397,14 @@ def simulate_on_cpu(model):
             add_nodes += nodes
             add_inits += extra
             drop += [node, scale_dq, values_dq]
-    for node in drop:
-        graph.node.remove(node)
-    graph.node.extend(add_nodes)
-    graph.initializer.extend(add_inits)
-    used = {i for n in graph.node for i in n.input}
-    for init in [i for i in graph.initializer if i.name not in used and i.name not in {o.name for o in graph.output}]:
-        graph.initializer.remove(init)
+    dropped = {n.output[0] for n in drop}  # by output name: one pass, not a search per node
+    kept_nodes = [n for n in graph.node if not (n.output and n.output[0] in dropped)] + add_nodes
+    del graph.node[:]
+    graph.node.extend(kept_nodes)
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    kept_inits = [i for i in [*graph.initializer, *add_inits] if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept_inits)
     for opset in sim.opset_import:
         if opset.domain in ("", "ai.onnx"):
             opset.version = SIM_OPSET
@@ -416,8 +417,10 @@ def simulate_on_cpu(model):
 
 @contextlib.contextmanager
 def cpu_runnable(path: str | Path) -> Iterator[str]:
-    """``path`` itself, or for an NVFP4 graph its :func:`simulate_on_cpu` copy (a temporary file
-    beside it, removed afterwards): a graph ONNX Runtime's CPU provider can evaluate."""
+    """``path`` itself, or for an NVFP4 graph its :func:`simulate_on_cpu` copy (in a temporary
+    folder of its own, removed afterwards): a graph ONNX Runtime's CPU provider can evaluate."""
+    import tempfile
+
     import onnx
 
     model = onnx.load(str(path))
@@ -425,10 +428,8 @@ def cpu_runnable(path: str | Path) -> Iterator[str]:
         del model
         yield str(path)
         return
-    sim_path = Path(path).with_name(Path(path).name + ".cpu-sim.onnx")
-    onnx.save(simulate_on_cpu(model), str(sim_path))
-    del model
-    try:
+    with tempfile.TemporaryDirectory(prefix="hrm-deploy-nvfp4-sim-") as folder:
+        sim_path = Path(folder) / Path(path).name
+        onnx.save(simulate_on_cpu(model), str(sim_path))
+        del model
         yield str(sim_path)
-    finally:
-        sim_path.unlink(missing_ok=True)
