@@ -27,9 +27,9 @@ from pathlib import Path
 
 
 def _outputs(path: str, examples) -> dict:
+    from hrm_deploy.backends.ort.runner import OrtRunner
     from hrm_deploy.precision.nvfp4 import cpu_runnable
-    from hrm_deploy.runners.infer import infer_all
-    from hrm_deploy.runners.ort import OrtRunner
+    from hrm_deploy.runtime.infer import infer_all
 
     with cpu_runnable(path) as runnable:
         runner = OrtRunner(runnable)

@@ -1,7 +1,7 @@
 """What an artifact is, from its file name, and which checkpoint it came from.
 
 The suffix table is plain data (suffix -> the name of the runner that runs it); the runners
-map each name to its class (:data:`hrm_deploy.runners.RUNNERS`). It lives in the base so that
+map each name to its class (:data:`hrm_deploy.backends.RUNNERS`). It lives in the base so that
 every room can tell a checkpoint from an ONNX graph or an engine, and follow an artifact back
 to its checkpoint, without importing the runners.
 """

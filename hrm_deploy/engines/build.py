@@ -18,19 +18,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from hrm_deploy.engines.cost import check_unrolled_build, compute_nodes, unrolled_over_budget
-from hrm_deploy.engines.layers import precision_verdict
+from hrm_deploy.backends.tensorrt.api import (
+    load_backend,
+    reproduce_command,
+    timing_cache_path,
+)
+from hrm_deploy.backends.tensorrt.builder.cost import check_unrolled_build, compute_nodes, unrolled_over_budget
+from hrm_deploy.backends.tensorrt.builder.layers import precision_verdict
 from hrm_deploy.engines.result import EngineResult, recorded_data_fields
 from hrm_deploy.engines.targets import MIN_CAPABILITY, TargetProfile, get_target, target_architectures
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
 from hrm_deploy.manifest import check_artifact, manifest_path, publish_artifact, read_verified
 from hrm_deploy.progress import Stages
-from hrm_deploy.runners.backend import (
-    load_backend,
-    reproduce_command,
-    timing_cache_path,
-)
 from hrm_deploy.system import gpu_identity
 
 ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "nvfp4")
@@ -225,7 +225,7 @@ def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
     """Fail when the requested precision is not visible in the network or the built engine.
 
     The network (strongly typed) must carry the precision. Where a GPU loaded the engine, the
-    inspector's layers are read too (:mod:`hrm_deploy.engines.layers`): refused only when every
+    inspector's layers are read too (:mod:`hrm_deploy.backends.tensorrt.builder.layers`): refused only when every
     layer is detailed, unfused and none shows the precision; names-only inspector output and
     fused Myelin/ForeignNode layers are "cannot tell". Returns the engine verdict ("took",
     "cannot_tell", "not_inspected") and records it in ``build["engine_inspection"]``.
@@ -296,7 +296,7 @@ def _run_worker(
     try:
         spec_file.write_text(json.dumps({**spec, "progress_fd": write_fd}))
         return subprocess.run(
-            [sys.executable, "-m", "hrm_deploy.engines.worker", str(spec_file)],
+            [sys.executable, "-m", "hrm_deploy.backends.tensorrt.builder.worker", str(spec_file)],
             check=False,
             capture_output=True,
             text=True,
@@ -331,11 +331,11 @@ def build_engine(
 ) -> EngineResult:
     """Build an engine for ``config.target`` from ``onnx_path`` (default: newest export).
     ``config.backend == "torch"``: a PyTorch (AOTInductor) engine for this machine instead
-    (:mod:`hrm_deploy.engines.torch_engine`); ``onnx_path`` may then also be a checkpoint.
-    The ``cpu`` target makes an ORT-optimized ONNX instead (:mod:`hrm_deploy.engines.cpu`)."""
+    (:mod:`hrm_deploy.backends.torch.builder`); ``onnx_path`` may then also be a checkpoint.
+    The ``cpu`` target makes an ORT-optimized ONNX instead (:mod:`hrm_deploy.backends.ort.builder.cpu`)."""
     target = get_target(config.target)
     if target.name == "cpu":  # before the torch branch: --backend on the cpu target is refused there
-        from hrm_deploy.engines.cpu_int8 import build_for_cpu
+        from hrm_deploy.backends.ort.builder.int8 import build_for_cpu
 
         source = Path(onnx_path) if onnx_path is not None else None
         target_out = Path(out) if out is not None else None
@@ -343,7 +343,7 @@ def build_engine(
             source, config, target_out, quiet, config.cpu_int8, check_accuracy=config.cpu_accuracy_check
         )
     if config.backend == "torch":
-        from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
+        from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
 
         torch_config = TorchEngineConfig(
             precision=config.precision, max_batch=config.max_batch or 1024, device=config.device

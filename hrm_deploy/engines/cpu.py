@@ -5,8 +5,8 @@
   ``FusedMatMul``, ``DynamicQuantizeMatMul`` ...) are done once at build time, so starting a
   session is fast. The layout-dependent ``all`` level is left to session start (it is
   machine-specific and ORT does not recommend saving it).
-* INT8 quantizes the weight MatMuls into integer GEMMs (:mod:`hrm_deploy.engines.cpu_int8`):
-  ``static`` (default; :mod:`hrm_deploy.engines.cpu_static`: activation scales fixed by the
+* INT8 quantizes the weight MatMuls into integer GEMMs (:mod:`hrm_deploy.backends.ort.builder.int8`):
+  ``static`` (default; :mod:`hrm_deploy.backends.ort.builder.static`: activation scales fixed by the
   project's calibration, answers independent of batching, measured against FP32 on held-out
   puzzles and kept within the accuracy budget by leaving the most sensitive weights FP32),
   ``dynamic`` (no data, activations scaled per call over the whole batch: answers can depend on
@@ -15,7 +15,7 @@
   unfused, and are slower than FP32.
 * FP32 and INT8 graphs then get HRM's attention (RoPE included) and RMSNorm fused into ORT's
   ``MultiHeadAttention`` / ``RotaryEmbedding`` / ``SimplifiedLayerNormalization`` CPU kernels,
-  which ORT's optimizer does not do for these patterns (:mod:`hrm_deploy.engines.cpu_fusion`;
+  which ORT's optimizer does not do for these patterns (:mod:`hrm_deploy.backends.ort.builder.fusion`;
   the bundled model: 2,203 -> 859 nodes). Every fused block (a sample past 1 GiB of tapped
   tensors) is checked against the block it replaces on the inputs the unfused graph gave it;
   ``--no-fuse`` leaves them out.
@@ -23,7 +23,7 @@
   ops by casting, slower than FP32).
 
 Output: ``engines/<name>.<precision>.cpu.ort.onnx`` + manifest (ORT version, optimization
-level, intra-op threads, node counts), runnable by ``hrm_deploy.runners.open_runner``.
+level, intra-op threads, node counts), runnable by ``hrm_deploy.backends.open_runner``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.engines.cpu_int8 import INTEGER_MATMULS, RECIPES, quantize_weights
+from hrm_deploy.backends.ort.builder.int8 import INTEGER_MATMULS, RECIPES, quantize_weights
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
@@ -52,7 +52,7 @@ class CpuBuildConfig:
     """How to build for ONNX Runtime CPU. ``threads`` None = ORT's default (one per core);
     the value is recorded in the manifest and is what runners should pass as intra-op threads.
     The ``calib_*`` fields, ``accuracy_budget`` and ``check_accuracy`` are the ``static`` INT8
-    recipe's (:mod:`hrm_deploy.engines.cpu_static`); the other recipes take no data."""
+    recipe's (:mod:`hrm_deploy.backends.ort.builder.static`); the other recipes take no data."""
 
     precision: str = "fp32"
     threads: int | None = None
@@ -103,7 +103,7 @@ class CpuBuildConfig:
     @property
     def budget(self) -> float:
         """The exact-accuracy points static INT8 may lose (``accuracy_budget`` or the default)."""
-        from hrm_deploy.engines.cpu_static import DEFAULT_BUDGET_POINTS
+        from hrm_deploy.backends.ort.builder.static import DEFAULT_BUDGET_POINTS
 
         return DEFAULT_BUDGET_POINTS if self.accuracy_budget is None else self.accuracy_budget
 
@@ -124,13 +124,13 @@ def optimize_offline(src: str, out: str, threads: int | None) -> float:
 
 
 def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[str, Any]:
-    """Fuse ``path`` in place (:func:`~hrm_deploy.engines.cpu_fusion.fuse_for_cpu`) after checking
+    """Fuse ``path`` in place (:func:`~hrm_deploy.backends.ort.builder.fusion.fuse_for_cpu`) after checking
     every fused block against the unfused graph on one generated puzzle; returns the report."""
     import numpy as np
     import onnx
 
-    from hrm_deploy.engines.cpu_fusion import FUSION_TOLERANCE, check_rewrites, fuse_for_cpu
-    from hrm_deploy.engines.cpu_static import sink_quantize
+    from hrm_deploy.backends.ort.builder.fusion import FUSION_TOLERANCE, check_rewrites, fuse_for_cpu
+    from hrm_deploy.backends.ort.builder.static import sink_quantize
     from hrm_deploy.model.config import HRMConfig
 
     unfused = onnx.load(str(path))
@@ -204,7 +204,7 @@ def _make_graph(
     try:
         source = str(src)
         if config.precision == "int8" and calib is not None:
-            from hrm_deploy.engines.cpu_static import quantize_static
+            from hrm_deploy.backends.ort.builder.static import quantize_static
 
             label = "cached calibration" if calib.cache.is_file() else "calibrating"
             with stages.stage(
@@ -248,7 +248,13 @@ def _within_budget(
 ) -> dict[str, Any]:
     """Measure the static INT8 graph at ``tmp`` against FP32; outside the budget, rebuild it with
     the most sensitive weights FP32 (``build`` updated). Returns the manifest's accuracy record."""
-    from hrm_deploy.engines.cpu_static import HOLDOUT_SAMPLES, MIN_AGREEMENT_PCT, fit_budget, holdout, holdout_size
+    from hrm_deploy.backends.ort.builder.static import (
+        HOLDOUT_SAMPLES,
+        MIN_AGREEMENT_PCT,
+        fit_budget,
+        holdout,
+        holdout_size,
+    )
 
     count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
     with stages.stage(f"measuring INT8 against FP32 on up to {count} held-out puzzles"):
@@ -313,7 +319,7 @@ def build_cpu(
         tmp = staging / target.name
         calib = None
         if config.precision == "int8" and config.int8_recipe == "static":
-            from hrm_deploy.engines.cpu_static import calibration
+            from hrm_deploy.backends.ort.builder.static import calibration
 
             calib = calibration(src, src_sha256 or sha256_file(src), meta, config, quiet)
             recipe["calibration"] = calib.report

@@ -2,7 +2,7 @@
 them as integer GEMMs. Which weights are quantized follows the TensorRT recipe's plan
 (:func:`hrm_deploy.precision.int8.plan_nodes`: ``lm_head`` and ``q_head`` stay float).
 
-* ``static`` (the default; :mod:`hrm_deploy.engines.cpu_static`): activation scales fixed at
+* ``static`` (the default; :mod:`hrm_deploy.backends.ort.builder.static`): activation scales fixed at
   build time by calibration, so answers do not depend on the batch; measured against FP32 and
   kept within the accuracy budget. The two below need no data:
 
@@ -138,8 +138,8 @@ def build_for_cpu(
     cpu target. Options it cannot honour are refused in one line; ``recipe`` is the INT8 recipe
     asked for (None: ``static``); ``check_accuracy`` False skips static INT8's comparison with
     FP32. Returns the ``EngineResult``."""
+    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.engines.build import EngineResult, newest_export
-    from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.errors import ConfigError
 
     if config.backend is not None:

@@ -77,8 +77,8 @@ class Quality:
 
 
 def _logits(path: str | Path, examples: Examples, threads: int | None) -> np.ndarray:
-    from hrm_deploy.runners.infer import predict
-    from hrm_deploy.runners.ort import OrtRunner
+    from hrm_deploy.backends.ort.runner import OrtRunner
+    from hrm_deploy.runtime.infer import predict
 
     runner = OrtRunner(path, threads=threads)
     runner.activate()

@@ -61,7 +61,7 @@ TARGETS: dict[str, TargetProfile] = {
         opt_batch=64,
         max_batch=256,
     ),
-    # No TensorRT: an ORT-optimized graph for ONNX Runtime's CPU provider (hrm_deploy.engines.cpu).
+    # No TensorRT: an ORT-optimized graph for ONNX Runtime's CPU provider (hrm_deploy.backends.ort.builder.cpu).
     "cpu": TargetProfile(
         name="cpu",
         description="ONNX Runtime CPU execution provider (no GPU)",

@@ -1,4 +1,4 @@
-"""The engine build itself, run in a child process (``python -m hrm_deploy.engines.worker
+"""The engine build itself, run in a child process (``python -m hrm_deploy.backends.tensorrt.builder.worker
 SPEC.json``) so torch's memory is not held during the build and a builder crash is a clean
 error in the parent. Reads a JSON spec, writes the serialized engine and a JSON result.
 
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from hrm_deploy.engines.layers import summarize_layers
+from hrm_deploy.backends.tensorrt.api import Backend, load_backend
+from hrm_deploy.backends.tensorrt.builder.layers import summarize_layers
 from hrm_deploy.io import atomic_path
-from hrm_deploy.runners.backend import Backend, load_backend
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (TensorRT 10.x API); RTX shares it
     import tensorrt

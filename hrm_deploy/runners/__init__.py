@@ -1,4 +1,4 @@
-"""Backends that run an artifact, one module each behind the :class:`~hrm_deploy.runners.base.Runner`
+"""Backends that run an artifact, one module each behind the :class:`~hrm_deploy.runtime.base.Runner`
 base class, and :func:`open_runner`, which picks the runner from the artifact's suffix
 (:data:`hrm_deploy.artifacts.SUFFIXES`, the table verify, bench and
 :func:`hrm_deploy.artifacts.find_reference` read too).
@@ -27,14 +27,14 @@ from hrm_deploy.artifacts import runner_name
 from hrm_deploy.errors import ArtifactError, ConfigError
 
 if TYPE_CHECKING:
-    from hrm_deploy.runners.base import Runner
+    from hrm_deploy.runtime.base import Runner
 
 # runner name (the values of hrm_deploy.artifacts.SUFFIXES, and its CHECKPOINT_RUNNER) -> "module:class"
 RUNNERS = {
-    "torch_ref": "hrm_deploy.runners.torch_ref:TorchRunner",
-    "ort": "hrm_deploy.runners.ort:OrtRunner",
-    "trt": "hrm_deploy.runners.trt:TrtRunner",
-    "torch_engine": "hrm_deploy.runners.torch_engine:TorchEngineRunner",
+    "torch_ref": "hrm_deploy.backends.reference:TorchRunner",
+    "ort": "hrm_deploy.backends.ort.runner:OrtRunner",
+    "trt": "hrm_deploy.backends.tensorrt.runner:TrtRunner",
+    "torch_engine": "hrm_deploy.backends.torch.runner:TorchEngineRunner",
 }
 
 

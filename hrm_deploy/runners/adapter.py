@@ -6,7 +6,7 @@ binding changes per step), sets input shapes (``set_input_shape -> bool``, never
 binds device buffers and enqueues on the memory backend's one stream.
 
 :class:`TrtAdapter` is that surface for TensorRT 10/11 and TensorRT-RTX 1.x (numpy only, no
-torch); the PyTorch engine's adapter lives in :mod:`hrm_deploy.runners.torch_engine`.
+torch); the PyTorch engine's adapter lives in :mod:`hrm_deploy.backends.torch.runner`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hrm_deploy.errors import EngineError
 if TYPE_CHECKING:  # checked against tensorrt-stubs by scripts/typecheck_tensorrt.py
     import tensorrt
 
-# TensorRT DataType member name -> device dtype name (hrm_deploy.runners.memory.DTYPES)
+# TensorRT DataType member name -> device dtype name (hrm_deploy.runtime.memory.DTYPES)
 TRT_DTYPES = {
     "FLOAT": "float32",
     "HALF": "float16",
@@ -106,7 +106,7 @@ class TrtAdapter:
     def new_context(self) -> tensorrt.IExecutionContext:
         strategy = self.trt.ExecutionContextAllocationStrategy.USER_MANAGED
         if self.backend is not None and self.is_rtx:
-            from hrm_deploy.runners.backend import create_context
+            from hrm_deploy.backends.tensorrt.api import create_context
 
             handle = create_context(
                 self.engine,

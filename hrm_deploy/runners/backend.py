@@ -40,7 +40,7 @@ class Backend:
     name: str  # "tensorrt" or "tensorrt-rtx"
     # The imported module. Typed as Any at run time (the two modules share an API, not a type);
     # scripts/typecheck_tensorrt.py re-types it as the tensorrt stubs' module so attribute use is
-    # checked, and tests/engines/test_rtx_surface.py checks every RTX-path name on tensorrt_rtx.
+    # checked, and tests/backends/tensorrt/test_rtx_surface.py checks every RTX-path name on tensorrt_rtx.
     trt: Any
 
     @property

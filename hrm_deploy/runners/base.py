@@ -164,7 +164,7 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 class LoopRunner(Runner):
-    """An engine runner whose batches go through :class:`~hrm_deploy.runners.device_loop.DeviceLoop`
+    """An engine runner whose batches go through :class:`~hrm_deploy.runtime.device_loop.DeviceLoop`
     (TensorRT, PyTorch engines). Subclasses set ``self.memory`` and ``self.loop`` in ``_activate``;
     the manifest's precision/mode/steps describe the engine (``steps`` only counts for step engines).
 

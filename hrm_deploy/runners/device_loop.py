@@ -1,5 +1,5 @@
-"""The device loop: runs an engine (through an :mod:`adapter <hrm_deploy.runners.adapter>`) on
-one stream of a :class:`~hrm_deploy.runners.memory.DeviceMemory`, for both engine modes.
+"""The device loop: runs an engine (through an :mod:`adapter <hrm_deploy.runtime.adapter>`) on
+one stream of a :class:`~hrm_deploy.runtime.memory.DeviceMemory`, for both engine modes.
 
 Batches are padded up to a *bucket* (the next power of two within the engine's profile, padded
 with copies of the last row and cut off again after), so a server that sees every batch size
@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.errors import ConfigError, EngineError
-from hrm_deploy.runners.adapter import EngineAdapter, TensorSpec
-from hrm_deploy.runners.memory import DeviceMemory, to_float32
+from hrm_deploy.runtime.adapter import EngineAdapter, TensorSpec
+from hrm_deploy.runtime.memory import DeviceMemory, to_float32
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from hrm_deploy.errors import ArtifactError, require
 from hrm_deploy.onnx_runtime import holds_fp4, load_onnx, ort_session, provider_name
-from hrm_deploy.runners.base import HaltFn, Runner
+from hrm_deploy.runtime.base import HaltFn, Runner
 
 
 class OrtRunner(Runner):

@@ -1,6 +1,6 @@
 """PyTorch engine runner (``.pt2`` from ``build-engine --backend torch``): the AOTInductor
 package (or, where the build fell back, the exported program under ``torch.compile``) behind
-:class:`TorchEngineAdapter`, driven by the same :class:`~hrm_deploy.runners.device_loop.DeviceLoop`
+:class:`TorchEngineAdapter`, driven by the same :class:`~hrm_deploy.runtime.device_loop.DeviceLoop`
 as TensorRT engines: on CUDA one stream, buffers once per batch size, the step loop captured
 as a CUDA graph; on the CPU the same loop with torch CPU memory (no graph).
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 from hrm_deploy.errors import ConfigError, EngineError, require
 from hrm_deploy.manifest import check_artifact
-from hrm_deploy.runners.adapter import TensorSpec
-from hrm_deploy.runners.base import LoopRunner
-from hrm_deploy.runners.compat import check_compatible
+from hrm_deploy.runtime.adapter import TensorSpec
+from hrm_deploy.runtime.base import LoopRunner
+from hrm_deploy.runtime.compat import check_compatible
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class _null:
 
 class TorchEngineRunner(LoopRunner):
     """PyTorch (AOTInductor) engines; CPU engines use torch CPU memory (options: see
-    :class:`~hrm_deploy.runners.base.LoopRunner`)."""
+    :class:`~hrm_deploy.runtime.base.LoopRunner`)."""
 
     name = "torch_engine"
     default_mode = "step"
@@ -140,8 +140,8 @@ class TorchEngineRunner(LoopRunner):
     def _activate(self) -> None:
         torch = require("torch", "torch", "The PyTorch engine runner")
         check_artifact(self.path, require_manifest=True)
-        from hrm_deploy.runners.device_loop import DeviceLoop
-        from hrm_deploy.runners.memory import device_memory
+        from hrm_deploy.runtime.device_loop import DeviceLoop
+        from hrm_deploy.runtime.memory import device_memory
 
         on_cuda = self.manifest.get("device") == "cuda"
         if on_cuda and not torch.cuda.is_available():

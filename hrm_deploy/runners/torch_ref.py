@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.errors import ConfigError, require
-from hrm_deploy.runners.base import HaltFn, Runner
+from hrm_deploy.runtime.base import HaltFn, Runner
 
 
 class TorchRunner(Runner):

@@ -2,35 +2,35 @@
 cuda-python); imports no torch and no onnx itself, so a Jetson needs neither.
 
 The manifest is checked against the running backend and GPU before deserializing
-(:func:`hrm_deploy.runners.compat.check_compatible`); the engine then runs through
-:class:`~hrm_deploy.runners.adapter.TrtAdapter` and the
-:class:`~hrm_deploy.runners.device_loop.DeviceLoop` (one stream, buffers and bindings once per
+(:func:`hrm_deploy.runtime.compat.check_compatible`); the engine then runs through
+:class:`~hrm_deploy.runtime.adapter.TrtAdapter` and the
+:class:`~hrm_deploy.runtime.device_loop.DeviceLoop` (one stream, buffers and bindings once per
 batch size, the step loop captured as a CUDA graph). Batches above the engine profile's max
-are split into profile-sized chunks by the :class:`~hrm_deploy.runners.base.Runner` base.
+are split into profile-sized chunks by the :class:`~hrm_deploy.runtime.base.Runner` base.
 """
 
 from __future__ import annotations
 
 import logging
 
+from hrm_deploy.backends.tensorrt.api import load_backend, runtime_cache_path
 from hrm_deploy.errors import EngineError
 from hrm_deploy.manifest import read_verified
-from hrm_deploy.runners.backend import load_backend, runtime_cache_path
-from hrm_deploy.runners.base import LoopRunner
-from hrm_deploy.runners.compat import check_compatible
+from hrm_deploy.runtime.base import LoopRunner
+from hrm_deploy.runtime.compat import check_compatible
 
 log = logging.getLogger(__name__)
 
 
 class TrtRunner(LoopRunner):
-    """TensorRT / TensorRT-RTX engines (options: see :class:`~hrm_deploy.runners.base.LoopRunner`)."""
+    """TensorRT / TensorRT-RTX engines (options: see :class:`~hrm_deploy.runtime.base.LoopRunner`)."""
 
     name = "trt"
 
     def _activate(self) -> None:
-        from hrm_deploy.runners.adapter import TrtAdapter
-        from hrm_deploy.runners.device_loop import DeviceLoop
-        from hrm_deploy.runners.memory import device_memory
+        from hrm_deploy.runtime.adapter import TrtAdapter
+        from hrm_deploy.runtime.device_loop import DeviceLoop
+        from hrm_deploy.runtime.memory import device_memory
         from hrm_deploy.system import has_cuda_gpu
 
         if self.memory_kind != "host" and not has_cuda_gpu():  # the real reason first, not a missing package

@@ -15,14 +15,14 @@ runner = CliRunner()
 
 
 def _library_choices() -> dict[type, set[str]]:
+    from hrm_deploy.backends.ort.builder.int8 import RECIPES
+    from hrm_deploy.backends.tensorrt.api import MODULES
     from hrm_deploy.bench.run import BENCH_TARGETS
     from hrm_deploy.engines.build import ENGINE_PRECISIONS
-    from hrm_deploy.engines.cpu_int8 import RECIPES
     from hrm_deploy.engines.targets import TARGETS
     from hrm_deploy.export.onnx_export import MODES
     from hrm_deploy.onnx_runtime import PROVIDERS
     from hrm_deploy.precision.int8 import METHODS
-    from hrm_deploy.runners.backend import MODULES
     from hrm_deploy.train.loop import OPTIMIZERS
     from hrm_deploy.train.presets import PRESETS
     from hrm_deploy.train.sinks import SINKS

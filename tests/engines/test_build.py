@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from hrm_deploy.backends.tensorrt.api import load_backend
 from hrm_deploy.engines.build import (
     EngineConfig,
     build_engine,
@@ -19,7 +20,6 @@ from hrm_deploy.engines.build import (
 from hrm_deploy.engines.targets import TARGETS, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, DependencyError, EngineError
 from hrm_deploy.manifest import write_manifest
-from hrm_deploy.runners.backend import load_backend
 
 try:
     load_backend("tensorrt-rtx")

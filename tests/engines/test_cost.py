@@ -17,7 +17,7 @@ from hrm_deploy.engines import build, cost, worker
 from hrm_deploy.engines.build import EngineConfig, build_engine
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.manifest import manifest_path
-from tests.engines.test_worker import Calls, fake_tensorrt, worker_spec
+from tests.backends.tensorrt.test_worker import Calls, fake_tensorrt, worker_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SUDOKU_SIZE_UNROLL = 19_830  # the measured 16-step Sudoku-size graph's nodes (FP16 entry)

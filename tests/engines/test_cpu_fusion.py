@@ -8,15 +8,15 @@ import numpy as np
 import onnx
 import pytest
 
+from hrm_deploy.backends import open_runner
+from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+from hrm_deploy.backends.ort.builder.fusion import check_rewrites, fuse_for_cpu
 from hrm_deploy.data.examples import load_examples
 from hrm_deploy.engines import cpu as cpu_module
-from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
-from hrm_deploy.engines.cpu_fusion import check_rewrites, fuse_for_cpu
 from hrm_deploy.errors import InternalError
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 from hrm_deploy.metrics import accuracy
-from hrm_deploy.runners import open_runner
-from hrm_deploy.runners.infer import predict
+from hrm_deploy.runtime.infer import predict
 
 FUSED_OPS = ("com.microsoft.MultiHeadAttention", "com.microsoft.RotaryEmbedding", "SimplifiedLayerNormalization")
 
@@ -142,7 +142,7 @@ def test_the_block_check_catches_a_wrong_fusion(small_export, tmp_path):
 
 def test_a_failed_block_check_stops_the_build_without_debris(small_export, tmp_path, monkeypatch):
     folder, fp32 = small_export
-    monkeypatch.setattr("hrm_deploy.engines.cpu_fusion.check_rewrites", lambda *a, **k: 0.5)
+    monkeypatch.setattr("hrm_deploy.backends.ort.builder.fusion.check_rewrites", lambda *a, **k: 0.5)
     out = tmp_path / "engines" / "m.fp32.cpu.ort.onnx"
     with pytest.raises(InternalError, match="--no-fuse"):
         build_cpu(fp32, CpuBuildConfig("fp32", threads=1), out, quiet=True)

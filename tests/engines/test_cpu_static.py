@@ -6,14 +6,14 @@ import json
 import numpy as np
 import pytest
 
+from hrm_deploy.backends import open_runner
+from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+from hrm_deploy.backends.ort.builder.int8 import build_for_cpu
+from hrm_deploy.backends.ort.builder.static import Holdout, Quality
 from hrm_deploy.data.examples import load_examples
 from hrm_deploy.engines.build import EngineConfig
-from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
-from hrm_deploy.engines.cpu_int8 import build_for_cpu
-from hrm_deploy.engines.cpu_static import Holdout, Quality
 from hrm_deploy.errors import ConfigError
-from hrm_deploy.runners import open_runner
-from hrm_deploy.runners.infer import predict
+from hrm_deploy.runtime.infer import predict
 
 
 def _alone_and_batched(path, examples):
@@ -183,7 +183,7 @@ def test_cli_refuses_cpu_options_elsewhere_and_the_backend_on_cpu(tiny_onnx):
 def test_an_npz_holdout_is_the_examples_calibration_did_not_use(tiny_onnx, tmp_path):
     from types import SimpleNamespace
 
-    from hrm_deploy.engines.cpu_static import Calibration, holdout
+    from hrm_deploy.backends.ort.builder.static import Calibration, holdout
     from hrm_deploy.errors import DataError
 
     test = load_examples(tiny_onnx.data, 40, split="test")
@@ -202,7 +202,7 @@ def test_the_holdout_is_sized_by_the_models_cost():
     a Sudoku-size one on the minimum that keeps its build short."""
     import dataclasses
 
-    from hrm_deploy.engines.cpu_static import HOLDOUT_SAMPLES, MIN_HOLDOUT, holdout_size
+    from hrm_deploy.backends.ort.builder.static import HOLDOUT_SAMPLES, MIN_HOLDOUT, holdout_size
     from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.train.presets import preset
 

@@ -8,13 +8,13 @@ import time
 import numpy as np
 import pytest
 
+from hrm_deploy.backends import open_runner
+from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu, cpu_output_path
 from hrm_deploy.data.examples import load_examples
 from hrm_deploy.engines.build import EngineConfig, build_engine
-from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu, cpu_output_path
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.metrics import accuracy
-from hrm_deploy.runners import open_runner
-from hrm_deploy.runners.infer import predict
+from hrm_deploy.runtime.infer import predict
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ def test_an_older_onnxruntime_that_cannot_load_a_cpu_graph_says_so_in_one_line(c
             "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for RotaryEmbedding"
         )
 
-    monkeypatch.setattr("hrm_deploy.runners.ort.ort_session", refuses)
+    monkeypatch.setattr("hrm_deploy.backends.ort.runner.ort_session", refuses)
     monkeypatch.setattr(onnxruntime, "__version__", "1.17.0")
     with pytest.raises(DependencyError, match=rf"built for onnxruntime {built} and this onnxruntime 1\.17\.0") as info:
         open_runner(cpu_graphs["fp32"].path).activate()

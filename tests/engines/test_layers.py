@@ -12,8 +12,8 @@ import json
 
 import pytest
 
+from hrm_deploy.backends.tensorrt.builder.layers import precision_verdict, summarize_layers
 from hrm_deploy.engines.build import _check_precision_took
-from hrm_deploy.engines.layers import precision_verdict, summarize_layers
 from hrm_deploy.errors import EngineError
 
 

@@ -2,7 +2,7 @@
 
 The names are collected from the ``hrm_deploy/engines`` modules that touch TensorRT (those
 using ``backend.trt``; ``layers.py`` and ``build.py`` only read JSON) and from
-``hrm_deploy/runners/backend.py`` (which both builders and runners use) by an AST scan: ``trt.X`` and
+``hrm_deploy/backends/tensorrt/api.py`` (which both builders and runners use) by an AST scan: ``trt.X`` and
 ``trt.X.Y`` (``trt`` being ``backend.trt`` / ``self.trt``), ``trt.X(...).m``, and attributes of
 variables that hold a TensorRT object (``builder``, ``config``, ``engine``, ...: the table below
 maps each to its class), plus the few names the code reaches through ``getattr`` strings. A

@@ -1,7 +1,7 @@
 """The TensorRT build (worker) driven through a fake ``tensorrt`` module that records calls:
 detailed profiling + inspector read with shapes set, the keyed timing cache and its bool; the
 Jetson extra's pin and the CLI's timing-cache flag. The backend's own pieces (timing-cache key,
-reproduce command, RTX runtime cache) are tested in tests/runners/test_backend.py."""
+reproduce command, RTX runtime cache) are tested in tests/backends/tensorrt/test_api.py."""
 
 from __future__ import annotations
 

@@ -222,10 +222,10 @@ def test_nvfp4_budget_holds_on_the_trained_act_model(trained_small, tmp_path):
 
 
 def test_targets_refuse_nvfp4_below_blackwell_before_any_work(tiny_onnx, tmp_path, monkeypatch):
+    from hrm_deploy.backends.tensorrt.api import load_backend
     from hrm_deploy.engines import build
     from hrm_deploy.engines.build import EngineConfig, build_engine
     from hrm_deploy.engines.targets import get_target, target_architectures
-    from hrm_deploy.runners.backend import load_backend
 
     assert target_architectures(get_target("desktop"), "nvfp4") == ["12.0"]
     with pytest.raises(ConfigError, match=r"nvfp4 needs compute capability >= 10.0.*SM89 is 8.9: use --fp8, --int8"):
@@ -251,8 +251,8 @@ def test_rtx_builds_an_nvfp4_engine_on_cpu_for_blackwell(tiny_onnx, tmp_path, mo
     ahead of time for SM120 without a GPU."""
     import json
 
+    from hrm_deploy.backends.tensorrt.api import load_backend
     from hrm_deploy.engines.build import EngineConfig, build_engine
-    from hrm_deploy.runners.backend import load_backend
 
     try:
         load_backend("tensorrt-rtx")
@@ -270,7 +270,7 @@ def test_rtx_builds_an_nvfp4_engine_on_cpu_for_blackwell(tiny_onnx, tmp_path, mo
 
 
 def test_an_nvfp4_engine_must_show_fp4_tensors_where_a_gpu_inspects_it():
-    from hrm_deploy.engines.layers import precision_verdict, summarize_layers
+    from hrm_deploy.backends.tensorrt.builder.layers import precision_verdict, summarize_layers
 
     def gemm(fmt):
         return {"Name": "gemm", "LayerType": "gemm", "Precision": fmt}
@@ -333,11 +333,11 @@ def test_gemms_fp4_cannot_take_stay_float_and_say_why():
 def test_onnx_runtime_refuses_an_nvfp4_graph_in_one_line_and_runs_its_simulation(tiny_onnx, tmp_path):
     from pathlib import Path
 
+    from hrm_deploy.backends.ort.runner import OrtRunner
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.errors import ArtifactError
     from hrm_deploy.precision.accuracy import onnx_accuracy
     from hrm_deploy.precision.nvfp4 import cpu_runnable
-    from hrm_deploy.runners.ort import OrtRunner
 
     result = _nvfp4(tiny_onnx.unrolled, tiny_onnx.data, tmp_path, quant=QuantConfig(samples=32))
     with pytest.raises(ArtifactError, match="is an NVFP4 graph and ONNX Runtime has no FP4 kernels"):

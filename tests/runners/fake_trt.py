@@ -1,5 +1,5 @@
 """A fake ``tensorrt`` module that records every call, for driving the TensorRT adapter and the
-device loop on the CPU with :class:`~hrm_deploy.runners.memory.HostMemory`.
+device loop on the CPU with :class:`~hrm_deploy.runtime.memory.HostMemory`.
 
 An "engine" is a JSON spec (what ``deserialize_cuda_engine`` gets): its mode (step or
 unrolled), sizes, tensor dtypes (TensorRT DataType names) and batch profile. Executing
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.runners.memory import HostMemory
+from hrm_deploy.runtime.memory import HostMemory
 
 __version__ = "10.3.0.30"
 CALLS: Counter[str] = Counter()

@@ -9,7 +9,7 @@ import shlex
 import types
 from pathlib import Path
 
-from hrm_deploy.runners.backend import (
+from hrm_deploy.backends.tensorrt.api import (
     Backend,
     create_context,
     reproduce_command,

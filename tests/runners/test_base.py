@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hrm_deploy.errors import ConfigError
-from hrm_deploy.runners.base import Runner
+from hrm_deploy.runtime.base import Runner
 
 
 class Toy(Runner):

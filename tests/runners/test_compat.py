@@ -5,7 +5,7 @@ import enum
 import pytest
 
 from hrm_deploy.errors import EngineError
-from hrm_deploy.runners.compat import RTX_PORTABLE_CAPABILITIES, check_compatible
+from hrm_deploy.runtime.compat import RTX_PORTABLE_CAPABILITIES, check_compatible
 
 
 def trt_manifest(version="10.3.0.30", gpu="Orin", cc="8.7"):
@@ -135,6 +135,6 @@ def test_rtx_runtime_validity_decides_when_available():
 def test_real_rtx_validity_enum_matches_what_compat_reads():
     trt = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is not installed (pip install 'hrm-deploy[rtx]')")
     assert set(trt.EngineValidity.__members__) == {"VALID", "SUBOPTIMAL", "INVALID"}
-    from hrm_deploy.runners.compat import _DIAGNOSTICS
+    from hrm_deploy.runtime.compat import _DIAGNOSTICS
 
     assert {int(v) for v in trt.EngineInvalidityDiagnostics.__members__.values()} == set(_DIAGNOSTICS)

@@ -7,15 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hrm_deploy.backends.tensorrt.api import Backend
 from hrm_deploy.errors import ConfigError, DataError, EngineError
 from hrm_deploy.manifest import write_manifest
-from hrm_deploy.runners.backend import Backend
-from tests.runners import fake_trt
+from tests.backends import fake_trt
 
 
 @pytest.fixture(autouse=True)
 def fake_backend(monkeypatch):
-    import hrm_deploy.runners.trt as trt_runner
+    import hrm_deploy.backends.tensorrt.runner as trt_runner
 
     monkeypatch.setattr(trt_runner, "load_backend", lambda name: Backend("tensorrt", fake_trt))
     fake_trt.CALLS.clear()
@@ -45,7 +45,7 @@ def feeds(batch, s, seed=0):
 
 
 def open_fake(path, **options):
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
 
     return open_runner(path, memory="host", **options)
 
@@ -237,7 +237,7 @@ def test_halting_rows_keep_their_output_of_the_halting_step(tmp_path):
 
 def test_suffix_table_is_the_one_source(tmp_path):
     from hrm_deploy.artifacts import SUFFIXES, is_checkpoint, runner_name
-    from hrm_deploy.runners import RUNNERS, runner_class
+    from hrm_deploy.backends import RUNNERS, runner_class
 
     assert runner_name("a.onnx") == "ort" and runner_name("a.plan") == "trt" and runner_name("a.pt2") == "torch_engine"
     assert is_checkpoint("step_100") and is_checkpoint("model.pt")
@@ -252,8 +252,8 @@ def test_auto_memory_falls_back_to_cuda_python_when_torch_has_no_cuda(monkeypatc
     """A CPU-only torch (a Jetson with pip's torch) must not stop the engine runner."""
     import sys
 
+    from hrm_deploy.backends import memory
     from hrm_deploy.errors import DependencyError
-    from hrm_deploy.runners import memory
 
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -9,10 +9,10 @@ import logging
 import numpy as np
 import pytest
 
-from hrm_deploy.runners.device_loop import bucket
-from hrm_deploy.runners.memory import HostMemory
-from tests.runners import fake_trt
-from tests.runners.test_device_loop import fake_backend, feeds, make_engine, open_fake  # noqa: F401
+from hrm_deploy.runtime.device_loop import bucket
+from hrm_deploy.runtime.memory import HostMemory
+from tests.backends import fake_trt
+from tests.runtime.test_device_loop import fake_backend, feeds, make_engine, open_fake  # noqa: F401
 
 
 def test_buckets_are_powers_of_two_within_the_profile():
@@ -129,8 +129,8 @@ def test_close_releases_the_loop_even_when_saving_a_runtime_cache_fails(tmp_path
 
 def test_an_engine_on_a_machine_without_a_gpu_says_so_first(tmp_path, monkeypatch):
     from hrm_deploy import system
+    from hrm_deploy.backends import open_runner
     from hrm_deploy.errors import EngineError
-    from hrm_deploy.runners import open_runner
 
     path, _ = make_engine(tmp_path)
     monkeypatch.setattr(system, "has_cuda_gpu", lambda: False)

@@ -48,7 +48,7 @@ def _examples(data, n=64):
 
 
 def _reference(checkpoint, feeds, steps):
-    from hrm_deploy.runners.torch_ref import TorchRunner
+    from hrm_deploy.backends.reference import TorchRunner
 
     with TorchRunner(checkpoint, steps=steps) as ref:
         return ref.infer(feeds)
@@ -56,7 +56,7 @@ def _reference(checkpoint, feeds, steps):
 
 @pytest.mark.slow
 def test_step_engine_on_cpu_answers_like_the_reference(torch_engines):
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
 
     manifest = json.loads(torch_engines.step.with_name(torch_engines.step.name + ".manifest.json").read_text())
     assert manifest["compile_path"] == "aoti" and manifest["mode"] == "step" and manifest["device"] == "cpu"
@@ -78,7 +78,7 @@ def test_step_engine_on_cpu_answers_like_the_reference(torch_engines):
 
 @pytest.mark.slow
 def test_step_engine_halts_rows_with_their_halting_step_output(torch_engines):
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
 
     feeds = _examples(torch_engines.data).feeds(0, 6)
     stop_at = np.array([1, 2, 3, 1, 2, 3])
@@ -99,7 +99,7 @@ def test_step_engine_halts_rows_with_their_halting_step_output(torch_engines):
 @pytest.mark.slow
 def test_unrolled_engine_from_the_onnx_export_and_verify_end_to_end(torch_engines, tmp_path):
     from hrm_deploy.artifacts import find_reference
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
     from hrm_deploy.verify import verify
 
     manifest = json.loads(torch_engines.unrolled.with_name(torch_engines.unrolled.name + ".manifest.json").read_text())
@@ -120,8 +120,8 @@ def test_fallback_saves_the_exported_program_and_runs_it_compiled(trained_tiny, 
     """Without a working AOTInductor (no host compiler / CUDA headers) the build saves the
     exported program and says so; the runner compiles it with torch.compile inside the same
     loop (torch.compile itself is replaced by the identity here: its compile time is not the test)."""
-    from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
+    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Failed to find a C++ compiler (simulated)")
@@ -195,7 +195,7 @@ def test_cli_builds_a_torch_engine_with_fp32_by_default(trained_tiny, tmp_path, 
 
 @pytest.fixture(scope="module")
 def cuda_engine(trained_tiny, tmp_path_factory):
-    from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
 
     folder = tmp_path_factory.mktemp("cuda_engine")
     return build_torch_engine(
@@ -209,7 +209,7 @@ def cuda_engine(trained_tiny, tmp_path_factory):
 @pytest.mark.gpu
 @pytest.mark.parametrize("memory", ["torch"])
 def test_gpu_engine_through_the_loop_races_and_graphs(cuda_engine, trained_tiny, memory):
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
 
     feeds = _examples(trained_tiny.data, 64).feeds(0, 64)
     ref = _reference(trained_tiny.checkpoint, feeds, steps=4)
@@ -231,7 +231,7 @@ def test_gpu_engine_through_the_loop_races_and_graphs(cuda_engine, trained_tiny,
 
 @pytest.mark.gpu
 def test_gpu_phase_timings_sum_to_the_wall_time(cuda_engine, trained_tiny):
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
 
     feeds = _examples(trained_tiny.data, 200).feeds(0, 200)
     feeds = {k: np.concatenate([v] * 5)[:256] for k, v in feeds.items()}
@@ -274,7 +274,7 @@ def test_captured_loops_load_aoti_single_threaded_on_the_runner_gpu():
     stream capture: a captured loop must load it with run_single_threaded=True, on its GPU."""
     from types import SimpleNamespace
 
-    from hrm_deploy.runners.torch_engine import load_aoti_package
+    from hrm_deploy.backends.torch.runner import load_aoti_package
 
     calls = []
 
@@ -303,8 +303,8 @@ def test_captured_loops_load_aoti_single_threaded_on_the_runner_gpu():
 def test_adapter_runs_on_the_memory_backends_gpu_and_views_bf16_cuda_python_buffers(monkeypatch):
     from types import SimpleNamespace
 
-    from hrm_deploy.runners.memory import _CudaBuffer
-    from hrm_deploy.runners.torch_engine import TorchEngineAdapter
+    from hrm_deploy.backends.torch.runner import TorchEngineAdapter
+    from hrm_deploy.runtime.memory import _CudaBuffer
 
     memory = SimpleNamespace(kind="cuda-python", stream_handle=0, device_index=1)
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle: None)
@@ -333,7 +333,7 @@ def test_graph_capture_is_thread_local_and_on_the_runner_device(monkeypatch):
     unsafe CUDA call, so the loop captures in thread-local mode, with its own device current."""
     from types import SimpleNamespace
 
-    from hrm_deploy.runners.memory import TorchMemory
+    from hrm_deploy.runtime.memory import TorchMemory
 
     events = []
 
@@ -369,7 +369,7 @@ def test_graph_capture_is_thread_local_and_on_the_runner_device(monkeypatch):
 
 @pytest.fixture(scope="module")
 def cuda_bf16_engine(trained_tiny, tmp_path_factory):
-    from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
 
     folder = tmp_path_factory.mktemp("cuda_bf16")
     config = TorchEngineConfig(precision="bf16", max_batch=64, device="cuda")
@@ -378,7 +378,7 @@ def cuda_bf16_engine(trained_tiny, tmp_path_factory):
 
 @pytest.mark.gpu
 def test_gpu_bf16_engine_runs_and_refuses_cuda_python_memory(cuda_bf16_engine, trained_tiny):
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
 
     path = cuda_bf16_engine
     with pytest.raises(ConfigError, match="--memory torch"):
@@ -394,7 +394,7 @@ def test_gpu_bf16_engine_runs_and_refuses_cuda_python_memory(cuda_bf16_engine, t
 
 @pytest.mark.gpu
 def test_gpu_every_batch_size_through_bounded_captured_plans(cuda_engine, trained_tiny):
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
 
     examples = _examples(trained_tiny.data, 200)
     with open_runner(cuda_engine, steps=2) as runner:
@@ -410,8 +410,8 @@ def test_gpu_every_batch_size_through_bounded_captured_plans(cuda_engine, traine
 
 
 def test_cuda_python_memory_is_refused_for_a_cuda_torch_engine(tmp_path, monkeypatch):
+    from hrm_deploy.backends import open_runner
     from hrm_deploy.manifest import write_manifest
-    from hrm_deploy.runners import open_runner
 
     path = tmp_path / "e.pt2"
     path.write_bytes(b"not loaded")

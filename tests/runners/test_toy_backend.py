@@ -11,7 +11,7 @@ import numpy as np
 
 from hrm_deploy import artifacts, runners
 from hrm_deploy.manifest import write_manifest
-from hrm_deploy.runners.base import Runner
+from hrm_deploy.runtime.base import Runner
 
 
 class ToyRunner(Runner):
@@ -22,7 +22,7 @@ class ToyRunner(Runner):
 
     def __init__(self, path, steps=None, **options):
         from hrm_deploy.artifacts import find_reference
-        from hrm_deploy.runners.torch_ref import TorchRunner
+        from hrm_deploy.backends.reference import TorchRunner
 
         self.path = path
         self.inner = TorchRunner(find_reference(path), steps=steps)

@@ -59,10 +59,10 @@ def test_torch_engine_builds_from_the_checkpoint_in_step_mode(trm_deploy, tmp_pa
 
 
 def test_tensorrt_rtx_builds_the_step_graph(trm_deploy, tmp_path, monkeypatch):
+    from hrm_deploy.backends.tensorrt.api import load_backend
     from hrm_deploy.engines.build import EngineConfig, build_engine
     from hrm_deploy.errors import DependencyError
     from hrm_deploy.manifest import read_manifest
-    from hrm_deploy.runners.backend import load_backend
 
     try:
         load_backend("tensorrt-rtx")
@@ -88,9 +88,9 @@ def test_q_rule_follows_the_checkpoint(trm_deploy, upstream_run):
 
 
 def test_solve_and_torch_reference_halting(trm_deploy):
+    from hrm_deploy.backends import open_runner
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.halting import resolve_rule
-    from hrm_deploy.runners import open_runner
     from hrm_deploy.solve import solve
 
     examples = load_examples(str(trm_deploy.data), 4, "test")
@@ -165,7 +165,7 @@ def test_bench_measures_a_trm_step_graph_beside_its_reference(trm_deploy, tmp_pa
 
 @pytest.mark.slow
 def test_serve_answers_a_trm_step_graph_like_the_runner(trm_deploy, tmp_path):
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
     from hrm_deploy.serve.client import infer_remote
     from tests.serve.helpers import ServeProcess, puzzles, serving_unavailable
 

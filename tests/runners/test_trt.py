@@ -6,17 +6,17 @@ import sys
 import pytest
 
 from hrm_deploy.errors import EngineError
-from hrm_deploy.runners.compat import check_compatible
+from hrm_deploy.runtime.compat import check_compatible
 
 BLOCKED_IMPORT = """
 import sys
 for name in ("torch", "onnx", "onnxruntime"):
     sys.modules[name] = None  # any import of them now raises ImportError
-import hrm_deploy.runners.trt, hrm_deploy.runners.memory, hrm_deploy.runners.device_loop, hrm_deploy.runners.adapter
-import hrm_deploy.runners.base, hrm_deploy.bench.run, hrm_deploy.bench.jetson
-import hrm_deploy.runners, hrm_deploy.data.examples, hrm_deploy.precision.accuracy, hrm_deploy.verify
+import hrm_deploy.backends.tensorrt.runner, hrm_deploy.runtime.memory, hrm_deploy.runtime.device_loop, hrm_deploy.runtime.adapter
+import hrm_deploy.runtime.base, hrm_deploy.bench.run, hrm_deploy.bench.jetson
+import hrm_deploy.backends, hrm_deploy.data.examples, hrm_deploy.precision.accuracy, hrm_deploy.verify
 from hrm_deploy.errors import DependencyError
-from hrm_deploy.runners.memory import device_memory
+from hrm_deploy.runtime.memory import device_memory
 try:
     device_memory(0)
 except DependencyError as exc:
@@ -60,7 +60,7 @@ def test_adapter_surface_exists_in_installed_tensorrt_rtx():
     trt = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is not installed (pip install 'hrm-deploy[rtx]')")
     if not hasattr(trt, "Builder"):
         pytest.skip("tensorrt_rtx here is type stubs only; pip install tensorrt-rtx for the real package")
-    from hrm_deploy.runners.adapter import TRT_DTYPES
+    from hrm_deploy.runtime.adapter import TRT_DTYPES
 
     assert set(TRT_DTYPES) <= set(trt.DataType.__members__)
     assert {"INPUT", "OUTPUT"} <= set(trt.TensorIOMode.__members__)
