@@ -356,7 +356,7 @@ def solve(
                 file=sys.stderr,
                 flush=True,
             )
-        from hrm_deploy.runners import open_runner
+        from hrm_deploy.backends import open_runner
 
         runner = open_runner(path, **runner_options)
         runner.activate()

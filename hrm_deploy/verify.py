@@ -45,7 +45,7 @@ THRESHOLDS = {
 
 def _run(runner, examples, batch: int, label: str, quiet: bool) -> dict[str, np.ndarray]:
     from hrm_deploy.progress import progress
-    from hrm_deploy.runners.infer import infer_all
+    from hrm_deploy.runtime.infer import infer_all
 
     runner.activate()
     try:
@@ -213,9 +213,9 @@ def verify(
     ``halt``: early-halting rules (``q``, ``threshold:X``, ``budget:P``) to report on the candidate
     (``<artifact>.halting.json`` / ``.halting.png``; ``budget:P`` is calibrated on the train split
     and stored in the manifest when not already there). Progress with ETA goes to stderr unless ``quiet``."""
+    from hrm_deploy.backends import open_runner
+    from hrm_deploy.backends.reference import TorchRunner
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.runners import open_runner
-    from hrm_deploy.runners.torch_ref import TorchRunner
 
     path = Path(artifact)
     if data is None:  # the checkpoint's own dataset, announced

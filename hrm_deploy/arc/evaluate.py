@@ -111,9 +111,9 @@ def predict(
 ) -> np.ndarray:
     """Predictions of ``artifact`` on every row of ``data``'s test split (records of row, final
     q_halt logit, argmax tokens), run or resumed into ``preds``."""
+    from hrm_deploy.backends import open_runner
     from hrm_deploy.data.format import load_split
     from hrm_deploy.progress import progress
-    from hrm_deploy.runners import open_runner
     from hrm_deploy.serve.contract import read_contract
 
     split = load_split(data, "test")
@@ -233,7 +233,7 @@ def arc_eval(
 ) -> dict[str, Any]:
     """Evaluate ``artifact`` (checkpoint, ONNX graph or engine) on the ARC dataset ``data``;
     write ``submission.json`` (default ``<artifact>.arc-submission.json``) and its report; return
-    the report. ``runner_options`` go to :func:`hrm_deploy.runners.open_runner`."""
+    the report. ``runner_options`` go to :func:`hrm_deploy.backends.open_runner`."""
     config = config or ArcEvalConfig()
     path, data = Path(artifact), Path(data)
     submission = Path(output) if output else path.parent / f"{path.name}.arc-submission.json"

@@ -133,7 +133,7 @@ def _time_batch(runner, feeds: dict[str, np.ndarray], config: BenchConfig, advan
 def _measure(runner, examples, config: BenchConfig, label: str = "bench", quiet: bool = False) -> dict[str, Any]:
     from hrm_deploy.metrics import accuracy
     from hrm_deploy.progress import progress
-    from hrm_deploy.runners.infer import predict
+    from hrm_deploy.runtime.infer import predict
 
     calls = -(-len(examples) // 64) + len(config.batches) * (config.warmup + (config.iters or config.min_iters))
     runner.activate()
@@ -247,11 +247,11 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``. Progress
     with ETA per artifact goes to stderr unless ``quiet``."""
     from hrm_deploy.artifacts import find_reference
+    from hrm_deploy.backends import open_runner
+    from hrm_deploy.backends.reference import TorchRunner
     from hrm_deploy.bench.jetson import jetson_model
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.manifest import check_artifact
-    from hrm_deploy.runners import open_runner
-    from hrm_deploy.runners.torch_ref import TorchRunner
 
     on_jetson = jetson_model() is not None
     if config.target == "jetson" and not on_jetson:

@@ -8,8 +8,8 @@ from hrm_deploy.metrics import accuracy
 
 def onnx_accuracy(path: str, examples: Examples) -> dict[str, float]:
     """Accuracy of an ONNX graph (either mode) on ONNX Runtime CPU."""
-    from hrm_deploy.runners.infer import predict
-    from hrm_deploy.runners.ort import OrtRunner
+    from hrm_deploy.backends.ort.runner import OrtRunner
+    from hrm_deploy.runtime.infer import predict
 
     runner = OrtRunner(path)
     runner.activate()
