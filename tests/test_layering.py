@@ -10,21 +10,21 @@ base ``onnx_runtime``; there is no allow-list).
 Rank  Rooms (first package level below ``hrm_deploy``)
 ----  -----------------------------------------------------------------------------------------
 0     base: the package itself (``hrm_deploy/__init__``: lazy exports only), ``errors``, ``io``,
-      ``manifest``, ``registry`` (the backend table, plain data), ``artifacts``, ``onnx_runtime``,
-      ``system``, ``progress``, ``metrics`` -- used by everything, import only base
+      ``manifest``, ``registry`` (the backend table, plain data), ``contract`` (the step / unrolled
+      graphs' I/O names and shapes, the carry, the halting function type), ``artifacts``,
+      ``onnx_runtime``, ``system``, ``progress``, ``metrics`` -- used by everything, import only base
 1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format),
       ``provenance`` (default data from a checkpoint's own dataset)
-2     ``contract`` (the step / unrolled graphs' I/O names, the carry, the halting function type)
-3     ``export`` (checkpoint -> ONNX, graph metadata, parity)
-4     ``runtime`` (what every runner shares: Runner template, device loop, memory, adapters' interface)
-5     ``backends`` run side (each backend's runner; TensorRT's API wrapper), ``halting`` (rules, the
+2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
+3     ``runtime`` (what every runner shares: Runner template, device loop, memory, adapters' interface)
+4     ``backends`` run side (each backend's runner; TensorRT's API wrapper), ``halting`` (rules, the
       step driver and continuous batching, budget calibration)
-6     ``precision`` (FP16/INT8/FP8 conversion, calibration, accuracy on examples)
-7     ``engines`` (the build stage: options, targets, dispatch), ``backends.<name>.builder`` (each
+5     ``precision`` (FP16/INT8/FP8 conversion, calibration, accuracy on examples)
+6     ``engines`` (the build stage: options, targets, dispatch), ``backends.<name>.builder`` (each
       backend's build side: it may use precision)
-8     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``,
+7     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``,
       ``arc`` (ARC evaluation)
-9     ``cli``, ``__main__`` (thin Typer commands over the applications)
+8     ``cli``, ``__main__`` (thin Typer commands over the applications)
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ RANKS: dict[str, int] = {
     "io": 0,
     "manifest": 0,
     "registry": 0,
+    "contract": 0,
     "artifacts": 0,
     "onnx_runtime": 0,
     "system": 0,
@@ -50,25 +51,24 @@ RANKS: dict[str, int] = {
     "model": 1,
     "data": 1,
     "provenance": 1,
-    "contract": 2,
-    "export": 3,
-    "runtime": 4,
-    "backends": 5,
-    "halting": 5,
-    "precision": 6,
-    "engines": 7,
-    "verify": 8,
-    "bench": 8,
-    "serve": 8,
-    "solve": 8,
-    "train": 8,
-    "doctor": 8,
-    "inspection": 8,
-    "arc": 8,
-    "cli": 9,
-    "__main__": 9,
+    "export": 2,
+    "runtime": 3,
+    "backends": 4,
+    "halting": 4,
+    "precision": 5,
+    "engines": 6,
+    "verify": 7,
+    "bench": 7,
+    "serve": 7,
+    "solve": 7,
+    "train": 7,
+    "doctor": 7,
+    "inspection": 7,
+    "arc": 7,
+    "cli": 8,
+    "__main__": 8,
 }
-BUILD_SIDE = 7  # hrm_deploy.backends.<name>.builder[...]: a backend's build side ranks with the engine stage
+BUILD_SIDE = 6  # hrm_deploy.backends.<name>.builder[...]: a backend's build side ranks with the engine stage
 
 
 def _module_name(path: Path) -> str:

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.contract import HaltFn
 from hrm_deploy.errors import ConfigError, require
-from hrm_deploy.runtime.base import HaltFn, Runner
+from hrm_deploy.runtime.base import Runner
 
 
 class TorchRunner(Runner):

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.contract import HaltFn
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.halting.budget import accuracy_vs_steps, calibrate_budget, exact_at, rule_summary
-from hrm_deploy.halting.rules import HaltFn, HaltMode, HaltRule, resolve_rule, simulate_steps
+from hrm_deploy.halting.rules import HaltMode, HaltRule, resolve_rule, simulate_steps
 from hrm_deploy.metrics import solved_rows
 
 

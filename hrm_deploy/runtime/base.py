@@ -26,19 +26,16 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from hrm_deploy.contract import FEEDS, HaltFn
 from hrm_deploy.errors import ConfigError, DataError, EngineError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
-
-HaltFn = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
-FEED_NAMES = ("inputs", "puzzle_identifiers")
 
 
 class Runner(ABC):
@@ -78,9 +75,9 @@ class Runner(ABC):
         self.close()
 
     def _check(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        missing = [k for k in FEED_NAMES if k not in feeds]
+        missing = [k for k in FEEDS if k not in feeds]
         if missing:
-            raise DataError(f"infer needs feeds {', '.join(FEED_NAMES)}; missing {', '.join(missing)}")
+            raise DataError(f"infer needs feeds {', '.join(FEEDS)}; missing {', '.join(missing)}")
         inputs, ids = np.asarray(feeds["inputs"]), np.asarray(feeds["puzzle_identifiers"])
         for name, array, ndim in (("inputs", inputs, 2), ("puzzle_identifiers", ids, 1)):
             if array.dtype.kind not in "iu":

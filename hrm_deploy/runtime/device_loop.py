@@ -42,17 +42,15 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.contract import CARRY, CARRY_OUT, FEEDS, HEADS, Q_LOGITS, RESET, STEP_INPUTS, STEP_OUTPUTS, HaltFn
 from hrm_deploy.errors import ConfigError, EngineError
 from hrm_deploy.runtime.adapter import EngineAdapter, TensorSpec
 from hrm_deploy.runtime.memory import DeviceMemory, to_float32
 
 log = logging.getLogger(__name__)
 
-HaltFn = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
-FEEDS = ("inputs", "puzzle_identifiers")
-STEP_INPUTS = (*FEEDS, "z_H", "z_L", "reset")
-STEP_OUTPUTS = ("z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits")
-UNROLLED_OUTPUTS = ("logits", "q_halt_logits")  # + q_continue_logits, step_predictions when present
+# an unrolled engine needs these; q_continue_logits and step_predictions are used when present
+UNROLLED_REQUIRED = HEADS[:2]
 MAX_PLANS = 8  # plans (buffers, contexts, graphs) kept per loop; least recently used go first
 
 
@@ -94,8 +92,8 @@ class DeviceLoop:
     ):
         self.adapter, self.memory = adapter, memory
         names = set(adapter.tensors)
-        self.mode = "step" if "z_H" in names else "unrolled"
-        wanted = set(STEP_INPUTS + STEP_OUTPUTS) if self.mode == "step" else set(FEEDS + UNROLLED_OUTPUTS)
+        self.mode = "step" if CARRY[0] in names else "unrolled"
+        wanted = set(STEP_INPUTS + STEP_OUTPUTS) if self.mode == "step" else set(FEEDS + UNROLLED_REQUIRED)
         if not wanted <= names:
             raise EngineError(
                 f"this {self.mode} engine lacks tensors {sorted(wanted - names)}; rebuild it from an hrm-deploy export"
@@ -176,16 +174,16 @@ class DeviceLoop:
         for spec in outputs:
             device[spec.name] = self._output(contexts[0], spec)
         if self.mode == "step":
-            for name in ("z_H", "z_L"):
+            for name in CARRY:
                 device[name + "_b"] = memory.empty(specs[name].at(batch), specs[name].dtype)
-            reset = specs["reset"]
+            reset = specs[RESET]
             for role, value in (("reset_on", True), ("reset_off", False)):
                 device[role] = memory.empty(reset.at(batch), reset.dtype)
                 host = memory.staging(reset.at(batch), reset.dtype)
                 host[...] = value
                 memory.upload(device[role], host)
                 stage[role] = host  # kept alive: the copy is asynchronous
-            for name in ("q_halt_logits", "q_continue_logits"):
+            for name in Q_LOGITS:
                 spec = specs[name]
                 device[name + "_hist"] = memory.empty((self.steps, batch), spec.dtype)
                 stage[name + "_hist"] = memory.staging((self.steps, batch), spec.dtype)
@@ -200,15 +198,15 @@ class DeviceLoop:
             elif self.step_predictions:  # no device argmax (cuda-python): every step's logits come back
                 device["logits_hist"] = memory.empty((self.steps, *shape), logits.dtype)
                 stage["logits_hist"] = memory.staging((self.steps, *shape), logits.dtype)
-            carry_a = {"z_H": device["z_H"], "z_L": device["z_L"]}
-            carry_b = {"z_H": device["z_H_b"], "z_L": device["z_L_b"]}
+            carry_a = {name: device[name] for name in CARRY}
+            carry_b = {name: device[name + "_b"] for name in CARRY}
             for context, (src, dst) in zip(contexts, ((carry_a, carry_b), (carry_b, carry_a))):
-                for name in FEEDS + ("reset",):
+                for name in (*FEEDS, RESET):
                     adapter.bind(context, name, device[name])
-                for name in ("z_H", "z_L"):
+                for name, out in zip(CARRY, CARRY_OUT):
                     adapter.bind(context, name, src[name])
-                    adapter.bind(context, name + "_out", dst[name])
-                for name in ("logits", "q_halt_logits", "q_continue_logits"):
+                    adapter.bind(context, out, dst[name])
+                for name in HEADS:
                     adapter.bind(context, name, device[name])
         else:
             for name in [*FEEDS, *(s.name for s in outputs)]:
@@ -242,10 +240,10 @@ class DeviceLoop:
         """Enqueue ACT step ``k`` (0-based): reset switch, one execute, per-step outputs aside."""
         memory, device = self.memory, plan.device
         if k < 2:
-            memory.copy(device["reset"], device["reset_on" if k == 0 else "reset_off"])
+            memory.copy(device[RESET], device["reset_on" if k == 0 else "reset_off"])
         self.adapter.execute(plan.contexts[k % 2])
         self.enqueued_steps += 1
-        for name in ("q_halt_logits", "q_continue_logits"):
+        for name in Q_LOGITS:
             memory.copy(memory.rows(device[name + "_hist"], k, k + 1), device[name])
         if self.device_argmax and self._argmax is not None:
             self._argmax(memory.rows(device["pred_hist"], k, k + 1), device["logits"])
@@ -266,7 +264,7 @@ class DeviceLoop:
         k = 0
         for k in range(self.steps):
             self._step(plan, k)
-            for name in ("q_halt_logits", "q_continue_logits"):
+            for name in Q_LOGITS:
                 memory.download(stage[name], device[name])
             memory.synchronize()  # the only host sync per step: 2 x B floats
             q_halt = to_float32(stage["q_halt_logits"], specs["q_halt_logits"].dtype)
@@ -401,7 +399,7 @@ class DeviceLoop:
                 out["step_predictions"] = stage["step_predictions"].astype(np.int32)
         else:
             out = {"logits": to_float32(stage["logits"], specs["logits"].dtype)}
-            for name in ("q_halt_logits", "q_continue_logits"):
+            for name in Q_LOGITS:
                 out[name] = to_float32(stage[name + "_hist"][:steps_run], specs[name].dtype).T.copy()
             predictions = None
             if self.device_argmax:

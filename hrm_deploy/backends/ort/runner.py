@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.contract import HaltFn
 from hrm_deploy.errors import require
 from hrm_deploy.onnx_runtime import load_onnx, ort_session, provider_name
-from hrm_deploy.runtime.base import HaltFn, Runner
+from hrm_deploy.runtime.base import Runner
 
 
 class OrtRunner(Runner):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from hrm_deploy.backends.tensorrt.api import load_backend, runtime_cache_path
+from hrm_deploy.contract import CARRY
 from hrm_deploy.errors import EngineError
 from hrm_deploy.manifest import read_verified
 from hrm_deploy.runtime.base import LoopRunner
@@ -75,7 +76,7 @@ class TrtRunner(LoopRunner):
             adapter,
             self.memory,
             self.requested_steps or int(self.manifest.get("steps", 1))
-            if "z_H" in adapter.tensors
+            if CARRY[0] in adapter.tensors  # a step engine
             else self.requested_steps,
             cuda_graph=self.cuda_graph,
             step_predictions=self.step_predictions,

@@ -55,30 +55,21 @@ class TorchEngineConfig:
 
 
 def io_specs(mode: str, config: Any, steps: int, dtypes: list[str] | None = None) -> list[dict[str, Any]]:
-    """The engine's I/O tensors (name, input?, dtype, shape with -1 for the batch), in call order;
-    ``dtypes`` (inputs then outputs, as traced) replace the float32 defaults."""
+    """The engine's I/O tensors (name, input?, dtype, shape with -1 for the batch), in call order,
+    from the graphs' contract (step predictions always, unrolled); ``dtypes`` (inputs then
+    outputs, as traced) replace the contract's defaults."""
+    from hrm_deploy.contract import graph_io
+
     S, V, T, D = config.seq_len, config.vocab_size, config.total_seq_len, config.hidden_size
-    feeds = [("inputs", True, "int32", [-1, S]), ("puzzle_identifiers", True, "int32", [-1])]
-    if mode == "step":
-        io = feeds + [
-            ("z_H", True, "float32", [-1, T, D]),
-            ("z_L", True, "float32", [-1, T, D]),
-            ("reset", True, "bool", [-1]),
-            ("z_H_out", False, "float32", [-1, T, D]),
-            ("z_L_out", False, "float32", [-1, T, D]),
-            ("logits", False, "float32", [-1, S, V]),
-            ("q_halt_logits", False, "float32", [-1]),
-            ("q_continue_logits", False, "float32", [-1]),
-        ]
-    else:
-        io = feeds + [
-            ("logits", False, "float32", [-1, S, V]),
-            ("q_halt_logits", False, "float32", [-1, steps]),
-            ("q_continue_logits", False, "float32", [-1, steps]),
-            ("step_predictions", False, "int32", [-1, steps, S]),
-        ]
+    io = graph_io(mode, S, T, D, V, steps, step_predictions=True)
     return [
-        {"name": n, "is_input": i, "dtype": dtypes[k] if dtypes else d, "shape": s} for k, (n, i, d, s) in enumerate(io)
+        {
+            "name": t.name,
+            "is_input": t.is_input,
+            "dtype": dtypes[k] if dtypes else t.dtype,
+            "shape": [-1 if d == "batch" else d for d in t.shape],
+        }
+        for k, t in enumerate(io)
     ]
 
 
