@@ -37,7 +37,7 @@ BACKENDS: dict[str, BackendEntry] = {
             "ort",
             "hrm_deploy.backends.ort.runner:OrtRunner",
             (".onnx",),
-            "hrm_deploy.backends.ort.builder.int8:build_for_cpu",
+            "hrm_deploy.backends.ort.builder.target:build_for_cpu",
             ("onnxruntime",),
         ),
         BackendEntry(

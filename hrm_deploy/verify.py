@@ -8,6 +8,7 @@ and records the summary in the artifact's manifest.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from hrm_deploy.artifacts import find_reference, recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.io import check_output_path, write_json, write_text
 from hrm_deploy.manifest import check_artifact, manifest_path, report_paths, update_manifest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -219,12 +222,10 @@ def verify(
 
     path = Path(artifact)
     if data is None:  # the checkpoint's own dataset, announced
-        import sys
-
         from hrm_deploy.provenance import default_data
 
         choice = default_data(against or path, "--data")
-        print(choice.message, file=sys.stderr, flush=True)
+        log.info(choice.message)
         data = choice.path
     if samples is not None and samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {samples}")

@@ -9,6 +9,7 @@ as many as fit ``duration_s`` per artifact and batch (like trtexec's ``--duratio
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import resource
@@ -22,6 +23,8 @@ import numpy as np
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
 from hrm_deploy.io import check_output_path, write_json, write_text
+
+log = logging.getLogger(__name__)
 
 BENCH_TARGETS = ("desktop", "jetson")  # jetson adds tegrastats power and JetPack facts
 DURATION_S = 10.0  # timed seconds per artifact and batch: a full-size model on 2 CPU cores is ~1-10 s a call
@@ -223,14 +226,13 @@ def resolve_data(config: BenchConfig, paths: list[Path]) -> BenchConfig:
     (announced on stderr in one line)."""
     if config.data:
         return config
-    import sys
     from dataclasses import replace
 
     from hrm_deploy.provenance import default_data
     from hrm_deploy.train.presets import bundled_checkpoint
 
     choice = default_data(config.reference or (paths[0] if paths else bundled_checkpoint()), "--data")
-    print(choice.message, file=sys.stderr, flush=True)
+    log.info(choice.message)
     return replace(config, data=str(choice.path))
 
 

@@ -81,7 +81,7 @@ def test_build_engine_help_lists_the_choices():
 def built(monkeypatch):
     """build-engine with the library's builds (TensorRT/torch, and the cpu target's) replaced:
     the EngineConfig each call passes."""
-    from hrm_deploy.backends.ort.builder import int8 as cpu_int8
+    from hrm_deploy.backends.ort.builder import target as cpu_target
     from hrm_deploy.engines import build
 
     seen: list = []
@@ -91,7 +91,7 @@ def built(monkeypatch):
         return build.EngineResult(Path("m.engine"), Path("m.engine.manifest.json"), Path("m.onnx"), {})
 
     monkeypatch.setattr(build, "build_engine", fake_build)
-    monkeypatch.setattr(cpu_int8, "build_for_cpu", fake_build)
+    monkeypatch.setattr(cpu_target, "build_for_cpu", fake_build)
 
     def run(*args: str):
         result = runner.invoke(app, ["build-engine", "m.onnx", *args])
@@ -146,12 +146,12 @@ def test_an_invalid_choice_is_named_with_the_valid_ones(args, option):
 def test_the_library_builds_the_cpu_target_like_the_cli(monkeypatch):
     """build_engine(EngineConfig(target="cpu", ...)) takes the cpu target's own path (static INT8 by
     default, options it cannot honour refused), not a dynamic-INT8 shortcut."""
-    from hrm_deploy.backends.ort.builder import int8 as cpu_int8
+    from hrm_deploy.backends.ort.builder import target as cpu_target
     from hrm_deploy.engines import build
     from hrm_deploy.errors import ConfigError
 
     calls = []
-    monkeypatch.setattr(cpu_int8, "build_for_cpu", lambda *a, **k: calls.append((a, k)) or "built")
+    monkeypatch.setattr(cpu_target, "build_for_cpu", lambda *a, **k: calls.append((a, k)) or "built")
     assert build.build_engine("m.onnx", build.EngineConfig(precision="int8", target="cpu")) == "built"
     ((args, kwargs),) = calls
     assert args[1].cpu_int8 is None and args[1].cpu_accuracy_check  # recipe None: static, checked

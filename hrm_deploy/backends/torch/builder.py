@@ -12,8 +12,8 @@ no CUDA headers), the exported program is saved instead and the runner compiles 
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -24,6 +24,8 @@ from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import publish_artifact
 from hrm_deploy.progress import Stages
+
+log = logging.getLogger(__name__)
 
 TORCH_PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 COMPILERS = ("auto", "aoti", "torch.compile")
@@ -168,10 +170,9 @@ def build_torch_engine(
                 ) from None
             compile_path, fallback_reason = "torch.compile", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             if not quiet and config.compiler == "auto":
-                print(
+                log.warning(
                     f"AOTInductor could not compile ({fallback_reason}); saving the exported program, the runner "
-                    "will torch.compile it",
-                    file=sys.stderr,
+                    "will torch.compile it"
                 )
             torch.export.save(program, str(built))
         seconds = time.perf_counter() - started

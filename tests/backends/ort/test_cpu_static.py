@@ -8,8 +8,8 @@ import pytest
 
 from hrm_deploy.backends import open_runner
 from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
-from hrm_deploy.backends.ort.builder.int8 import build_for_cpu
 from hrm_deploy.backends.ort.builder.static import Holdout, Quality
+from hrm_deploy.backends.ort.builder.target import build_for_cpu
 from hrm_deploy.data.examples import load_examples
 from hrm_deploy.engines.build import EngineConfig
 from hrm_deploy.errors import ConfigError

@@ -9,13 +9,8 @@ import shlex
 import types
 from pathlib import Path
 
-from hrm_deploy.backends.tensorrt.api import (
-    Backend,
-    create_context,
-    reproduce_command,
-    runtime_cache_path,
-    timing_cache_path,
-)
+from hrm_deploy.backends.tensorrt.api import Backend, create_context, runtime_cache_path
+from hrm_deploy.backends.tensorrt.builder.options import reproduce_command, timing_cache_path
 
 SHAPES = {"inputs": [[1, 81], [8, 81], [16, 81]], "puzzle_identifiers": [[1], [8], [16]]}
 

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,7 +145,7 @@ def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, q
 
         choice = default_data(src, "--calib-data")
         if not quiet:
-            print(choice.message, file=sys.stderr, flush=True)
+            log.info(choice.message)
         data = str(choice.path)
     examples = load_examples(str(data), config.calib_samples)
     key = calibration_key(

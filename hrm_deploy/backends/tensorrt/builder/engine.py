@@ -19,9 +19,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from hrm_deploy.backends.tensorrt.api import load_backend, reproduce_command, timing_cache_path
+from hrm_deploy.backends.tensorrt.api import load_backend
 from hrm_deploy.backends.tensorrt.builder.cost import check_unrolled_build, compute_nodes, unrolled_over_budget
 from hrm_deploy.backends.tensorrt.builder.layers import precision_verdict
+from hrm_deploy.backends.tensorrt.builder.options import reproduce_command, timing_cache_path
 from hrm_deploy.engines.result import EngineResult, newest_export, recorded_data_fields
 from hrm_deploy.engines.targets import TargetProfile, get_target, target_architectures
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
@@ -95,7 +96,7 @@ def _step_graph(unrolled: Path, meta: dict[str, Any], cost: Any, quiet: bool) ->
 
     checkpoint = find_reference(unrolled)
     step = unrolled.with_name(unrolled.name.removesuffix(".onnx") + ".step.onnx")
-    say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say = (lambda msg: None) if quiet else log.info
     say(
         f"{unrolled.name} is a {meta.get('steps', '?')}-step unrolled graph whose TensorRT build would take "
         f"{cost.describe()}: building its single-step graph instead, run by the device loop "
@@ -125,14 +126,14 @@ def _precision_source(onnx_path: Path, meta: dict[str, Any], config: EngineConfi
 
     if not quiet:
         what = "calibrating and quantizing" if config.precision in QDQ_PRECISIONS else "converting"
-        print(f"{onnx_path.name} is FP32: {what} it to {config.precision} first", file=sys.stderr, flush=True)
+        log.info(f"{onnx_path.name} is FP32: {what} it to {config.precision} first")
     if config.precision in QDQ_PRECISIONS and not config.calib_data:
         from dataclasses import replace
 
         from hrm_deploy.provenance import default_data
 
         choice = default_data(onnx_path, "--calib-data")
-        print(choice.message, file=sys.stderr, flush=True)
+        log.info(choice.message)
         config = replace(config, calib_data=str(choice.path))
     quant = QuantConfig(method=config.calib_method, samples=config.calib_samples)
     result = make_precision_graph(
@@ -282,11 +283,7 @@ def build_tensorrt(
         given.meta, given.compute_nodes, config.precision, config.allow_unrolled, src.name
     )
     if unrolled_cost is not None and not quiet:
-        print(
-            f"building the unrolled graph as asked (--allow-unrolled): {unrolled_cost.describe()}",
-            file=sys.stderr,
-            flush=True,
-        )
+        log.info(f"building the unrolled graph as asked (--allow-unrolled): {unrolled_cost.describe()}")
     graph = _precision_source(src, given.meta, config, quiet) if config.precision != "fp32" else src
     # Everything below uses these bytes, whose sha256 matched the manifest: a concurrent export
     # replacing the file cannot slip in between the check, the shapes and the build.
