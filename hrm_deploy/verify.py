@@ -216,8 +216,7 @@ def verify(
     ``halt``: early-halting rules (``q``, ``threshold:X``, ``budget:P``) to report on the candidate
     (``<artifact>.halting.json`` / ``.halting.png``; ``budget:P`` is calibrated on the train split
     and stored in the manifest when not already there). Progress with ETA goes to stderr unless ``quiet``."""
-    from hrm_deploy.backends import open_runner
-    from hrm_deploy.backends.reference import TorchRunner
+    from hrm_deploy.backends import open_runner, reference_runner
     from hrm_deploy.data.examples import load_examples
 
     path = Path(artifact)
@@ -245,7 +244,7 @@ def verify(
     cand_out = _run(candidate, examples, batch, f"{path.name} ({candidate.name})", quiet)
     reference_ckpt = Path(against) if against else find_reference(path)
     ckpt_overrides = recorded_overrides(path)  # the same model the artifact was exported as
-    reference = TorchRunner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
+    reference = reference_runner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
     ref_out = _run(reference, examples, batch, "PyTorch reference", quiet)
     report: dict[str, Any] = {
         "artifact": str(path),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.errors import ArtifactError, ConfigError
-from hrm_deploy.registry import BACKENDS, runner_name
+from hrm_deploy.registry import BACKENDS, CHECKPOINT_RUNNER, runner_name
 
 if TYPE_CHECKING:
     from hrm_deploy.runtime.base import Runner
@@ -45,6 +45,12 @@ def open_runner(artifact: str | Path, *, runner: str | None = None, **options: A
         raise ArtifactError(f"{path} does not exist")
     cls: Any = runner_class(runner or runner_name(path))  # each runner's own constructor options
     return cls(path, **options)
+
+
+def reference_runner(checkpoint: str | Path, **options: Any) -> Runner:
+    """The reference every other artifact is compared with: the checkpoint on the PyTorch SDPA
+    model (the table's checkpoint row), whatever its file name."""
+    return open_runner(checkpoint, runner=CHECKPOINT_RUNNER, **options)
 
 
 def builder(backend: str) -> Callable[..., Any]:

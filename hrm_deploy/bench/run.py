@@ -249,8 +249,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``. Progress
     with ETA per artifact goes to stderr unless ``quiet``."""
     from hrm_deploy.artifacts import find_reference
-    from hrm_deploy.backends import open_runner
-    from hrm_deploy.backends.reference import TorchRunner
+    from hrm_deploy.backends import open_runner, reference_runner
     from hrm_deploy.bench.jetson import jetson_model
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.manifest import check_artifact
@@ -308,9 +307,9 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
             "reference": True,
             "size_mb": reference.stat().st_size / 1e6,
         }
-        row.update(_measure(TorchRunner(reference, steps=steps), examples, config, "PyTorch reference", quiet))
+        row.update(_measure(reference_runner(reference, steps=steps), examples, config, "PyTorch reference", quiet))
         if config.halt:
-            row["halting"] = _halting(reference, TorchRunner(reference, steps=steps), examples, config)
+            row["halting"] = _halting(reference, reference_runner(reference, steps=steps), examples, config)
         row["status"] = "ok"
         rows.append(row)
         _add_ratios(rows, row)
