@@ -178,8 +178,6 @@ def test_stages_look_backends_up_in_the_table():
     hrm_deploy.backends (open_runner, reference_runner, builder), never by importing its package."""
     stages = ("verify", "bench", "solve", "serve", "arc", "halting", "precision", "engines", "cli", "doctor")
     by_name = [
-        (src, dst)
-        for src, dst in _edges()
-        if src.split(".")[1] in stages and dst.startswith("hrm_deploy.backends.")
+        (src, dst) for src, dst in _edges() if src.split(".")[1] in stages and dst.startswith("hrm_deploy.backends.")
     ]
     assert not by_name, by_name

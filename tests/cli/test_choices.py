@@ -16,13 +16,13 @@ runner = CliRunner()
 
 def _library_choices() -> dict[type, set[str]]:
     from hrm_deploy.backends.ort.builder.int8 import RECIPES
-    from hrm_deploy.backends.tensorrt.api import MODULES
     from hrm_deploy.bench.run import BENCH_TARGETS
     from hrm_deploy.engines.build import ENGINE_PRECISIONS
     from hrm_deploy.engines.targets import TARGETS
     from hrm_deploy.export.onnx_export import MODES
     from hrm_deploy.onnx_runtime import PROVIDERS
     from hrm_deploy.precision.int8 import METHODS
+    from hrm_deploy.registry import BACKENDS
     from hrm_deploy.train.loop import OPTIMIZERS
     from hrm_deploy.train.presets import PRESETS
     from hrm_deploy.train.sinks import SINKS
@@ -31,7 +31,8 @@ def _library_choices() -> dict[type, set[str]]:
         choices.Precision: set(ENGINE_PRECISIONS),
         choices.Target: set(TARGETS),
         choices.CpuInt8Recipe: set(RECIPES),
-        choices.Backend: {*MODULES, "torch"},  # torch: build_engine's AOTInductor branch
+        # the table's builders, less the cpu target's (it takes no --backend)
+        choices.Backend: {name for entry in BACKENDS.values() for name in entry.builds_for} - {"onnxruntime"},
         choices.CalibMethod: set(METHODS),
         choices.ExportMode: set(MODES),
         choices.Provider: set(PROVIDERS),
