@@ -42,6 +42,6 @@ def test_engine_runner_and_device_loop_are_light():
     (TensorRT is imported on activate; torch only by the torch memory backend when chosen)."""
     body = (
         "import hrm_deploy.backends, hrm_deploy.backends.tensorrt.runner, hrm_deploy.runtime.device_loop, "
-        "hrm_deploy.runtime.memory, hrm_deploy.runtime.adapter, hrm_deploy.runtime.base"
+        "hrm_deploy.runtime.memory, hrm_deploy.runtime.adapter, hrm_deploy.backends.tensorrt.adapter, hrm_deploy.runtime.base"
     )
     assert _loaded_after(body) == ""

@@ -38,7 +38,7 @@ class CpuInt8Recipe(str, Enum):
 
 
 class Backend(str, Enum):
-    """Engine builder (``hrm_deploy.backends.tensorrt.api.MODULES``, plus PyTorch's AOTInductor)."""
+    """Engine builder (the ``builds_for`` names of ``hrm_deploy.registry.BACKENDS``, less the cpu target's)."""
 
     TENSORRT = "tensorrt"
     TENSORRT_RTX = "tensorrt-rtx"

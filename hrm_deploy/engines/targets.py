@@ -76,6 +76,7 @@ TARGETS: dict[str, TargetProfile] = {
 
 # Lowest compute capability whose tensor cores run each precision's GEMMs (TensorRT's support
 # matrix: FP8 from Ada / Hopper, FP4 from Blackwell); precisions not named run everywhere.
+ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "nvfp4")
 MIN_CAPABILITY = {"fp8": (8, 9), "nvfp4": (10, 0)}
 _GENERATIONS = {"fp8": "Ada (RTX 40), Hopper or Blackwell", "nvfp4": "Blackwell"}
 

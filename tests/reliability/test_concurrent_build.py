@@ -25,6 +25,7 @@ except DependencyError:
 @pytest.mark.skipif(not HAVE_RTX, reason="tensorrt-rtx is not installed (pip install 'hrm-deploy[rtx]')")
 @pytest.mark.trt
 def test_export_replacing_the_graph_during_a_build(tiny_onnx, tmp_path, monkeypatch):
+    import hrm_deploy.backends.tensorrt.builder.engine as trt_build
     import hrm_deploy.engines.build as build
 
     graph = tmp_path / "model.onnx"
@@ -48,7 +49,7 @@ def test_export_replacing_the_graph_during_a_build(tiny_onnx, tmp_path, monkeypa
             publish_artifact(staged, graph, **fields)
         return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(build.subprocess, "run", export_lands_now)
+    monkeypatch.setattr(trt_build.subprocess, "run", export_lands_now)
     result = build.build_engine(
         graph, build.EngineConfig("fp32", timing_cache=None), out=tmp_path / "m.engine", quiet=True
     )
