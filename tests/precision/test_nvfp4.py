@@ -223,7 +223,7 @@ def test_nvfp4_budget_holds_on_the_trained_act_model(trained_small, tmp_path):
 
 def test_targets_refuse_nvfp4_below_blackwell_before_any_work(tiny_onnx, tmp_path, monkeypatch):
     from hrm_deploy.backends.tensorrt.api import load_backend
-    from hrm_deploy.engines import build
+    from hrm_deploy.backends.tensorrt.builder import engine as trt_build
     from hrm_deploy.engines.build import EngineConfig, build_engine
     from hrm_deploy.engines.targets import get_target, target_architectures
 
@@ -239,7 +239,7 @@ def test_targets_refuse_nvfp4_below_blackwell_before_any_work(tiny_onnx, tmp_pat
         backend = load_backend("tensorrt-rtx")
     except Exception:  # noqa: BLE001 - tensorrt-rtx not installed
         pytest.skip("tensorrt-rtx is not installed")
-    monkeypatch.setattr(build, "load_backend", lambda name: backend)
+    monkeypatch.setattr(trt_build, "load_backend", lambda name: backend)
     with pytest.raises(ConfigError, match="jetson-orin-8gb is 8.7"):
         build_engine(tiny_onnx.unrolled, EngineConfig("nvfp4", target="jetson-orin-8gb", calib_data=tiny_onnx.data))
     assert not (tmp_path / "calib").exists()  # refused before calibrating
