@@ -116,6 +116,16 @@ def load_onnx(path: str | Path) -> Any:
     return model
 
 
+def holds_fp4(model: Any) -> bool:
+    """Whether an ONNX ``model`` holds FP4 (FLOAT4E2M1) tensors or TensorRT's FP4 dynamic
+    quantization: an NVFP4 graph, which ONNX Runtime has no kernels for."""
+    from onnx import TensorProto
+
+    return any(n.op_type == "TRT_FP4DynamicQuantize" for n in model.graph.node) or any(
+        i.data_type == TensorProto.FLOAT4E2M1 for i in model.graph.initializer
+    )
+
+
 def ort_session(
     model: str | Path | bytes,
     *,

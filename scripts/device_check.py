@@ -16,6 +16,10 @@ from pathlib import Path
 
 PY = sys.executable
 BUNDLED = "hrm_deploy/train/presets/sudoku-small.pt"
+# The stages' limits add up to this; the FP8/NVFP4 engine stages (last, and only where TensorRT and
+# the GPU's compute capability allow them) get what the earlier stages left of it.
+TOTAL_BUDGET_S = 710.0
+MIN_STAGE_S = 60.0
 
 
 def _tail(text: str, lines: int = 12) -> str:
@@ -36,13 +40,72 @@ def run_stage(name: str, argv: list[str], limit: float, log: Path) -> dict:
     return {"check": name, "rc": rc, "ok": rc == 0, "seconds": round(seconds, 1), "log": log.name, "tail": _tail(out)}
 
 
+def skipped(name: str, why: str) -> dict:
+    return {"check": name, "rc": None, "ok": True, "skipped": why, "seconds": 0.0, "log": None, "tail": ""}
+
+
+def tensorrt_flavour() -> tuple[list[str], str] | None:
+    """How to build for this machine's GPU: (build-engine options, description), or None without
+    TensorRT. TensorRT builds for the GPU it runs on (datacenter target); TensorRT-RTX is told it."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("tensorrt") is not None and hasattr(__import__("tensorrt"), "Builder"):
+        return ["--target", "datacenter"], "TensorRT"
+    if importlib.util.find_spec("tensorrt_rtx") is not None:
+        sm = "SM{}{}".format(*torch.cuda.get_device_capability(0))
+        return ["--target", "desktop", "--compute-capability", sm], f"TensorRT-RTX for {sm}"
+    return None
+
+
+def reduced_precision_stages(work: Path, data: Path, out: Path, capability: str, left: float) -> list[dict]:
+    """FP8 and NVFP4 engines of the bundled model, built and verified on this GPU; each skipped
+    with its reason where the GPU's compute capability or TensorRT does not allow it."""
+    from hrm_deploy.engines.targets import MIN_CAPABILITY, parse_capability
+
+    results, start = [], time.perf_counter()
+    flavour = tensorrt_flavour()
+    onnx = work / "sudoku-small.onnx"
+    for precision in ("fp8", "nvfp4"):
+        name = f"build-engine --{precision} + verify (bundled model)"
+        need = MIN_CAPABILITY[precision]
+        remaining = left - (time.perf_counter() - start)
+        if parse_capability(capability) < need:
+            results.append(
+                skipped(name, f"{precision} needs compute capability >= {need[0]}.{need[1]}; this GPU is {capability}")
+            )
+        elif flavour is None:
+            results.append(skipped(name, "TensorRT (tensorrt or tensorrt_rtx) is not installed"))
+        elif remaining < MIN_STAGE_S:
+            results.append(skipped(name, f"only {remaining:.0f} s of the {TOTAL_BUDGET_S:.0f} s budget left"))
+        else:
+            engine = work / f"sudoku-small.{precision}.engine"
+            argv = [PY, "-m", "hrm_deploy"]
+            steps = [] if onnx.is_file() else [[*argv, "export", BUNDLED, "-o", str(onnx), "--no-parity", "-q"]]
+            steps += [
+                [*argv, "build-engine", str(onnx), "--precision", precision, *flavour[0], "--calib-data", str(data)]
+                + ["-o", str(engine), "-q"],
+                [*argv, "verify", str(engine), "--data", str(data), "--samples", "200"],
+            ]
+            script = " && ".join(subprocess.list2cmdline(step) for step in steps)
+            results.append(
+                run_stage(
+                    f"{name}, {flavour[1]}", ["bash", "-c", script], remaining, out / f"device_check_{precision}.log"
+                )
+            )
+    return results
+
+
 def main() -> int:
+    started = time.perf_counter()
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
     summary: dict = {
-        "what": "hrm-deploy GPU device check: GPU tests, GPU latency, verify of an AOTInductor engine on CUDA",
+        "what": "hrm-deploy GPU device check: GPU tests, GPU latency, verify of an AOTInductor engine on CUDA, "
+        "FP8 / NVFP4 TensorRT engines where the GPU and TensorRT allow",
         "gpu": torch.cuda.get_device_name(0),
         "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
         "torch": torch.__version__,
@@ -53,6 +116,10 @@ def main() -> int:
 
     def record(result: dict) -> None:
         summary["checks"].append(result)
+        if result.get("skipped"):
+            print(f"SKIP  {result['check']}  ({result['skipped']})", flush=True)
+            _write(out, summary)
+            return
         print(f"{'PASS' if result['ok'] else 'FAIL'}  {result['check']}  ({result['seconds']} s)", flush=True)
         if not result["ok"]:
             print("      " + result["tail"].replace("\n", "\n      "), flush=True)
@@ -133,6 +200,10 @@ def main() -> int:
                     "candidate": v.get("candidate", {}).get("exact_accuracy"),
                 }
             record(result)
+        if gen["ok"]:
+            left = TOTAL_BUDGET_S - (time.perf_counter() - started) - 240  # the latency stage's limit comes after
+            for result in reduced_precision_stages(Path(tmp), data, out, summary["compute_capability"], left):
+                record(result)
     latency = out / "gpu_latency.json"
     record(
         run_stage(
@@ -159,7 +230,10 @@ def main() -> int:
         }
     _write(out, summary)
     failed = [c["check"] for c in summary["checks"] if not c["ok"]]
-    print(f"device check: {len(summary['checks']) - len(failed)} of {len(summary['checks'])} checks passed")
+    ran = [c for c in summary["checks"] if not c.get("skipped")]
+    print(
+        f"device check: {len(ran) - len(failed)} of {len(ran)} checks passed ({len(summary['checks']) - len(ran)} skipped)"
+    )
     return 1 if failed else 0
 
 
@@ -167,7 +241,11 @@ def _write(out: Path, summary: dict) -> None:
     (out / "device_check.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [f"# GPU device check: {summary['gpu']} (sm {summary['compute_capability']}), torch {summary['torch']}", ""]
     lines += ["| check | result | seconds |", "|---|---|---|"]
-    lines += [f"| {c['check']} | {'pass' if c['ok'] else 'FAIL'} | {c['seconds']} |" for c in summary["checks"]]
+    lines += [
+        f"| {c['check']} | {'skipped: ' + c['skipped'] if c.get('skipped') else 'pass' if c['ok'] else 'FAIL'} "
+        f"| {c['seconds']} |"
+        for c in summary["checks"]
+    ]
     if "gpu_latency" in summary:
         lines += ["", "Median latency per call (ms), batch 1 / 64 / 1024:", ""]
         lines += [f"- {name}: {' / '.join(str(v) for v in b.values())}" for name, b in summary["gpu_latency"].items()]

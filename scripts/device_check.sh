@@ -4,7 +4,9 @@
 # It runs from the source tree (PYTHONPATH=., nothing installed or downloaded): the GPU tests
 # (pytest -m gpu), the GPU latency benchmark (reference, AOTInductor step engine with the captured
 # loop, AOTInductor unrolled engine; batch 1, 64, 1024; Sudoku-size) and verify of an AOTInductor
-# engine of the bundled model on CUDA; one line per check, and a JSON + Markdown summary under
+# engine of the bundled model on CUDA, then FP8 and NVFP4 TensorRT engines of it built and verified
+# where TensorRT is installed and the GPU's compute capability allows (>= 8.9, >= 10.0; skipped with
+# the reason otherwise, within the same time budget); one line per check, and a JSON + Markdown summary under
 # $OUT (or benchmarks/results/ when $OUT is unset). About 6-8 minutes on one H100.
 # Without a GPU it says so and exits 0.
 set -u

@@ -16,6 +16,7 @@ class Precision(str, Enum):
     BF16 = "bf16"
     INT8 = "int8"
     FP8 = "fp8"
+    NVFP4 = "nvfp4"
     FP32 = "fp32"
 
 

@@ -28,8 +28,8 @@ def build_engine(
     precision: Annotated[
         Precision | None,
         typer.Option(
-            help="fp16 and bf16 keep float32 islands; int8 and fp8 (E4M3, compute capability >= 8.9) are "
-            "Q/DQ (calibrate an FP32 graph first). "
+            help="fp16 and bf16 keep float32 islands; int8, fp8 (E4M3, compute capability >= 8.9) and nvfp4 "
+            "(FP4 E2M1 in blocks of 16, Blackwell: >= 10.0) are Q/DQ (calibrate an FP32 graph first). "
             "Default fp16, or fp32 with --backend torch or --target cpu.",
         ),
     ] = None,
@@ -37,6 +37,7 @@ def build_engine(
     bf16: Annotated[bool, typer.Option("--bf16", help=_SHORT + "bf16.")] = False,
     int8: Annotated[bool, typer.Option("--int8", help=_SHORT + "int8.")] = False,
     fp8: Annotated[bool, typer.Option("--fp8", help=_SHORT + "fp8.")] = False,
+    nvfp4: Annotated[bool, typer.Option("--nvfp4", help=_SHORT + "nvfp4.")] = False,
     fp32: Annotated[bool, typer.Option("--fp32", help=_SHORT + "fp32.")] = False,
     calib_data: Annotated[
         Path | None,
@@ -54,8 +55,8 @@ def build_engine(
     accuracy_budget: Annotated[
         float | None,
         typer.Option(
-            help="INT8: exact-accuracy points INT8 may lose on the holdout; harmful layers stay float until it "
-            "holds (cpu target, static INT8: default 1, and >= 98 % argmax agreement with FP32)."
+            help="INT8, FP8, NVFP4: exact-accuracy points the graph may lose on the holdout; harmful layers stay "
+            "float until it holds (cpu target, static INT8: default 1, and >= 98 % argmax agreement with FP32)."
         ),
     ] = None,
     target: Annotated[
@@ -138,7 +139,14 @@ def build_engine(
     from hrm_deploy.system import check_threads
 
     check_threads(threads)
-    flags = {Precision.FP16: fp16, Precision.BF16: bf16, Precision.INT8: int8, Precision.FP8: fp8, Precision.FP32: fp32}
+    flags = {
+        Precision.FP16: fp16,
+        Precision.BF16: bf16,
+        Precision.INT8: int8,
+        Precision.FP8: fp8,
+        Precision.NVFP4: nvfp4,
+        Precision.FP32: fp32,
+    }
     default = Precision.FP32 if backend is Backend.TORCH or target is Target.CPU else Precision.FP16
     config = EngineConfig(
         precision=_precision(precision, flags, default).value,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hrm_deploy.backends import builder
 from hrm_deploy.engines.result import EngineResult, newest_export
-from hrm_deploy.engines.targets import ENGINE_PRECISIONS, get_target
+from hrm_deploy.engines.targets import ENGINE_PRECISIONS, MIN_CAPABILITY, get_target
 from hrm_deploy.errors import ConfigError
 
 __all__ = ["ENGINE_PRECISIONS", "EngineConfig", "EngineResult", "build_engine", "newest_export"]
@@ -74,10 +74,12 @@ class EngineConfig:
                 else "--no-accuracy-check"
             )
             raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
-        if self.target == "cpu" and self.precision == "fp8":
+        if self.target == "cpu" and self.precision in MIN_CAPABILITY:
+            need = "{}.{}".format(*MIN_CAPABILITY[self.precision])
             raise ConfigError(
-                "fp8 engines need a GPU of compute capability >= 8.9 (TensorRT); for the cpu target use "
-                "--int8 or --fp32 (FP8 accuracy is measured on CPU by benchmarks/fp8_accuracy.py)"
+                f"{self.precision} engines need a GPU of compute capability >= {need} (TensorRT); for the cpu "
+                f"target use --int8 or --fp32 ({self.precision.upper()} accuracy is measured on CPU by "
+                f"benchmarks/{self.precision}_accuracy.py)"
             )
         if self.cpu_int8 is not None and self.precision != "int8":
             raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")

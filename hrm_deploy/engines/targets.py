@@ -76,7 +76,7 @@ TARGETS: dict[str, TargetProfile] = {
 
 # Lowest compute capability whose tensor cores run each precision's GEMMs (TensorRT's support
 # matrix: FP8 from Ada / Hopper, FP4 from Blackwell); precisions not named run everywhere.
-ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "nvfp4")
 MIN_CAPABILITY = {"fp8": (8, 9), "nvfp4": (10, 0)}
 _GENERATIONS = {"fp8": "Ada (RTX 40), Hopper or Blackwell", "nvfp4": "Blackwell"}
 
@@ -111,9 +111,10 @@ def target_architectures(
                 if compute_capability
                 else f"target {target.name} is {arch} ({target.description})"
             )
+            runs = [f"--{p}" for p, low in MIN_CAPABILITY.items() if parse_capability(arch) >= low]
             raise ConfigError(
                 f"{precision} needs compute capability >= {need[0]}.{need[1]} ({_GENERATIONS[precision]}); "
-                f"{where}: use --int8 or --fp16 there"
+                f"{where}: use {', '.join([*runs, '--int8'])} or --fp16 there"
             )
     return arches
 

@@ -1,6 +1,6 @@
-"""The precision stage: FP32 ONNX -> FP16 / BF16 / INT8 or FP8 (Q/DQ) ONNX, with a manifest.
+"""The precision stage: FP32 ONNX -> FP16 / BF16 / INT8, FP8 or NVFP4 (Q/DQ) ONNX, with a manifest.
 
-``make_precision_graph`` is one function from artifact to artifact. INT8 and FP8 calibrate on real
+``make_precision_graph`` is one function from artifact to artifact. INT8, FP8 and NVFP4 calibrate on real
 examples (ranges cached in ``calib/`` under a key of ONNX sha256 + method + data sha256 + K),
 and with an accuracy budget keeps the most harmful layers in float until the budget holds.
 """
@@ -18,8 +18,8 @@ from hrm_deploy.manifest import check_artifact, publish_artifact
 from hrm_deploy.precision.int8 import QuantConfig, QuantPlan, _cache_readable, calibration_key, quantize_int8
 from hrm_deploy.progress import Stages
 
-PRECISIONS = ("fp16", "bf16", "int8", "fp8")
-QDQ_PRECISIONS = ("int8", "fp8")  # calibrated Q/DQ graphs (one range cache serves both)
+PRECISIONS = ("fp16", "bf16", "int8", "fp8", "nvfp4")
+QDQ_PRECISIONS = ("int8", "fp8", "nvfp4")  # calibrated Q/DQ graphs (one range cache serves all)
 
 
 @dataclass(frozen=True)
@@ -66,18 +66,25 @@ def _set_precision_metadata(model, precision: str) -> None:
 
 
 def _quantizer(precision: str):
-    """The Q/DQ graph writer of ``precision`` (same signature for INT8 and FP8)."""
+    """The Q/DQ graph writer of ``precision`` (same signature for INT8, FP8 and NVFP4)."""
     if precision == "fp8":
         from hrm_deploy.precision.fp8 import quantize_fp8
 
         return quantize_fp8
+    if precision == "nvfp4":
+        from hrm_deploy.precision.nvfp4 import quantize_nvfp4
+
+        return quantize_nvfp4
     return quantize_int8
 
 
 def _holdout_accuracy(path: str, examples, meta) -> float:
+    """Exact accuracy in points on ONNX Runtime CPU (an NVFP4 graph through its CPU simulation)."""
     from hrm_deploy.precision.accuracy import onnx_accuracy
+    from hrm_deploy.precision.nvfp4 import cpu_runnable
 
-    return 100.0 * onnx_accuracy(path, examples)["exact_accuracy"]
+    with cpu_runnable(path) as runnable:
+        return 100.0 * onnx_accuracy(runnable, examples)["exact_accuracy"]
 
 
 def _sensitivity_fallback(
@@ -133,9 +140,12 @@ def _sensitivity_fallback(
             whole=current,
         )
     exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    quantize(str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude)
+    final = quantize(
+        str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
+    )
     probe.unlink(missing_ok=True)
     report.update({measured_key: chosen.measured}, kept_float=chosen.kept_float, layer_loss_points=chosen.sensitivity)
+    report["quantized_nodes"] = len(final.quantize)  # in the published graph (the layers kept float are out)
     return report
 
 
@@ -205,6 +215,8 @@ def make_precision_graph(
                 report["accuracy_budget"] = _sensitivity_fallback(
                     src, tmp, examples, holdout, config, cache, meta, plan, stages
                 )
+                # the published graph's count (layers kept in float are no longer quantized)
+                report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(plan.quantize))
             quantized = onnx.load(str(tmp))
             _set_precision_metadata(quantized, config.precision)
             onnx.save(quantized, str(tmp))

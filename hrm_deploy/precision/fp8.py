@@ -61,24 +61,30 @@ def _weight_axis(node, weight: np.ndarray) -> int:
     return weight.ndim - 1
 
 
-def activation_scales(cache_file: Path) -> dict[str, float]:
-    """Per-tensor FP8 scales (amax / 448) of every calibrated activation in ``cache_file``."""
+def activation_amax(cache_file: Path) -> dict[str, float]:
+    """max |x| of every calibrated activation in ``cache_file`` (at least a tiny positive value,
+    so an all-zero tensor still gets a valid scale)."""
     from onnxruntime.quantization.calibrate import load_tensors_data
 
-    scales = {}
+    peaks = {}
     for name, data in load_tensors_data(str(cache_file)).data.items():
         low, high = data.range_value
         amax = max(abs(float(np.asarray(low).max())), abs(float(np.asarray(high).max())))
-        scales[name] = max(amax, _TINY) / E4M3_MAX
-    return scales
+        peaks[name] = max(amax, _TINY)
+    return peaks
 
 
-def raise_opset(model, version: int = FP8_OPSET) -> None:
-    """Raise the default-domain opset (and IR version) to what float8 Q/DQ needs."""
+def activation_scales(cache_file: Path) -> dict[str, float]:
+    """Per-tensor FP8 scales (amax / 448) of every calibrated activation in ``cache_file``."""
+    return {name: amax / E4M3_MAX for name, amax in activation_amax(cache_file).items()}
+
+
+def raise_opset(model, version: int = FP8_OPSET, ir_version: int = 9) -> None:
+    """Raise the default-domain opset (and IR version) to what float8 (or float4) Q/DQ needs."""
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version < version:
             opset.version = version
-    model.ir_version = max(model.ir_version, 9)
+    model.ir_version = max(model.ir_version, ir_version)
 
 
 def write_fp8_qdq(model, plan: QuantPlan, scales: dict[str, float]) -> None:

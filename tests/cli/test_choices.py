@@ -69,7 +69,7 @@ def test_help_shows_flags_without_a_value_placeholder(command):
 def test_build_engine_help_lists_the_choices():
     text = _help("build-engine", columns=200)
     for listed in (
-        "<fp16|bf16|int8|fp8|fp32>",
+        "<fp16|bf16|int8|fp8|nvfp4|fp32>",
         "jetson-orin-8gb",
         "<tensorrt|tensorrt-rtx|torch>",
         "<minmax|entropy|percentile>",
@@ -107,6 +107,7 @@ def test_precision_option_and_short_flag_are_the_same_setting(built):
     assert built("--precision", "int8", "--int8").precision == "int8"  # saying it twice is fine
     assert built("--precision", "bf16").precision == "bf16" and built("--fp32").precision == "fp32"
     assert built("--precision", "fp8") == built("--fp8")
+    assert built("--precision", "nvfp4") == built("--nvfp4")
 
 
 def test_precision_defaults_stay(built):

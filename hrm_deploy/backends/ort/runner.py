@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.contract import HaltFn
-from hrm_deploy.errors import require
-from hrm_deploy.onnx_runtime import load_onnx, ort_session, provider_name
+from hrm_deploy.errors import ArtifactError, require
+from hrm_deploy.onnx_runtime import holds_fp4, load_onnx, ort_session, provider_name
 from hrm_deploy.runtime.base import Runner
 
 
@@ -35,7 +35,15 @@ class OrtRunner(Runner):
         from hrm_deploy.manifest import check_artifact
 
         manifest = check_artifact(self.path)  # a graph whose manifest describes other bytes is refused
-        meta = graph_metadata(load_onnx(self.path))
+        model = load_onnx(self.path)
+        if holds_fp4(model):
+            raise ArtifactError(
+                f"{self.path.name} is an NVFP4 graph and ONNX Runtime has no FP4 kernels: verify its TensorRT engine "
+                "on a Blackwell GPU (build-engine --nvfp4); its accuracy on CPU is measured through a simulation "
+                "(benchmarks/nvfp4_accuracy.py)"
+            )
+        meta = graph_metadata(model)
+        del model
         self.precision, self.mode = meta.get("precision", "fp32"), meta["mode"]
         self.steps = self.requested_steps or meta["steps"]
         # A cpu-target graph was built for a thread count (build-engine --target cpu --threads N);

@@ -162,8 +162,10 @@ def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
         missing = "no layer computes in FP16"
     elif precision == "bf16" and not dtypes.get("BF16"):
         missing = "no layer computes in BF16"
-    elif precision in ("int8", "fp8") and not network.get("qdq_layers"):
+    elif precision in ("int8", "fp8", "nvfp4") and not network.get("qdq_layers"):
         missing = "no Q/DQ layers"
+    elif precision == "nvfp4" and not dtypes.get("FP4"):
+        missing = "no FP4 tensor in the network"
     inspection = build.setdefault("engine_inspection", {})
     verdict = "not_inspected"
     if not missing and inspection.get("available"):

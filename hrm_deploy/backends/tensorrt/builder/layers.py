@@ -27,11 +27,12 @@ import re
 from typing import Any
 
 # requested engine precision -> the normalized dtype the inspector must show somewhere
-EVIDENCE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8"}
+EVIDENCE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8", "nvfp4": "fp4"}
 
-# order matters: BFloat16 before Float, FP8 before the rest
+# order matters: BFloat16 before Float, FP4 and FP8 before the rest
 _DTYPE_PATTERNS = [
     ("bf16", re.compile(r"\b(BFloat16|BF16|kBF16)\b", re.IGNORECASE)),
+    ("fp4", re.compile(r"\b(FP4|Float4\w*|E2M1|NVFP4)\b", re.IGNORECASE)),
     ("fp8", re.compile(r"\b(FP8|Float8\w*|E4M3|E5M2)\b", re.IGNORECASE)),
     ("fp16", re.compile(r"\b(FP16|Half|kHALF)\b", re.IGNORECASE)),
     ("int8", re.compile(r"\b(Int8|kINT8)\b", re.IGNORECASE)),
