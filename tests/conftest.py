@@ -337,3 +337,19 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("why tests skipped")
     for reason, ids in sorted(_SKIPS.items(), key=lambda kv: -len(kv[1])):
         terminalreporter.write_line(f"{len(ids):3d} x {reason}  (e.g. {ids[0]})")
+
+
+@pytest.fixture
+def cli_logs():
+    """The library's log records on stderr as the command line shows them (capsys sees them in
+    order with the progress lines); the handler is removed afterwards."""
+    import logging
+
+    from hrm_deploy.cli.logs import setup_logging
+
+    logger = logging.getLogger("hrm_deploy")
+    before, level = list(logger.handlers), logger.level
+    setup_logging(False)
+    yield
+    logger.handlers[:] = before
+    logger.setLevel(level)

@@ -122,13 +122,13 @@ def test_small_unrolled_graph_builds_without_the_flag(unrolled, tmp_path, monkey
 
 
 @pytest.mark.slow
-def test_large_unrolled_graph_builds_its_step_graph_unless_asked(unrolled, tmp_path, monkeypatch, capsys):
+def test_large_unrolled_graph_builds_its_step_graph_unless_asked(unrolled, tmp_path, monkeypatch, capsys, cli_logs):
     """The documented lines (export, then build-engine) at full size: the unrolled build would be
     over budget, so the single-step graph of the same checkpoint is exported and built instead."""
     specs = _worker_in_process(monkeypatch, fake_tensorrt(Calls()))
     real = trt_build.compute_nodes
     monkeypatch.setattr(  # as if the unroll were Sudoku-size with 16 steps; the step graph counts as it is
-        build, "compute_nodes", lambda model: SUDOKU_SIZE_UNROLL if len(model.graph.node) > 60 else real(model)
+        trt_build, "compute_nodes", lambda model: SUDOKU_SIZE_UNROLL if len(model.graph.node) > 60 else real(model)
     )
     step = build_engine(
         unrolled, EngineConfig("fp32", backend="tensorrt", timing_cache=None), out=tmp_path / "s.engine", quiet=False
