@@ -10,7 +10,7 @@ base ``onnx_runtime``; there is no allow-list).
 Rank  Rooms (first package level below ``hrm_deploy``)
 ----  -----------------------------------------------------------------------------------------
 0     base: the package itself (``hrm_deploy/__init__``: lazy exports only), ``errors``, ``io``,
-      ``manifest``, ``artifacts``, ``onnx_runtime``, ``system``, ``progress``, ``metrics`` -- used by
+      ``manifest``, ``artifacts``, ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``puzzle_table`` -- used by
       everything, import only base
 1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format),
       ``provenance`` (default data from a checkpoint's own dataset)
@@ -43,6 +43,7 @@ RANKS: dict[str, int] = {
     "system": 0,
     "progress": 0,
     "metrics": 0,
+    "puzzle_table": 0,
     "model": 1,
     "data": 1,
     "provenance": 1,

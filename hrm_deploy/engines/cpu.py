@@ -40,6 +40,7 @@ from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
 from hrm_deploy.onnx_runtime import Optimization, ort_session
 from hrm_deploy.progress import Stages
+from hrm_deploy.puzzle_table import PUZZLE_ROWS
 
 CPU_PRECISIONS = ("fp32", "fp16", "int8")
 MAX_FUSED_BYTES = 1_900_000_000  # under protobuf's 2 GiB: graphs the fusion check can serialize
@@ -147,6 +148,9 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
         "inputs": rng.integers(0, model_config.vocab_size, (1, model_config.seq_len), dtype=np.int32),
         "puzzle_identifiers": np.zeros(1, np.int32),
     }
+    if any(tensor.name == PUZZLE_ROWS for tensor in unfused.graph.input):  # export --puzzle-emb external
+        feed[PUZZLE_ROWS] = np.zeros((1, model_config.puzzle_emb_ndim), np.float32)
+        del feed["puzzle_identifiers"]
     if any(tensor.name == "z_H" for tensor in unfused.graph.input):
         carry = np.zeros((1, model_config.total_seq_len, model_config.hidden_size), np.float32)
         feed.update(z_H=carry, z_L=carry, reset=np.ones(1, bool))

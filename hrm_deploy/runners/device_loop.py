@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.errors import ConfigError, EngineError
+from hrm_deploy.puzzle_table import PUZZLE_ROWS
 from hrm_deploy.runners.adapter import EngineAdapter, TensorSpec
 from hrm_deploy.runners.memory import DeviceMemory, to_float32
 
@@ -95,7 +96,10 @@ class DeviceLoop:
         self.adapter, self.memory = adapter, memory
         names = set(adapter.tensors)
         self.mode = "step" if "z_H" in names else "unrolled"
-        wanted = set(STEP_INPUTS + STEP_OUTPUTS) if self.mode == "step" else set(FEEDS + UNROLLED_OUTPUTS)
+        # the host feeds staged and uploaded: an external-table export takes the gathered rows
+        self.feeds = ("inputs", PUZZLE_ROWS) if PUZZLE_ROWS in names else FEEDS
+        self.step_inputs = (*self.feeds, *STEP_INPUTS[len(FEEDS) :])
+        wanted = set(self.step_inputs + STEP_OUTPUTS) if self.mode == "step" else set(self.feeds + UNROLLED_OUTPUTS)
         if not wanted <= names:
             raise EngineError(
                 f"this {self.mode} engine lacks tensors {sorted(wanted - names)}; rebuild it from an hrm-deploy export"
@@ -162,11 +166,11 @@ class DeviceLoop:
             raise EngineError(f"batch {batch} is outside the engine's profile {low}..{high}")  # the Runner chunks
         n_contexts = 2 if self.mode == "step" else 1
         contexts = [adapter.new_context() for _ in range(n_contexts)]
-        inputs = STEP_INPUTS if self.mode == "step" else FEEDS
+        inputs = self.step_inputs if self.mode == "step" else self.feeds
         for context in contexts:
             self._set_shapes(context, batch, inputs)
         device: dict[str, Any] = {name: memory.empty(specs[name].at(batch), specs[name].dtype) for name in inputs}
-        stage = {name: memory.staging(specs[name].at(batch), specs[name].dtype) for name in FEEDS}
+        stage = {name: memory.staging(specs[name].at(batch), specs[name].dtype) for name in self.feeds}
         scratch = max(adapter.scratch_bytes(c) for c in contexts)
         if scratch:
             device["scratch"] = memory.empty((scratch,), "bool")
@@ -203,7 +207,7 @@ class DeviceLoop:
             carry_a = {"z_H": device["z_H"], "z_L": device["z_L"]}
             carry_b = {"z_H": device["z_H_b"], "z_L": device["z_L_b"]}
             for context, (src, dst) in zip(contexts, ((carry_a, carry_b), (carry_b, carry_a))):
-                for name in FEEDS + ("reset",):
+                for name in (*self.feeds, "reset"):
                     adapter.bind(context, name, device[name])
                 for name in ("z_H", "z_L"):
                     adapter.bind(context, name, src[name])
@@ -211,7 +215,7 @@ class DeviceLoop:
                 for name in ("logits", "q_halt_logits", "q_continue_logits"):
                     adapter.bind(context, name, device[name])
         else:
-            for name in [*FEEDS, *(s.name for s in outputs)]:
+            for name in [*self.feeds, *(s.name for s in outputs)]:
                 adapter.bind(contexts[0], name, device[name])
             for spec in outputs:
                 stage[spec.name] = memory.staging(self.adapter.output_shape(contexts[0], spec.name), spec.dtype)
@@ -336,12 +340,12 @@ class DeviceLoop:
         memory.reset_peak()
         down = 0
         with memory.on_stream():
-            for name in FEEDS:
+            for name in self.feeds:
                 np.copyto(stage[name][:rows], feeds[name], casting="unsafe")
                 stage[name][rows:] = stage[name][rows - 1 : rows]  # padding: copies of the last row
             e_begin, e_uploaded, e_computed, e_done = plan.events
             memory.record(e_begin)
-            for name in FEEDS:
+            for name in self.feeds:
                 memory.upload(device[name], stage[name])
             memory.record(e_uploaded)
             steps_run = self.steps
@@ -377,7 +381,7 @@ class DeviceLoop:
             "h2d_ms": memory.elapsed_ms(e_begin, e_uploaded),
             "compute_ms": memory.elapsed_ms(e_uploaded, e_computed),
             "d2h_ms": memory.elapsed_ms(e_computed, e_done),
-            "h2d_bytes": sum(stage[name].nbytes for name in FEEDS),
+            "h2d_bytes": sum(stage[name].nbytes for name in self.feeds),
             "d2h_bytes": down,
         }
         peak = memory.peak_bytes()

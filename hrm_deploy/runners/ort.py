@@ -14,6 +14,7 @@ import numpy as np
 
 from hrm_deploy.errors import require
 from hrm_deploy.onnx_runtime import load_onnx, ort_session, provider_name
+from hrm_deploy.puzzle_table import PUZZLE_ROWS, RowsSession, external_table
 from hrm_deploy.runners.base import HaltFn, Runner
 
 
@@ -46,6 +47,8 @@ class OrtRunner(Runner):
         except Exception as exc:
             _explain_older_runtime(self.path, manifest, exc)
             raise
+        if any(i.name == PUZZLE_ROWS for i in self._session.get_inputs()):  # export --puzzle-emb external
+            self._session = RowsSession(self._session, external_table(self.path, manifest))
         options = self._session.get_session_options()
         self.runtime_settings = {
             "provider": self._session.get_providers()[0],
