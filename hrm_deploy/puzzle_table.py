@@ -119,6 +119,18 @@ class RowsSession:
         return getattr(self.session, name)
 
 
+def rows_session(session: Any, artifact: str | Path, manifest: dict[str, Any] | None = None) -> Any:
+    """``session`` (ONNX Runtime, over the graph at ``artifact``) as a :class:`RowsSession` when the
+    graph takes ``puzzle_emb_rows``, so callers keep feeding ``puzzle_identifiers``; else as is."""
+    if not any(i.name == PUZZLE_ROWS for i in session.get_inputs()):
+        return session
+    if manifest is None:
+        from hrm_deploy.manifest import check_artifact
+
+        manifest = check_artifact(artifact)
+    return RowsSession(session, external_table(artifact, manifest))
+
+
 def external_table(artifact: str | Path, manifest: dict[str, Any] | None) -> PuzzleTable:
     """The table of an artifact whose graph takes ``puzzle_emb_rows``: named in its manifest or,
     for a graph or engine made from an external export, in the nearest parent's manifest (the

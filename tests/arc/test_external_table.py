@@ -123,6 +123,23 @@ def test_cpu_engine_of_the_external_graph_finds_the_table_of_its_parent(arc_run)
     np.testing.assert_allclose(got["logits"], want["logits"], atol=1e-4)
     np.testing.assert_allclose(got["q_halt_logits"], want["q_halt_logits"], atol=1e-4)
 
+    # a graph a builder staged (no manifest yet) runs with the table of the export it came from
+    import shutil
+
+    from hrm_deploy.runners.ort import OrtRunner
+
+    staged = shutil.copyfile(engine.path, tmp / "staged.onnx")
+    with pytest.raises(ArtifactError, match="no table was found"):
+        OrtRunner(staged).activate()
+    with OrtRunner(staged, table_of=external.path) as runner:
+        assert np.array_equal(runner.infer(feeds)["logits"], got["logits"])
+
+    # Triton's own backends cannot gather rows: triton-repo refuses the graph in one line
+    from hrm_deploy.serve.repo import RepoConfig, write_triton_repo
+
+    with pytest.raises(ArtifactError, match="hrm-deploy serve"):
+        write_triton_repo([external.path], RepoConfig(output=tmp / "repo"))
+
 
 def test_model_without_a_table_refuses_external(tmp_path):
     from hrm_deploy.model.checkpoint import save_checkpoint
