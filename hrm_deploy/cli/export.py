@@ -42,8 +42,9 @@ def export(
     puzzle_emb: Annotated[
         PuzzleEmb,
         typer.Option(
-            help="Puzzle-embedding table: inside the graph, or external (a .npy beside it; the graph takes the "
-            "gathered rows, runners read them from the memory-mapped file). For ARC's large tables."
+            metavar="<placement>",
+            help="Puzzle-embedding table: embedded (in the graph) or external (a .npy beside it; the graph takes "
+            "the gathered rows, runners read them from the memory-mapped file). For ARC's large tables.",
         ),
     ] = PuzzleEmb.EMBEDDED,
     seq_len: Annotated[int | None, typer.Option(help="Override/provide seq_len (upstream: from dataset.json).")] = None,
