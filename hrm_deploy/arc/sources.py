@@ -106,7 +106,7 @@ class RemoteSource:
     ``act_steps`` is checked against it, one that does not against the widest ``q_halt`` seen."""
 
     def __init__(self, url: str, model_name: str = "hrm", timeout_s: float = 300.0):
-        from hrm_deploy.serve.client import _host_port, model_config
+        from hrm_deploy.serve.client import host_port, model_config
 
         self.url, self.model_name, self.timeout_s = url, model_name, timeout_s
         config = model_config(url, model_name, timeout_s=min(timeout_s, 30.0))
@@ -135,7 +135,7 @@ class RemoteSource:
                 self.name,
             )
         self.widest = 0
-        self.address = _host_port(url)
+        self.address = host_port(url)
 
     def fingerprint(self) -> dict[str, Any]:
         # A server has no file to stat: check_resumed asks it again for saved rows instead.

@@ -12,7 +12,8 @@ import numpy as np
 from hrm_deploy.errors import RemoteError, require
 
 
-def _host_port(url: str) -> str:
+def host_port(url: str) -> str:
+    """``host:port`` of a server URL (port 8000 when none is given); anything but HTTP is a :class:`RemoteError`."""
     parsed = urlparse(url if "://" in url else f"http://{url}")
     if parsed.scheme not in ("http", "") or not parsed.hostname:
         raise RemoteError(f"--url {url!r}: give the server's HTTP address, e.g. http://127.0.0.1:8000")
@@ -50,7 +51,7 @@ def infer_remote(
 
     tokens = np.ascontiguousarray(feeds["inputs"], dtype=np.int32)
     ids = np.ascontiguousarray(np.asarray(feeds["puzzle_identifiers"], dtype=np.int32).reshape(-1, 1))
-    address = _host_port(url)
+    address = host_port(url)
     try:
         client = httpclient.InferenceServerClient(address, connection_timeout=timeout_s, network_timeout=timeout_s)
     except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
@@ -101,7 +102,7 @@ def model_config(url: str, model_name: str = "hrm", *, timeout_s: float = 30.0) 
 
     try:
         client = httpclient.InferenceServerClient(
-            _host_port(url), connection_timeout=timeout_s, network_timeout=timeout_s
+            host_port(url), connection_timeout=timeout_s, network_timeout=timeout_s
         )
     except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
         raise RemoteError(f"cannot reach {url}: {exc}") from None
