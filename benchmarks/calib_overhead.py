@@ -116,10 +116,11 @@ def paired(path: Path, examples, batch: int, rounds: int = 1, method: str = "min
 
 
 def sudoku_size(work: Path, k: int, batch: int, rounds: int) -> dict:
+    from sudoku_size import sudoku_size_model
+
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-    from sudoku_size import sudoku_size_model
 
     model = sudoku_size_model(seed=0)
     data = work / "sudoku-data"

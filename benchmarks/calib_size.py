@@ -25,8 +25,8 @@ from pathlib import Path
 
 def solved(path: Path, examples):
     """Per puzzle: is every labelled cell right (the exact-accuracy criterion)."""
-    from hrm_deploy.runners.infer import predict
-    from hrm_deploy.runners.ort import OrtRunner
+    from hrm_deploy.backends.ort.runner import OrtRunner
+    from hrm_deploy.runtime.infer import predict
 
     runner = OrtRunner(str(path))
     runner.activate()
@@ -47,8 +47,10 @@ def bundled_sweep(work: Path, sizes: list[int], methods: list[str], test_puzzles
     from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint, preset
 
     data = work / "data"
-    generate_sudoku(SudokuSpec(train=max(sizes), test=test_puzzles, blanks=preset(DEFAULT_PRESET)["data"]["blanks"], seed=12345),
-                    str(data))
+    generate_sudoku(
+        SudokuSpec(train=max(sizes), test=test_puzzles, blanks=preset(DEFAULT_PRESET)["data"]["blanks"], seed=12345),
+        str(data),
+    )
     fp32 = export_onnx(bundled_checkpoint(), work / "bundled.onnx", ExportConfig(parity=False), quiet=True).path
     test = load_examples(str(data), None, split="test")
     fp32_solved = solved(fp32, test)
@@ -58,16 +60,31 @@ def bundled_sweep(work: Path, sizes: list[int], methods: list[str], test_puzzles
         for k in sizes:
             out = work / f"bundled.{method}.k{k}.int8.onnx"
             start = time.perf_counter()
-            make_precision_graph(fp32, PrecisionConfig("int8", calib_data=str(data), cache_dir=str(work / "calib"),
-                                                       quant=QuantConfig(method=method, samples=k)), out, quiet=True)
+            make_precision_graph(
+                fp32,
+                PrecisionConfig(
+                    "int8",
+                    calib_data=str(data),
+                    cache_dir=str(work / "calib"),
+                    quant=QuantConfig(method=method, samples=k),
+                ),
+                out,
+                quiet=True,
+            )
             seconds = time.perf_counter() - start
             int8_solved = solved(out, test)
             exact = round(100 * int8_solved.mean(), 2)
-            result["runs"].append({"method": method, "k": k, "exact_pct": exact,
-                                   "loss_points": round(fp32_exact - exact, 2),
-                                   "lost_puzzles": int((fp32_solved & ~int8_solved).sum()),
-                                   "gained_puzzles": int((~fp32_solved & int8_solved).sum()),
-                                   "seconds": round(seconds, 2)})
+            result["runs"].append(
+                {
+                    "method": method,
+                    "k": k,
+                    "exact_pct": exact,
+                    "loss_points": round(fp32_exact - exact, 2),
+                    "lost_puzzles": int((fp32_solved & ~int8_solved).sum()),
+                    "gained_puzzles": int((~fp32_solved & int8_solved).sum()),
+                    "seconds": round(seconds, 2),
+                }
+            )
             print("bundled", method, k, exact, round(seconds, 1), flush=True)
     return result
 
@@ -81,8 +98,9 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     methods = args.methods.split(",")
-    report: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                "load_average_at_start": os.getloadavg()}}
+    report: dict = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_at_start": os.getloadavg()}
+    }
     with tempfile.TemporaryDirectory() as tmp:
         report["bundled"] = bundled_sweep(Path(tmp), sizes, methods, args.test_puzzles)
     report["machine"]["load_average_at_end"] = os.getloadavg()

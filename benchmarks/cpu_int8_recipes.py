@@ -32,12 +32,13 @@ ROWS = ("fp32", "dynamic", "blockwise")
 
 
 def build(name: str, work: Path) -> tuple[dict[str, Path], str, int]:
+    from sudoku_size import sudoku_size_model
+
+    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-    from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.checkpoint import save_checkpoint
     from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint, preset
-    from sudoku_size import sudoku_size_model
 
     folder = work / name
     folder.mkdir()
@@ -75,8 +76,11 @@ def measure(graphs: dict[str, Path], data: str, dependence_n: int, rounds: int, 
     for row, session in sessions.items():
         alone, together = answers(session, dependence_n, 1), answers(session, dependence_n, dependence_n)
         differ = (alone.argmax(-1) != together.argmax(-1)).any(-1)
-        result["batch_dependence"][row] = {"puzzles": dependence_n, "answers_differ": int(differ.sum()),
-                                           "max_logit_change": float(np.abs(alone - together).max())}
+        result["batch_dependence"][row] = {
+            "puzzles": dependence_n,
+            "answers_differ": int(differ.sum()),
+            "max_logit_change": float(np.abs(alone - together).max()),
+        }
         print(row, result["batch_dependence"][row], flush=True)
     for batch in (1, 8):
         feeds = examples.feeds(0, batch)
@@ -89,16 +93,20 @@ def measure(graphs: dict[str, Path], data: str, dependence_n: int, rounds: int, 
                 start = time.perf_counter()
                 session.run(None, feeds)
                 times[row].append((time.perf_counter() - start) * 1000)
-        result["latency_ms"][str(batch)] = {row: {"median": round(statistics.median(v), 2), "all": [round(x, 1) for x in v]}
-                                            for row, v in times.items()}
+        result["latency_ms"][str(batch)] = {
+            row: {"median": round(statistics.median(v), 2), "all": [round(x, 1) for x in v]} for row, v in times.items()
+        }
         result["speedup_vs_fp32"][str(batch)] = {
             row: round(statistics.median(a / b for a, b in zip(times["fp32"], v, strict=True)), 3)
-            for row, v in times.items() if row != "fp32"}
+            for row, v in times.items()
+            if row != "fp32"
+        }
         print(batch, result["speedup_vs_fp32"][str(batch)], flush=True)
     if accuracy:
         result["exact_accuracy_pct"] = {
             row: round(100 * score(answers(s, len(examples), 64), examples.labels)["exact_accuracy"], 2)
-            for row, s in sessions.items()}
+            for row, s in sessions.items()
+        }
         result["accuracy_examples"] = len(examples)
         print(result["exact_accuracy_pct"], flush=True)
     return result
@@ -112,16 +120,26 @@ def main() -> None:
     args = parser.parse_args()
     import onnxruntime as ort
 
-    report: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "onnxruntime": ort.__version__,
-                                "ort_intra_op_threads": "default (one per core)",
-                                "load_average_at_start": os.getloadavg()}, "models": {}}
+    report: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "onnxruntime": ort.__version__,
+            "ort_intra_op_threads": "default (one per core)",
+            "load_average_at_start": os.getloadavg(),
+        },
+        "models": {},
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             graphs, data, dependence_n = build(name, Path(tmp))
             rounds = args.rounds if name == "sudoku" else max(args.rounds, 20)
-            report["models"][name] = {**measure(graphs, data, dependence_n, rounds, name == "bundled"), "rounds": rounds}
+            report["models"][name] = {
+                **measure(graphs, data, dependence_n, rounds, name == "bundled"),
+                "rounds": rounds,
+            }
             out.write_text(json.dumps(report, indent=2) + "\n")
     report["machine"]["load_average_at_end"] = os.getloadavg()
     out.write_text(json.dumps(report, indent=2) + "\n")

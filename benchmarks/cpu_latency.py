@@ -48,21 +48,29 @@ def _reuse(folder: Path, rows: tuple[str, ...]) -> dict:
             manifest = json.loads(path.with_name(path.name + ".manifest.json").read_text())
             timings[f"{row}_build_s"] = manifest["build"]["build_seconds"]
     static = json.loads((folder / "cpu-int8-static.cpu.ort.onnx.manifest.json").read_text())
-    return {"checkpoint": folder / "sudoku-random.pt", "data": str(folder / "data"), "graphs": graphs,
-            "timings": timings, "static_recipe": static["recipe"], "static_stage_s": static.get("timings"),
-            "reused": str(folder)}
+    return {
+        "checkpoint": folder / "sudoku-random.pt",
+        "data": str(folder / "data"),
+        "graphs": graphs,
+        "timings": timings,
+        "static_recipe": static["recipe"],
+        "static_stage_s": static.get("timings"),
+        "reused": str(folder),
+    }
 
 
-def prepare(name: str, work: Path, threads: int | None, rows: tuple[str, ...], calib_samples: int,
-            reuse: bool = False) -> dict:
+def prepare(
+    name: str, work: Path, threads: int | None, rows: tuple[str, ...], calib_samples: int, reuse: bool = False
+) -> dict:
     """Checkpoint, data, FP32 export and every row's artifact; build times recorded."""
+    from sudoku_size import sudoku_size_model
+
+    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.engines.build import EngineConfig, build_engine
-    from hrm_deploy.engines.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.checkpoint import save_checkpoint
     from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint, preset
-    from sudoku_size import sudoku_size_model
 
     folder = work / name
     if reuse:  # a killed run's folder: its artifacts, build times from their manifests
@@ -72,10 +80,13 @@ def prepare(name: str, work: Path, threads: int | None, rows: tuple[str, ...], c
         ckpt = bundled_checkpoint(DEFAULT_PRESET)
         spec = preset(DEFAULT_PRESET)["data"]
         # calibration + the build's holdout (its test split); the table's accuracy on other puzzles
-        generate_sudoku(SudokuSpec(**{**spec, "train": 256, "test": 1000, "augment": 0, "seed": 12345}),
-                        str(folder / "data"))
-        generate_sudoku(SudokuSpec(**{**spec, "train": 1, "test": ACCURACY_PUZZLES, "augment": 0, "seed": 4242}),
-                        str(folder / "eval"))
+        generate_sudoku(
+            SudokuSpec(**{**spec, "train": 256, "test": 1000, "augment": 0, "seed": 12345}), str(folder / "data")
+        )
+        generate_sudoku(
+            SudokuSpec(**{**spec, "train": 1, "test": ACCURACY_PUZZLES, "augment": 0, "seed": 4242}),
+            str(folder / "eval"),
+        )
     else:
         ckpt = save_checkpoint(folder / "sudoku-random.pt", sudoku_size_model(seed=0))
         generate_sudoku(SudokuSpec(train=256, test=64, blanks=(40, 50), seed=0), str(folder / "data"))
@@ -87,8 +98,14 @@ def prepare(name: str, work: Path, threads: int | None, rows: tuple[str, ...], c
     timings["export_s"] = time.perf_counter() - start
     configs = {
         "cpu-fp32": CpuBuildConfig("fp32", threads),
-        "cpu-int8-static": CpuBuildConfig("int8", threads, calib_data=data, cache_dir=str(folder / "calib"),
-                                          calib_samples=calib_samples, check_accuracy=name == "bundled"),
+        "cpu-int8-static": CpuBuildConfig(
+            "int8",
+            threads,
+            calib_data=data,
+            cache_dir=str(folder / "calib"),
+            calib_samples=calib_samples,
+            check_accuracy=name == "bundled",
+        ),
         "cpu-int8-dynamic": CpuBuildConfig("int8", threads, int8_recipe="dynamic"),
         "cpu-int8-blockwise": CpuBuildConfig("int8", threads, int8_recipe="blockwise"),
     }
@@ -103,14 +120,21 @@ def prepare(name: str, work: Path, threads: int | None, rows: tuple[str, ...], c
         print(name, row, f"built in {timings[f'{row}_build_s']:.1f} s", flush=True)
     if "torch-bf16" in rows:
         start = time.perf_counter()
-        torch_engine = build_engine(fp32, EngineConfig("bf16", backend="torch"),
-                                    folder / "model.bf16.cpu.torch.pt2", quiet=True)
+        torch_engine = build_engine(
+            fp32, EngineConfig("bf16", backend="torch"), folder / "model.bf16.cpu.torch.pt2", quiet=True
+        )
         timings["torch-bf16_build_s"] = time.perf_counter() - start
         graphs["torch-bf16"] = torch_engine.path
         print(name, "torch-bf16", f"built in {timings['torch-bf16_build_s']:.1f} s", flush=True)
     static = manifests["cpu-int8-static"]
-    return {"checkpoint": ckpt, "data": evaluation, "graphs": graphs, "timings": timings,
-            "static_recipe": static["recipe"], "static_stage_s": static.get("timings")}
+    return {
+        "checkpoint": ckpt,
+        "data": evaluation,
+        "graphs": graphs,
+        "timings": timings,
+        "static_recipe": static["recipe"],
+        "static_stage_s": static.get("timings"),
+    }
 
 
 def _time_rows(runners: dict, feeds: dict, rounds: int) -> dict[str, list[float]]:
@@ -133,10 +157,10 @@ def _time_rows(runners: dict, feeds: dict, rounds: int) -> dict[str, list[float]
 def measure(name: str, prepared: dict, batches: tuple[int, ...], rounds: int, threads: int | None) -> dict:
     import numpy as np
 
+    from hrm_deploy.backends import open_runner
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.metrics import accuracy
-    from hrm_deploy.runners import open_runner
-    from hrm_deploy.runners.infer import predict
+    from hrm_deploy.runtime.infer import predict
 
     runners = {}
     for row, path in prepared["graphs"].items():
@@ -149,28 +173,34 @@ def measure(name: str, prepared: dict, batches: tuple[int, ...], rounds: int, th
         outputs = {row: r.infer(feeds)["logits"] for row, r in runners.items()}  # warm-up
         times = _time_rows(runners, feeds, rounds)
         result["latency_ms_per_call"][str(batch)] = {
-            row: {"median": round(statistics.median(v), 2), "all": [round(x, 1) for x in v]} for row, v in times.items()}
+            row: {"median": round(statistics.median(v), 2), "all": [round(x, 1) for x in v]} for row, v in times.items()
+        }
         result["speedup_vs_cpu_fp32"][str(batch)] = {  # median over rounds of fp32/row within the round
             row: round(statistics.median(a / b for a, b in zip(times["cpu-fp32"], v, strict=True)), 3)
-            for row, v in times.items()}
+            for row, v in times.items()
+        }
         print(name, batch, result["speedup_vs_cpu_fp32"][str(batch)], flush=True)
         if name != "bundled":  # random weights: agreement of the timed batch only, for the record
             ref = outputs["cpu-fp32"].argmax(-1)
             result.setdefault("argmax_agreement_random_weights", {})[str(batch)] = {
-                row: round(100 * float((o.argmax(-1) == ref).mean()), 2) for row, o in outputs.items()}
+                row: round(100 * float((o.argmax(-1) == ref).mean()), 2) for row, o in outputs.items()
+            }
     if name == "bundled":
         preds = {row: predict(r, examples, batch=64) for row, r in runners.items()}
         ref = preds["cpu-fp32"].argmax(-1)
         result["accuracy"] = {
             "puzzles": len(examples),
-            "exact_accuracy_pct": {row: round(100 * accuracy(p, examples.labels)["exact_accuracy"], 2)
-                                   for row, p in preds.items()},
-            "argmax_agreement_with_fp32_pct": {row: round(100 * float((p.argmax(-1) == ref).mean()), 3)
-                                               for row, p in preds.items()},
+            "exact_accuracy_pct": {
+                row: round(100 * accuracy(p, examples.labels)["exact_accuracy"], 2) for row, p in preds.items()
+            },
+            "argmax_agreement_with_fp32_pct": {
+                row: round(100 * float((p.argmax(-1) == ref).mean()), 3) for row, p in preds.items()
+            },
         }
         alone = {row: predict(runners[row], examples, batch=1)[:300] for row in ("cpu-int8-static", "cpu-int8-dynamic")}
         result["batch_dependence_300_puzzles"] = {  # alone vs in batches of 64
-            row: int((a.argmax(-1) != preds[row][:300].argmax(-1)).any(-1).sum()) for row, a in alone.items()}
+            row: int((a.argmax(-1) != preds[row][:300].argmax(-1)).any(-1).sum()) for row, a in alone.items()
+        }
         del np
     for r in runners.values():
         r.close()
@@ -181,7 +211,7 @@ def check_estimate(model: dict) -> float:
     """Seconds static INT8's accuracy check would add to a Sudoku-size build (skipped there:
     random weights): its holdout (cpu_static.MIN_HOLDOUT puzzles) through FP32 and INT8, from
     the batch-8 latencies measured in the same run."""
-    from hrm_deploy.engines.cpu_static import MIN_HOLDOUT
+    from hrm_deploy.backends.ort.builder.static import MIN_HOLDOUT
 
     lat = model["latency_ms_per_call"]["8"]
     return round(MIN_HOLDOUT / 8 * (lat["cpu-fp32"]["median"] + lat["cpu-int8-static"]["median"]) / 1000, 1)
@@ -204,21 +234,31 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: one per core)")
     parser.add_argument("--rows", default=",".join(ROWS), help="rows to build and time (cpu-fp32 always)")
     parser.add_argument("--reuse", help="time the artifacts an interrupted run left in this folder (no builds)")
-    parser.add_argument("--calib-samples", type=int, default=128,
-                        help="static INT8 calibration examples (128: the build-engine default; its build time)")
+    parser.add_argument(
+        "--calib-samples",
+        type=int,
+        default=128,
+        help="static INT8 calibration examples (128: the build-engine default; its build time)",
+    )
     parser.add_argument("--out", default="benchmarks/results/cpu_latency.json")
     args = parser.parse_args()
     import onnxruntime as ort
     import torch
 
     threads = args.threads or None
-    report: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                "onnxruntime": ort.__version__, "torch": torch.__version__,
-                                "ort_intra_op_threads": threads or "default (one per core)",
-                                "isa": _isa()},
-                    "timing": "median ms per infer call (host in, host out) over interleaved rounds after one warm-up; "
-                              "speedups: median over rounds of the per-round ratio",
-                    "models": {}}
+    report: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "onnxruntime": ort.__version__,
+            "torch": torch.__version__,
+            "ort_intra_op_threads": threads or "default (one per core)",
+            "isa": _isa(),
+        },
+        "timing": "median ms per infer call (host in, host out) over interleaved rounds after one warm-up; "
+        "speedups: median over rounds of the per-round ratio",
+        "models": {},
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.is_file():  # one run per model: the models not measured now keep their last run
@@ -230,14 +270,19 @@ def main() -> None:
             rows = tuple(dict.fromkeys(("cpu-fp32", *args.rows.split(","))))
             prepared = prepare(name, Path(tmp), threads, rows, args.calib_samples, bool(args.reuse))
             rounds = args.rounds if name == "sudoku" else max(args.rounds, 15)
-            model = {"build_s": {k: round(v, 2) for k, v in prepared["timings"].items()},
-                     "static_calib_samples": args.calib_samples,
-                     "static_build_stages_s": prepared["static_stage_s"],
-                     "static_recipe": prepared["static_recipe"],
-                     **measure(name, prepared, (1, 8), rounds, threads), "rounds": rounds}
+            model = {
+                "build_s": {k: round(v, 2) for k, v in prepared["timings"].items()},
+                "static_calib_samples": args.calib_samples,
+                "static_build_stages_s": prepared["static_stage_s"],
+                "static_recipe": prepared["static_recipe"],
+                **measure(name, prepared, (1, 8), rounds, threads),
+                "rounds": rounds,
+            }
             if prepared.get("reused"):
-                model["note"] = ("timed from the artifacts of an interrupted run of this script (its builds: the "
-                                 "build times, from their manifests); rows it had not built are missing")
+                model["note"] = (
+                    "timed from the artifacts of an interrupted run of this script (its builds: the "
+                    "build times, from their manifests); rows it had not built are missing"
+                )
             if name != "bundled":
                 model["static_accuracy_check_estimate_s"] = check_estimate(model)
             model["load_average_at_start_and_end"] = [start_load, os.getloadavg()]
@@ -249,21 +294,30 @@ def main() -> None:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| model | row | build s | b1 ms | b1 vs fp32 | b8 ms | b8 vs fp32 | exact % | agree % |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | row | build s | b1 ms | b1 vs fp32 | b8 ms | b8 vs fp32 | exact % | agree % |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, m in report["models"].items():
         acc = m.get("accuracy", {})
         for row in (r for r in ROWS if r in m["latency_ms_per_call"]["1"]):
             cells = [name, row, f"{m['build_s'].get(f'{row}_build_s', 0):.1f}"]
             for b in ("1", "8"):
-                cells += [f"{m['latency_ms_per_call'][b][row]['median']:.1f}", f"{m['speedup_vs_cpu_fp32'][b][row]:.2f}x"]
-            cells += [str(acc.get("exact_accuracy_pct", {}).get(row, "-")),
-                      str(acc.get("argmax_agreement_with_fp32_pct", {}).get(row, "-"))]
+                cells += [
+                    f"{m['latency_ms_per_call'][b][row]['median']:.1f}",
+                    f"{m['speedup_vs_cpu_fp32'][b][row]:.2f}x",
+                ]
+            cells += [
+                str(acc.get("exact_accuracy_pct", {}).get(row, "-")),
+                str(acc.get("argmax_agreement_with_fp32_pct", {}).get(row, "-")),
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     env = report["machine"]
-    lines.append(f"\n{env['cpus']} CPUs ({env['platform']}; {' '.join(env.get('isa', []))}), ONNX Runtime "
-                 f"{env['onnxruntime']}, torch {env['torch']}. Shared machine (load averages per model in the "
-                 "JSON): compare the ratios, measured within one run per model.")
+    lines.append(
+        f"\n{env['cpus']} CPUs ({env['platform']}; {' '.join(env.get('isa', []))}), ONNX Runtime "
+        f"{env['onnxruntime']}, torch {env['torch']}. Shared machine (load averages per model in the "
+        "JSON): compare the ratios, measured within one run per model."
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -62,9 +62,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="benchmarks/results/export_speed.json")
     args = parser.parse_args()
-    results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                                 "load_average_at_start": os.getloadavg()},
-                     "model": SUDOKU.to_dict(), "goal_seconds": 20, "runs": {}}
+    results: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "load_average_at_start": os.getloadavg(),
+        },
+        "model": SUDOKU.to_dict(),
+        "goal_seconds": 20,
+        "runs": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("random", "trained-like"):
             for mode in ("unrolled", "step"):
@@ -75,21 +83,32 @@ def main() -> None:
                 total, cpu = time.perf_counter() - start, time.process_time() - cpu
                 # On a shared machine wall time is inflated by others' load; CPU seconds (all
                 # threads of this process) bound what it costs on an idle 2-core machine: >= cpu/2.
-                run = {"seconds_total_with_parity": round(total, 2), "cpu_seconds": round(cpu, 2),
-                       "stages": res.timings, "nodes": res.nodes,
-                       "folding": res.folding, "onnx_mb": round(out.stat().st_size / 1e6, 1),
-                       "parity_worst": {b: {k: v["max_abs"] for k, v in e.items()}
-                                        for b, e in (res.parity or {}).get("batches", {}).items()}}
+                run = {
+                    "seconds_total_with_parity": round(total, 2),
+                    "cpu_seconds": round(cpu, 2),
+                    "stages": res.timings,
+                    "nodes": res.nodes,
+                    "folding": res.folding,
+                    "onnx_mb": round(out.stat().st_size / 1e6, 1),
+                    "parity_worst": {
+                        b: {k: v["max_abs"] for k, v in e.items()}
+                        for b, e in (res.parity or {}).get("batches", {}).items()
+                    },
+                }
                 if mode == "unrolled":
                     run["end_to_end_logits_max_abs_vs_torch"] = end_to_end_diff(out, model)
                 results["runs"][f"{kind}/{mode}"] = run
                 print(kind, mode, run["seconds_total_with_parity"], "s", res.nodes, "nodes", flush=True)
         # The same unroll without folding, for the node counts (no parity: counts only).
         start = time.perf_counter()
-        plain = export_onnx(weights("random"), Path(tmp) / "plain.onnx", ExportConfig(parity=False, fold=False),
-                            quiet=True)
-        results["unfolded_unroll"] = {"nodes": plain.nodes, "seconds_without_parity": round(time.perf_counter() - start, 2),
-                                      "onnx_mb": round((Path(tmp) / "plain.onnx").stat().st_size / 1e6, 1)}
+        plain = export_onnx(
+            weights("random"), Path(tmp) / "plain.onnx", ExportConfig(parity=False, fold=False), quiet=True
+        )
+        results["unfolded_unroll"] = {
+            "nodes": plain.nodes,
+            "seconds_without_parity": round(time.perf_counter() - start, 2),
+            "onnx_mb": round((Path(tmp) / "plain.onnx").stat().st_size / 1e6, 1),
+        }
     results["machine"]["load_average_at_end"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

@@ -62,14 +62,18 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_latency: no CUDA GPU visible to torch here; run it on a machine with an NVIDIA GPU "
-              "(nothing was measured, no results file written)", file=sys.stderr)
+        print(
+            "gpu_latency: no CUDA GPU visible to torch here; run it on a machine with an NVIDIA GPU "
+            "(nothing was measured, no results file written)",
+            file=sys.stderr,
+        )
         return 2
-    from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
-    from hrm_deploy.model.checkpoint import save_checkpoint
-    from hrm_deploy.runners import open_runner
-    from hrm_deploy.runners.torch_ref import TorchRunner
     from sudoku_size import sudoku_size_model
+
+    from hrm_deploy.backends import open_runner
+    from hrm_deploy.backends.reference import TorchRunner
+    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.model.checkpoint import save_checkpoint
 
     rows: list[dict] = []
     max_batch = max(args.batches)
@@ -82,17 +86,29 @@ def main() -> int:
         engines = {}
         for mode in args.modes:
             start = time.perf_counter()
-            result = build_torch_engine(ckpt, TorchEngineConfig(mode=mode, max_batch=max_batch, device="cuda"),
-                                        work / f"sudoku.{mode}.pt2", quiet=True)
+            result = build_torch_engine(
+                ckpt,
+                TorchEngineConfig(mode=mode, max_batch=max_batch, device="cuda"),
+                work / f"sudoku.{mode}.pt2",
+                quiet=True,
+            )
             manifest = json.loads((work / f"sudoku.{mode}.pt2.manifest.json").read_text())
             engines[mode] = result.path
-            rows.append({"name": f"aoti_{mode}", "build_s": time.perf_counter() - start,
-                         "compile_path": manifest["compile_path"], "fallback": manifest.get("compile_fallback_reason"),
-                         "batches": {}})
+            rows.append(
+                {
+                    "name": f"aoti_{mode}",
+                    "build_s": time.perf_counter() - start,
+                    "compile_path": manifest["compile_path"],
+                    "fallback": manifest.get("compile_fallback_reason"),
+                    "batches": {},
+                }
+            )
             print(f"built {mode} engine in {rows[-1]['build_s']:.1f} s ({manifest['compile_path']})", flush=True)
         candidates = [("reference_eager", lambda: TorchRunner(ckpt, device="cuda"))]
-        candidates += [(f"aoti_{mode}", lambda mode=mode: open_runner(engines[mode], step_predictions=False))
-                       for mode in args.modes]
+        candidates += [
+            (f"aoti_{mode}", lambda mode=mode: open_runner(engines[mode], step_predictions=False))
+            for mode in args.modes
+        ]
         if not args.no_compiled_reference:
             candidates.insert(1, ("reference_compiled", lambda: TorchRunner(ckpt, device="cuda", compile=True)))
         rng = np.random.default_rng(0)
@@ -108,7 +124,11 @@ def main() -> int:
                 for batch in args.batches:
                     feeds = {k: v[:batch] for k, v in base.items()}
                     ms, phases = _median_ms(runner, feeds, args.iters, args.warmup, args.seconds)
-                    row["batches"][str(batch)] = {"median_ms": ms, "puzzles_per_s": batch / ms * 1e3, "phases_ms": phases}
+                    row["batches"][str(batch)] = {
+                        "median_ms": ms,
+                        "puzzles_per_s": batch / ms * 1e3,
+                        "phases_ms": phases,
+                    }
                     print(f"{name:20s} batch {batch:5d}: {ms:9.3f} ms  {batch / ms * 1e3:10.1f} puzzles/s", flush=True)
                 row["runtime"] = dict(getattr(runner, "runtime_settings", {}) or {})  # the loop path that ran
             _write(args, rows, torch)
@@ -117,15 +137,25 @@ def main() -> int:
 
 def _write(args, rows: list[dict], torch) -> None:
     by_name = {r["name"]: r for r in rows}
-    step, unrolled = by_name.get("aoti_step", {}).get("batches", {}), by_name.get("aoti_unrolled", {}).get("batches", {})
+    step, unrolled = (
+        by_name.get("aoti_step", {}).get("batches", {}),
+        by_name.get("aoti_unrolled", {}).get("batches", {}),
+    )
     ratio = {b: step[b]["median_ms"] / unrolled[b]["median_ms"] for b in step if b in unrolled}
-    report = {"benchmark": "GPU latency, Sudoku-size model (16 ACT steps), end to end per call: host arrays in, "
-                           "host arrays out", "iters": args.iters, "seconds_per_batch": args.seconds,
-              "weights": str(args.checkpoint or "random"), "rows": rows,
-              "step_vs_unrolled_latency_ratio": ratio,
-              "step_mode_default": all(r <= 1.10 for r in ratio.values()) if ratio else None,
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-              "platform": platform.platform()}
+    report = {
+        "benchmark": "GPU latency, Sudoku-size model (16 ACT steps), end to end per call: host arrays in, "
+        "host arrays out",
+        "iters": args.iters,
+        "seconds_per_batch": args.seconds,
+        "weights": str(args.checkpoint or "random"),
+        "rows": rows,
+        "step_vs_unrolled_latency_ratio": ratio,
+        "step_mode_default": all(r <= 1.10 for r in ratio.values()) if ratio else None,
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "platform": platform.platform(),
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

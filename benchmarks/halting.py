@@ -32,8 +32,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ROOT / "hrm_deploy" / "train" / "presets"
 
 
-def _fresh_data(checkpoint: Path, work: Path, calib: int, evaluate: int, seed_offset: int,
-                preset_name: str | None, spec_json: str | None = None) -> Path:
+def _fresh_data(
+    checkpoint: Path,
+    work: Path,
+    calib: int,
+    evaluate: int,
+    seed_offset: int,
+    preset_name: str | None,
+    spec_json: str | None = None,
+) -> Path:
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.model.checkpoint import read_checkpoint
 
@@ -81,6 +88,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="result JSON (default benchmarks/results/halting_<model>.json)")
     args = parser.parse_args()
 
+    from hrm_deploy.backends.ort.runner import OrtRunner
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.halting import (
@@ -94,17 +102,18 @@ def main() -> None:
         run_continuous,
         simulate_steps,
     )
-    from hrm_deploy.runners.ort import OrtRunner
 
     checkpoint = Path(args.checkpoint)
     name = checkpoint.stem
     out_path = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"halting_{name}.json"
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        data = _fresh_data(checkpoint, work, args.calib, args.eval, seed_offset=7919,
-                           preset_name=args.preset, spec_json=args.spec)
-        onnx = export_onnx(checkpoint, work / f"{name}.step.onnx", ExportConfig(mode="step", parity=False),
-                           quiet=True).path
+        data = _fresh_data(
+            checkpoint, work, args.calib, args.eval, seed_offset=7919, preset_name=args.preset, spec_json=args.spec
+        )
+        onnx = export_onnx(
+            checkpoint, work / f"{name}.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
+        ).path
         runner = OrtRunner(onnx, threads=args.threads or None)
         runner.activate()
         step_fn = runner.step_function()
@@ -126,21 +135,33 @@ def main() -> None:
         result: dict = {
             "checkpoint": str(checkpoint.relative_to(ROOT) if checkpoint.is_relative_to(ROOT) else checkpoint),
             "note": args.note,
-            "steps": steps, "eval_puzzles": len(evaluation), "calib_puzzles": len(calibration),
+            "steps": steps,
+            "eval_puzzles": len(evaluation),
+            "calib_puzzles": len(calibration),
             "data": "fresh held-out puzzles of the checkpoint's dataset spec (seed + 7919): calibration = train "
-                    "split, evaluation = test split",
-            "machine": {"platform": platform.platform(), "cpus": __import__("os").cpu_count(), "runner": "ort cpu",
-                        "threads": args.threads or "default"},
-            "per_step_exact_accuracy": [float(exact_at(preds, np.full(len(labels), s, np.int32), labels).mean())
-                                        for s in range(1, steps + 1)],
+            "split, evaluation = test split",
+            "machine": {
+                "platform": platform.platform(),
+                "cpus": __import__("os").cpu_count(),
+                "runner": "ort cpu",
+                "threads": args.threads or "default",
+            },
+            "per_step_exact_accuracy": [
+                float(exact_at(preds, np.full(len(labels), s, np.int32), labels).mean()) for s in range(1, steps + 1)
+            ],
             "all_steps": {"exact_accuracy": full_acc, "mean_steps": float(steps)},
             "curve": accuracy_vs_steps(q_halt, q_cont, preds, labels),
             "rules": {},
         }
         rules = {"q": HaltRule.parse("q")}
         for budget in (float(b) for b in args.budgets.split(",")):
-            found = calibrate_threshold(full_calib["q_halt_logits"], full_calib["q_continue_logits"],
-                                        full_calib["step_predictions"], calibration.labels, budget)
+            found = calibrate_threshold(
+                full_calib["q_halt_logits"],
+                full_calib["q_continue_logits"],
+                full_calib["step_predictions"],
+                calibration.labels,
+                budget,
+            )
             rules[f"budget:{budget:g}"] = HaltRule(HaltMode.BUDGET, found["threshold"], budget)
             result.setdefault("calibration", {})[f"budget:{budget:g}"] = found
         for text, rule in rules.items():
@@ -155,19 +176,32 @@ def main() -> None:
         inputs, pids, batch = evaluation.inputs, evaluation.puzzle_identifiers, args.batch
 
         def fixed(halt, compact):
-            parts = [drive(step_fn, inputs[s:s + batch], pids[s:s + batch], halt, compact=compact)
-                     for s in range(0, len(inputs), batch)]
+            parts = [
+                drive(step_fn, inputs[s : s + batch], pids[s : s + batch], halt, compact=compact)
+                for s in range(0, len(inputs), batch)
+            ]
             return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
         def measure(fn) -> tuple[dict, np.ndarray]:
             seconds, out = _timed(fn, args.repeats)
             solved = exact_at(out["step_predictions"], out["steps_used"], labels)
-            return ({"seconds": seconds, "puzzles_per_s": len(inputs) / seconds,
-                     **rule_summary(out["steps_used"], solved, steps)}, out["logits"].argmax(-1))
+            return (
+                {
+                    "seconds": seconds,
+                    "puzzles_per_s": len(inputs) / seconds,
+                    **rule_summary(out["steps_used"], solved, steps),
+                },
+                out["logits"].argmax(-1),
+            )
 
         all_stats, _ = measure(lambda: fixed(None, True))
-        result["throughput"] = {"batch": batch, "repeats": args.repeats, "timing": "best of repeats after a warm-up",
-                                "all_steps": all_stats, "rules": {}}
+        result["throughput"] = {
+            "batch": batch,
+            "repeats": args.repeats,
+            "timing": "best of repeats after a warm-up",
+            "all_steps": all_stats,
+            "rules": {},
+        }
         for text in args.throughput_rules.split(","):
             if text not in rules:
                 continue
@@ -193,15 +227,28 @@ def main() -> None:
     try:
         from hrm_deploy.halting import plot_curve
 
-        plot_curve({"curve": result["curve"], "all_steps": result["all_steps"], "rules": result["rules"]},
-                   out_path.with_suffix(".png"), f"{name}: early halting ({len(evaluation)} held-out puzzles)")
+        plot_curve(
+            {"curve": result["curve"], "all_steps": result["all_steps"], "rules": result["rules"]},
+            out_path.with_suffix(".png"),
+            f"{name}: early halting ({len(evaluation)} held-out puzzles)",
+        )
     except ImportError:
         pass
-    speeds = {text: {m: round(v["puzzles_per_s"], 1) for m, v in entry["modes"].items()}
-              for text, entry in result["throughput"]["rules"].items()}
-    print(json.dumps({"per_step": result["per_step_exact_accuracy"], "rules": result["rules"],
-                      "all_steps_puzzles_per_s": round(result["throughput"]["all_steps"]["puzzles_per_s"], 1),
-                      "throughput": speeds}, indent=1))
+    speeds = {
+        text: {m: round(v["puzzles_per_s"], 1) for m, v in entry["modes"].items()}
+        for text, entry in result["throughput"]["rules"].items()
+    }
+    print(
+        json.dumps(
+            {
+                "per_step": result["per_step_exact_accuracy"],
+                "rules": result["rules"],
+                "all_steps_puzzles_per_s": round(result["throughput"]["all_steps"]["puzzles_per_s"], 1),
+                "throughput": speeds,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out_path}")
 
 

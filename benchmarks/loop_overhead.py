@@ -35,17 +35,26 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hrm_deploy.backends import open_runner
+from hrm_deploy.backends.tensorrt.api import Backend
 from hrm_deploy.manifest import write_manifest
-from hrm_deploy.runners import open_runner
-from hrm_deploy.runners.backend import Backend
-from tests.runners import fake_trt
+from tests.backends.tensorrt import fake_trt
 
 
 def _engine(folder: Path, steps: int) -> Path:
     path = folder / f"noop{steps}.engine"
     path.write_bytes(fake_trt.engine_bytes(steps=steps, noop=True, batch=(1, 64)))
-    write_manifest(path, stage="engine", config={}, backend={"name": "tensorrt", "version": fake_trt.__version__},
-                   precision="fp32", mode="step", steps=steps, compute_capability=None, build_machine={})
+    write_manifest(
+        path,
+        stage="engine",
+        config={},
+        backend={"name": "tensorrt", "version": fake_trt.__version__},
+        precision="fp32",
+        mode="step",
+        steps=steps,
+        compute_capability=None,
+        build_machine={},
+    )
     return path
 
 
@@ -62,13 +71,22 @@ def _median_ms(runner, feeds, iters: int, halt) -> float:
 
 def _bytes_per_call(folder: Path, batch: int = 1024, steps: int = 16) -> dict[str, dict[str, int]]:
     """h2d/d2h bytes of one call, per-step answers as device argmax vs as logits."""
-    from hrm_deploy.runners.memory import HostMemory
+    from hrm_deploy.runtime.memory import HostMemory
 
     path = folder / "sudoku-shapes.engine"
     shapes = {"steps": steps, "seq": 81, "vocab": 11, "hidden": 16, "batch": (1, batch), "noop": True}
     path.write_bytes(fake_trt.engine_bytes(**shapes))
-    write_manifest(path, stage="engine", config={}, backend={"name": "tensorrt", "version": fake_trt.__version__},
-                   precision="fp32", mode="step", steps=steps, compute_capability=None, build_machine={})
+    write_manifest(
+        path,
+        stage="engine",
+        config={},
+        backend={"name": "tensorrt", "version": fake_trt.__version__},
+        precision="fp32",
+        mode="step",
+        steps=steps,
+        compute_capability=None,
+        build_machine={},
+    )
     feeds = {"inputs": np.ones((batch, 81), np.int64), "puzzle_identifiers": np.zeros(batch, np.int64)}
     out = {}
     for name in ("device_argmax", "logits_to_host"):
@@ -91,7 +109,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--out", default="benchmarks/results/loop_overhead.json")
     args = parser.parse_args()
-    import hrm_deploy.runners.trt as trt_runner
+    import hrm_deploy.backends.tensorrt.runner as trt_runner
 
     trt_runner.load_backend = lambda name: Backend("tensorrt", fake_trt)  # type: ignore[assignment]
     rng = np.random.default_rng(0)
@@ -102,30 +120,44 @@ def main() -> None:
 
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for path_name, options, halt in (("captured", {"cuda_graph": True}, None),
-                                         ("eager", {"cuda_graph": False}, None),
-                                         ("halting", {"cuda_graph": False}, never)):
+        for path_name, options, halt in (
+            ("captured", {"cuda_graph": True}, None),
+            ("eager", {"cuda_graph": False}, None),
+            ("halting", {"cuda_graph": False}, never),
+        ):
             ms = {}
             for steps in (1, args.steps):
                 runner = open_runner(_engine(Path(tmp), steps), memory="host", step_predictions=False, **options)
                 with runner:
                     ms[steps] = _median_ms(runner, feeds, args.iters, halt)
             per_step_us = (ms[args.steps] - ms[1]) / (args.steps - 1) * 1e3
-            results[path_name] = {"call_ms_1_step": ms[1], f"call_ms_{args.steps}_steps": ms[args.steps],
-                                  "per_step_us": per_step_us}
-            print(f"{path_name:9s} per step {per_step_us:7.2f} us   (1 step {ms[1]:.3f} ms, {args.steps} steps "
-                  f"{ms[args.steps]:.3f} ms per call)")
+            results[path_name] = {
+                "call_ms_1_step": ms[1],
+                f"call_ms_{args.steps}_steps": ms[args.steps],
+                "per_step_us": per_step_us,
+            }
+            print(
+                f"{path_name:9s} per step {per_step_us:7.2f} us   (1 step {ms[1]:.3f} ms, {args.steps} steps "
+                f"{ms[args.steps]:.3f} ms per call)"
+            )
         moved = _bytes_per_call(Path(tmp))
         for name, row in moved.items():
-            print(f"{name:15s} per call at batch 1024, 16 steps: {row['h2d_bytes'] / 1e6:.2f} MB up, "
-                  f"{row['d2h_bytes'] / 1e6:.2f} MB down")
-    report = {"benchmark": "device loop host overhead per ACT step (fake TensorRT, HostMemory, no maths)",
-              "bytes_per_call_batch_1024_16_steps": moved,
-              "goal_us_per_step_after_capture": 20.0, "batch": args.batch, "steps": args.steps, "iters": args.iters,
-              "results": results,
-              "note": "captured = HostMemory's emulated replay (Python, item by item): an upper bound for a real "
-                      "CUDA graph, which is one launch per loop; measured on a shared 2-core CPU",
-              "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}}
+            print(
+                f"{name:15s} per call at batch 1024, 16 steps: {row['h2d_bytes'] / 1e6:.2f} MB up, "
+                f"{row['d2h_bytes'] / 1e6:.2f} MB down"
+            )
+    report = {
+        "benchmark": "device loop host overhead per ACT step (fake TensorRT, HostMemory, no maths)",
+        "bytes_per_call_batch_1024_16_steps": moved,
+        "goal_us_per_step_after_capture": 20.0,
+        "batch": args.batch,
+        "steps": args.steps,
+        "iters": args.iters,
+        "results": results,
+        "note": "captured = HostMemory's emulated replay (Python, item by item): an upper bound for a real "
+        "CUDA graph, which is one launch per loop; measured on a shared 2-core CPU",
+        "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

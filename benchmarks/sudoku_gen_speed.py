@@ -26,14 +26,25 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        spec = SudokuSpec(train=args.puzzles - args.puzzles // 10, test=args.puzzles // 10,
-                          blanks=(args.min_blanks, args.max_blanks), seed=0, workers=args.workers)
+        spec = SudokuSpec(
+            train=args.puzzles - args.puzzles // 10,
+            test=args.puzzles // 10,
+            blanks=(args.min_blanks, args.max_blanks),
+            seed=0,
+            workers=args.workers,
+        )
         start = time.perf_counter()
         generate_sudoku(spec, str(Path(tmp) / "data"))
         seconds = time.perf_counter() - start
-        results.append({"puzzles": args.puzzles, "blanks": [args.min_blanks, args.max_blanks],
-                        "workers": spec.workers or os.cpu_count(), "seconds": round(seconds, 2),
-                        "puzzles_per_s": round(args.puzzles / seconds, 1)})
+        results.append(
+            {
+                "puzzles": args.puzzles,
+                "blanks": [args.min_blanks, args.max_blanks],
+                "workers": spec.workers or os.cpu_count(),
+                "seconds": round(seconds, 2),
+                "puzzles_per_s": round(args.puzzles / seconds, 1),
+            }
+        )
     out = {"cpus": os.cpu_count(), "results": results}
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))

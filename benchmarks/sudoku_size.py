@@ -10,8 +10,9 @@ def sudoku_size_config():
     from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.train.presets import preset
 
-    return HRMConfig(seq_len=81, vocab_size=11, num_puzzle_identifiers=1,
-                     **{**preset("sudoku")["model"], "forward_dtype": "float32"})
+    return HRMConfig(
+        seq_len=81, vocab_size=11, num_puzzle_identifiers=1, **{**preset("sudoku")["model"], "forward_dtype": "float32"}
+    )
 
 
 def sudoku_size_model(seed: int = 0):

@@ -39,8 +39,13 @@ def run_variant(name: str, variant: dict, workdir: str, threads: int) -> dict:
         except OSError:
             pass  # another variant made it first
     model_config = HRMConfig(seq_len=81, vocab_size=11, **{**chosen["model"], **variant.get("model", {})})
-    cfg = TrainConfig(data_path=str(data_dir), out_dir=str(Path(workdir) / name), device="cpu", threads=threads,
-                      **{**chosen["train"], **variant.get("train", {})})
+    cfg = TrainConfig(
+        data_path=str(data_dir),
+        out_dir=str(Path(workdir) / name),
+        device="cpu",
+        threads=threads,
+        **{**chosen["train"], **variant.get("train", {})},
+    )
     start = time.perf_counter()
     result = train(model_config, cfg, progress=False)
     elapsed = time.perf_counter() - start
@@ -48,10 +53,18 @@ def run_variant(name: str, variant: dict, workdir: str, threads: int) -> dict:
     for line in (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         if "eval" in row:
-            curve.append({"step": row["step"], "exact": row["eval"]["exact_accuracy"], "token": row["eval"]["token_accuracy"]})
+            curve.append(
+                {"step": row["step"], "exact": row["eval"]["exact_accuracy"], "token": row["eval"]["token_accuracy"]}
+            )
     final = result.metrics["eval"]
-    return {"name": name, "variant": variant, "seconds": round(elapsed, 1), "curve": curve,
-            "final_exact": final["exact_accuracy"], "final_token": final["token_accuracy"]}
+    return {
+        "name": name,
+        "variant": variant,
+        "seconds": round(elapsed, 1),
+        "curve": curve,
+        "final_exact": final["exact_accuracy"],
+        "final_token": final["token_accuracy"],
+    }
 
 
 def main() -> None:
@@ -72,9 +85,18 @@ def main() -> None:
             results.append(r)
             print(json.dumps({k: r[k] for k in ("name", "seconds", "final_exact", "final_token")}), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": platform.node(), "cpus": os.cpu_count(),
-                                          "threads_per_run": args.threads, "parallel": args.parallel,
-                                          "results": results}, indent=2))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "machine": platform.node(),
+                "cpus": os.cpu_count(),
+                "threads_per_run": args.threads,
+                "parallel": args.parallel,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

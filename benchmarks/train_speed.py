@@ -39,8 +39,13 @@ def main() -> None:
         data = Path(tmp) / "data"
         generate_sudoku(SudokuSpec(train=max(batch * 2, 200), test=16, blanks=(20, 40), seed=0), str(data))
         base = dict(chosen["train"], global_batch_size=batch, eval_every=0, eval_samples=16)
-        cfg = TrainConfig(data_path=str(data), out_dir=str(Path(tmp) / "run"), device=args.device, compile=args.compile,
-                          **{**base, "steps": args.warmup_steps + args.steps})
+        cfg = TrainConfig(
+            data_path=str(data),
+            out_dir=str(Path(tmp) / "run"),
+            device=args.device,
+            compile=args.compile,
+            **{**base, "steps": args.warmup_steps + args.steps},
+        )
         train(model_config, cfg, progress=False)
         rows = [json.loads(line) for line in (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "step" in r]
@@ -48,10 +53,19 @@ def main() -> None:
     # Steady state: the timed steps after warm-up (torch.compile's compilation falls in warm-up).
     seconds = (last["data_s"] + last["compute_s"]) - (warm["data_s"] + warm["compute_s"])
     device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu"
-    out = {"preset": args.preset, "device": args.device, "device_name": device_name, "global_batch": batch,
-           "forward_dtype": model_config.forward_dtype, "compile": args.compile, "steps_timed": args.steps,
-           "seconds_timed": round(seconds, 3), "data_wait_s": round(last["data_s"] - warm["data_s"], 3),
-           "samples_per_s": round(batch * args.steps / seconds, 1), "torch": torch.__version__}
+    out = {
+        "preset": args.preset,
+        "device": args.device,
+        "device_name": device_name,
+        "global_batch": batch,
+        "forward_dtype": model_config.forward_dtype,
+        "compile": args.compile,
+        "steps_timed": args.steps,
+        "seconds_timed": round(seconds, 3),
+        "data_wait_s": round(last["data_s"] - warm["data_s"], 3),
+        "samples_per_s": round(batch * args.steps / seconds, 1),
+        "torch": torch.__version__,
+    }
     suffix = "_compile" if args.compile else ""
     path = Path(args.out or f"benchmarks/results/train_speed_{args.preset}_{args.device.split(':')[0]}{suffix}.json")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -55,17 +55,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = str(Path(tmp) / "data")
         generate_sudoku(SudokuSpec(train=2000, test=16, blanks=(3, 6), seed=0), data)
-        cfg = TrainConfig(data_path=data, out_dir=str(Path(tmp) / "run"), device="cpu",
-                          **{**chosen["train"], "steps": args.steps, "eval_every": 0, "eval_samples": 16})
+        cfg = TrainConfig(
+            data_path=data,
+            out_dir=str(Path(tmp) / "run"),
+            device="cpu",
+            **{**chosen["train"], "steps": args.steps, "eval_every": 0, "eval_samples": 16},
+        )
         start = time.perf_counter()
         result = train(model_config, cfg, progress=False)
         ours = time.perf_counter() - start
         timing = result.metrics["timing"]
         plain = plain_loop(model_config, data, args.steps, batch, chosen["train"]["lr"])
-    out = {"preset": "sudoku-tiny", "steps": args.steps, "global_batch": batch, "threads": torch.get_num_threads(),
-           "trainer_samples_per_s_loop": round(batch * args.steps / (timing["data_s"] + timing["compute_s"]), 1),
-           "trainer_seconds_incl_setup_and_final_eval": round(ours, 2),
-           "plain_loop_samples_per_s": round(batch * args.steps / plain, 1), "torch": torch.__version__}
+    out = {
+        "preset": "sudoku-tiny",
+        "steps": args.steps,
+        "global_batch": batch,
+        "threads": torch.get_num_threads(),
+        "trainer_samples_per_s_loop": round(batch * args.steps / (timing["data_s"] + timing["compute_s"]), 1),
+        "trainer_seconds_incl_setup_and_final_eval": round(ours, 2),
+        "plain_loop_samples_per_s": round(batch * args.steps / plain, 1),
+        "torch": torch.__version__,
+    }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
 

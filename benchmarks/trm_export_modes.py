@@ -49,9 +49,9 @@ SIZES = {
 
 
 def rtx_build_seconds(onnx_path: Path, folder: Path) -> float | None:
+    from hrm_deploy.backends.tensorrt.api import load_backend
     from hrm_deploy.engines.build import EngineConfig, build_engine
     from hrm_deploy.errors import DependencyError
-    from hrm_deploy.runners.backend import load_backend
 
     try:
         load_backend("tensorrt-rtx")

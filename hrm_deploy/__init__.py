@@ -31,7 +31,7 @@ _LAZY = {
     "make_precision_graph": "hrm_deploy.precision.convert",
     "EngineConfig": "hrm_deploy.engines.build",
     "build_engine": "hrm_deploy.engines.build",
-    "open_runner": "hrm_deploy.runners",
+    "open_runner": "hrm_deploy.backends",
     "Thresholds": "hrm_deploy.verify",
     "BenchConfig": "hrm_deploy.bench.run",
     "TrainConfig": "hrm_deploy.train.loop",

@@ -1,9 +1,8 @@
 """What an artifact is, from its file name, and which checkpoint it came from.
 
-The suffix table is plain data (suffix -> the name of the runner that runs it); the runners
-map each name to its class (:data:`hrm_deploy.runners.RUNNERS`). It lives in the base so that
-every room can tell a checkpoint from an ONNX graph or an engine, and follow an artifact back
-to its checkpoint, without importing the runners.
+The suffixes come from the backend table (:data:`hrm_deploy.registry.BACKENDS`), plain data in
+the base, so that every room can tell a checkpoint from an ONNX graph or an engine, and follow an
+artifact back to its checkpoint, without importing a backend.
 """
 
 from __future__ import annotations
@@ -12,18 +11,12 @@ from pathlib import Path
 
 from hrm_deploy.errors import ArtifactError
 from hrm_deploy.manifest import check_artifact, manifest_path, resolve_parent
+from hrm_deploy.registry import CHECKPOINT_RUNNER, runner_name
 
-# artifact suffix -> runner name; anything else is a checkpoint (torch_ref)
-SUFFIXES = {".onnx": "ort", ".engine": "trt", ".plan": "trt", ".pt2": "torch_engine"}
-CHECKPOINT_RUNNER = "torch_ref"
+__all__ = ["find_reference", "is_checkpoint", "recorded_overrides", "runner_name"]
 # The longest real chain (checkpoint -> ONNX -> precision ONNX -> engine) has 3 links; the bound
 # stops a loop of manifests.
 MAX_PARENT_LINKS = 8
-
-
-def runner_name(artifact: str | Path) -> str:
-    """The runner an artifact needs, from its suffix (a checkpoint when none matches)."""
-    return SUFFIXES.get(Path(artifact).suffix, CHECKPOINT_RUNNER)
 
 
 def is_checkpoint(artifact: str | Path) -> bool:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hrm_deploy.contract import CARRY, Q_LOGITS, RESET, STEP_OUTPUTS, STEP_PREDICTIONS
 from hrm_deploy.errors import ConfigError, DependencyError, require
 
 # our short provider names -> ONNX Runtime's
@@ -207,7 +208,7 @@ def run_stepwise(
     if config is not None:
         shape = (batch, config.total_seq_len, config.hidden_size)
     else:
-        dims = next(i.shape for i in session.get_inputs() if i.name == "z_H")
+        dims = next(i.shape for i in session.get_inputs() if i.name == CARRY[0])
         shape = (batch, dims[1], dims[2])
     z_H = np.zeros(shape, np.float32)
     z_L = np.zeros(shape, np.float32)
@@ -215,17 +216,17 @@ def run_stepwise(
     for i in range(steps):
         reset = np.full((batch,), i == 0, dtype=bool)
         z_H, z_L, logits, q_halt, q_continue = session.run(
-            ["z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits"],
-            {**feeds, "z_H": z_H, "z_L": z_L, "reset": reset},
+            list(STEP_OUTPUTS), {**feeds, CARRY[0]: z_H, CARRY[1]: z_L, RESET: reset}
         )
         halts.append(q_halt)
         continues.append(q_continue)
         predictions.append(logits.argmax(-1).astype(np.int32))
         if states is not None:
             states.append((z_H, z_L))
+    q_halt_name, q_continue_name = Q_LOGITS
     return {
         "logits": logits,
-        "q_halt_logits": np.stack(halts, 1),
-        "q_continue_logits": np.stack(continues, 1),
-        "step_predictions": np.stack(predictions, 1),
+        q_halt_name: np.stack(halts, 1),
+        q_continue_name: np.stack(continues, 1),
+        STEP_PREDICTIONS: np.stack(predictions, 1),
     }

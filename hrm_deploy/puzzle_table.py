@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.contract import PUZZLE_ROWS  # the graph input that replaces puzzle_identifiers
 from hrm_deploy.errors import ArtifactError, DataError
 
-PUZZLE_ROWS = "puzzle_emb_rows"  # the graph input that replaces puzzle_identifiers
 TABLE_SUFFIX = ".puzzle_emb.npy"  # written beside the graph: <graph>.puzzle_emb.npy
 MANIFEST_KEY = "puzzle_emb"  # the export manifest's record: {"placement", "file", "shape", "input"}
 

@@ -13,6 +13,7 @@ tokens ``# SGo`` -> 1..5; 0 pads.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.errors import DataError
+
+log = logging.getLogger(__name__)
 
 MAZE_CHARS = "# SGo"  # tokens 1..5
 SUDOKU_SEPARATORS = set(" \t|+-")
@@ -333,8 +336,6 @@ def solve(
             )
         rule = resolve_rule(rule, str(path))
         if rule.mode is HaltMode.BUDGET and rule.threshold is None:
-            import sys
-
             from hrm_deploy.halting import prepare_rules
 
             [rule] = prepare_rules(
@@ -351,12 +352,8 @@ def solve(
             from hrm_deploy.manifest import manifest_path
 
             where = manifest_path(path) if manifest_path(path).is_file() else calibration_cache(path)
-            print(
-                f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in {where}",
-                file=sys.stderr,
-                flush=True,
-            )
-        from hrm_deploy.runners import open_runner
+            log.info(f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in {where}")
+        from hrm_deploy.backends import open_runner
 
         runner = open_runner(path, **runner_options)
         runner.activate()

@@ -8,6 +8,7 @@ and records the summary in the artifact's manifest.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from hrm_deploy.artifacts import find_reference, recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.io import check_output_path, write_json, write_text
 from hrm_deploy.manifest import check_artifact, manifest_path, report_paths, update_manifest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ THRESHOLDS = {
 
 def _run(runner, examples, batch: int, label: str, quiet: bool) -> dict[str, np.ndarray]:
     from hrm_deploy.progress import progress
-    from hrm_deploy.runners.infer import infer_all
+    from hrm_deploy.runtime.infer import infer_all
 
     runner.activate()
     try:
@@ -213,18 +216,15 @@ def verify(
     ``halt``: early-halting rules (``q``, ``threshold:X``, ``budget:P``) to report on the candidate
     (``<artifact>.halting.json`` / ``.halting.png``; ``budget:P`` is calibrated on the train split
     and stored in the manifest when not already there). Progress with ETA goes to stderr unless ``quiet``."""
+    from hrm_deploy.backends import open_runner, reference_runner
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.runners import open_runner
-    from hrm_deploy.runners.torch_ref import TorchRunner
 
     path = Path(artifact)
     if data is None:  # the checkpoint's own dataset, announced
-        import sys
-
         from hrm_deploy.provenance import default_data
 
         choice = default_data(against or path, "--data")
-        print(choice.message, file=sys.stderr, flush=True)
+        log.info(choice.message)
         data = choice.path
     if samples is not None and samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {samples}")
@@ -244,7 +244,7 @@ def verify(
     cand_out = _run(candidate, examples, batch, f"{path.name} ({candidate.name})", quiet)
     reference_ckpt = Path(against) if against else find_reference(path)
     ckpt_overrides = recorded_overrides(path)  # the same model the artifact was exported as
-    reference = TorchRunner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
+    reference = reference_runner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
     ref_out = _run(reference, examples, batch, "PyTorch reference", quiet)
     report: dict[str, Any] = {
         "artifact": str(path),

@@ -1,5 +1,5 @@
 """Type-check the TensorRT code path (``hrm_deploy.engines``, the backend it shares with the
-runners in ``hrm_deploy.runners.backend``, and the runners' engine path) with mypy against the
+runners in ``hrm_deploy.backends.tensorrt.api``, and the runners' engine path) with mypy against the
 ``tensorrt-stubs`` package (TensorRT 10.x API, the Jetson JetPack 6 generation), then the
 TensorRT-RTX path against stubs generated from the installed ``tensorrt_rtx`` module.
 
@@ -30,15 +30,14 @@ from pathlib import Path
 
 CHECKED = [
     "hrm_deploy/engines",
-    "hrm_deploy/runners/backend.py",
-    "hrm_deploy/runners/compat.py",
-    "hrm_deploy/runners/trt.py",
-    "hrm_deploy/runners/adapter.py",
-    "hrm_deploy/runners/device_loop.py",
-    "hrm_deploy/runners/memory.py",
+    "hrm_deploy/backends/tensorrt",
+    "hrm_deploy/runtime/compat.py",
+    "hrm_deploy/runtime/adapter.py",
+    "hrm_deploy/runtime/device_loop.py",
+    "hrm_deploy/runtime/memory.py",
 ]
-# the builders and the backend they share with the runners (tests/runners checks the adapter's names)
-RTX_CHECKED = ["hrm_deploy/engines", "hrm_deploy/runners/backend.py"]
+# the builders and the API they share with the runner (tests/backends/tensorrt checks the adapter's names)
+RTX_CHECKED = ["hrm_deploy/engines", "hrm_deploy/backends/tensorrt/builder", "hrm_deploy/backends/tensorrt/api.py"]
 
 
 def stub_root() -> Path | None:
@@ -71,7 +70,10 @@ def _mypy(paths: list[str], cwd: Path, stub_path: str) -> tuple[int, list[str], 
 def typed_rtx_copy(repo: Path, dest: Path) -> None:
     """Copy hrm_deploy to ``dest`` with ``backend.trt`` / ``self.trt`` typed as the tensorrt_rtx module."""
     shutil.copytree(repo / "hrm_deploy", dest / "hrm_deploy", ignore=shutil.ignore_patterns("__pycache__"))
-    for path in [*(dest / "hrm_deploy" / "engines").glob("*.py"), dest / "hrm_deploy" / "runners" / "backend.py"]:
+    for path in [
+        *(dest / "hrm_deploy" / "engines").glob("*.py"),
+        *(dest / "hrm_deploy" / "backends" / "tensorrt").rglob("*.py"),
+    ]:
         text = path.read_text()
         if "backend.trt" not in text and "self.trt" not in text:
             continue

@@ -10,18 +10,22 @@ base ``onnx_runtime``; there is no allow-list).
 Rank  Rooms (first package level below ``hrm_deploy``)
 ----  -----------------------------------------------------------------------------------------
 0     base: the package itself (``hrm_deploy/__init__``: lazy exports only), ``errors``, ``io``,
-      ``manifest``, ``artifacts``, ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``puzzle_table`` -- used by
-      everything, import only base
+      ``manifest``, ``registry`` (the backend table, plain data), ``contract`` (the step / unrolled
+      graphs' I/O names and shapes, the carry, the halting function type), ``artifacts``,
+      ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``puzzle_table`` (external puzzle-embedding
+      tables) -- used by everything, import only base
 1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format),
       ``provenance`` (default data from a checkpoint's own dataset)
 2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
-3     ``runners`` (run an artifact: torch reference, ORT, TensorRT, PyTorch engine), ``halting``
-      (rules, the step driver and continuous batching, budget calibration)
-4     ``precision`` (FP16/INT8 conversion, calibration, accuracy on examples)
-5     ``engines`` (build TensorRT / AOTInductor engines)
-6     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``,
+3     ``runtime`` (what every runner shares: Runner template, device loop, memory, adapters' interface)
+4     ``backends`` run side (each backend's runner; TensorRT's API wrapper), ``halting`` (rules, the
+      step driver and continuous batching, budget calibration)
+5     ``precision`` (FP16/INT8/FP8 conversion, calibration, accuracy on examples)
+6     ``engines`` (the build stage: options, targets, dispatch), ``backends.<name>.builder`` (each
+      backend's build side: it may use precision)
+7     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``,
       ``arc`` (ARC evaluation)
-7     ``cli``, ``__main__`` (thin Typer commands over the applications)
+8     ``cli``, ``__main__`` (thin Typer commands over the applications)
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ RANKS: dict[str, int] = {
     "errors": 0,
     "io": 0,
     "manifest": 0,
+    "registry": 0,
+    "contract": 0,
     "artifacts": 0,
     "onnx_runtime": 0,
     "system": 0,
@@ -48,21 +54,23 @@ RANKS: dict[str, int] = {
     "data": 1,
     "provenance": 1,
     "export": 2,
-    "runners": 3,
-    "halting": 3,
-    "precision": 4,
-    "engines": 5,
-    "verify": 6,
-    "bench": 6,
-    "serve": 6,
-    "solve": 6,
-    "train": 6,
-    "doctor": 6,
-    "inspection": 6,
-    "arc": 6,
-    "cli": 7,
-    "__main__": 7,
+    "runtime": 3,
+    "backends": 4,
+    "halting": 4,
+    "precision": 5,
+    "engines": 6,
+    "verify": 7,
+    "bench": 7,
+    "serve": 7,
+    "solve": 7,
+    "train": 7,
+    "doctor": 7,
+    "inspection": 7,
+    "arc": 7,
+    "cli": 8,
+    "__main__": 8,
 }
+BUILD_SIDE = 6  # hrm_deploy.backends.<name>.builder[...]: a backend's build side ranks with the engine stage
 
 
 def _module_name(path: Path) -> str:
@@ -72,6 +80,8 @@ def _module_name(path: Path) -> str:
 
 def _rank(module: str) -> int:
     parts = module.split(".")
+    if parts[1:2] == ["backends"] and parts[3:4] == ["builder"]:
+        return BUILD_SIDE
     room = parts[1] if len(parts) > 1 else ""
     if room not in RANKS:
         pytest.fail(f"{module}: room {room!r} has no rank; add it to RANKS in tests/test_layering.py")
@@ -107,8 +117,13 @@ def test_no_import_goes_up():
 
 
 def test_the_checker_sees_function_level_imports():
-    """Lazy imports count: runners/adapter.py imports runners.backend only inside a method."""
-    assert "hrm_deploy.runners.backend" in _imports(PACKAGE / "runners" / "adapter.py")
+    """Lazy imports count: the TensorRT adapter imports the TensorRT API only inside a method."""
+    assert "hrm_deploy.backends.tensorrt.api" in _imports(PACKAGE / "backends" / "tensorrt" / "adapter.py")
+
+
+def test_a_builder_ranks_above_its_runner():
+    assert _rank("hrm_deploy.backends.ort.builder.static") == BUILD_SIDE > _rank("hrm_deploy.backends.ort.runner")
+    assert _rank("hrm_deploy.backends.torch.builder") == BUILD_SIDE > _rank("hrm_deploy.backends.torch.runner")
 
 
 def test_every_room_has_a_rank():
@@ -158,3 +173,13 @@ def test_no_module_level_import_circle():
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+def test_stages_look_backends_up_in_the_table():
+    """verify, bench, solve, serve, arc-eval, halting and precision reach a backend only through
+    hrm_deploy.backends (open_runner, reference_runner, builder), never by importing its package."""
+    stages = ("verify", "bench", "solve", "serve", "arc", "halting", "precision", "engines", "cli", "doctor")
+    by_name = [
+        (src, dst) for src, dst in _edges() if src.split(".")[1] in stages and dst.startswith("hrm_deploy.backends.")
+    ]
+    assert not by_name, by_name

@@ -41,7 +41,7 @@ def test_engine_runner_and_device_loop_are_light():
     """The TensorRT runner, the device loop, its adapter and memory backends import no torch/onnx/TensorRT
     (TensorRT is imported on activate; torch only by the torch memory backend when chosen)."""
     body = (
-        "import hrm_deploy.runners, hrm_deploy.runners.trt, hrm_deploy.runners.device_loop, "
-        "hrm_deploy.runners.memory, hrm_deploy.runners.adapter, hrm_deploy.runners.base"
+        "import hrm_deploy.backends, hrm_deploy.backends.tensorrt.runner, hrm_deploy.runtime.device_loop, "
+        "hrm_deploy.runtime.memory, hrm_deploy.runtime.adapter, hrm_deploy.backends.tensorrt.adapter, hrm_deploy.runtime.base"
     )
     assert _loaded_after(body) == ""

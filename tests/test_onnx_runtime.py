@@ -56,7 +56,7 @@ def test_an_unknown_provider_is_one_clear_line(graph):
 
 
 def test_the_runner_refuses_an_unknown_provider_before_any_work(tmp_path):
-    from hrm_deploy.runners.ort import OrtRunner
+    from hrm_deploy.backends.ort.runner import OrtRunner
 
     with pytest.raises(ConfigError, match="provider 'gpu' unknown"):
         OrtRunner(tmp_path / "missing.onnx", provider="gpu")

@@ -214,7 +214,7 @@ def arc_eval(
     """Evaluate ``artifact`` (checkpoint, ONNX graph, engine, or the URL of a running ``hrm-deploy
     serve``) on the ARC dataset ``data``; write ``submission.json`` (default
     ``<artifact>.arc-submission.json``, for a server ``<model>.arc-submission.json`` here) and its
-    report; return the report. ``runner_options`` go to :func:`hrm_deploy.runners.open_runner`."""
+    report; return the report. ``runner_options`` go to :func:`hrm_deploy.backends.open_runner`."""
     config = config or ArcEvalConfig()
     data = Path(data)
     remote = is_url(artifact)

@@ -46,7 +46,7 @@ class Source(Protocol):
 
 
 class LocalSource:
-    """A checkpoint, ONNX graph or engine, run in this process by :func:`hrm_deploy.runners.open_runner`."""
+    """A checkpoint, ONNX graph or engine, run in this process by :func:`hrm_deploy.backends.open_runner`."""
 
     def __init__(self, artifact: Path, runner_options: dict[str, Any]):
         from hrm_deploy.serve.contract import read_contract
@@ -75,7 +75,7 @@ class LocalSource:
             )
 
     def open(self) -> None:
-        from hrm_deploy.runners import open_runner
+        from hrm_deploy.backends import open_runner
 
         self.runner = open_runner(self.path, **self.runner_options)
         self.runner.activate()

@@ -9,6 +9,7 @@ as many as fit ``duration_s`` per artifact and batch (like trtexec's ``--duratio
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import resource
@@ -22,6 +23,8 @@ import numpy as np
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
 from hrm_deploy.io import check_output_path, write_json, write_text
+
+log = logging.getLogger(__name__)
 
 BENCH_TARGETS = ("desktop", "jetson")  # jetson adds tegrastats power and JetPack facts
 DURATION_S = 10.0  # timed seconds per artifact and batch: a full-size model on 2 CPU cores is ~1-10 s a call
@@ -133,7 +136,7 @@ def _time_batch(runner, feeds: dict[str, np.ndarray], config: BenchConfig, advan
 def _measure(runner, examples, config: BenchConfig, label: str = "bench", quiet: bool = False) -> dict[str, Any]:
     from hrm_deploy.metrics import accuracy
     from hrm_deploy.progress import progress
-    from hrm_deploy.runners.infer import predict
+    from hrm_deploy.runtime.infer import predict
 
     calls = -(-len(examples) // 64) + len(config.batches) * (config.warmup + (config.iters or config.min_iters))
     runner.activate()
@@ -223,14 +226,13 @@ def resolve_data(config: BenchConfig, paths: list[Path]) -> BenchConfig:
     (announced on stderr in one line)."""
     if config.data:
         return config
-    import sys
     from dataclasses import replace
 
     from hrm_deploy.provenance import default_data
     from hrm_deploy.train.presets import bundled_checkpoint
 
     choice = default_data(config.reference or (paths[0] if paths else bundled_checkpoint()), "--data")
-    print(choice.message, file=sys.stderr, flush=True)
+    log.info(choice.message)
     return replace(config, data=str(choice.path))
 
 
@@ -247,11 +249,10 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``. Progress
     with ETA per artifact goes to stderr unless ``quiet``."""
     from hrm_deploy.artifacts import find_reference
+    from hrm_deploy.backends import open_runner, reference_runner
     from hrm_deploy.bench.jetson import jetson_model
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.manifest import check_artifact
-    from hrm_deploy.runners import open_runner
-    from hrm_deploy.runners.torch_ref import TorchRunner
 
     on_jetson = jetson_model() is not None
     if config.target == "jetson" and not on_jetson:
@@ -306,9 +307,9 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
             "reference": True,
             "size_mb": reference.stat().st_size / 1e6,
         }
-        row.update(_measure(TorchRunner(reference, steps=steps), examples, config, "PyTorch reference", quiet))
+        row.update(_measure(reference_runner(reference, steps=steps), examples, config, "PyTorch reference", quiet))
         if config.halt:
-            row["halting"] = _halting(reference, TorchRunner(reference, steps=steps), examples, config)
+            row["halting"] = _halting(reference, reference_runner(reference, steps=steps), examples, config)
         row["status"] = "ok"
         rows.append(row)
         _add_ratios(rows, row)

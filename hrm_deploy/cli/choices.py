@@ -29,7 +29,7 @@ class Target(str, Enum):
 
 
 class CpuInt8Recipe(str, Enum):
-    """INT8 recipe of the cpu target (``hrm_deploy.engines.cpu_int8.RECIPES``)."""
+    """INT8 recipe of the cpu target (``hrm_deploy.backends.ort.builder.int8.RECIPES``)."""
 
     STATIC = "static"
     DYNAMIC = "dynamic"
@@ -37,7 +37,7 @@ class CpuInt8Recipe(str, Enum):
 
 
 class Backend(str, Enum):
-    """Engine builder (``hrm_deploy.runners.backend.MODULES``, plus PyTorch's AOTInductor)."""
+    """Engine builder (the ``builds_for`` names of ``hrm_deploy.registry.BACKENDS``, less the cpu target's)."""
 
     TENSORRT = "tensorrt"
     TENSORRT_RTX = "tensorrt-rtx"

@@ -61,7 +61,7 @@ TARGETS: dict[str, TargetProfile] = {
         opt_batch=64,
         max_batch=256,
     ),
-    # No TensorRT: an ORT-optimized graph for ONNX Runtime's CPU provider (hrm_deploy.engines.cpu).
+    # No TensorRT: an ORT-optimized graph for ONNX Runtime's CPU provider (hrm_deploy.backends.ort.builder.cpu).
     "cpu": TargetProfile(
         name="cpu",
         description="ONNX Runtime CPU execution provider (no GPU)",
@@ -76,6 +76,7 @@ TARGETS: dict[str, TargetProfile] = {
 
 # Lowest compute capability whose tensor cores run each precision's GEMMs (TensorRT's support
 # matrix: FP8 from Ada / Hopper, FP4 from Blackwell); precisions not named run everywhere.
+ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 MIN_CAPABILITY = {"fp8": (8, 9), "nvfp4": (10, 0)}
 _GENERATIONS = {"fp8": "Ada (RTX 40), Hopper or Blackwell", "nvfp4": "Blackwell"}
 

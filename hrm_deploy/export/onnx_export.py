@@ -17,20 +17,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hrm_deploy.contract import CARRY, CARRY_OUT, FEEDS, PUZZLE_ROWS, STEP_PREDICTIONS, UNROLLED_INPUTS, graph_io
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityError, require
-from hrm_deploy.export.unroll import (
-    STEP_PREDICTIONS,
-    UNROLLED_INPUTS,
-    EmbedInit,
-    EmbedInitRows,
-    FixedStepHRM,
-    StepCore,
-)
+from hrm_deploy.export.unroll import EmbedInit, EmbedInitRows, FixedStepHRM, StepCore
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
 from hrm_deploy.model.families import family_of
 from hrm_deploy.progress import Stages, progress
-from hrm_deploy.puzzle_table import PUZZLE_ROWS, Placement, table_path, write_table
+from hrm_deploy.puzzle_table import Placement, table_path, write_table
 
 if TYPE_CHECKING:
     import onnx
@@ -45,6 +39,8 @@ EXTERNAL_DATA_BYTES = 1_500_000_000  # protobuf's hard limit is 2 GiB; stay well
 # Puzzle-embedding tables above this are swapped for one row while tracing and put back
 # into the graph afterwards (ARC's ~1M-row table would make tracing slow and huge).
 TRACE_TABLE_BYTES = 64 << 20
+
+INITIAL_CARRY = tuple(f"{name}0" for name in CARRY)  # the embed piece's outputs: the carry at reset
 
 
 @dataclass(frozen=True)
@@ -170,10 +166,10 @@ def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = No
     try:
         if external:  # the table never enters the graph: its rows come in gathered
             rows = torch.zeros(batch, cfg.puzzle_emb_ndim)
-            names = ("inputs", PUZZLE_ROWS)
-            embed = _trace(EmbedInitRows(core), (inputs, rows), names, ("x", "z_H0", "z_L0"), opset)
+            names = (FEEDS[0], PUZZLE_ROWS)
+            embed = _trace(EmbedInitRows(core), (inputs, rows), names, ("x", *INITIAL_CARRY), opset)
         else:
-            embed = _trace(EmbedInit(core), (inputs, pids), UNROLLED_INPUTS, ("x", "z_H0", "z_L0"), opset)
+            embed = _trace(EmbedInit(core), (inputs, pids), UNROLLED_INPUTS, ("x", *INITIAL_CARRY), opset)
     finally:
         if table is not None:
             core.puzzle_emb.weights = table
@@ -185,8 +181,8 @@ def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = No
     step = _trace(
         StepCore(core),
         (state, state, state),
-        ("z_H", "z_L", "x"),
-        ("z_H_out", "z_L_out", "logits", "q_halt", "q_continue"),
+        (*CARRY, "x"),
+        (*CARRY_OUT, "logits", "q_halt", "q_continue"),
         opset,
     )
     if fold:
@@ -197,34 +193,13 @@ def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = No
 def _io_contract(cfg, mode: str, steps: int, step_predictions: bool, external: bool = False):
     from onnx import TensorProto
 
-    s, t, d, v = cfg.seq_len, cfg.total_seq_len, cfg.hidden_size, cfg.vocab_size
-    inputs = {"inputs": (TensorProto.INT32, ("batch", s)), "puzzle_identifiers": (TensorProto.INT32, ("batch",))}
-    if external:  # the gathered table rows [B, puzzle_emb_ndim] in place of the identifiers
-        inputs = {"inputs": inputs["inputs"], PUZZLE_ROWS: (TensorProto.FLOAT, ("batch", cfg.puzzle_emb_ndim))}
-    if mode == "step":
-        inputs.update(
-            {
-                "z_H": (TensorProto.FLOAT, ("batch", t, d)),
-                "z_L": (TensorProto.FLOAT, ("batch", t, d)),
-                "reset": (TensorProto.BOOL, ("batch",)),
-            }
-        )
-        outputs = {
-            "z_H_out": (TensorProto.FLOAT, ("batch", t, d)),
-            "z_L_out": (TensorProto.FLOAT, ("batch", t, d)),
-            "logits": (TensorProto.FLOAT, ("batch", s, v)),
-            "q_halt_logits": (TensorProto.FLOAT, ("batch",)),
-            "q_continue_logits": (TensorProto.FLOAT, ("batch",)),
-        }
-    else:
-        outputs = {
-            "logits": (TensorProto.FLOAT, ("batch", s, v)),
-            "q_halt_logits": (TensorProto.FLOAT, ("batch", steps)),
-            "q_continue_logits": (TensorProto.FLOAT, ("batch", steps)),
-        }
-        if step_predictions:
-            outputs[STEP_PREDICTIONS] = (TensorProto.INT32, ("batch", steps, s))
-    return {"inputs": inputs, "outputs": outputs}
+    types = {"int32": TensorProto.INT32, "float32": TensorProto.FLOAT, "bool": TensorProto.BOOL}
+    rows = cfg.puzzle_emb_ndim if external else 0  # the gathered table rows in place of the identifiers
+    io = graph_io(mode, cfg.seq_len, cfg.total_seq_len, cfg.hidden_size, cfg.vocab_size, steps, step_predictions, rows)
+    return {
+        side: {t.name: (types[t.dtype], t.shape) for t in io if t.is_input == (side == "inputs")}
+        for side in ("inputs", "outputs")
+    }
 
 
 def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool, external: bool = False):
@@ -239,18 +214,18 @@ def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool, ex
     embed_names = b.add_initializers(embed.graph.initializer, "embed/")
     step_names = b.add_initializers(step.graph.initializer, "step/")
     io_spec = _io_contract(cfg, mode, steps, step_predictions, external)
-    feeds = ("inputs", PUZZLE_ROWS) if external else UNROLLED_INPUTS
+    feeds = (FEEDS[0], PUZZLE_ROWS) if external else UNROLLED_INPUTS
     e = b.inline(embed.graph, "embed/", {n: n for n in feeds}, embed_names)
     if mode == "step":
         # Rows with reset=True start from H_init/L_init: upstream's reset_carry.
         axes = b.constant("const/axes_1_2", [1, 2])
         b.node("Unsqueeze", ["reset", axes], ["reset_mask"], "reset/Unsqueeze")
-        b.node("Where", ["reset_mask", e["z_H0"], "z_H"], ["reset/z_H"], "reset/Where_H")
-        b.node("Where", ["reset_mask", e["z_L0"], "z_L"], ["reset/z_L"], "reset/Where_L")
-        o = b.inline(step.graph, "step/", {"z_H": "reset/z_H", "z_L": "reset/z_L", "x": e["x"]}, step_names)
+        for name, initial in zip(CARRY, INITIAL_CARRY):  # rows with reset start from the initial carry
+            b.node("Where", ["reset_mask", e[initial], name], [f"reset/{name}"], f"reset/Where_{name}")
+        carry_in = {name: f"reset/{name}" for name in CARRY}
+        o = b.inline(step.graph, "step/", {**carry_in, "x": e["x"]}, step_names)
         rename = {
-            "z_H_out": "z_H_out",
-            "z_L_out": "z_L_out",
+            **{name: name for name in CARRY_OUT},
             "logits": "logits",
             "q_halt": "q_halt_logits",
             "q_continue": "q_continue_logits",
@@ -259,11 +234,11 @@ def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool, ex
             b.node("Identity", [o[src]], [dst], f"output/{dst}")
     else:
         axis1 = b.constant("const/axes_1", [1])
-        z_H, z_L = e["z_H0"], e["z_L0"]
+        z_H, z_L = (e[name] for name in INITIAL_CARRY)
         per_step: dict[str, list[str]] = {"q_halt": [], "q_continue": [], "pred": []}
         for i in range(steps):
-            o = b.inline(step.graph, f"step{i}/", {"z_H": z_H, "z_L": z_L, "x": e["x"]}, step_names)
-            z_H, z_L = o["z_H_out"], o["z_L_out"]
+            o = b.inline(step.graph, f"step{i}/", {CARRY[0]: z_H, CARRY[1]: z_L, "x": e["x"]}, step_names)
+            z_H, z_L = (o[name] for name in CARRY_OUT)
             for key in ("q_halt", "q_continue"):
                 b.node("Unsqueeze", [o[key], axis1], [f"step{i}/{key}_col"], f"step{i}/{key}_Unsqueeze")
                 per_step[key].append(f"step{i}/{key}_col")

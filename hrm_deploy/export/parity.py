@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from hrm_deploy.contract import CARRY
 from hrm_deploy.errors import ParityError
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.onnx_runtime import ort_session, run_stepwise
@@ -88,9 +89,9 @@ def check_segment(step_model_bytes: bytes, core, batch: int = 2, seed: int = 7) 
     # A non-trivial carry: one segment in, so the checked segment sees realistic states.
     z_H, z_L = (a.astype(np.float32) for a in _segment_references(core, x, [(z_H0, z_L0)])[0][:2])
     ref = _segment_references(core, x, [(z_H, z_L)])[0]
-    got = ort_session(step_model_bytes).run(None, {"z_H": z_H, "z_L": z_L, "x": x.numpy()})
+    got = ort_session(step_model_bytes).run(None, {CARRY[0]: z_H, CARRY[1]: z_L, "x": x.numpy()})
     report = {}
-    for name, g, r in zip(("z_H", "z_L", "logits", "q_halt", "q_continue"), got, ref):
+    for name, g, r in zip((*CARRY, "logits", "q_halt", "q_continue"), got, ref):
         diff = TensorDiff.of(g, r)
         report[name] = asdict(diff)
         if diff.max_abs > STEP_TOLERANCE * max(1.0, float(np.abs(r).max(initial=0.0))):
@@ -339,8 +340,8 @@ def check_parity(
         else:
             got, ref, logits = _run_sampled(session, plan, core, feeds)
         per_step = {  # steps whose carry the graph does not expose (the unused last one) are skipped
-            "z_H": [(i, got[i][0], ref[i][0]) for i in checked if got[i][0] is not None],
-            "z_L": [(i, got[i][1], ref[i][1]) for i in checked if got[i][1] is not None],
+            CARRY[0]: [(i, got[i][0], ref[i][0]) for i in checked if got[i][0] is not None],
+            CARRY[1]: [(i, got[i][1], ref[i][1]) for i in checked if got[i][1] is not None],
             "q_halt_logits": [(i, got[i][2], ref[i][3]) for i in checked],
             "q_continue_logits": [(i, got[i][3], ref[i][4]) for i in checked],
             "logits": [(last, logits, ref[last][2])],

@@ -18,13 +18,6 @@ from torch import nn
 
 from hrm_deploy.model.hrm import HRMACT, Carry, HRMCore
 
-# The I/O contract of exported graphs (names are part of the public interface).
-UNROLLED_INPUTS = ("inputs", "puzzle_identifiers")
-UNROLLED_OUTPUTS = ("logits", "q_halt_logits", "q_continue_logits")
-STEP_PREDICTIONS = "step_predictions"
-STEP_INPUTS = ("inputs", "puzzle_identifiers", "z_H", "z_L", "reset")
-STEP_OUTPUTS = ("z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits")
-
 
 def _core(model: HRMACT | HRMCore) -> HRMCore:
     return model.inner if isinstance(model, HRMACT) else model

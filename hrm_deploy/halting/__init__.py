@@ -25,9 +25,10 @@ host driver and continuous batching), :mod:`~hrm_deploy.halting.budget` (budget 
 (verify and bench reports).
 """
 
+from hrm_deploy.contract import HaltFn
 from hrm_deploy.halting.budget import accuracy_vs_steps, calibrate_budget, calibrate_threshold, exact_at, rule_summary
 from hrm_deploy.halting.report import evaluate_halting, halting_markdown, plot_curve, prepare_rules
-from hrm_deploy.halting.rules import HaltFn, HaltMode, HaltRule, halts_on_q_halt_alone, resolve_rule, simulate_steps
+from hrm_deploy.halting.rules import HaltMode, HaltRule, halts_on_q_halt_alone, resolve_rule, simulate_steps
 from hrm_deploy.halting.scheduler import OrtStep, StepFunction, TorchStep, drive, run_continuous
 from hrm_deploy.halting.store import calibration_cache, stored_budget_threshold
 

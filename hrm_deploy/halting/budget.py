@@ -109,11 +109,11 @@ def calibrate_budget(
     """Calibrate ``budget:P`` for ``artifact`` on held-out examples of ``data`` (default: the
     dataset's train split, so verify's test split stays unseen) and store the threshold in the
     artifact's manifest under ``halting.budgets``. Returns the stored entry."""
+    from hrm_deploy.backends import open_runner
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.io import write_json
     from hrm_deploy.manifest import check_artifact, manifest_path, read_manifest, update_manifest
-    from hrm_deploy.runners import open_runner
-    from hrm_deploy.runners.infer import infer_all
+    from hrm_deploy.runtime.infer import infer_all
 
     judged = (check_artifact(artifact) or {}).get("sha256") if Path(artifact).is_file() else None
     examples = load_examples(data, samples, split=split if (_has_split(data, split)) else "test")

@@ -3,15 +3,19 @@ markdown and the accuracy-vs-steps plot; ``--halt`` texts prepared (budgets cali
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hrm_deploy.contract import HaltFn
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.halting.budget import accuracy_vs_steps, calibrate_budget, exact_at, rule_summary
-from hrm_deploy.halting.rules import HaltFn, HaltMode, HaltRule, resolve_rule, simulate_steps
+from hrm_deploy.halting.rules import HaltMode, HaltRule, resolve_rule, simulate_steps
 from hrm_deploy.metrics import solved_rows
+
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------- verify / bench
@@ -147,7 +151,6 @@ def prepare_rules(
     else calibrates it now, on fresh puzzles of the checkpoint's dataset spec when it stores one
     (never trained on), else on ``data``'s train split (held out from the test split verify and
     bench report on). ``calib_data``, when given, is used instead of both."""
-    import sys
 
     from hrm_deploy.provenance import heldout_data
 
@@ -162,11 +165,7 @@ def prepare_rules(
                     f"--halt {rule.text} needs calibration data and {Path(artifact).name} records no "
                     f"dataset spec: pass {flag} DATASET_DIR"
                 )
-            print(
-                f"calibrating --halt {rule.text} on " + (fresh.message if fresh else f"{source}'s train split"),
-                file=sys.stderr,
-                flush=True,
-            )
+            log.info(f"calibrating --halt {rule.text} on " + (fresh.message if fresh else f"{source}'s train split"))
             entry = calibrate_budget(
                 artifact, source, float(rule.budget or 0.0), min_steps=min_steps, max_steps=max_steps, **runner_options
             )

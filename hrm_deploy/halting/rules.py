@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -13,8 +12,6 @@ import numpy as np
 
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.halting.store import stored_budget_threshold
-
-HaltFn = Callable[..., np.ndarray]  # (step, q_halt [B], q_continue [B]) -> bool [B]
 
 
 class HaltMode(str, Enum):

@@ -10,8 +10,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hrm_deploy.contract import CARRY, FEEDS, RESET, STEP_OUTPUTS, HaltFn
 from hrm_deploy.errors import ConfigError
-from hrm_deploy.halting.rules import HaltFn, HaltRule
+from hrm_deploy.halting.rules import HaltRule
 
 
 # --------------------------------------------------------------------------------- the step protocol
@@ -39,7 +40,7 @@ class OrtStep:
 
     def __init__(self, session: Any, steps: int):
         self.session, self.steps = session, steps
-        dims = next(i.shape for i in session.get_inputs() if i.name == "z_H")
+        dims = next(i.shape for i in session.get_inputs() if i.name == CARRY[0])
         self._state = (int(dims[1]), int(dims[2]))
 
     def initial_carry(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -49,15 +50,9 @@ class OrtStep:
         return tuple(c[rows] for c in carry)
 
     def __call__(self, inputs, puzzle_ids, carry, reset):
+        feeds = dict(zip(FEEDS, (inputs.astype(np.int32), puzzle_ids.astype(np.int32))))
         z_H, z_L, logits, q_halt, q_continue = self.session.run(
-            ["z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits"],
-            {
-                "inputs": inputs.astype(np.int32),
-                "puzzle_identifiers": puzzle_ids.astype(np.int32),
-                "z_H": carry[0],
-                "z_L": carry[1],
-                "reset": reset.astype(bool),
-            },
+            list(STEP_OUTPUTS), {**feeds, **dict(zip(CARRY, carry)), RESET: reset.astype(bool)}
         )
         return (z_H, z_L), logits, q_halt, q_continue
 

@@ -8,10 +8,10 @@ from hrm_deploy.metrics import accuracy
 
 def onnx_accuracy(path: str, examples: Examples) -> dict[str, float]:
     """Accuracy of an ONNX graph (either mode) on ONNX Runtime CPU."""
-    from hrm_deploy.runners.infer import predict
-    from hrm_deploy.runners.ort import OrtRunner
+    from hrm_deploy.backends import open_runner
+    from hrm_deploy.runtime.infer import predict
 
-    runner = OrtRunner(path)
+    runner = open_runner(path, runner="ort")
     runner.activate()
     try:
         return accuracy(predict(runner, examples), examples.labels)

@@ -178,7 +178,7 @@ def per_step_agreement(reference: str, candidate: str, examples: Examples, batch
     """Per ACT step, of two unrolled graphs that expose per-step predictions (``step_predictions``
     [N, K, S], multi-step exports): exact accuracy of each (in points) and the fraction of cells
     whose argmax agrees. A single-step graph gives one step (its ``logits``)."""
-    from hrm_deploy.export.unroll import STEP_PREDICTIONS
+    from hrm_deploy.contract import STEP_PREDICTIONS
     from hrm_deploy.metrics import IGNORE_LABEL_ID, row_scores
     from hrm_deploy.onnx_runtime import ort_session
     from hrm_deploy.puzzle_table import rows_session

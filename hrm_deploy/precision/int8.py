@@ -27,6 +27,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from hrm_deploy.contract import CARRY, CARRY_OUT, RESET
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.onnx_runtime import ort_session, quiet_ort
@@ -114,7 +115,6 @@ def _restrict_qdq_to_matmul_inputs(path: str) -> None:
     onnx.save(model, path)
 
 
-CARRY = ("z_H_out", "z_L_out")  # a single-step graph's carry, fed back as z_H / z_L
 RANGES_OUTPUT = "hrm_deploy_calib/absmax"  # minmax: one vector, max |x| of every calibrated tensor
 
 
@@ -137,7 +137,7 @@ def _drive(session, fetch: list[str], examples: Examples, batch: int, mode: str,
     first step, as the host loop does) and reads its next carry from the same run, so ranges
     cost one pass over the data, not a float pass plus a collecting pass."""
     if mode == "step":
-        dims = next(i.shape for i in session.get_inputs() if i.name == "z_H")
+        dims = next(i.shape for i in session.get_inputs() if i.name == CARRY[0])
     for start in range(0, len(examples), batch):
         feeds = examples.feeds(start, start + batch)
         if mode != "step":
@@ -147,8 +147,8 @@ def _drive(session, fetch: list[str], examples: Examples, batch: int, mode: str,
         z_H = np.zeros((n, dims[1], dims[2]), np.float32)
         z_L = np.zeros_like(z_H)
         for step in range(steps):
-            step_feeds = {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full((n,), step == 0)}
-            z_H, z_L, *values = session.run([*CARRY, *fetch], step_feeds)
+            step_feeds = {**feeds, CARRY[0]: z_H, CARRY[1]: z_L, RESET: np.full((n,), step == 0)}
+            z_H, z_L, *values = session.run([*CARRY_OUT, *fetch], step_feeds)
             yield values
 
 

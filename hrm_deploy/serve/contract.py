@@ -17,7 +17,6 @@ TRITON_TYPES = {
     "BFLOAT16": "TYPE_BF16",
     "BOOL": "TYPE_BOOL",
 }
-ENGINE_SUFFIXES = (".engine", ".plan")
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class Contract:
 
 
 def _kind(path: Path) -> str:
-    """The artifact kind from the suffix table (:data:`hrm_deploy.artifacts.SUFFIXES`)."""
+    """The artifact kind from the backend table (:data:`hrm_deploy.registry.BACKENDS`)."""
     from hrm_deploy.artifacts import runner_name
 
     return {"ort": "onnx", "trt": "engine", "torch_engine": "pt2"}.get(runner_name(path), "checkpoint")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hrm_deploy.contract import CARRY, STEP_INPUTS, STEP_OUTPUTS
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.io import staging_dir
 from hrm_deploy.serve.contract import TRITON_TYPES, Contract, read_contract
@@ -198,7 +199,7 @@ def _driver_config(name: str, step_name: str, contract: Contract, config: RepoCo
     from hrm_deploy.halting import halts_on_q_halt_alone
 
     s, v = contract.seq_len, contract.vocab_size
-    carry = contract.io["inputs"]["z_H"][1]  # ["batch", S + prefix, hidden]
+    carry = contract.io["inputs"][CARRY[0]][1]  # ["batch", S + prefix, hidden]
     io = {
         "inputs": {"inputs": ("INT32", ["batch", s]), "puzzle_identifiers": ("INT32", ["batch", 1])},
         "outputs": {
@@ -210,6 +211,10 @@ def _driver_config(name: str, step_name: str, contract: Contract, config: RepoCo
     }
     params = {
         "step_model": step_name,
+        # the step graph's contract (hrm_deploy.contract): the driver is self-contained, so it
+        # reads the names from here rather than importing them
+        "step_inputs": ",".join(STEP_INPUTS),
+        "step_outputs": ",".join(STEP_OUTPUTS),
         "steps": contract.steps,
         "carry_len": carry[1],
         "hidden_size": carry[2],

@@ -1,7 +1,7 @@
 """``hrm-deploy serve``: one artifact behind PyTriton's bundled Triton Inference Server.
 
 Triton's dynamic batcher gathers single-puzzle requests into batches; the bound inference
-function validates each request, runs our runner (:func:`hrm_deploy.runners.open_runner`) once
+function validates each request, runs our runner (:func:`hrm_deploy.backends.open_runner`) once
 on the whole batch and splits the answers. Per request (batch dimension ``B`` added by Triton):
 
 - inputs: ``inputs`` int32 [S] (tokens 0..vocab-1), ``puzzle_identifiers`` int32 [1];
@@ -306,7 +306,7 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
     from hrm_deploy.serve.contract import read_contract
 
     check_ports_free(config)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hrm_deploy.contract import CARRY
 from hrm_deploy.model.hrm import ACTCarry, Carry
 from hrm_deploy.train.distributed import Distributed, gather_rows
 
@@ -47,8 +48,7 @@ def carry_state(carry: ACTCarry | None, dist_info: Distributed) -> dict[str, Any
     if carry is None:
         return None
     state = {
-        "z_H": carry.inner.z_H,
-        "z_L": carry.inner.z_L,
+        **{name: getattr(carry.inner, name) for name in CARRY},
         "steps": carry.steps,
         "halted": carry.halted,
         **{f"data.{k}": v for k, v in carry.current_data.items()},
@@ -63,4 +63,4 @@ def carry_from(state: dict[str, Any] | None, device: torch.device, dist_info: Di
     rows = len(state["steps"]) // dist_info.world
     state = {k: v[dist_info.rank * rows : (dist_info.rank + 1) * rows].to(device) for k, v in state.items()}
     data = {k[5:]: v for k, v in state.items() if k.startswith("data.")}
-    return ACTCarry(Carry(state["z_H"], state["z_L"]), state["steps"], state["halted"], data)
+    return ACTCarry(Carry(*(state[name] for name in CARRY)), state["steps"], state["halted"], data)

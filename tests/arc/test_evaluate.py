@@ -25,7 +25,7 @@ def test_checkpoint_end_to_end_resume_and_perfect_predictions(arc_run, monkeypat
     assert "pass@2" in paths["report_md"].read_text()
 
     # resumed: a complete predictions file runs nothing; a cut-short one runs only the rest
-    import hrm_deploy.runners as runners
+    import hrm_deploy.backends as runners
 
     real_open = runners.open_runner
     monkeypatch.setattr(runners, "open_runner", lambda *a, **k: pytest.fail("ran the model again"))

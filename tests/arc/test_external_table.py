@@ -30,7 +30,7 @@ def _test_feeds(data, n=12):
 def test_external_table_answers_like_the_embedded_one(arc_run, mode):
     import onnx
 
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
 
     checkpoint, data, tmp = arc_run
     embedded = _export(checkpoint, tmp / f"emb.{mode}.onnx", mode=mode)
@@ -89,7 +89,7 @@ def test_arc_eval_on_the_external_graph_scores_like_the_checkpoint(arc_run):
     assert (tmp / "ext.json").read_text() == (tmp / "ref.json").read_text()
 
     # the table is part of the artifact: missing or changed, the graph is refused before running
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
 
     table = table_path(external.path)
     original = table.read_bytes()
@@ -109,8 +109,8 @@ def test_arc_eval_on_the_external_graph_scores_like_the_checkpoint(arc_run):
 def test_cpu_engine_of_the_external_graph_finds_the_table_of_its_parent(arc_run):
     """An engine built from the external graph takes the rows too; its runner finds the table
     beside the export named as the engine's parent (tables are never copied per engine)."""
+    from hrm_deploy.backends import open_runner
     from hrm_deploy.engines.build import EngineConfig, build_engine
-    from hrm_deploy.runners import open_runner
 
     checkpoint, data, tmp = arc_run
     embedded = _export(checkpoint, tmp / "emb.onnx", parity=False)
@@ -126,7 +126,7 @@ def test_cpu_engine_of_the_external_graph_finds_the_table_of_its_parent(arc_run)
     # a graph a builder staged (no manifest yet) runs with the table of the export it came from
     import shutil
 
-    from hrm_deploy.runners.ort import OrtRunner
+    from hrm_deploy.backends.ort.runner import OrtRunner
 
     staged = shutil.copyfile(engine.path, tmp / "staged.onnx")
     with pytest.raises(ArtifactError, match="no table was found"):

@@ -53,7 +53,7 @@ class FakeServer:
     """Stands in for ``hrm_deploy.serve.client``: answers with the checkpoint's runner."""
 
     def __init__(self, checkpoint, *, act_steps=True, halt_at=None, table=None):
-        from hrm_deploy.runners import open_runner
+        from hrm_deploy.backends import open_runner
 
         self.runner = open_runner(checkpoint)
         self.runner.activate()

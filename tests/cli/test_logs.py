@@ -12,7 +12,7 @@ from hrm_deploy.cli.logs import setup_logging
 
 
 def test_library_records_reach_stderr_plainly_and_verbosely(capsys):
-    log = logging.getLogger("hrm_deploy.runners.device_loop")
+    log = logging.getLogger("hrm_deploy.runtime.device_loop")
     setup_logging(False)
     log.info("step loop captured")
     log.debug("not shown")
@@ -20,7 +20,7 @@ def test_library_records_reach_stderr_plainly_and_verbosely(capsys):
     assert capsys.readouterr().err.splitlines() == ["step loop captured", "warning: capture failed"]
     setup_logging(True)
     log.debug("plans: 3")
-    assert capsys.readouterr().err.strip() == "debug [hrm_deploy.runners.device_loop]: plans: 3"
+    assert capsys.readouterr().err.strip() == "debug [hrm_deploy.runtime.device_loop]: plans: 3"
     setup_logging(False)
 
 

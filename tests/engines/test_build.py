@@ -10,16 +10,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from hrm_deploy.engines.build import (
-    EngineConfig,
-    build_engine,
-    layers_path,
-    newest_export,
-)
+from hrm_deploy.backends.tensorrt.api import load_backend
+from hrm_deploy.backends.tensorrt.builder.engine import layers_path
+from hrm_deploy.engines.build import EngineConfig, build_engine, newest_export
 from hrm_deploy.engines.targets import TARGETS, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, DependencyError, EngineError
 from hrm_deploy.manifest import write_manifest
-from hrm_deploy.runners.backend import load_backend
 
 try:
     load_backend("tensorrt-rtx")
@@ -53,7 +49,7 @@ def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkey
     assert manifest["onnx_sha256"] and manifest["build"]["build_seconds"] > 0
     assert manifest["graph_rewrites"]["slices_to_gathers"] > 0
     network = manifest["build"]["network"]
-    # static slices are parsed as gathers (engines.build._for_tensorrt): the parser no longer rebuilds each
+    # static slices are parsed as gathers (the TensorRT builder's _for_tensorrt): the parser no longer rebuilds each
     # one's bounds from the run-time shape; INT64 was 2/3 of the layers, the embedding's expand is left
     assert network["output_dtypes"].get("INT64", 0) < 0.2 * network["layers"]
     if dtype_key:
@@ -115,10 +111,11 @@ def test_parser_errors_name_the_node(tmp_path):
 
 @rtx
 def test_jetson_memory_budget_is_checked_before_building(tiny_onnx, tmp_path, monkeypatch):
+    import hrm_deploy.backends.tensorrt.builder.engine as trt_build
     import hrm_deploy.engines.build as build
 
-    monkeypatch.setattr(build, "BUILD_MIB_PER_NODE", 100.0)  # as if the graph were a full 16-step unroll
-    monkeypatch.setattr(build, "load_backend", lambda name: load_backend("tensorrt-rtx"))  # no JetPack TRT here
+    monkeypatch.setattr(trt_build, "BUILD_MIB_PER_NODE", 100.0)  # as if the graph were a full 16-step unroll
+    monkeypatch.setattr(trt_build, "load_backend", lambda name: load_backend("tensorrt-rtx"))  # no JetPack TRT here
     with pytest.raises(EngineError, match="--mode step"):
         build.build_engine(
             tiny_onnx.unrolled,

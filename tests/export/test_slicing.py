@@ -88,7 +88,7 @@ def test_a_graph_without_static_slices_is_returned_as_is():
 @pytest.mark.parametrize("mode", ["unrolled", "step"])
 def test_exported_graphs_rewritten_have_no_slices_left_and_the_same_outputs(tmp_path, tiny_model, mode):
     """The export keeps its slices (ONNX Runtime's CPU runs them ~3x faster than gathers); the
-    TensorRT build parses the rewritten copy (engines.build._for_tensorrt)."""
+    TensorRT build parses the rewritten copy (the TensorRT builder's _for_tensorrt)."""
     plain = export_onnx(tiny_model, tmp_path / "p.onnx", ExportConfig(mode=mode, parity=False), quiet=True)
     assert {"Slice", "Split"} & {n.op_type for n in onnx.load(plain.path).graph.node}
     rewritten, count = slices_to_gathers(onnx.load(plain.path))

@@ -90,8 +90,8 @@ def _check_rows_match_alone(halted, alone_fn, feeds):
 def test_torch_reference_halting_equals_each_row_run_alone(random_ckpt, tiny_model, feeds):
     import torch
 
+    from hrm_deploy.backends.reference import TorchRunner
     from hrm_deploy.export.unroll import unroll
-    from hrm_deploy.runners.torch_ref import TorchRunner
 
     runner = TorchRunner(random_ckpt)
     runner.activate()
@@ -128,7 +128,7 @@ def random_step_onnx(random_ckpt, tmp_path):
 
 @pytest.mark.slow
 def test_ort_step_graph_halting_equals_each_row_run_alone(random_step_onnx, feeds):
-    from hrm_deploy.runners.ort import OrtRunner
+    from hrm_deploy.backends.ort.runner import OrtRunner
 
     runner = OrtRunner(random_step_onnx)
     runner.activate()
@@ -158,8 +158,8 @@ def test_ort_step_graph_halting_equals_each_row_run_alone(random_step_onnx, feed
 
 @pytest.mark.slow
 def test_continuous_batching_gives_the_one_by_one_answers(random_step_onnx, random_ckpt, feeds):
-    from hrm_deploy.runners.ort import OrtRunner
-    from hrm_deploy.runners.torch_ref import TorchRunner
+    from hrm_deploy.backends.ort.runner import OrtRunner
+    from hrm_deploy.backends.reference import TorchRunner
 
     for runner in (OrtRunner(random_step_onnx), TorchRunner(random_ckpt)):
         runner.activate()

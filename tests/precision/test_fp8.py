@@ -107,9 +107,9 @@ def test_targets_refuse_fp8_below_ada_in_one_line():
 
 
 def test_fp8_engine_for_jetson_or_cpu_is_refused_before_any_work(tiny_onnx, tmp_path, monkeypatch):
-    from hrm_deploy.engines import build
+    from hrm_deploy.backends.tensorrt.api import load_backend
+    from hrm_deploy.backends.tensorrt.builder import engine as trt_build
     from hrm_deploy.engines.build import EngineConfig, build_engine
-    from hrm_deploy.runners.backend import load_backend
 
     with pytest.raises(ConfigError, match="fp8 engines need a GPU"):
         EngineConfig("fp8", target="cpu")
@@ -118,7 +118,7 @@ def test_fp8_engine_for_jetson_or_cpu_is_refused_before_any_work(tiny_onnx, tmp_
         backend = load_backend("tensorrt-rtx")
     except Exception:  # noqa: BLE001 - tensorrt-rtx not installed
         pytest.skip("tensorrt-rtx is not installed")
-    monkeypatch.setattr(build, "load_backend", lambda name: backend)
+    monkeypatch.setattr(trt_build, "load_backend", lambda name: backend)
     with pytest.raises(ConfigError, match="jetson-orin-8gb is 8.7"):
         build_engine(tiny_onnx.unrolled, EngineConfig("fp8", target="jetson-orin-8gb", calib_data=tiny_onnx.data))
     assert not (tmp_path / "calib").exists()  # refused before calibrating
@@ -130,8 +130,8 @@ def test_rtx_builds_an_fp8_engine_on_cpu(tiny_onnx, tmp_path, monkeypatch, capab
     """TensorRT-RTX builds FP8 ahead of time without a GPU, for Ada (SM89) and Blackwell (SM120)."""
     import json
 
+    from hrm_deploy.backends.tensorrt.api import load_backend
     from hrm_deploy.engines.build import EngineConfig, build_engine
-    from hrm_deploy.runners.backend import load_backend
 
     try:
         load_backend("tensorrt-rtx")
@@ -150,7 +150,7 @@ def test_rtx_builds_an_fp8_engine_on_cpu(tiny_onnx, tmp_path, monkeypatch, capab
 
 
 def test_an_fp8_engine_must_show_fp8_tensors_where_a_gpu_inspects_it():
-    from hrm_deploy.engines.layers import precision_verdict, summarize_layers
+    from hrm_deploy.backends.tensorrt.builder.layers import precision_verdict, summarize_layers
 
     def gemm(fmt):
         return {"Name": "gemm", "LayerType": "gemm", "Precision": fmt}

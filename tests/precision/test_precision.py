@@ -129,8 +129,8 @@ def test_sensitivity_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path,
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_step_and_unrolled_precision_graphs_give_the_same_answers(tiny_onnx, heldout, tmp_path, precision):
     """The single-step graph driven by the host loop and the full unroll agree after conversion too."""
-    from hrm_deploy.runners.infer import predict
-    from hrm_deploy.runners.ort import OrtRunner
+    from hrm_deploy.backends.ort.runner import OrtRunner
+    from hrm_deploy.runtime.infer import predict
 
     cfg = PrecisionConfig(
         precision,

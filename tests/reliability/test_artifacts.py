@@ -255,11 +255,11 @@ def test_re_export_removes_the_old_verify_reports(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_killing_build_engines_parent_stops_its_worker(tmp_path):
-    """The worker is started with build._die_with_parent: SIGKILL of the parent kills it."""
+    """The worker is started with the TensorRT builder's _die_with_parent: SIGKILL of the parent kills it."""
     pid_file = tmp_path / "child.pid"
     script = textwrap.dedent(f"""
         import subprocess, sys, time
-        from hrm_deploy.engines.build import _die_with_parent
+        from hrm_deploy.backends.tensorrt.builder.engine import _die_with_parent
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=_die_with_parent)
         open({str(pid_file)!r}, "w").write(str(child.pid))
         time.sleep(60)

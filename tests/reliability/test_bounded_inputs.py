@@ -84,7 +84,7 @@ def test_onnx_files_are_size_and_type_checked_before_reading(not_onnx):
 @pytest.fixture(scope="module")
 def pt2(trained_tiny, tmp_path_factory):
     """A PyTorch engine of the trained fixture (the exported-program fallback: no C++ compile)."""
-    from hrm_deploy.engines.torch_engine import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("no C++ compiler (simulated)")
@@ -239,7 +239,7 @@ def test_solve_url_sends_at_most_the_servers_max_batch(monkeypatch, tmp_path):
 
 
 def test_an_interrupted_solve_writes_the_answers_so_far_and_says_how_many(monkeypatch, tmp_path):
-    import hrm_deploy.runners as runners
+    import hrm_deploy.backends as runners
 
     class Runner:
         def __init__(self):

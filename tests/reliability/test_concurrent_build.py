@@ -10,10 +10,10 @@ import subprocess
 
 import pytest
 
+from hrm_deploy.backends.tensorrt.api import load_backend
 from hrm_deploy.errors import DependencyError
 from hrm_deploy.io import staging_dir
 from hrm_deploy.manifest import manifest_path, publish_artifact, read_manifest
-from hrm_deploy.runners.backend import load_backend
 
 try:
     load_backend("tensorrt-rtx")
@@ -25,6 +25,7 @@ except DependencyError:
 @pytest.mark.skipif(not HAVE_RTX, reason="tensorrt-rtx is not installed (pip install 'hrm-deploy[rtx]')")
 @pytest.mark.trt
 def test_export_replacing_the_graph_during_a_build(tiny_onnx, tmp_path, monkeypatch):
+    import hrm_deploy.backends.tensorrt.builder.engine as trt_build
     import hrm_deploy.engines.build as build
 
     graph = tmp_path / "model.onnx"
@@ -34,7 +35,7 @@ def test_export_replacing_the_graph_during_a_build(tiny_onnx, tmp_path, monkeypa
     real_run = subprocess.run
 
     def export_lands_now(*args, **kwargs):
-        if "hrm_deploy.engines.worker" not in args[0]:  # other probes (nvidia-smi) run as they are
+        if "hrm_deploy.backends.tensorrt.builder.worker" not in args[0]:  # other probes (nvidia-smi) run as they are
             return real_run(*args, **kwargs)
         # a concurrent `hrm-deploy export -o model.onnx` of the unrolled graph finishes as the builder starts
         with staging_dir(tmp_path, "export-check") as staging:
@@ -48,7 +49,7 @@ def test_export_replacing_the_graph_during_a_build(tiny_onnx, tmp_path, monkeypa
             publish_artifact(staged, graph, **fields)
         return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(build.subprocess, "run", export_lands_now)
+    monkeypatch.setattr(trt_build.subprocess, "run", export_lands_now)
     result = build.build_engine(
         graph, build.EngineConfig("fp32", timing_cache=None), out=tmp_path / "m.engine", quiet=True
     )

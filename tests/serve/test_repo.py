@@ -104,6 +104,8 @@ def test_step_graph_gets_act_driver(tiny_onnx, tmp_path):
     params = {k: v.string_value for k, v in driver.parameters.items()}
     assert params == {
         "step_model": "sudoku_step",
+        "step_inputs": "inputs,puzzle_identifiers,z_H,z_L,reset",
+        "step_outputs": "z_H_out,z_L_out,logits,q_halt_logits,q_continue_logits",
         "steps": "1",
         "carry_len": "82",
         "hidden_size": "64",

@@ -33,7 +33,7 @@ live = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 @pytest.fixture(scope="module")
 def reference(tiny_onnx):
     """The in-process runner's answers on 48 held-out puzzles (what the server must reproduce)."""
-    from hrm_deploy.runners import open_runner
+    from hrm_deploy.backends import open_runner
 
     tokens, ids = puzzles(tiny_onnx.data, 48)
     runner = open_runner(tiny_onnx.unrolled)

@@ -15,8 +15,6 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-STEP_OUTPUTS = ["z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits"]
-
 
 def halting(rule):
     """``rule`` text -> function (q_halt, q_continue) -> bool mask of halted rows."""
@@ -37,6 +35,10 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.step_model = params["step_model"]
+        # the step graph's I/O names, in call order (hrm_deploy.contract, written by the repository writer):
+        # inputs: tokens, puzzle ids, carry H, carry L, reset; outputs: carry H, carry L, logits, q_halt, q_continue
+        self.step_inputs = params["step_inputs"].split(",")
+        self.step_outputs = params["step_outputs"].split(",")
         self.steps = int(params["steps"])
         self.carry = [int(params["carry_len"]), int(params["hidden_size"])]
         self.vocab = int(params["vocab_size"])
@@ -45,21 +47,16 @@ class TritonPythonModel:
     def _step(self, tokens, ids, z_h, z_l, first):
         # [B, 1]: the step model's config gives 1-D graph inputs a dim with reshape { shape: [] }
         reset = np.full((len(tokens), 1), first, dtype=bool)
+        values = (tokens, ids.reshape(-1, 1), z_h, z_l, reset)
         request = pb_utils.InferenceRequest(
             model_name=self.step_model,
-            requested_output_names=STEP_OUTPUTS,
-            inputs=[
-                pb_utils.Tensor("inputs", tokens),
-                pb_utils.Tensor("puzzle_identifiers", ids.reshape(-1, 1)),
-                pb_utils.Tensor("z_H", z_h),
-                pb_utils.Tensor("z_L", z_l),
-                pb_utils.Tensor("reset", reset),
-            ],
+            requested_output_names=self.step_outputs,
+            inputs=[pb_utils.Tensor(name, value) for name, value in zip(self.step_inputs, values)],
         )
         response = request.exec()
         if response.has_error():
             raise pb_utils.TritonModelException(f"step model {self.step_model}: {response.error().message()}")
-        return [pb_utils.get_output_tensor_by_name(response, n).as_numpy() for n in STEP_OUTPUTS]
+        return [pb_utils.get_output_tensor_by_name(response, n).as_numpy() for n in self.step_outputs]
 
     def _solve(self, tokens, ids):
         b = len(tokens)

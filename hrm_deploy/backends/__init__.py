@@ -1,0 +1,63 @@
+"""The backends, one package each, and the two lookups every stage uses: :func:`open_runner`
+(an artifact -> its runner) and :func:`builder` (a ``build-engine --backend`` name -> its build
+function). Both read the table in :mod:`hrm_deploy.registry` and import the backend only then.
+
+- :mod:`.reference`: a checkpoint, our PyTorch SDPA model (the reference);
+- :mod:`.ort`: ``.onnx`` graphs on ONNX Runtime, and the ``cpu`` target's builds;
+- :mod:`.tensorrt`: TensorRT / TensorRT-RTX ``.engine``/``.plan`` files (build, and run through the
+  device loop without torch);
+- :mod:`.torch`: PyTorch AOTInductor ``.pt2`` engines (build, and run through the same loop).
+
+What their runners share (the Runner template, device loop, memory) is :mod:`hrm_deploy.runtime`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hrm_deploy.errors import ArtifactError, ConfigError
+from hrm_deploy.registry import BACKENDS, CHECKPOINT_RUNNER, runner_name
+
+if TYPE_CHECKING:
+    from hrm_deploy.runtime.base import Runner
+
+
+def _load(target: str) -> Any:
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def runner_class(name: str) -> type[Runner]:
+    """The runner class of backend ``name`` (a row of :data:`hrm_deploy.registry.BACKENDS`)."""
+    if name not in BACKENDS:
+        raise ConfigError(f"runner {name!r} unknown; use one of {', '.join(BACKENDS)}")
+    return _load(BACKENDS[name].runner)
+
+
+def open_runner(artifact: str | Path, *, runner: str | None = None, **options: Any) -> Runner:
+    """A (not yet activated) runner for ``artifact``; ``runner`` overrides the suffix table;
+    ``options`` go to the runner's constructor (e.g. ``steps``, ``provider``, ``device``)."""
+    path = Path(artifact)
+    if not path.exists():
+        raise ArtifactError(f"{path} does not exist")
+    cls: Any = runner_class(runner or runner_name(path))  # each runner's own constructor options
+    return cls(path, **options)
+
+
+def reference_runner(checkpoint: str | Path, **options: Any) -> Runner:
+    """The reference every other artifact is compared with: the checkpoint on the PyTorch SDPA
+    model (the table's checkpoint row), whatever its file name."""
+    return open_runner(checkpoint, runner=CHECKPOINT_RUNNER, **options)
+
+
+def builder(backend: str) -> Callable[..., Any]:
+    """The build function for ``build-engine --backend BACKEND`` (signature
+    ``(source, EngineConfig, out, quiet) -> EngineResult``)."""
+    for entry in BACKENDS.values():
+        if backend in entry.builds_for and entry.builder:
+            return _load(entry.builder)
+    known = [name for entry in BACKENDS.values() for name in entry.builds_for]
+    raise ConfigError(f"no builder for backend {backend!r}; use one of {', '.join(known)}")

@@ -1,0 +1,375 @@
+"""The ``cpu`` target: an exported graph -> the graph ONNX Runtime's CPU provider runs fastest.
+
+* Graph optimizations are applied offline (``SessionOptions.optimized_model_filepath``) at the
+  ``extended`` level: fusions into ORT's CPU kernels (``SimplifiedLayerNormalization``,
+  ``FusedMatMul``, ``DynamicQuantizeMatMul`` ...) are done once at build time, so starting a
+  session is fast. The layout-dependent ``all`` level is left to session start (it is
+  machine-specific and ORT does not recommend saving it).
+* INT8 quantizes the weight MatMuls into integer GEMMs (:mod:`hrm_deploy.backends.ort.builder.int8`):
+  ``static`` (default; :mod:`hrm_deploy.backends.ort.builder.static`: activation scales fixed by the
+  project's calibration, answers independent of batching, measured against FP32 on held-out
+  puzzles and kept within the accuracy budget by leaving the most sensitive weights FP32),
+  ``dynamic`` (no data, activations scaled per call over the whole batch: answers can depend on
+  batch-mates) or ``blockwise`` (no data, per-row blocks: batch-independent, slower). The Q/DQ
+  graphs of the TensorRT targets stay as they are: on ORT CPU they are symmetric int8 and
+  unfused, and are slower than FP32.
+* FP32 and INT8 graphs then get HRM's attention (RoPE included) and RMSNorm fused into ORT's
+  ``MultiHeadAttention`` / ``RotaryEmbedding`` / ``SimplifiedLayerNormalization`` CPU kernels,
+  which ORT's optimizer does not do for these patterns (:mod:`hrm_deploy.backends.ort.builder.fusion`;
+  the bundled model: 2,203 -> 859 nodes). Every fused block (a sample past 1 GiB of tapped
+  tensors) is checked against the block it replaces on the inputs the unfused graph gave it;
+  ``--no-fuse`` leaves them out.
+* FP16 is the precision stage's FP16 graph, optimized the same way (on x86 ORT runs most FP16
+  ops by casting, slower than FP32).
+
+Output: ``engines/<name>.<precision>.cpu.ort.onnx`` + manifest (ORT version, optimization
+level, intra-op threads, node counts), runnable by ``hrm_deploy.backends.open_runner``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hrm_deploy.backends.ort.builder.int8 import INTEGER_MATMULS, RECIPES, quantize_weights
+from hrm_deploy.contract import CARRY, PUZZLE_ROWS, RESET
+from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, require
+from hrm_deploy.io import sha256_file, staging_dir
+from hrm_deploy.manifest import check_artifact, publish_artifact
+from hrm_deploy.onnx_runtime import Optimization, ort_session
+from hrm_deploy.progress import Stages
+
+CPU_PRECISIONS = ("fp32", "fp16", "int8")
+MAX_FUSED_BYTES = 1_900_000_000  # under protobuf's 2 GiB: graphs the fusion check can serialize
+OPTIMIZATION = Optimization.EXTENDED
+OPTIMIZATION_LEVEL = OPTIMIZATION.value  # as recorded in the manifest and the graph's metadata
+
+
+@dataclass(frozen=True)
+class CpuBuildConfig:
+    """How to build for ONNX Runtime CPU. ``threads`` None = ORT's default (one per core);
+    the value is recorded in the manifest and is what runners should pass as intra-op threads.
+    The ``calib_*`` fields, ``accuracy_budget`` and ``check_accuracy`` are the ``static`` INT8
+    recipe's (:mod:`hrm_deploy.backends.ort.builder.static`); the other recipes take no data."""
+
+    precision: str = "fp32"
+    threads: int | None = None
+    per_channel: bool = True
+    exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")
+    fuse: bool = True  # attention + RMSNorm into ORT's fused CPU kernels (fusion.py)
+    int8_recipe: str = "static"  # int8.py: RECIPES
+    calib_data: str | None = None  # None: the checkpoint's own dataset, from its provenance
+    calib_method: str = "minmax"  # precision.int8.QuantConfig's measured defaults
+    calib_samples: int = 128
+    accuracy_budget: float | None = None  # exact-accuracy points; None: DEFAULT_BUDGET_POINTS
+    check_accuracy: bool = True  # static: measure against FP32 on held-out puzzles, fall back to FP32 layers
+    holdout_samples: int | None = None  # held-out puzzles of that check; None: by the model's cost (cpu_static)
+    cache_dir: str = "calib"
+
+    def __post_init__(self) -> None:
+        if self.int8_recipe not in RECIPES:
+            raise ConfigError(f"the cpu INT8 recipe is one of {', '.join(RECIPES)}, not {self.int8_recipe}")
+        if self.precision not in CPU_PRECISIONS:
+            raise ConfigError(
+                f"the cpu target builds {', '.join(CPU_PRECISIONS)}, not {self.precision}; BF16 needs a GPU"
+            )
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("--threads must be >= 1")
+        if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
+            raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
+        if self.calib_samples < 1 or (self.holdout_samples is not None and self.holdout_samples < 1):
+            raise ConfigError("--calib-samples and the holdout size must be >= 1")
+        static = self.precision == "int8" and self.int8_recipe == "static"
+        given = [
+            flag
+            for flag, on in (
+                ("--calib-data", self.calib_data is not None),
+                ("--calib-method", self.calib_method != "minmax"),
+                ("--calib-samples", self.calib_samples != 128),
+                ("--accuracy-budget", self.accuracy_budget is not None),
+                ("--no-accuracy-check", not self.check_accuracy),
+            )
+            if on
+        ]
+        if given and not static:
+            what = f"--cpu-int8 {self.int8_recipe}" if self.precision == "int8" else self.precision.upper()
+            raise ConfigError(
+                f"{', '.join(given)}: only the static INT8 recipe calibrates and measures accuracy on the cpu target, "
+                f"{what} takes no data; drop {'them' if len(given) > 1 else 'it'} or build --int8 --cpu-int8 static"
+            )
+
+    @property
+    def budget(self) -> float:
+        """The exact-accuracy points static INT8 may lose (``accuracy_budget`` or the default)."""
+        from hrm_deploy.backends.ort.builder.static import DEFAULT_BUDGET_POINTS
+
+        return DEFAULT_BUDGET_POINTS if self.accuracy_budget is None else self.accuracy_budget
+
+
+@dataclass
+class CpuBuildResult:
+    path: Path
+    manifest: Path
+    source_onnx: Path
+    build: dict[str, Any] = field(default_factory=dict)
+
+
+def optimize_offline(src: str, out: str, threads: int | None) -> float:
+    """Apply ORT's graph optimizations to ``src`` and save the result to ``out``; returns seconds."""
+    start = time.perf_counter()
+    ort_session(src, threads=threads, optimization=OPTIMIZATION, optimized_model_path=out)
+    return time.perf_counter() - start
+
+
+def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[str, Any]:
+    """Fuse ``path`` in place (:func:`~hrm_deploy.backends.ort.builder.fusion.fuse_for_cpu`) after checking
+    every fused block against the unfused graph on one generated puzzle; returns the report."""
+    import numpy as np
+    import onnx
+
+    from hrm_deploy.backends.ort.builder.fusion import FUSION_TOLERANCE, check_rewrites, fuse_for_cpu
+    from hrm_deploy.backends.ort.builder.static import sink_quantize
+    from hrm_deploy.model.config import HRMConfig
+
+    unfused = onnx.load(str(path))
+    sink_quantize(unfused)  # static INT8: the attention output's Q back below its head merge (exact)
+    if unfused.ByteSize() > MAX_FUSED_BYTES:  # one protobuf: the block check serializes the graph
+        return {"skipped": f"graph of {unfused.ByteSize() / 2**30:.1f} GiB, over the 2 GiB protobuf limit: not fused"}
+    fused = onnx.ModelProto()
+    fused.CopyFrom(unfused)
+    model_config = HRMConfig.from_dict(meta["config"])
+    report, rewrites = fuse_for_cpu(fused, model_config.hidden_size)
+    # One puzzle of random tokens; a step graph gets its first step (reset, zero carry).
+    rng = np.random.default_rng(0)
+    feed: dict[str, Any] = {
+        "inputs": rng.integers(0, model_config.vocab_size, (1, model_config.seq_len), dtype=np.int32),
+        "puzzle_identifiers": np.zeros(1, np.int32),
+    }
+    if any(tensor.name == PUZZLE_ROWS for tensor in unfused.graph.input):  # export --puzzle-emb external
+        feed[PUZZLE_ROWS] = np.zeros((1, model_config.puzzle_emb_ndim), np.float32)
+        del feed["puzzle_identifiers"]
+    if any(tensor.name == CARRY[0] for tensor in unfused.graph.input):  # a step graph
+        carry = np.zeros((1, model_config.total_seq_len, model_config.hidden_size), np.float32)
+        feed.update({CARRY[0]: carry, CARRY[1]: carry, RESET: np.ones(1, bool)})
+    tensor_bytes = model_config.total_seq_len * model_config.hidden_size * 4  # one [1, positions, hidden] float32
+    try:
+        error, checked = check_rewrites(unfused, fused, rewrites, feed, threads, tensor_bytes)
+    except Exception as exc:  # ORT refusing a fused node is our bug too
+        raise InternalError(f"the fused graph does not run ({exc}); build with --no-fuse and report this") from exc
+    if error > FUSION_TOLERANCE:
+        raise InternalError(
+            f"a fused block differs from the graph it replaces by {error:.2e} of its output scale "
+            f"(limit {FUSION_TOLERANCE:.0e}); build with --no-fuse and report this"
+        )
+    del unfused
+    onnx.save(fused, str(path))
+    return {**report.as_dict(), "checked_blocks": checked, "checked_max_error": float(f"{error:.3g}")}
+
+
+def _restore_metadata(path: Path, props: dict[str, str], precision: str) -> None:
+    """ORT's saved model may drop model metadata; the runners need ``hrm_deploy.*``."""
+    import onnx
+
+    model = onnx.load(str(path))
+    have = {p.key: p.value for p in model.metadata_props}
+    wanted = {
+        **props,
+        "hrm_deploy.precision": precision,
+        "hrm_deploy.target": "cpu",
+        "hrm_deploy.ort_optimization": OPTIMIZATION_LEVEL,
+    }
+    if all(have.get(k) == v for k, v in wanted.items()):
+        return
+    onnx.helper.set_model_props(model, {**have, **wanted})
+    onnx.save(model, str(path))
+
+
+def cpu_output_path(src: Path, precision: str, engines: str | Path = "engines") -> Path:
+    stem = src.name[: -len(".onnx")] if src.name.endswith(".onnx") else src.stem
+    for p in ("fp16", "bf16", "int8", "fp32"):
+        if stem.endswith(f".{p}"):
+            stem = stem[: -len(p) - 1]
+    return Path(engines) / f"{stem}.{precision}.cpu.ort.onnx"
+
+
+def _make_graph(
+    src: Path, tmp: Path, meta: dict[str, Any], config: CpuBuildConfig, stages: Stages, calib: Any, exclude=()
+) -> dict[str, Any]:
+    """``src`` -> the engine graph at ``tmp``: INT8 or FP16 rewrite, ORT's offline optimization,
+    the checked fusions. ``exclude``: weight MatMuls static INT8 keeps FP32. Returns build facts."""
+    import onnx
+    import onnxruntime as ort
+
+    build: dict[str, Any] = {}
+    work = tmp.with_name(tmp.name + ".pre.onnx")
+    try:
+        source = str(src)
+        if config.precision == "int8" and calib is not None:
+            from hrm_deploy.backends.ort.builder.static import quantize_static
+
+            label = "cached calibration" if calib.cache.is_file() else "calibrating"
+            with stages.stage(
+                f"static INT8 of the weight MatMuls ({label}: {calib.report['method']}, "
+                f"{calib.report['samples']} examples, all {meta['steps']} ACT steps)"
+            ):
+                build["quantized_nodes"] = len(quantize_static(src, work, calib, meta, config, exclude))
+            source = str(work)
+        elif config.precision == "int8":
+            with stages.stage(f"{config.int8_recipe} INT8 of the weight MatMuls: {RECIPES[config.int8_recipe]}"):
+                build["quantized_nodes"] = len(
+                    quantize_weights(
+                        source,
+                        str(work),
+                        config.int8_recipe,
+                        int(meta["config"].get("hidden_size", 0)),
+                        config.per_channel,
+                        config.exclude_patterns,
+                    )
+                )
+            source = str(work)
+        elif config.precision == "fp16":
+            from hrm_deploy.precision.fp16 import convert_half
+
+            with stages.stage("converting to fp16 (float32 islands: norms, softmax, sigmoid)"):
+                converted, _ = convert_half(onnx.load(source), "fp16", True)
+                onnx.save(converted, str(work))
+            source = str(work)
+        with stages.stage(f"ONNX Runtime {ort.__version__} graph optimizations ({OPTIMIZATION_LEVEL}), offline"):
+            build["optimize_seconds"] = round(optimize_offline(source, str(tmp), config.threads), 3)
+    finally:
+        work.unlink(missing_ok=True)
+    if config.fuse and config.precision != "fp16":  # fp16's float32 islands break the patterns
+        with stages.stage("fusing attention and RMSNorm into ORT's CPU kernels, each block checked"):
+            build["fusions"] = fuse_checked(tmp, meta, config.threads)
+    return build
+
+
+def _within_budget(
+    src: Path, tmp: Path, meta: dict[str, Any], config: CpuBuildConfig, stages: Stages, calib: Any, build: dict
+) -> dict[str, Any]:
+    """Measure the static INT8 graph at ``tmp`` against FP32; outside the budget, rebuild it with
+    the most sensitive weights FP32 (``build`` updated). Returns the manifest's accuracy record."""
+    from hrm_deploy.backends.ort.builder.static import (
+        HOLDOUT_SAMPLES,
+        MIN_AGREEMENT_PCT,
+        fit_budget,
+        holdout,
+        holdout_size,
+    )
+
+    count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
+    with stages.stage(f"measuring INT8 against FP32 on up to {count} held-out puzzles"):
+        check = holdout(src, calib, meta, config)
+        whole = quality = check.measure(tmp)
+    record: dict[str, Any] = {
+        "checked": True,
+        "budget_points": config.budget,
+        "min_agreement_pct": MIN_AGREEMENT_PCT,
+        "holdout": check.examples.source
+        + (" (examples calibration did not use)" if Path(check.examples.source).is_file() else " (test split)"),
+        "all_int8": whole.as_dict(),
+        "kept_float": [],
+    }
+    if not whole.within(config.budget):
+        probe = tmp.with_name(tmp.name + ".probe.onnx")
+        with stages.stage(f"outside the budget ({whole.describe()}): keeping the most sensitive layers FP32"):
+            kept, exclude, sensitivity = fit_budget(src, calib, meta, config, whole, check, probe)
+        build.update(_make_graph(src, tmp, meta, config, stages, calib, exclude))
+        with stages.stage(f"measuring the mix ({len(kept)} layers FP32) against FP32"):
+            quality = check.measure(tmp)
+        if not quality.within(config.budget):
+            raise ConfigError(
+                f"static INT8 with {len(kept)} layers FP32 measured {quality.describe()} as built, outside the "
+                f"budget (<= {config.budget} points, >= {MIN_AGREEMENT_PCT:.0f} % agreement); build --fp32, or pass "
+                "a larger --accuracy-budget"
+            )
+        record.update(kept_float=kept, kept_float_nodes=len(exclude), sensitivity=sensitivity)
+    record["measured"] = quality.as_dict()
+    return record
+
+
+def build_cpu(
+    onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None, quiet: bool = False
+) -> CpuBuildResult:
+    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export."""
+    onnx = require("onnx", "onnx", "The cpu target")
+    ort = require("onnxruntime", "onnx", "The cpu target")
+    from hrm_deploy.export.metadata import graph_metadata
+
+    src = Path(onnx_path)
+    if not src.is_file():
+        raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first or pass the ONNX path")
+    src_sha256 = (check_artifact(src) or {}).get("sha256")  # the export is what its manifest says
+    model = onnx.load(str(src), load_external_data=False)
+    meta = graph_metadata(model)
+    props = {p.key: p.value for p in model.metadata_props}
+    nodes_in = len(model.graph.node)
+    del model
+    have = meta.get("precision", "fp32")
+    if have != "fp32":
+        raise ConfigError(f"{src} is a {have} graph; the cpu target starts from the FP32 export")
+    target = Path(out) if out else cpu_output_path(src, config.precision)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stages = Stages(quiet)
+    build: dict[str, Any] = {"onnx_nodes_in": nodes_in}
+    recipe: dict[str, Any] = {}
+    if config.precision == "int8":
+        recipe = {"int8": config.int8_recipe, "description": RECIPES[config.int8_recipe]}
+    start = time.perf_counter()
+    with staging_dir(target.parent, "cpu-build") as staging:
+        tmp = staging / target.name
+        calib = None
+        if config.precision == "int8" and config.int8_recipe == "static":
+            from hrm_deploy.backends.ort.builder.static import calibration
+
+            calib = calibration(src, src_sha256 or sha256_file(src), meta, config, quiet)
+            recipe["calibration"] = calib.report
+        build.update(_make_graph(src, tmp, meta, config, stages, calib))
+        if calib is not None and config.check_accuracy:
+            recipe["accuracy"] = _within_budget(src, tmp, meta, config, stages, calib, build)
+        elif calib is not None:
+            recipe["accuracy"] = {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
+        _restore_metadata(tmp, props, config.precision)
+        optimized = onnx.load(str(tmp), load_external_data=False)
+        ops: dict[str, int] = {}
+        for node in optimized.graph.node:
+            key = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+            ops[key] = ops.get(key, 0) + 1
+        build.update(onnx_nodes_out=len(optimized.graph.node), op_types=dict(sorted(ops.items())))
+        del optimized
+        if config.precision == "int8" and not any(k.endswith(INTEGER_MATMULS) for k in ops):
+            raise ConfigError(
+                f"{config.int8_recipe} quantization produced no integer MatMul; the engine was not written. "
+                "Check the ONNX with `hrm-deploy inspect`"
+            )
+        build["build_seconds"] = round(time.perf_counter() - start, 3)
+        build["engine_bytes"] = tmp.stat().st_size
+        manifest = publish_artifact(
+            tmp,
+            target,
+            stage="engine",
+            parent=src,
+            parent_sha256=src_sha256,
+            config={"cpu": asdict(config)},
+            backend={"name": "onnxruntime", "version": ort.__version__, "provider": "CPUExecutionProvider"},
+            target={"name": "cpu", "description": "ONNX Runtime CPU execution provider"},
+            precision=config.precision,
+            mode=meta["mode"],
+            steps=meta["steps"],
+            recipe=recipe,
+            runtime={
+                "graph_optimization_level": OPTIMIZATION_LEVEL,
+                "saved_optimized": True,
+                "intra_op_num_threads": config.threads or os.cpu_count(),
+                "inter_op_num_threads": 1,
+                "execution_mode": "sequential",
+                "threads_requested": config.threads,
+            },
+            onnx_sha256=sha256_file(tmp),
+            build=build,
+            timings=stages.timings,
+        )
+    return CpuBuildResult(target, manifest, src, build)

@@ -1,0 +1,309 @@
+"""Static INT8 of the ``cpu`` target: activation scales fixed at build time, within an accuracy budget.
+
+* Ranges come from the project's calibration (:func:`hrm_deploy.precision.int8.quantize_int8`:
+  same data default from the checkpoint's provenance, same methods, same cache in ``calib/``),
+  written as Q/DQ on the inputs of the weight MatMul/Gemm nodes with **uint8 activations**
+  (zero point 128) and **int8 per-channel weights**; ONNX Runtime's optimizer turns each
+  ``DequantizeLinear -> MatMul`` into an integer GEMM (``MatMulIntegerToFloat``). The scale of
+  every activation is a constant, so each puzzle's answer is the same whatever its batch-mates.
+* The built graph is measured against the FP32 export on held-out puzzles (the calibration
+  dataset's ``test`` split): exact accuracy and argmax agreement. Outside the budget (default:
+  at most 1 point of exact accuracy lost and >= 98 % argmax agreement), the most sensitive
+  weights stay FP32, greedy by measured sensitivity
+  (:func:`hrm_deploy.precision.int8.keep_sensitive_float`, the TensorRT path's fallback); when
+  no mix meets the budget the build is refused with the numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.data.examples import Examples
+from hrm_deploy.errors import DataError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUDGET_POINTS = 1.0  # exact-accuracy points INT8 may lose on the holdout
+MIN_AGREEMENT_PCT = 98.0  # argmax agreement with FP32 over every output cell of the holdout
+# The holdout: as many puzzles as HOLDOUT_FLOPS of FP32 work, between MIN_HOLDOUT and
+# HOLDOUT_SAMPLES. On the bundled model 128 puzzles measured minmax static INT8 0.8 points
+# *above* FP32 where 1,000 measured it 1.5 below: one puzzle is 0.1 point of 1,000, 0.8 of 128.
+# 1e13 FLOPs is ~1 minute of FP32 on 2 cores: the bundled model gets 1,000 puzzles, a
+# Sudoku-size (hidden 512, 16 ACT steps) model the minimum, 64 (the manifest says how many).
+HOLDOUT_SAMPLES = 1000
+HOLDOUT_FLOPS = 1e13
+MIN_HOLDOUT = 64
+HOLDOUT_BATCH = 32
+
+
+@dataclass(frozen=True)
+class Quality:
+    """INT8 against FP32 on the holdout. ``*_exact`` in percent (None without labels);
+    ``agreement`` = % of output cells whose argmax is FP32's."""
+
+    fp32_exact: float | None
+    int8_exact: float | None
+    agreement: float
+    puzzles: int
+
+    @property
+    def loss(self) -> float:
+        """Exact-accuracy points lost (0 without labels)."""
+        if self.fp32_exact is None or self.int8_exact is None:
+            return 0.0
+        return self.fp32_exact - self.int8_exact
+
+    def within(self, budget: float) -> bool:
+        return self.loss <= budget and self.agreement >= MIN_AGREEMENT_PCT
+
+    def describe(self) -> str:
+        exact = "" if self.fp32_exact is None else f"exact {self.int8_exact:.2f} % vs FP32 {self.fp32_exact:.2f} % "
+        return f"{exact}(-{self.loss:.2f} points), argmax agreement {self.agreement:.2f} % on {self.puzzles} puzzles"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "fp32_exact_pct": self.fp32_exact,
+            "int8_exact_pct": self.int8_exact,
+            "loss_points": round(self.loss, 4),
+            "argmax_agreement_pct": round(self.agreement, 4),
+            "holdout_puzzles": self.puzzles,
+        }
+
+
+def _logits(path: str | Path, examples: Examples, threads: int | None, table_of: Path | None = None) -> np.ndarray:
+    from hrm_deploy.backends.ort.runner import OrtRunner
+    from hrm_deploy.runtime.infer import predict
+
+    runner = OrtRunner(path, threads=threads, table_of=table_of)  # a staged graph: the FP32 export's table
+    runner.activate()
+    try:
+        return predict(runner, examples, batch=HOLDOUT_BATCH)
+    finally:
+        runner.close()
+
+
+def holdout_size(meta: dict[str, Any], most: int) -> int:
+    """Held-out puzzles for a model: as many as :data:`HOLDOUT_FLOPS` of FP32 work allow (at
+    least :data:`MIN_HOLDOUT`, at most ``most``). Fixed by the model's shape, not by a clock, so
+    one build gives the same engine on an idle or a busy machine."""
+    from hrm_deploy.model.config import HRMConfig
+
+    config = HRMConfig.from_dict(meta["config"])
+    d, inter = config.hidden_size, config.intermediate_size
+    per_token_block = 2 * (4 * d * d + 3 * d * inter)  # qkv + o, gate_up + down: multiply-adds x 2
+    flops = per_token_block * config.total_seq_len * config.blocks_per_step * int(meta["steps"])
+    return max(MIN_HOLDOUT, min(most, int(HOLDOUT_FLOPS // max(flops, 1))))
+
+
+class Holdout:
+    """Held-out puzzles and FP32's answers on them (computed once), to measure INT8 graphs."""
+
+    def __init__(self, fp32: Path, examples: Examples, threads: int | None):
+        from hrm_deploy.metrics import accuracy
+
+        self.examples, self.threads, self.fp32 = examples, threads, fp32
+        reference = _logits(fp32, examples, threads)
+        self.answers = reference.argmax(-1)
+        self.fp32_exact = None
+        if examples.labels is not None:
+            self.fp32_exact = 100.0 * accuracy(reference, examples.labels)["exact_accuracy"]
+
+    def measure(self, path: str | Path) -> Quality:
+        from hrm_deploy.metrics import accuracy
+
+        logits = _logits(path, self.examples, self.threads, self.fp32)
+        exact = None
+        if self.examples.labels is not None:
+            exact = 100.0 * accuracy(logits, self.examples.labels)["exact_accuracy"]
+        agreement = 100.0 * float((logits.argmax(-1) == self.answers).mean())
+        return Quality(self.fp32_exact, exact, agreement, len(self.examples))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The examples and the range cache one static build uses (and what the manifest says of them)."""
+
+    examples: Examples
+    cache: Path
+    report: dict[str, Any]
+
+
+def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, quiet: bool) -> Calibration:
+    """Calibration examples (``config.calib_data``, default: the checkpoint's own dataset from
+    its provenance, announced) and the cache file of their ranges, keyed as the precision stage keys them."""
+    from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.precision.int8 import _cache_readable, calibration_key
+
+    data = config.calib_data
+    if not data:
+        from hrm_deploy.provenance import default_data
+
+        choice = default_data(src, "--calib-data")
+        if not quiet:
+            log.info(choice.message)
+        data = str(choice.path)
+    examples = load_examples(str(data), config.calib_samples)
+    key = calibration_key(
+        src_sha256, config.calib_method, examples.sha256, len(examples), f"{meta['mode']}{meta['steps']}"
+    )
+    cache = Path(config.cache_dir) / f"{key}.json"
+    report = {
+        "key": key,
+        "cache": str(cache),
+        "reused": cache.is_file() and _cache_readable(cache),
+        "method": config.calib_method,
+        "samples": len(examples),
+        "data": examples.source,
+        "data_sha256": examples.sha256,
+    }
+    return Calibration(examples, cache, report)
+
+
+def quantize_static(
+    src: Path, out: Path, calib: Calibration, meta: dict[str, Any], config: Any, exclude: tuple[str, ...] = ()
+) -> list[str]:
+    """U8S8 Q/DQ graph of ``src`` at ``out`` (``exclude``: node names kept FP32); returns the quantized nodes."""
+    from hrm_deploy.precision.int8 import QuantConfig, quantize_int8
+
+    quant = QuantConfig(
+        method=config.calib_method, samples=config.calib_samples, exclude_patterns=config.exclude_patterns
+    )
+    plan = quantize_int8(
+        str(src),
+        str(out),
+        calib.examples,
+        quant,
+        calib.cache,
+        meta["mode"],
+        meta["steps"],
+        extra_exclude=exclude,
+        quiet=True,
+        activations="uint8",
+    )
+    return plan.quantize
+
+
+def holdout(src: Path, calib: Calibration, meta: dict[str, Any], config: Any) -> Holdout:
+    """The held-out puzzles (``config.holdout_samples``, or None: :func:`holdout_size`): from a
+    dataset folder's ``test`` split; from a ``.npz`` (one set), its examples calibration did not use."""
+    from hrm_deploy.data.examples import load_examples
+
+    source = Path(calib.examples.source)
+    count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
+    if not source.is_file():
+        return Holdout(src, load_examples(source, count, split="test"), config.threads)
+    everything = load_examples(source, None)
+    seen = {row.tobytes() for row in calib.examples.inputs}
+    keep = np.array(
+        [i for i, row in enumerate(everything.inputs) if row.tobytes() not in seen][: config.holdout_samples]
+    )
+    if not len(keep):
+        raise DataError(
+            f"{source}: calibration used every example, none is left to measure INT8 on; pass a dataset folder "
+            "(its test split is the holdout), a larger .npz or a smaller --calib-samples"
+        )
+    labels = everything.labels[keep] if everything.labels is not None else None
+    rest = Examples(everything.inputs[keep], everything.puzzle_identifiers[keep], labels, str(source), "")
+    return Holdout(src, rest, config.threads)
+
+
+def fit_budget(
+    src: Path,
+    calib: Calibration,
+    meta: dict[str, Any],
+    config: Any,
+    whole: Quality,
+    check: Holdout,
+    probe: Path,
+) -> tuple[list[dict[str, Any]], tuple[str, ...], list[dict[str, Any]]]:
+    """The weights to keep FP32 so that INT8 is within ``config`` 's budget (greedy by sensitivity:
+    points of exact accuracy lost + points of argmax agreement lost with only that weight INT8;
+    each mix measured as a Q/DQ graph that ONNX Runtime optimizes when it loads it). Returns the
+    kept weights, their node names and every weight's sensitivity; refuses when no mix fits."""
+    import onnx
+
+    from hrm_deploy.precision.int8 import QuantConfig, keep_sensitive_float, plan_nodes
+
+    budget = config.budget
+    model = onnx.load(str(src), load_external_data=False)
+    quantized = set(plan_nodes(model, QuantConfig(exclude_patterns=config.exclude_patterns)).quantize)
+    by_weight: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if node.name in quantized:
+            by_weight.setdefault(node.input[1], []).append(node.name)
+    del model
+
+    def measure(exclude: tuple[str, ...]) -> Quality:
+        quantize_static(src, probe, calib, meta, config, exclude)
+        quality = check.measure(probe)
+        log.info("INT8 with %d nodes kept FP32: %s", len(exclude), quality.describe())
+        return quality
+
+    def severity(q: Quality) -> float:
+        return q.loss + (100.0 - q.agreement)  # both in points
+
+    def refuse(q: Quality) -> str:
+        return (
+            f"static INT8 does not meet the accuracy budget (<= {budget} points lost, >= {MIN_AGREEMENT_PCT:.0f} % "
+            f"argmax agreement) even with all but one layer FP32: {q.describe()} (all INT8: {whole.describe()}); "
+            "build --fp32, or pass a larger --accuracy-budget"
+        )
+
+    try:
+        chosen = keep_sensitive_float(by_weight, measure, severity, lambda q: q.within(budget), refuse, whole)
+    finally:
+        probe.unlink(missing_ok=True)
+    exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
+    # named by weight and by its first node (the readable one); sensitivity in points, most first
+    kept = [{"weight": w, "node": by_weight[w][0], "nodes": len(by_weight[w])} for w in chosen.kept_float]
+    ranked = sorted(chosen.sensitivity.items(), key=lambda kv: -kv[1])
+    sensitivity = [{"weight": w, "node": by_weight[w][0], "sensitivity": round(s, 4)} for w, s in ranked]
+    return kept, exclude, sensitivity
+
+
+def sink_quantize(model: Any) -> int:
+    """Undo ONNX Runtime's QDQ propagation where it splits a pattern the CPU fusions read: its
+    optimizer hoists the attention output's ``QuantizeLinear`` above the ``Transpose -> Reshape``
+    that merges the heads (``MatMul -> Q -> Transpose -> Reshape -> integer GEMM``); this moves
+    it back below them (``MatMul -> Transpose -> Reshape -> Q``). A per-tensor Q commutes with
+    both exactly (same bytes out), so the rewrite changes no value. Edits ``model`` in place;
+    returns how many were moved."""
+    graph = model.graph
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    initializers = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+
+    def only(name: str, op_type: str) -> Any:
+        users = consumers.get(name, [])
+        if len(users) == 1 and users[0].op_type == op_type and name not in outputs:
+            return users[0]
+        return None
+
+    moved = 0
+    for quant in [n for n in graph.node if n.op_type == "QuantizeLinear"]:
+        scale = initializers.get(quant.input[1])
+        if scale is None or len(scale.dims) > 0 and max(scale.dims) > 1:
+            continue  # per-channel: does not commute with a transpose
+        transpose = only(quant.output[0], "Transpose")
+        reshape = only(transpose.output[0], "Reshape") if transpose is not None else None
+        if reshape is None:
+            continue
+        quantized = reshape.output[0]
+        transpose.input[0] = quant.input[0]
+        transpose.output[0] = f"{quantized}/float_transposed"
+        reshape.input[0] = transpose.output[0]
+        reshape.output[0] = f"{quantized}/float"
+        quant.input[0] = reshape.output[0]
+        quant.output[0] = quantized
+        graph.node.remove(quant)  # after the reshape, keeping the order topological
+        graph.node.insert(list(graph.node).index(reshape) + 1, quant)
+        moved += 1
+    return moved

@@ -1,0 +1,395 @@
+"""The TensorRT / TensorRT-RTX build: precision ONNX -> serialized engine + manifest + layers.json.
+
+An FP32 graph asked for a lower precision first goes through
+:func:`hrm_deploy.precision.convert.make_precision_graph` (INT8 / FP8: calibration, and it says
+so). The build runs in a child process (:mod:`.worker`); the engine is written atomically and only
+when the requested precision is visibly in the network (:mod:`.layers`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from hrm_deploy.backends.tensorrt.api import load_backend
+from hrm_deploy.backends.tensorrt.builder.cost import check_unrolled_build, compute_nodes, unrolled_over_budget
+from hrm_deploy.backends.tensorrt.builder.layers import precision_verdict
+from hrm_deploy.backends.tensorrt.builder.options import reproduce_command, timing_cache_path
+from hrm_deploy.engines.result import EngineResult, newest_export, recorded_data_fields
+from hrm_deploy.engines.targets import TargetProfile, get_target, target_architectures
+from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
+from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
+from hrm_deploy.manifest import check_artifact, manifest_path, publish_artifact, read_verified
+from hrm_deploy.progress import Stages
+from hrm_deploy.system import gpu_identity
+
+if TYPE_CHECKING:
+    from hrm_deploy.engines.build import EngineConfig
+
+log = logging.getLogger(__name__)
+
+# Host memory of a TensorRT build per ONNX node, measured: the 16-step Sudoku unroll
+# (58,206 nodes, 152 MB) peaked at 9.3 GB in TensorRT-RTX on 2 cores.
+BUILD_MIB_PER_NODE = 0.16
+
+
+class _Graph(NamedTuple):
+    meta: dict[str, Any]  # hrm_deploy metadata
+    dims: dict[str, list[Any]]  # input name -> dims, None for dynamic
+    nodes: int
+    compute_nodes: int  # without Cast and Q/DQ: what the build cost scales with (engines.cost)
+
+
+def _graph_info(path: Path, data: bytes | None = None) -> _Graph:
+    onnx = require("onnx", "onnx", "Building engines")
+    from hrm_deploy.export.metadata import graph_metadata
+
+    try:
+        model = (
+            onnx.load_model_from_string(data) if data is not None else onnx.load(str(path), load_external_data=False)
+        )
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
+        raise ArtifactError(
+            f"{path} is not a readable ONNX file ({type(exc).__name__}); it is truncated or damaged: re-export it"
+        ) from None
+    dims = {
+        i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
+        for i in model.graph.input
+    }
+    return _Graph(graph_metadata(model), dims, len(model.graph.node), compute_nodes(model))
+
+
+def _shapes(dims: dict[str, list[Any]], lo: int, opt: int, hi: int) -> dict[str, list[list[int]]]:
+    shapes = {}
+    for name, d in dims.items():
+        if any(x is None for x in d[1:]):
+            raise EngineError(f"input {name} has a dynamic dimension besides the batch; re-export with fixed sizes")
+        shapes[name] = [[b] + list(d[1:]) for b in (lo, opt, hi)]
+    return shapes
+
+
+def _check_memory_budget(target: TargetProfile, nodes: int, onnx_bytes: int) -> int:
+    estimate = int(nodes * BUILD_MIB_PER_NODE + 3 * onnx_bytes / 2**20)
+    if target.memory_budget_mib and estimate > target.memory_budget_mib * 0.75:
+        raise EngineError(
+            f"building this graph ({nodes} nodes) needs about {estimate} MiB of host memory, more than "
+            f"{target.name}'s shared {target.memory_budget_mib} MiB allows; export the single-step graph "
+            f"(hrm-deploy export --mode step) and build that"
+        )
+    return estimate
+
+
+def _step_graph(unrolled: Path, meta: dict[str, Any], cost: Any, quiet: bool) -> Path:
+    """The single-step graph of the checkpoint ``unrolled`` was exported from (its manifest's parent),
+    exported beside it with the same opset and batch limit; an existing one of that checkpoint is reused."""
+    from hrm_deploy.artifacts import find_reference
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.manifest import read_manifest, resolve_parent
+
+    checkpoint = find_reference(unrolled)
+    step = unrolled.with_name(unrolled.name.removesuffix(".onnx") + ".step.onnx")
+    say = (lambda msg: None) if quiet else log.info
+    say(
+        f"{unrolled.name} is a {meta.get('steps', '?')}-step unrolled graph whose TensorRT build would take "
+        f"{cost.describe()}: building its single-step graph instead, run by the device loop "
+        "(--allow-unrolled builds the unroll)"
+    )
+    if step.is_file() and manifest_path(step).is_file():
+        recorded = read_manifest(step) or {}
+        parent = resolve_parent(step, recorded)
+        if parent is not None and parent.resolve() == checkpoint.resolve() and recorded.get("mode") == "step":
+            check_artifact(step)
+            return step
+    exported = (read_manifest(unrolled) or {}).get("config", {}).get("export", {})
+    export = ExportConfig(
+        mode="step", opset=int(exported.get("opset", 18)), max_batch=int(exported.get("max_batch", 64))
+    )
+    return export_onnx(checkpoint, step, export, quiet=quiet, **recorded_data_fields(unrolled)).path
+
+
+def _precision_source(onnx_path: Path, meta: dict[str, Any], config: EngineConfig, quiet: bool) -> Path:
+    have = meta.get("precision", "fp32")
+    if have == config.precision:
+        return onnx_path
+    if have != "fp32":
+        raise ConfigError(f"{onnx_path} is a {have} graph but {config.precision} was asked for; pass the FP32 export")
+    from hrm_deploy.precision.convert import QDQ_PRECISIONS, PrecisionConfig, make_precision_graph
+    from hrm_deploy.precision.int8 import QuantConfig
+
+    if not quiet:
+        what = "calibrating and quantizing" if config.precision in QDQ_PRECISIONS else "converting"
+        log.info(f"{onnx_path.name} is FP32: {what} it to {config.precision} first")
+    if config.precision in QDQ_PRECISIONS and not config.calib_data:
+        from dataclasses import replace
+
+        from hrm_deploy.provenance import default_data
+
+        choice = default_data(onnx_path, "--calib-data")
+        log.info(choice.message)
+        config = replace(config, calib_data=str(choice.path))
+    quant = QuantConfig(method=config.calib_method, samples=config.calib_samples)
+    result = make_precision_graph(
+        onnx_path,
+        PrecisionConfig(
+            config.precision, calib_data=config.calib_data, quant=quant, accuracy_budget=config.accuracy_budget
+        ),
+        quiet=quiet,
+    )
+    return result.path
+
+
+def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
+    """Fail when the requested precision is not visible in the network or the built engine.
+
+    The network (strongly typed) must carry the precision. Where a GPU loaded the engine, the
+    inspector's layers are read too (:mod:`hrm_deploy.backends.tensorrt.builder.layers`): refused only when every
+    layer is detailed, unfused and none shows the precision; names-only inspector output and
+    fused Myelin/ForeignNode layers are "cannot tell". Returns the engine verdict ("took",
+    "cannot_tell", "not_inspected") and records it in ``build["engine_inspection"]``.
+    """
+    network = build.get("network", {})
+    dtypes = network.get("output_dtypes", {})
+    missing = None
+    if precision == "fp16" and not dtypes.get("HALF"):
+        missing = "no layer computes in FP16"
+    elif precision == "bf16" and not dtypes.get("BF16"):
+        missing = "no layer computes in BF16"
+    elif precision in ("int8", "fp8") and not network.get("qdq_layers"):
+        missing = "no Q/DQ layers"
+    inspection = build.setdefault("engine_inspection", {})
+    verdict = "not_inspected"
+    if not missing and inspection.get("available"):
+        verdict, why = precision_verdict(precision, inspection.get("summary", {}))
+        inspection.update(verdict=verdict, why=why)
+        if verdict == "fp32":
+            missing = f"the built engine shows no {precision.upper()} tensor: {why}"
+    if missing:
+        raise EngineError(
+            f"requested {precision} but {missing}; the engine was not written. Check the ONNX "
+            "with `hrm-deploy inspect` and rebuild it from the FP32 export"
+        )
+    return verdict
+
+
+def layers_path(engine_path: str | os.PathLike) -> Path:
+    """``m.engine`` -> ``m.engine.layers.json``: the engine inspector's JSON (trt-engine-explorer reads it)."""
+    engine_path = Path(engine_path)
+    return engine_path.with_name(engine_path.name + ".layers.json")
+
+
+def _die_with_parent() -> None:
+    """In the worker, before exec: get SIGKILL when the parent dies (Linux prctl
+    PR_SET_PDEATHSIG), so killing build-engine never leaves an orphaned builder running."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl: the parent still kills the child on errors and Ctrl-C
+        return
+    if os.getppid() == 1:  # the parent already died between fork and prctl
+        os._exit(1)
+
+
+def _run_worker(
+    spec: dict[str, Any], spec_file: Path, status: Callable[[str], None]
+) -> subprocess.CompletedProcess[str]:
+    """Run the build worker on ``spec`` (written to ``spec_file``) with its output captured; each
+    line it writes to its progress pipe (parsing, the builder's phases) goes to ``status``."""
+    read_fd, write_fd = os.pipe()
+
+    def relay() -> None:
+        with os.fdopen(read_fd, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                status(line.strip())
+
+    reader = threading.Thread(target=relay, name="build-engine progress", daemon=True)
+    reader.start()
+    try:
+        spec_file.write_text(json.dumps({**spec, "progress_fd": write_fd}))
+        return subprocess.run(
+            [sys.executable, "-m", "hrm_deploy.backends.tensorrt.builder.worker", str(spec_file)],
+            check=False,
+            capture_output=True,
+            text=True,
+            preexec_fn=_die_with_parent,
+            pass_fds=(write_fd,),
+        )
+    finally:
+        os.close(write_fd)  # the worker's copy is gone with it: the relay reads to the end and stops
+        reader.join()
+
+
+def _for_tensorrt(onnx_bytes: bytes, graph_manifest: dict[str, Any] | None, rewrites: dict[str, Any]) -> bytes:
+    """The graph TensorRT parses: ``onnx_bytes`` with its static slices written as gathers
+    (:func:`hrm_deploy.export.slicing.slices_to_gathers`: the same elements, bit for bit, but no
+    shape layers in TensorRT's network: 6,700 -> 2,674 layers on the Sudoku-size step graph).
+    Done here, not at export: ONNX Runtime's CPU Gather is ~3x slower than its Slice on the
+    bundled model. Graphs with external weights are parsed as they are. ``rewrites`` records it."""
+    if (graph_manifest or {}).get("companions"):
+        rewrites["slices_to_gathers"] = "skipped: external weights"
+        return onnx_bytes
+    import onnx
+
+    from hrm_deploy.export.slicing import slices_to_gathers
+
+    model, count = slices_to_gathers(onnx.load_from_string(onnx_bytes))
+    rewrites["slices_to_gathers"] = count
+    return model.SerializeToString() if count else onnx_bytes
+
+
+def build_tensorrt(
+    onnx_path: str | os.PathLike | None, config: EngineConfig, out: str | os.PathLike | None = None, quiet: bool = False
+) -> EngineResult:
+    """Build a TensorRT / TensorRT-RTX engine for ``config.target`` from ``onnx_path`` (default:
+    the newest export); the ``tensorrt`` and ``tensorrt-rtx`` rows of the backend registry."""
+    target = get_target(config.target)
+    backend_name = config.backend or target.backends[0]
+    if backend_name not in target.backends:
+        raise ConfigError(f"target {target.name} builds with {' or '.join(target.backends)}, not {backend_name}")
+    backend = load_backend(backend_name)  # fail before any conversion work when the backend is missing
+    backend.compute_capability(config.compute_capability or target.compute_capability)  # validate early
+    machine = gpu_identity()
+    # before any conversion work: a precision the target's GPUs cannot run is refused in one line
+    architectures = target_architectures(
+        target, config.precision, config.compute_capability, machine.get("compute_capability")
+    )
+    stages = Stages(quiet)
+    src = Path(onnx_path) if onnx_path else newest_export()
+    if not src.is_file():
+        raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first")
+    check_artifact(src)  # before any conversion: the FP32 export is what its manifest says
+    given = _graph_info(src)
+    # before calibration or conversion: an unrolled graph whose build is over budget is replaced by
+    # its single-step graph (same checkpoint), unless the unrolled build was asked for
+    step_instead = None
+    over = unrolled_over_budget(given.meta, given.compute_nodes, config.precision)
+    if over is not None and not config.allow_unrolled:
+        step_instead = {"unrolled_graph": str(src), "unrolled_estimate": over.to_dict()}
+        src = _step_graph(src, given.meta, over, quiet)
+        given = _graph_info(src)
+    unrolled_cost = check_unrolled_build(
+        given.meta, given.compute_nodes, config.precision, config.allow_unrolled, src.name
+    )
+    if unrolled_cost is not None and not quiet:
+        log.info(f"building the unrolled graph as asked (--allow-unrolled): {unrolled_cost.describe()}")
+    graph = _precision_source(src, given.meta, config, quiet) if config.precision != "fp32" else src
+    # Everything below uses these bytes, whose sha256 matched the manifest: a concurrent export
+    # replacing the file cannot slip in between the check, the shapes and the build.
+    onnx_bytes, graph_manifest = read_verified(graph)
+    onnx_sha256 = sha256_bytes(onnx_bytes)
+    meta, dims, nodes, _ = _graph_info(graph, onnx_bytes)
+    estimate = _check_memory_budget(target, nodes, len(onnx_bytes))
+    lo = config.min_batch or target.min_batch
+    hi = config.max_batch or target.max_batch
+    opt = config.opt_batch or min(max(target.opt_batch, lo), hi)
+    if not lo <= opt <= hi:
+        raise ConfigError(f"batch profile needs min <= opt <= max, got {lo}/{opt}/{hi}")
+    spec: dict[str, Any] = {
+        "backend": backend.name,
+        "onnx": str(graph.resolve()),
+        "shapes": _shapes(dims, lo, opt, hi),
+        "workspace_mib": config.workspace_mib or target.workspace_mib,
+        "optimization_level": config.optimization_level
+        if config.optimization_level is not None
+        else target.builder_optimization_level,
+        "compute_capability": config.compute_capability or target.compute_capability,
+    }
+    spec["timing_cache"] = (
+        str(timing_cache_path(config.timing_cache, backend, machine))
+        if config.timing_cache and backend.supports_timing_cache()
+        else None
+    )
+    rewrites: dict[str, Any] = {}
+    stem = graph.name[: -len(".onnx")]
+    target_path = check_output_path(
+        Path(out) if out else Path("engines") / f"{stem}.{target.name}.{backend.name}.engine"
+    )
+    with staging_dir(target_path.parent, "build") as work:
+        built_from = work / graph.name
+        built_from.write_bytes(_for_tensorrt(onnx_bytes, graph_manifest, rewrites))
+        for companion in (graph_manifest or {}).get("companions", {}) or {}:
+            os.symlink(graph.resolve().with_name(companion), work / companion)  # checked by read_verified
+        staged = work / target_path.name
+        spec_file, result_file = work / "spec.json", work / "result.json"
+        spec.update(
+            onnx=str(built_from.resolve()),
+            out=str(staged),
+            result=str(result_file),
+            layers_out=str(work / "layers.json"),
+        )
+        if spec["timing_cache"]:
+            Path(spec["timing_cache"]).parent.mkdir(parents=True, exist_ok=True)
+        with stages.stage(
+            f"building {config.precision} engine with {backend.name} {backend.version} "
+            f"for {target.name} ({nodes} ONNX nodes, in a child process)"
+        ) as status:
+            child = _run_worker(spec, spec_file, status)
+        build = json.loads(result_file.read_text()) if result_file.is_file() else {}
+        if child.returncode != 0:
+            if build.get("parser_errors"):
+                raise EngineError(
+                    f"{backend.name} could not parse {graph.name}:\n  " + "\n  ".join(build["parser_errors"])
+                )
+            tail = "\n".join((child.stderr or child.stdout).strip().splitlines()[-8:])
+            raise EngineError(f"{backend.name} failed to build {graph.name} (exit {child.returncode}):\n{tail}")
+        _check_precision_took(config.precision, build)
+        layers_file = layers_path(target_path)
+        have_layers = Path(spec["layers_out"]).is_file()
+        command = reproduce_command(
+            backend,
+            onnx=graph,
+            engine=target_path,
+            shapes=spec["shapes"],
+            workspace_mib=spec["workspace_mib"],
+            optimization_level=spec["optimization_level"],
+            compute_capability=spec["compute_capability"],
+            timing_cache=spec["timing_cache"],
+        )
+        recipe = (graph_manifest or {}).get("report", {})
+        # engine + layers.json + manifest as one unit: layers.json renamed in before the engine,
+        # a previous build's layers (describing another engine) removed
+        manifest = publish_artifact(
+            staged,
+            target_path,
+            stage="engine",
+            parent=graph,
+            parent_sha256=onnx_sha256,
+            config=asdict(config),
+            sidecars=[(Path(spec["layers_out"]), layers_file)] if have_layers else [],
+            remove=[] if have_layers else [layers_file],
+            backend={"name": backend.name, "version": backend.version},
+            target=asdict(target),
+            compute_capability=spec["compute_capability"],
+            architectures=architectures,
+            build_machine=machine,
+            precision=config.precision,
+            recipe=recipe,
+            calibration_key=recipe.get("calibration", {}).get("key"),
+            mode=meta["mode"],
+            steps=meta["steps"],
+            profile_shapes=spec["shapes"],
+            workspace_mib=spec["workspace_mib"],
+            onnx_sha256=onnx_sha256,
+            graph_rewrites=rewrites,  # applied to the parsed copy only (bit-exact, see _for_tensorrt)
+            build=build,
+            estimated_build_mib=estimate,
+            unrolled_opt_in=unrolled_cost.to_dict() if unrolled_cost else None,
+            step_instead_of_unrolled=step_instead,
+            timings=stages.timings,
+            trtexec_command=command,
+            layers_json=layers_file.name if have_layers else None,
+            timing_cache=spec["timing_cache"],
+        )
+    return EngineResult(target_path, manifest, graph, build)

@@ -1,0 +1,73 @@
+"""The backend table: one row per backend, the only place that names them.
+
+Plain data with lazy ``"module:attr"`` strings, so importing it imports no backend (it sits in
+the base: every room can tell an engine from a checkpoint without loading TensorRT or torch).
+:mod:`hrm_deploy.backends` turns a row into a runner or a builder; ``verify``, ``bench``,
+``solve``, ``serve`` and ``build-engine`` go through it and never import a backend by name.
+
+Adding a backend = one package under ``hrm_deploy/backends/`` (a :class:`~hrm_deploy.runtime.base.Runner`
+subclass, optionally a builder) + one :class:`BackendEntry` row here (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """One backend. ``name`` is the runner's name (reports record it; ``open_runner(runner=...)``
+    picks it); ``runner`` and ``builder`` are ``"module:attr"`` strings imported on first use."""
+
+    name: str
+    runner: str  # "module:Class", a Runner subclass
+    suffixes: tuple[str, ...] = ()  # artifact file suffixes it runs
+    # "module:function" with the signature (source, EngineConfig, out, quiet) -> EngineResult
+    builder: str | None = None
+    builds_for: tuple[str, ...] = ()  # `build-engine --backend` names (a target's backends) it builds for
+
+
+BACKENDS: dict[str, BackendEntry] = {
+    entry.name: entry
+    for entry in (
+        # a checkpoint (no suffix of its own): the PyTorch SDPA reference
+        BackendEntry("torch_ref", "hrm_deploy.backends.reference:TorchRunner"),
+        BackendEntry(
+            "ort",
+            "hrm_deploy.backends.ort.runner:OrtRunner",
+            (".onnx",),
+            "hrm_deploy.backends.ort.builder.target:build_for_cpu",
+            ("onnxruntime",),
+        ),
+        BackendEntry(
+            "trt",
+            "hrm_deploy.backends.tensorrt.runner:TrtRunner",
+            (".engine", ".plan"),
+            "hrm_deploy.backends.tensorrt.builder.engine:build_tensorrt",
+            ("tensorrt", "tensorrt-rtx"),
+        ),
+        BackendEntry(
+            "torch_engine",
+            "hrm_deploy.backends.torch.runner:TorchEngineRunner",
+            (".pt2",),
+            "hrm_deploy.backends.torch.builder:build_from_config",
+            ("torch",),
+        ),
+    )
+}
+CHECKPOINT_RUNNER = "torch_ref"  # anything without a backend's suffix is a checkpoint
+
+
+def runner_name(artifact: str | Path) -> str:
+    """The backend that runs ``artifact``, from its suffix (a checkpoint when none matches)."""
+    suffix = Path(artifact).suffix
+    for entry in BACKENDS.values():
+        if suffix in entry.suffixes:
+            return entry.name
+    return CHECKPOINT_RUNNER
+
+
+def engine_suffixes() -> tuple[str, ...]:
+    """Every suffix some backend runs (the artifacts that are not checkpoints)."""
+    return tuple(s for entry in BACKENDS.values() for s in entry.suffixes)

@@ -1,0 +1,296 @@
+"""A fake ``tensorrt`` module that records every call, for driving the TensorRT adapter and the
+device loop on the CPU with :class:`~hrm_deploy.runtime.memory.HostMemory`.
+
+An "engine" is a JSON spec (what ``deserialize_cuda_engine`` gets): its mode (step or
+unrolled), sizes, tensor dtypes (TensorRT DataType names) and batch profile. Executing
+reads and writes the bound host buffers by address, enqueued on the HostMemory stream the
+way TensorRT enqueues on a CUDA stream (so capture records it and replay re-runs it, with
+the addresses bound at enqueue time). The maths is a small deterministic recurrence with
+the shapes of an HRM step; :func:`reference` computes the same thing directly.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.runtime.memory import HostMemory
+
+__version__ = "10.3.0.30"
+CALLS: Counter[str] = Counter()
+
+
+class Builder:  # load_backend checks that the module is real (not stubs) by this attribute
+    pass
+
+
+class DataType(enum.Enum):
+    FLOAT = 0
+    HALF = 1
+    INT8 = 2
+    INT32 = 3
+    BOOL = 4
+    BF16 = 7
+    INT64 = 8
+
+
+class TensorIOMode(enum.Enum):
+    NONE = 0
+    INPUT = 1
+    OUTPUT = 2
+
+
+class ExecutionContextAllocationStrategy(enum.Enum):
+    STATIC = 0
+    ON_PROFILE_CHANGE = 1
+    USER_MANAGED = 2
+
+
+class Logger:
+    WARNING = 2
+
+    def __init__(self, level: int = 2):
+        self.level = level
+
+
+STORAGE = {
+    "FLOAT": np.float32,
+    "HALF": np.float16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "BOOL": np.bool_,
+    "BF16": np.uint16,
+}
+
+
+def spec(
+    mode: str = "step",
+    batch: tuple[int, int] = (1, 16),
+    steps: int = 4,
+    seq: int = 6,
+    vocab: int = 5,
+    hidden: int = 8,
+    dtypes: dict[str, str] | None = None,
+    step_predictions: bool = True,
+    noop: bool = False,
+    rows_dim: int = 0,
+) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "batch": list(batch),
+        "steps": steps,
+        "S": seq,
+        "V": vocab,
+        "T": seq + 1,
+        "D": hidden,
+        "dtypes": dtypes or {},
+        "step_predictions": step_predictions,
+        "noop": noop,
+        "rows_dim": rows_dim,  # > 0: the engine of an external-table export (takes puzzle_emb_rows)
+    }
+
+
+def engine_bytes(**kwargs: Any) -> bytes:
+    return json.dumps(spec(**kwargs)).encode()
+
+
+def _io(s: dict[str, Any]) -> list[tuple[str, bool, tuple[int, ...]]]:
+    S, V, T, D, n = s["S"], s["V"], s["T"], s["D"], s["steps"]
+    feeds = [("inputs", True, (-1, S)), ("puzzle_identifiers", True, (-1,))]
+    if s.get("rows_dim"):  # the gathered table rows; the maths reads column 0 as the identifier
+        feeds[1] = ("puzzle_emb_rows", True, (-1, s["rows_dim"]))
+    if s["mode"] == "step":
+        return feeds + [
+            ("z_H", True, (-1, T, D)),
+            ("z_L", True, (-1, T, D)),
+            ("reset", True, (-1,)),
+            ("z_H_out", False, (-1, T, D)),
+            ("z_L_out", False, (-1, T, D)),
+            ("logits", False, (-1, S, V)),
+            ("q_halt_logits", False, (-1,)),
+            ("q_continue_logits", False, (-1,)),
+        ]
+    outs = [("logits", False, (-1, S, V)), ("q_halt_logits", False, (-1, n)), ("q_continue_logits", False, (-1, n))]
+    if s["step_predictions"]:
+        outs.append(("step_predictions", False, (-1, n, S)))
+    return feeds + outs
+
+
+DEFAULT_DTYPES = {"inputs": "INT32", "puzzle_identifiers": "INT32", "reset": "BOOL", "step_predictions": "INT32"}
+
+
+def step_math(
+    s: dict[str, Any], inputs: np.ndarray, ids: np.ndarray, z_H: np.ndarray, z_L: np.ndarray, reset: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """One fake ACT step in float32: (z_H', z_L', logits [B,S,V], q_halt [B], q_continue [B])."""
+    S, V = s["S"], s["V"]
+    mask = reset.reshape(-1, 1, 1)
+    z_H = np.where(mask, np.float32(0.1), z_H).astype(np.float32)
+    z_L = np.where(mask, np.float32(-0.1), z_L).astype(np.float32)
+    drive = (inputs.astype(np.float32).mean(-1) / 3.0 + ids.astype(np.float32) * 0.25 - 0.5)[:, None, None]
+    z_L = np.tanh(0.6 * z_L + 0.3 * z_H + drive).astype(np.float32)
+    z_H = np.tanh(0.7 * z_H + 0.5 * z_L).astype(np.float32)
+    logits = (z_H[:, :S, :V] + 0.05 * inputs[..., None].astype(np.float32) * np.arange(V, dtype=np.float32)).astype(
+        np.float32
+    )
+    q_halt = (8.0 * z_H[:, 0, 0] + inputs[:, 0].astype(np.float32) - 2.0).astype(np.float32)
+    return z_H, z_L, logits, q_halt, (-q_halt).astype(np.float32)
+
+
+def reference(
+    s: dict[str, Any], inputs: np.ndarray, ids: np.ndarray, steps: int | None = None
+) -> dict[str, np.ndarray]:
+    """What the engine computes, directly: final logits, per-step q logits, per-step argmax and logits."""
+    steps = steps or s["steps"]
+    batch = len(inputs)
+    z = np.zeros((batch, s["T"], s["D"]), np.float32)
+    z_H, z_L = z, z
+    halts, conts, preds, all_logits = [], [], [], []
+    for k in range(steps):
+        z_H, z_L, logits, q_h, q_c = step_math(s, inputs, ids, z_H, z_L, np.full(batch, k == 0))
+        halts.append(q_h)
+        conts.append(q_c)
+        preds.append(logits.argmax(-1).astype(np.int32))
+        all_logits.append(logits)
+    return {
+        "logits": logits,
+        "q_halt_logits": np.stack(halts, 1),
+        "q_continue_logits": np.stack(conts, 1),
+        "step_predictions": np.stack(preds, 1),
+        "per_step_logits": np.stack(all_logits, 1),
+    }
+
+
+def _store(array: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "BF16":  # float32 -> bfloat16 bits (round to nearest even is not needed for a fake)
+        return (array.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return array.astype(STORAGE[kind])
+
+
+def _load(array: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "BF16":
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array
+
+
+class ICudaEngine:
+    def __init__(self, s: dict[str, Any]):
+        self.spec = s
+        self.io = _io(s)
+        self.kinds = {name: s["dtypes"].get(name, DEFAULT_DTYPES.get(name, "FLOAT")) for name, _, _ in self.io}
+        self.device_memory_size_v2 = 4096
+
+    @property
+    def num_io_tensors(self) -> int:
+        return len(self.io)
+
+    def get_tensor_name(self, i: int) -> str:
+        return self.io[i][0]
+
+    def _entry(self, name: str) -> tuple[str, bool, tuple[int, ...]]:
+        return next(e for e in self.io if e[0] == name)
+
+    def get_tensor_mode(self, name: str) -> TensorIOMode:
+        return TensorIOMode.INPUT if self._entry(name)[1] else TensorIOMode.OUTPUT
+
+    def get_tensor_dtype(self, name: str) -> DataType:
+        return DataType[self.kinds[name]]
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        return self._entry(name)[2]
+
+    def get_tensor_profile_shape(self, name: str, profile: int) -> list[tuple[int, ...]]:
+        low, high = self.spec["batch"]
+        shape = self._entry(name)[2]
+        return [tuple(b if d == -1 else d for d in shape) for b in (low, low, high)]
+
+    def create_execution_context(self, strategy: Any = None) -> IExecutionContext:
+        CALLS["create_execution_context"] += 1
+        return IExecutionContext(self, strategy)
+
+
+class IExecutionContext:
+    def __init__(self, engine: ICudaEngine, strategy: Any):
+        self.engine, self.strategy = engine, strategy
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.addresses: dict[str, int] = {}
+        self.device_memory: tuple[int, int] | None = None
+
+    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
+        CALLS["set_input_shape"] += 1
+        low, high = self.engine.spec["batch"]
+        want = self.engine.get_tensor_shape(name)
+        ok = len(shape) == len(want) and low <= shape[0] <= high and all(w in (-1, d) for w, d in zip(want, shape))
+        if ok:
+            self.shapes[name] = tuple(shape)
+        return ok
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        batch = self.shapes.get("inputs", (-1,))[0]
+        return tuple(batch if d == -1 else d for d in self.engine.get_tensor_shape(name))
+
+    def update_device_memory_size_for_shapes(self) -> int:
+        return 1024 * max(1, self.shapes.get("inputs", (1,))[0])
+
+    def set_device_memory(self, ptr: int, size: int) -> None:
+        CALLS["set_device_memory"] += 1
+        self.device_memory = (ptr, size)
+
+    def set_tensor_address(self, name: str, ptr: int) -> bool:
+        CALLS["set_tensor_address"] += 1
+        self.addresses[name] = ptr
+        return True
+
+    def execute_async_v3(self, stream: int) -> bool:
+        CALLS["execute_async_v3"] += 1
+        memory = HostMemory.from_handle(stream)
+        bound = dict(self.addresses)  # TensorRT uses the addresses set at enqueue time
+        missing = [n for n, _, _ in self.engine.io if n not in bound]
+        if missing or self.device_memory is None:
+            return False
+        engine = self.engine
+
+        def run() -> None:
+            CALLS["executed"] += 1
+            if engine.spec.get("noop"):  # the loop-overhead benchmark: no maths, only the loop's own cost
+                return
+            get = {n: _load(memory.array_at(p), engine.kinds[n]) for n, p in bound.items()}
+            if "puzzle_emb_rows" in get:
+                get["puzzle_identifiers"] = get["puzzle_emb_rows"][:, 0]
+            s = engine.spec
+            if s["mode"] == "step":
+                outs = step_math(
+                    s,
+                    get["inputs"],
+                    get["puzzle_identifiers"],
+                    get["z_H"].astype(np.float32),
+                    get["z_L"].astype(np.float32),
+                    get["reset"].astype(bool),
+                )
+                names = ("z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits")
+            else:
+                ref = reference(s, get["inputs"], get["puzzle_identifiers"])
+                names = ("logits", "q_halt_logits", "q_continue_logits") + (
+                    ("step_predictions",) if s["step_predictions"] else ()
+                )
+                outs = tuple(ref[n] for n in names)
+            for name, value in zip(names, outs):
+                np.copyto(memory.array_at(bound[name]), _store(value, engine.kinds[name]))
+
+        memory.enqueue(run)
+        return True
+
+
+class Runtime:
+    def __init__(self, logger: Logger):
+        self.logger = logger
+
+    def deserialize_cuda_engine(self, data: bytes) -> ICudaEngine | None:
+        try:
+            return ICudaEngine(json.loads(data))
+        except ValueError:
+            return None

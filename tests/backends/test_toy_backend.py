@@ -1,0 +1,74 @@
+"""Adding a backend is one package (a runner class, optionally a builder) plus one row in the
+backend table (docs/architecture.md): a toy backend registered that way is built by build_engine
+and found by suffix by verify, which never name a backend."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+
+from hrm_deploy import backends, registry
+from hrm_deploy.manifest import write_manifest
+from hrm_deploy.runtime.base import Runner
+
+
+class ToyRunner(Runner):
+    """Runs a ``.toy`` artifact: the PyTorch reference of the checkpoint its manifest names."""
+
+    name = "toy"
+    supports_halt = False
+
+    def __init__(self, path, steps=None, **options):
+        from hrm_deploy.artifacts import find_reference
+        from hrm_deploy.backends.reference import TorchRunner
+
+        self.path = path
+        self.inner = TorchRunner(find_reference(path), steps=steps)
+        self.steps, self.calls = self.inner.steps, 0
+
+    def _activate(self):
+        self.inner.activate()
+        self.steps, self.seq_len = self.inner.steps, self.inner.seq_len
+
+    def _infer(self, feeds, halt):
+        self.calls += 1
+        return self.inner.infer(feeds)
+
+    def _close(self):
+        self.inner.close()
+
+
+def build_toy(source, config, out, quiet):
+    """The toy builder: an 'engine' that names its checkpoint in its manifest."""
+    from hrm_deploy.engines.result import EngineResult
+
+    write_manifest(out.write_bytes(b"toy engine") and out, stage="engine", config={}, parent=source, precision="fp32")
+    return EngineResult(out, out.with_name(out.name + ".manifest.json"), source)
+
+
+def test_a_toy_backend_is_one_package_and_one_row(trained_tiny, tmp_path, monkeypatch):
+    module = types.ModuleType("toy_backend")
+    module.ToyRunner, module.build_toy = ToyRunner, build_toy
+    monkeypatch.setitem(sys.modules, "toy_backend", module)
+    row = registry.BackendEntry("toy", "toy_backend:ToyRunner", (".toy",), "toy_backend:build_toy", ("toy",))
+    monkeypatch.setitem(registry.BACKENDS, "toy", row)
+
+    from hrm_deploy.engines.build import EngineConfig, build_engine
+
+    artifact = tmp_path / "tiny.toy"
+    built = build_engine(trained_tiny.checkpoint, EngineConfig("fp32", backend="toy"), artifact, quiet=True)
+    assert built.path == artifact and artifact.read_bytes() == b"toy engine"
+
+    from hrm_deploy.verify import verify
+
+    report = verify(artifact, trained_tiny.data, samples=32, quiet=True)
+    assert report["runner"] == "toy" and report["passed"], report["failures"]
+    assert report["logits"]["argmax_agreement"] == 1.0
+
+    runner = backends.open_runner(artifact)
+    assert isinstance(runner, ToyRunner)
+    with runner:
+        out = runner.infer({"inputs": np.full((2, 81), 2), "puzzle_identifiers": np.zeros(2, np.int64)})
+    assert out["logits"].shape == (2, 81, 11) and runner.calls == 1
