@@ -19,6 +19,10 @@ Step graph (one ACT segment, the carry in and out)::
 
 ``reset`` rows start from the model's initial carry (upstream's ``reset_carry``); the carry
 outputs are fed back as the next step's carry inputs.
+
+A graph exported with ``--puzzle-emb external`` takes ``puzzle_emb_rows`` float32 [B, E] (E the
+puzzle-embedding width: the table rows of the batch's puzzles) in place of ``puzzle_identifiers``;
+callers still give identifiers, and :mod:`hrm_deploy.puzzle_table` gathers the rows on the host.
 """
 
 from __future__ import annotations
