@@ -37,24 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hrm_deploy.backends import open_runner
 from hrm_deploy.backends.tensorrt.api import Backend
-from hrm_deploy.manifest import write_manifest
 from tests.backends.tensorrt import fake_trt
 
 
 def _engine(folder: Path, steps: int) -> Path:
     path = folder / f"noop{steps}.engine"
-    path.write_bytes(fake_trt.engine_bytes(steps=steps, noop=True, batch=(1, 64)))
-    write_manifest(
-        path,
-        stage="engine",
-        config={},
-        backend={"name": "tensorrt", "version": fake_trt.__version__},
-        precision="fp32",
-        mode="step",
-        steps=steps,
-        compute_capability=None,
-        build_machine={},
-    )
+    fake_trt.write_engine(path, steps=steps, noop=True, batch=(1, 64))
     return path
 
 
@@ -75,18 +63,7 @@ def _bytes_per_call(folder: Path, batch: int = 1024, steps: int = 16) -> dict[st
 
     path = folder / "sudoku-shapes.engine"
     shapes = {"steps": steps, "seq": 81, "vocab": 11, "hidden": 16, "batch": (1, batch), "noop": True}
-    path.write_bytes(fake_trt.engine_bytes(**shapes))
-    write_manifest(
-        path,
-        stage="engine",
-        config={},
-        backend={"name": "tensorrt", "version": fake_trt.__version__},
-        precision="fp32",
-        mode="step",
-        steps=steps,
-        compute_capability=None,
-        build_machine={},
-    )
+    fake_trt.write_engine(path, **shapes)
     feeds = {"inputs": np.ones((batch, 81), np.int64), "puzzle_identifiers": np.zeros(batch, np.int64)}
     out = {}
     for name in ("device_argmax", "logits_to_host"):

@@ -22,21 +22,8 @@ def fake_backend(monkeypatch):
 
 
 def make_engine(tmp_path, name="fake.engine", **spec):
-    s = fake_trt.spec(**spec)
     path = tmp_path / name
-    path.write_bytes(fake_trt.engine_bytes(**spec))
-    write_manifest(
-        path,
-        stage="engine",
-        config={},
-        backend={"name": "tensorrt", "version": fake_trt.__version__},
-        precision="fp16",
-        mode=s["mode"],
-        steps=s["steps"],
-        compute_capability=None,
-        build_machine={},
-    )
-    return path, s
+    return path, fake_trt.write_engine(path, precision="fp16", **spec)
 
 
 def feeds(batch, s, seed=0):

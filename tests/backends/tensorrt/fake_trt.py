@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,27 @@ def spec(
 
 def engine_bytes(**kwargs: Any) -> bytes:
     return json.dumps(spec(**kwargs)).encode()
+
+
+def write_engine(path: Path, precision: str = "fp32", **kwargs: Any) -> dict[str, Any]:
+    """Write a fake engine of ``spec(**kwargs)`` to ``path`` with the manifest a build writes;
+    returns the spec."""
+    from hrm_deploy.manifest import write_manifest
+
+    s = spec(**kwargs)
+    path.write_bytes(engine_bytes(**kwargs))
+    write_manifest(
+        path,
+        stage="engine",
+        config={},
+        backend={"name": "tensorrt", "version": __version__},
+        precision=precision,
+        mode=s["mode"],
+        steps=s["steps"],
+        compute_capability=None,
+        build_machine={},
+    )
+    return s
 
 
 def _io(s: dict[str, Any]) -> list[tuple[str, bool, tuple[int, ...]]]:
