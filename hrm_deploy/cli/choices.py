@@ -60,6 +60,13 @@ class ExportMode(str, Enum):
     STEP = "step"
 
 
+class PuzzleEmb(str, Enum):
+    """Where an export keeps the puzzle-embedding table (``hrm_deploy.puzzle_table.Placement``)."""
+
+    EMBEDDED = "embedded"
+    EXTERNAL = "external"
+
+
 class Provider(str, Enum):
     """ONNX Runtime execution provider (``hrm_deploy.onnx_runtime.PROVIDERS``)."""
 

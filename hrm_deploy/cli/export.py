@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from hrm_deploy.cli import app
-from hrm_deploy.cli.choices import ExportMode
+from hrm_deploy.cli.choices import ExportMode, PuzzleEmb
 from hrm_deploy.cli.common import Quiet, bundled_checkpoint, user_errors
 from hrm_deploy.errors import ConfigError
 
@@ -39,6 +39,14 @@ def export(
         bool, typer.Option("--step-predictions", help="Also output per-step argmax predictions [B, steps, S].")
     ] = False,
     parity: Annotated[bool, typer.Option(help="Check parity against PyTorch on ONNX Runtime CPU.")] = True,
+    puzzle_emb: Annotated[
+        PuzzleEmb,
+        typer.Option(
+            metavar="<placement>",
+            help="Puzzle-embedding table: embedded (in the graph) or external (a .npy beside it; the graph takes "
+            "the gathered rows, runners read them from the memory-mapped file). For ARC's large tables.",
+        ),
+    ] = PuzzleEmb.EMBEDDED,
     seq_len: Annotated[int | None, typer.Option(help="Override/provide seq_len (upstream: from dataset.json).")] = None,
     vocab_size: Annotated[int | None, typer.Option(help="Override/provide vocab_size.")] = None,
     num_puzzle_ids: Annotated[
@@ -64,6 +72,7 @@ def export(
 ) -> None:
     """Export a checkpoint to a checked, parity-tested FP32 ONNX graph with dynamic batch."""
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.puzzle_table import Placement
 
     if model is not None:
         if checkpoint is not None:
@@ -82,6 +91,7 @@ def export(
             opset=opset,
             step_predictions=step_predictions,
             parity=parity,
+            puzzle_emb=Placement(puzzle_emb.value),
         ),
         quiet=quiet,
         seq_len=seq_len,

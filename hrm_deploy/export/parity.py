@@ -295,6 +295,7 @@ def check_parity(
     stepwise: bool = False,
     seed: int = 0,
     advance: Callable[[int], None] | None = None,
+    puzzle_table=None,
 ) -> ParityReport:
     """Compare the ONNX graph at ``path`` with PyTorch float32 (``reference_module`` is a
     FixedStepHRM) at each batch size, step by step (teacher forcing); ``advance(1)`` after each
@@ -308,11 +309,12 @@ def check_parity(
     graph (the others are proven copies of step 0 by :func:`check_unroll_structure`), or the first
     two calls of a single-step graph; a full-size export checks in seconds, not minutes.
     Unrolled graphs whose per-step tensors cannot be read (external weights) fall back to
-    :func:`check_parity_end_to_end`."""
+    :func:`check_parity_end_to_end`. A graph that takes ``puzzle_emb_rows`` gets them gathered
+    from ``puzzle_table`` (a :class:`~hrm_deploy.puzzle_table.PuzzleTable`)."""
     core = reference_module.step.core
     plan = None
     if stepwise:
-        session = _parity_session(path)
+        session = _parity_session(path, puzzle_table)
         checked: tuple[int, ...] = tuple(range(min(steps, 2)))
     else:
         import onnx
@@ -320,10 +322,12 @@ def check_parity(
         model = onnx.load(path, load_external_data=False)  # read once for both checks below
         plan = plan_unrolled_parity(model, steps)
         if plan is None:
-            return check_parity_end_to_end(path, reference_module, config, steps, batches, stepwise, seed, advance)
+            return check_parity_end_to_end(
+                path, reference_module, config, steps, batches, stepwise, seed, advance, puzzle_table
+            )
         check_unroll_structure(model.graph, steps)
         del model
-        session = _parity_session(plan.model_bytes)
+        session = _parity_session(plan.model_bytes, puzzle_table)
         checked = plan.checked
     last = checked[-1]
     report = ParityReport(passed=True)
@@ -372,11 +376,16 @@ def check_parity(
     return _concluded(report, failures)
 
 
-def _parity_session(source):
+def _parity_session(source, puzzle_table=None):
     """An ORT session for the parity check that does not spin its threads between runs: the
     check alternates ORT and PyTorch, and spinning ORT threads starve PyTorch's OpenMP threads
-    (4x slower PyTorch on 2 cores, measured)."""
-    return ort_session(source, spinning=False)
+    (4x slower PyTorch on 2 cores, measured). With a table it takes identifiers like the runners."""
+    session = ort_session(source, spinning=False)
+    if puzzle_table is None:
+        return session
+    from hrm_deploy.puzzle_table import RowsSession
+
+    return RowsSession(session, puzzle_table)
 
 
 def _concluded(report: ParityReport, failures: list[str]) -> ParityReport:
@@ -396,13 +405,14 @@ def check_parity_end_to_end(
     stepwise: bool = False,
     seed: int = 0,
     advance: Callable[[int], None] | None = None,
+    puzzle_table=None,
 ) -> ParityReport:
     """End-to-end comparison with PyTorch float32, falling back to the float64 noise floor
     when the strict limit is missed (a chaotic model). Slower than :func:`check_parity` on
     random weights (the float64 reference); used where the per-step carry cannot be read."""
     from hrm_deploy.export.unroll import FixedStepHRM
 
-    session = _parity_session(path)
+    session = _parity_session(path, puzzle_table)
     twin = None  # the float64 reference is built only when the cheap strict check is not enough
     report = ParityReport(passed=True, method="end to end")
     failures = []

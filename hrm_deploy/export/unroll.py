@@ -36,6 +36,20 @@ class EmbedInit(nn.Module):
         return x, init.z_H.expand(x.shape), init.z_L.expand(x.shape)
 
 
+class EmbedInitRows(nn.Module):
+    """(inputs, puzzle_emb_rows) -> as :class:`EmbedInit`: the puzzle table's rows come in
+    gathered (``export --puzzle-emb external``), so the table is not part of the graph."""
+
+    def __init__(self, core: HRMCore):
+        super().__init__()
+        self.core = core
+
+    def forward(self, inputs: torch.Tensor, puzzle_emb_rows: torch.Tensor):
+        x = self.core.embed_with_rows(inputs, puzzle_emb_rows)
+        init = self.core.initial_state(1, x.device)
+        return x, init.z_H.expand(x.shape), init.z_L.expand(x.shape)
+
+
 class StepCore(nn.Module):
     """(z_H, z_L, x) -> (z_H', z_L', logits, q_halt, q_continue): one segment, embeddings given."""
 

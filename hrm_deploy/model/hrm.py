@@ -112,10 +112,17 @@ class HRMCore(nn.Module):
 
     def input_embeddings(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor) -> torch.Tensor:
         """Token (+ puzzle prefix, + learned position) embedding, scaled by sqrt(D): [B, T, D]."""
+        rows = self.puzzle_emb(puzzle_identifiers) if self.config.puzzle_emb_ndim > 0 else None
+        return self.embed_with_rows(inputs, rows)
+
+    def embed_with_rows(self, inputs: torch.Tensor, puzzle_rows: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`input_embeddings` from the puzzle-embedding rows already looked up, [B,
+        puzzle_emb_ndim] (None without a table): the graph of an external-table export."""
         dtype = self.compute_dtype
         emb = self.embed_tokens(inputs.long(), dtype)
         if self.config.puzzle_emb_ndim > 0:
-            puzzle = self.puzzle_emb(puzzle_identifiers).to(dtype)
+            assert puzzle_rows is not None  # a model with a table always looks its rows up
+            puzzle = puzzle_rows.to(dtype)
             pad = self.puzzle_emb_len * self.config.hidden_size - puzzle.shape[-1]
             if pad > 0:
                 # zero padding as F.pad(puzzle, (0, pad)) does; a concatenation, because onnxslim's

@@ -187,9 +187,10 @@ def per_step_agreement(reference: str, candidate: str, examples: Examples, batch
     from hrm_deploy.contract import STEP_PREDICTIONS
     from hrm_deploy.metrics import IGNORE_LABEL_ID, row_scores
     from hrm_deploy.onnx_runtime import ort_session
+    from hrm_deploy.puzzle_table import rows_session
 
     def predictions(path: str) -> np.ndarray:
-        session = ort_session(path, provider="cpu")
+        session = rows_session(ort_session(path, provider="cpu"), path)  # an external-table graph too
         names = [o.name for o in session.get_outputs()]
         parts = []
         for start in range(0, len(examples), batch):

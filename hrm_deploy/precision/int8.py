@@ -198,7 +198,9 @@ def _range_session(fp32_path: str, tensors: list[str], method: str):
     # and runs up to 1.5x slower); the priority-based order runs each one as soon as it can.
     # A GPU provider that cannot load falls back to CPU: the ranges are the same, only slower.
     session = ort_session(serialized, provider=calibration_provider(), allow_fallback=True, priority_order=True)
-    return session, fetch
+    from hrm_deploy.puzzle_table import rows_session
+
+    return rows_session(session, fp32_path), fetch  # an external-table graph: rows gathered per batch
 
 
 def calibration_key(onnx_sha: str, method: str, data_sha: str, samples: int, mode_steps: str) -> str:

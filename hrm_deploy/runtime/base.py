@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from hrm_deploy.contract import FEEDS, HaltFn
+from hrm_deploy.contract import FEEDS, PUZZLE_ROWS, HaltFn
 from hrm_deploy.errors import ConfigError, DataError, EngineError
+from hrm_deploy.puzzle_table import PuzzleTable, external_table
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -192,14 +193,19 @@ class LoopRunner(Runner):
         self.runtime_settings: dict[str, Any] = {}  # memory backend and loop path, once active
         self.loop: Any = None
         self.memory: Any = None
+        self.puzzle_table: PuzzleTable | None = None
 
     def activate(self) -> Self:
         super().activate()
         if self.loop is not None:
             self.runtime_settings.update(memory=self.memory.kind, loop=self.loop.path)
+            if self.loop.feeds[1] == PUZZLE_ROWS:  # built from an export --puzzle-emb external
+                self.puzzle_table = external_table(self.path, self.manifest)
         return self
 
     def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
+        if self.puzzle_table is not None:  # the rows of the batch's puzzles, gathered on the host
+            feeds = self.puzzle_table.feeds(feeds)
         out, self.last_timing = self.loop.run(feeds, halt)
         self.runtime_settings["loop"] = self.loop.path  # the same dict bench holds: a capture failure shows
         return out

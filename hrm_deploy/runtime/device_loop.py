@@ -42,7 +42,18 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.contract import CARRY, CARRY_OUT, FEEDS, HEADS, Q_LOGITS, RESET, STEP_INPUTS, STEP_OUTPUTS, HaltFn
+from hrm_deploy.contract import (
+    CARRY,
+    CARRY_OUT,
+    FEEDS,
+    HEADS,
+    PUZZLE_ROWS,
+    Q_LOGITS,
+    RESET,
+    STEP_INPUTS,
+    STEP_OUTPUTS,
+    HaltFn,
+)
 from hrm_deploy.errors import ConfigError, EngineError
 from hrm_deploy.runtime.adapter import EngineAdapter, TensorSpec
 from hrm_deploy.runtime.memory import DeviceMemory, to_float32
@@ -93,7 +104,10 @@ class DeviceLoop:
         self.adapter, self.memory = adapter, memory
         names = set(adapter.tensors)
         self.mode = "step" if CARRY[0] in names else "unrolled"
-        wanted = set(STEP_INPUTS + STEP_OUTPUTS) if self.mode == "step" else set(FEEDS + UNROLLED_REQUIRED)
+        # the host feeds staged and uploaded: an external-table export takes the gathered rows
+        self.feeds = (FEEDS[0], PUZZLE_ROWS) if PUZZLE_ROWS in names else FEEDS
+        self.step_inputs = (*self.feeds, *STEP_INPUTS[len(FEEDS) :])
+        wanted = set(self.step_inputs + STEP_OUTPUTS) if self.mode == "step" else set(self.feeds + UNROLLED_REQUIRED)
         if not wanted <= names:
             raise EngineError(
                 f"this {self.mode} engine lacks tensors {sorted(wanted - names)}; rebuild it from an hrm-deploy export"
@@ -160,11 +174,11 @@ class DeviceLoop:
             raise EngineError(f"batch {batch} is outside the engine's profile {low}..{high}")  # the Runner chunks
         n_contexts = 2 if self.mode == "step" else 1
         contexts = [adapter.new_context() for _ in range(n_contexts)]
-        inputs = STEP_INPUTS if self.mode == "step" else FEEDS
+        inputs = self.step_inputs if self.mode == "step" else self.feeds
         for context in contexts:
             self._set_shapes(context, batch, inputs)
         device: dict[str, Any] = {name: memory.empty(specs[name].at(batch), specs[name].dtype) for name in inputs}
-        stage = {name: memory.staging(specs[name].at(batch), specs[name].dtype) for name in FEEDS}
+        stage = {name: memory.staging(specs[name].at(batch), specs[name].dtype) for name in self.feeds}
         scratch = max(adapter.scratch_bytes(c) for c in contexts)
         if scratch:
             device["scratch"] = memory.empty((scratch,), "bool")
@@ -201,7 +215,7 @@ class DeviceLoop:
             carry_a = {name: device[name] for name in CARRY}
             carry_b = {name: device[name + "_b"] for name in CARRY}
             for context, (src, dst) in zip(contexts, ((carry_a, carry_b), (carry_b, carry_a))):
-                for name in (*FEEDS, RESET):
+                for name in (*self.feeds, RESET):
                     adapter.bind(context, name, device[name])
                 for name, out in zip(CARRY, CARRY_OUT):
                     adapter.bind(context, name, src[name])
@@ -209,7 +223,7 @@ class DeviceLoop:
                 for name in HEADS:
                     adapter.bind(context, name, device[name])
         else:
-            for name in [*FEEDS, *(s.name for s in outputs)]:
+            for name in [*self.feeds, *(s.name for s in outputs)]:
                 adapter.bind(contexts[0], name, device[name])
             for spec in outputs:
                 stage[spec.name] = memory.staging(self.adapter.output_shape(contexts[0], spec.name), spec.dtype)
@@ -334,12 +348,12 @@ class DeviceLoop:
         memory.reset_peak()
         down = 0
         with memory.on_stream():
-            for name in FEEDS:
+            for name in self.feeds:
                 np.copyto(stage[name][:rows], feeds[name], casting="unsafe")
                 stage[name][rows:] = stage[name][rows - 1 : rows]  # padding: copies of the last row
             e_begin, e_uploaded, e_computed, e_done = plan.events
             memory.record(e_begin)
-            for name in FEEDS:
+            for name in self.feeds:
                 memory.upload(device[name], stage[name])
             memory.record(e_uploaded)
             steps_run = self.steps
@@ -375,7 +389,7 @@ class DeviceLoop:
             "h2d_ms": memory.elapsed_ms(e_begin, e_uploaded),
             "compute_ms": memory.elapsed_ms(e_uploaded, e_computed),
             "d2h_ms": memory.elapsed_ms(e_computed, e_done),
-            "h2d_bytes": sum(stage[name].nbytes for name in FEEDS),
+            "h2d_bytes": sum(stage[name].nbytes for name in self.feeds),
             "d2h_bytes": down,
         }
         peak = memory.peak_bytes()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -10,7 +12,8 @@ import numpy as np
 from hrm_deploy.errors import RemoteError, require
 
 
-def _host_port(url: str) -> str:
+def host_port(url: str) -> str:
+    """``host:port`` of a server URL (port 8000 when none is given); anything but HTTP is a :class:`RemoteError`."""
     parsed = urlparse(url if "://" in url else f"http://{url}")
     if parsed.scheme not in ("http", "") or not parsed.hostname:
         raise RemoteError(f"--url {url!r}: give the server's HTTP address, e.g. http://127.0.0.1:8000")
@@ -25,13 +28,21 @@ def _server_message(exc: Exception) -> str:
 
 
 def infer_remote(
-    url: str, feeds: dict[str, np.ndarray], *, model_name: str = "hrm", timeout_s: float = 30.0
+    url: str,
+    feeds: dict[str, np.ndarray],
+    *,
+    model_name: str = "hrm",
+    timeout_s: float = 30.0,
+    outputs: Sequence[str] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run one batch on a Triton server; same keys as ``Runner.infer`` plus the server's extras.
 
     ``feeds``: ``inputs`` int32 [B, S], ``puzzle_identifiers`` int32 [B]. Returns float32
     ``logits`` [B, S, V], ``q_halt_logits`` [B, steps], int32 ``answer`` [B, S] and ``steps`` [B]
-    (also as ``steps_used``, Runner.infer's key).
+    (also as ``steps_used``, Runner.infer's key), and ``act_steps`` [B] where the server reports
+    it (``hrm-deploy serve``: the ACT steps its model runs without halting).
+    ``outputs`` asks for those outputs only (e.g. ``answer``, ``q_halt_logits``, ``steps``
+    without the logits, a tenth of the bytes); ``logits`` is then absent unless named.
     Any failure (connection refused, timeout, server-side error) raises :class:`RemoteError`
     with the server's message; nothing waits longer than ``timeout_s``.
     """
@@ -40,7 +51,7 @@ def infer_remote(
 
     tokens = np.ascontiguousarray(feeds["inputs"], dtype=np.int32)
     ids = np.ascontiguousarray(np.asarray(feeds["puzzle_identifiers"], dtype=np.int32).reshape(-1, 1))
-    address = _host_port(url)
+    address = host_port(url)
     try:
         client = httpclient.InferenceServerClient(address, connection_timeout=timeout_s, network_timeout=timeout_s)
     except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
@@ -54,7 +65,8 @@ def infer_remote(
         inputs[1].set_data_from_numpy(ids)
         # No output list: the server returns all its outputs (serve's model and a triton-repo
         # driver have answer/steps, an unrolled graph served directly has logits/q_*).
-        result = client.infer(model_name, inputs, timeout=int(timeout_s * 1e6))
+        requested = [httpclient.InferRequestedOutput(n, binary_data=True) for n in outputs] if outputs else None
+        result = client.infer(model_name, inputs, outputs=requested, timeout=int(timeout_s * 1e6))
     except InferenceServerException as exc:
         raise RemoteError(f"{url} model '{model_name}': {_server_message(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - connection refused / reset, socket timeouts (gevent/geventhttpclient types)
@@ -64,11 +76,13 @@ def infer_remote(
     names = [o["name"] for o in result.get_response()["outputs"]]
     out = {name: result.as_numpy(name) for name in names}
     out["q_halt_logits"] = out["q_halt_logits"].reshape(len(tokens), -1)
+    for name in ("steps", "act_steps"):
+        if name in out:
+            out[name] = out[name].reshape(-1)
     if "answer" not in out:
         out["answer"] = out["logits"].argmax(-1).astype(np.int32)
-    out["steps"] = (
-        out["steps"].reshape(-1) if "steps" in out else np.full(len(tokens), out["q_halt_logits"].shape[1], np.int32)
-    )
+    if "steps" not in out:
+        out["steps"] = np.full(len(tokens), out["q_halt_logits"].shape[1], np.int32)
     out["steps_used"] = out["steps"]  # Runner.infer's name for it
     return out
 
@@ -76,12 +90,19 @@ def infer_remote(
 def server_max_batch(url: str, model_name: str = "hrm", *, timeout_s: float = 30.0) -> int:
     """The largest batch the served model takes (its config's ``max_batch_size``; 1 when the
     model does not batch). Unreachable servers and unknown models are :class:`RemoteError`."""
+    return max(1, int(model_config(url, model_name, timeout_s=timeout_s).get("max_batch_size") or 1))
+
+
+def model_config(url: str, model_name: str = "hrm", *, timeout_s: float = 30.0) -> dict[str, Any]:
+    """The served model's Triton config as JSON (``max_batch_size``, ``input`` / ``output`` lists
+    of ``name``, ``data_type``, ``dims`` without the batch axis). Unreachable servers and unknown
+    models are :class:`RemoteError`."""
     httpclient = require("tritonclient.http", "serve", "Talking to a Triton server")
     from tritonclient.utils import InferenceServerException
 
     try:
         client = httpclient.InferenceServerClient(
-            _host_port(url), connection_timeout=timeout_s, network_timeout=timeout_s
+            host_port(url), connection_timeout=timeout_s, network_timeout=timeout_s
         )
     except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
         raise RemoteError(f"cannot reach {url}: {exc}") from None
@@ -93,4 +114,4 @@ def server_max_batch(url: str, model_name: str = "hrm", *, timeout_s: float = 30
         raise RemoteError(f"{url} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}") from None
     finally:
         client.close()
-    return max(1, int(config.get("max_batch_size") or 1))
+    return dict(config)

@@ -256,6 +256,12 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
                 f"{c.path} is a checkpoint; export it first (`hrm-deploy export`), Triton runs "
                 "ONNX graphs and TensorRT engines"
             )
+        if "puzzle_emb_rows" in (c.io.get("inputs") or {}):
+            raise ArtifactError(
+                f"{c.path.name} takes puzzle-embedding rows (exported with --puzzle-emb external) and Triton's "
+                "backends cannot gather them from its table; serve it with `hrm-deploy serve` (which does), or "
+                "export with the table embedded for a Triton repository"
+            )
         if c.kind == "pt2":
             raise ArtifactError(
                 f"{c.path} is a PyTorch (AOTInductor) engine, which Triton has no backend for; serve it with "

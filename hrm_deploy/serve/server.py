@@ -6,7 +6,9 @@ on the whole batch and splits the answers. Per request (batch dimension ``B`` ad
 
 - inputs: ``inputs`` int32 [S] (tokens 0..vocab-1), ``puzzle_identifiers`` int32 [1];
 - outputs: ``answer`` int32 [S] (argmax of the final logits), ``logits`` float32 [S, V],
-  ``q_halt_logits`` float32 [steps], ``steps`` int32 [1] (ACT steps run).
+  ``q_halt_logits`` float32 [steps], ``steps`` int32 [1] (ACT steps run), ``act_steps`` int32 [1]
+  (the ACT steps the model runs without halting: a client that needs every step, such as
+  ``arc-eval``, tells from it whether the server halts early).
 
 Wrong dtypes, wrong shapes and batches over ``max_batch`` are refused by Triton itself before
 the function runs; out-of-vocabulary tokens, unknown puzzle ids and empty requests by the
@@ -152,9 +154,11 @@ class BatchInfer:
         vocab_size: int,
         num_puzzle_identifiers: int,
         halt: Callable[..., Any] | None = None,
+        act_steps: int | None = None,
     ):
         self.runner, self.seq_len, self.vocab_size = runner, seq_len, vocab_size
         self.num_puzzle_identifiers, self.halt = num_puzzle_identifiers, halt
+        self.act_steps = act_steps  # answered as the "act_steps" output when given
         self.batches: list[int] = []  # batch sizes run (kept short: for tests and the benchmark)
 
     def _check(self, index: int, request: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -209,9 +213,10 @@ class BatchInfer:
         responses, start = [], 0
         for n in sizes:
             sl = slice(start, start + n)
-            responses.append(
-                {"answer": answer[sl], "logits": logits[sl], "q_halt_logits": q_halt[sl], "steps": steps[sl]}
-            )
+            response = {"answer": answer[sl], "logits": logits[sl], "q_halt_logits": q_halt[sl], "steps": steps[sl]}
+            if self.act_steps is not None:
+                response["act_steps"] = np.full((n, 1), self.act_steps, np.int32)
+            responses.append(response)
             start += n
         return responses
 
@@ -315,6 +320,7 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
         vocab_size=contract.vocab_size,
         num_puzzle_identifiers=contract.num_puzzle_identifiers,
         halt=halt,
+        act_steps=contract.steps,
     )
     # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
     # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
@@ -357,6 +363,7 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
                     Tensor(name="logits", dtype=np.float32, shape=(contract.seq_len, contract.vocab_size)),
                     Tensor(name="q_halt_logits", dtype=np.float32, shape=(-1,)),
                     Tensor(name="steps", dtype=np.int32, shape=(1,)),
+                    Tensor(name="act_steps", dtype=np.int32, shape=(1,)),
                 ],
                 config=ModelConfig(
                     max_batch_size=max_batch, batcher=DynamicBatcher(max_queue_delay_microseconds=config.queue_delay_us)

@@ -9,38 +9,7 @@ import pytest
 
 from hrm_deploy.arc.evaluate import ArcEvalConfig, arc_eval, output_paths, parse_ks
 from hrm_deploy.errors import ConfigError, DataError
-from tests.arc.test_data import make_tasks
-
-SIDE = 5  # canvas 5x5: seq_len 25 keeps the model tiny
-
-
-@pytest.fixture
-def arc_run(tmp_path):
-    """(checkpoint, dataset) of a random tiny HRM sized for the dataset's puzzle identifiers."""
-    from hrm_deploy.data.arc import ArcSpec, build_arc
-    from hrm_deploy.model.checkpoint import save_checkpoint
-    from hrm_deploy.model.config import HRMConfig
-    from hrm_deploy.model.hrm import build_model
-
-    data = tmp_path / "arc"
-    _, identifiers = build_arc(ArcSpec(str(make_tasks(tmp_path / "src")), num_aug=3, max_grid=SIDE), data)
-    config = HRMConfig(
-        seq_len=SIDE * SIDE,
-        vocab_size=12,
-        num_puzzle_identifiers=len(identifiers),
-        hidden_size=32,
-        num_heads=2,
-        H_layers=1,
-        L_layers=1,
-        H_cycles=1,
-        L_cycles=1,
-        halt_max_steps=2,
-        expansion=2.0,
-        puzzle_emb_ndim=32,
-        pos_encodings="rope",
-    )
-    checkpoint = save_checkpoint(tmp_path / "model.pt", build_model(config, seed=0).eval())
-    return checkpoint, data, tmp_path
+from tests.arc.conftest import SIDE
 
 
 def test_checkpoint_end_to_end_resume_and_perfect_predictions(arc_run, monkeypatch):

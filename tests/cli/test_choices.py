@@ -22,6 +22,7 @@ def _library_choices() -> dict[type, set[str]]:
     from hrm_deploy.export.onnx_export import MODES
     from hrm_deploy.onnx_runtime import PROVIDERS
     from hrm_deploy.precision.int8 import METHODS
+    from hrm_deploy.puzzle_table import Placement
     from hrm_deploy.registry import BACKENDS
     from hrm_deploy.train.loop import OPTIMIZERS
     from hrm_deploy.train.presets import PRESETS
@@ -35,6 +36,7 @@ def _library_choices() -> dict[type, set[str]]:
         choices.Backend: {name for entry in BACKENDS.values() for name in entry.builds_for} - {"onnxruntime"},
         choices.CalibMethod: set(METHODS),
         choices.ExportMode: set(MODES),
+        choices.PuzzleEmb: {p.value for p in Placement},
         choices.Provider: set(PROVIDERS),
         choices.BenchTarget: set(BENCH_TARGETS),
         choices.Preset: set(PRESETS),

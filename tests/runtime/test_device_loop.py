@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from hrm_deploy.backends.tensorrt.api import Backend
-from hrm_deploy.errors import ConfigError, DataError, EngineError
+from hrm_deploy.errors import ArtifactError, ConfigError, DataError, EngineError
+from hrm_deploy.manifest import write_manifest
 from tests.backends.tensorrt import fake_trt
 
 
@@ -265,3 +266,32 @@ def test_auto_memory_falls_back_to_cuda_python_when_torch_has_no_cuda(monkeypatc
     with pytest.raises(DependencyError, match="torch sees no CUDA GPU"):
         memory.device_memory(0, "torch")
     assert memory.device_memory("cpu").kind == "torch-cpu"
+
+
+@pytest.mark.parametrize("mode", ["step", "unrolled"])
+def test_external_table_engine_gathers_rows_on_the_host(tmp_path, mode):
+    """An engine built from ``export --puzzle-emb external`` takes puzzle_emb_rows; the runner
+    gathers them from the table its parent export wrote (here: named in its own manifest)."""
+    from hrm_deploy.manifest import read_manifest
+    from hrm_deploy.puzzle_table import PuzzleTable, table_path, write_table
+
+    path, s = make_engine(tmp_path, mode=mode, rows_dim=3)
+    table = write_table(table_path(path), np.stack([np.arange(5), np.full(5, 7), np.full(5, -1)], 1))
+    write_manifest(
+        path,
+        **{k: v for k, v in read_manifest(path).items() if k in ("stage", "config", "backend", "mode", "steps")},
+        precision="fp16",
+        puzzle_emb=PuzzleTable.record(table, table_path(path).name),
+    )
+    x = feeds(11, s)
+    ref = fake_trt.reference(s, x["inputs"], x["puzzle_identifiers"])
+    with open_fake(path) as runner:
+        out = runner.infer(x)
+        assert runner.loop.feeds == ("inputs", "puzzle_emb_rows")
+        with pytest.raises(DataError, match=r"puzzle identifier 5 is outside .*\(5 rows"):
+            runner.infer({"inputs": x["inputs"][:1], "puzzle_identifiers": np.array([5])})
+    np.testing.assert_allclose(out["logits"], ref["logits"], atol=2e-3)
+    np.testing.assert_allclose(out["q_halt_logits"], ref["q_halt_logits"], atol=2e-2)
+    table_path(path).unlink()
+    with pytest.raises(ArtifactError, match="puzzle_emb.npy is missing"):
+        open_fake(path).activate()

@@ -15,6 +15,7 @@ import numpy as np
 from hrm_deploy.contract import HaltFn
 from hrm_deploy.errors import ArtifactError, require
 from hrm_deploy.onnx_runtime import holds_fp4, load_onnx, ort_session, provider_name
+from hrm_deploy.puzzle_table import rows_session
 from hrm_deploy.runtime.base import Runner
 
 
@@ -22,9 +23,18 @@ class OrtRunner(Runner):
     name = "ort"
     supports_halt = True  # step graphs; an unrolled graph refuses a halt rule with one clear error
 
-    def __init__(self, path: str | Path, provider: str = "cpu", threads: int | None = None, steps: int | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        provider: str = "cpu",
+        threads: int | None = None,
+        steps: int | None = None,
+        table_of: str | Path | None = None,
+    ):
         provider_name(provider)  # an unknown provider fails here, before any work
         self.path, self.provider, self.threads = Path(path), provider, threads
+        # a graph staged by a builder (no manifest yet) of an external-table export: that export
+        self.table_of = Path(table_of) if table_of is not None else None
         self.requested_steps = steps
         self.precision, self.mode, self.steps = "fp32", "unrolled", steps or 1
         self._session: Any = None
@@ -55,6 +65,8 @@ class OrtRunner(Runner):
         except Exception as exc:
             _explain_older_runtime(self.path, manifest, exc)
             raise
+        # export --puzzle-emb external: the session gathers the rows of the ids it is fed
+        self._session = rows_session(self._session, self.table_of or self.path, None if self.table_of else manifest)
         options = self._session.get_session_options()
         self.runtime_settings = {
             "provider": self._session.get_providers()[0],

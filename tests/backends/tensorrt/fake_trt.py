@@ -78,6 +78,7 @@ def spec(
     dtypes: dict[str, str] | None = None,
     step_predictions: bool = True,
     noop: bool = False,
+    rows_dim: int = 0,
 ) -> dict[str, Any]:
     return {
         "mode": mode,
@@ -90,6 +91,7 @@ def spec(
         "dtypes": dtypes or {},
         "step_predictions": step_predictions,
         "noop": noop,
+        "rows_dim": rows_dim,  # > 0: the engine of an external-table export (takes puzzle_emb_rows)
     }
 
 
@@ -121,6 +123,8 @@ def write_engine(path: Path, precision: str = "fp32", **kwargs: Any) -> dict[str
 def _io(s: dict[str, Any]) -> list[tuple[str, bool, tuple[int, ...]]]:
     S, V, T, D, n = s["S"], s["V"], s["T"], s["D"], s["steps"]
     feeds = [("inputs", True, (-1, S)), ("puzzle_identifiers", True, (-1,))]
+    if s.get("rows_dim"):  # the gathered table rows; the maths reads column 0 as the identifier
+        feeds[1] = ("puzzle_emb_rows", True, (-1, s["rows_dim"]))
     if s["mode"] == "step":
         return feeds + [
             ("z_H", True, (-1, T, D)),
@@ -277,6 +281,8 @@ class IExecutionContext:
             if engine.spec.get("noop"):  # the loop-overhead benchmark: no maths, only the loop's own cost
                 return
             get = {n: _load(memory.array_at(p), engine.kinds[n]) for n, p in bound.items()}
+            if "puzzle_emb_rows" in get:
+                get["puzzle_identifiers"] = get["puzzle_emb_rows"][:, 0]
             s = engine.spec
             if s["mode"] == "step":
                 outs = step_math(

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.backends.ort.builder.int8 import INTEGER_MATMULS, RECIPES, quantize_weights
-from hrm_deploy.contract import CARRY, RESET
+from hrm_deploy.contract import CARRY, PUZZLE_ROWS, RESET
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
@@ -148,6 +148,9 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
         "inputs": rng.integers(0, model_config.vocab_size, (1, model_config.seq_len), dtype=np.int32),
         "puzzle_identifiers": np.zeros(1, np.int32),
     }
+    if any(tensor.name == PUZZLE_ROWS for tensor in unfused.graph.input):  # export --puzzle-emb external
+        feed[PUZZLE_ROWS] = np.zeros((1, model_config.puzzle_emb_ndim), np.float32)
+        del feed["puzzle_identifiers"]
     if any(tensor.name == CARRY[0] for tensor in unfused.graph.input):  # a step graph
         carry = np.zeros((1, model_config.total_seq_len, model_config.hidden_size), np.float32)
         feed.update({CARRY[0]: carry, CARRY[1]: carry, RESET: np.ones(1, bool)})

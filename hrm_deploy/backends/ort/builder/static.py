@@ -75,11 +75,11 @@ class Quality:
         }
 
 
-def _logits(path: str | Path, examples: Examples, threads: int | None) -> np.ndarray:
+def _logits(path: str | Path, examples: Examples, threads: int | None, table_of: Path | None = None) -> np.ndarray:
     from hrm_deploy.backends.ort.runner import OrtRunner
     from hrm_deploy.runtime.infer import predict
 
-    runner = OrtRunner(path, threads=threads)
+    runner = OrtRunner(path, threads=threads, table_of=table_of)  # a staged graph: the FP32 export's table
     runner.activate()
     try:
         return predict(runner, examples, batch=HOLDOUT_BATCH)
@@ -106,7 +106,7 @@ class Holdout:
     def __init__(self, fp32: Path, examples: Examples, threads: int | None):
         from hrm_deploy.metrics import accuracy
 
-        self.examples, self.threads = examples, threads
+        self.examples, self.threads, self.fp32 = examples, threads, fp32
         reference = _logits(fp32, examples, threads)
         self.answers = reference.argmax(-1)
         self.fp32_exact = None
@@ -116,7 +116,7 @@ class Holdout:
     def measure(self, path: str | Path) -> Quality:
         from hrm_deploy.metrics import accuracy
 
-        logits = _logits(path, self.examples, self.threads)
+        logits = _logits(path, self.examples, self.threads, self.fp32)
         exact = None
         if self.examples.labels is not None:
             exact = 100.0 * accuracy(logits, self.examples.labels)["exact_accuracy"]
