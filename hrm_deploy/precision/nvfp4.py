@@ -29,6 +29,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -199,20 +200,7 @@ def write_nvfp4_qdq(model, plan: QuantPlan, amax: dict[str, float]) -> None:
                     block_size=BLOCK,
                     scale_type=TensorProto.FLOAT8E4M3FN,
                 ),
-                helper.make_node(
-                    "DequantizeLinear",
-                    [f"{base}/block_scale", f"{base}/tensor_scale"],
-                    [f"{base}/scale"],
-                    name=f"{base}/DequantizeScale",
-                ),
-                helper.make_node(
-                    "DequantizeLinear",
-                    [f"{base}/e2m1", f"{base}/scale"],
-                    [f"{base}/dq"],
-                    name=f"{base}/DequantizeLinear",
-                    axis=-1,
-                    block_size=BLOCK,
-                ),
+                *_dequantize(base, f"{base}/dq"),
             ]
             activations[x] = f"{base}/dq"
         if w not in weights:
@@ -234,22 +222,7 @@ def write_nvfp4_qdq(model, plan: QuantPlan, amax: dict[str, float]) -> None:
                 ]
             )
             out = f"{base}/dq_nk" if transpose else f"{base}/dq"
-            added += [
-                helper.make_node(
-                    "DequantizeLinear",
-                    [f"{base}/block_scale", f"{base}/tensor_scale"],
-                    [f"{base}/scale"],
-                    name=f"{base}/DequantizeScale",
-                ),
-                helper.make_node(
-                    "DequantizeLinear",
-                    [f"{base}/e2m1", f"{base}/scale"],
-                    [out],
-                    name=f"{base}/DequantizeLinear",
-                    axis=-1,
-                    block_size=BLOCK,
-                ),
-            ]
+            added += _dequantize(base, out)
             if transpose:
                 added.append(
                     helper.make_node("Transpose", [out], [f"{base}/dq"], name=f"{base}/Transpose", perm=[1, 0])
@@ -261,6 +234,29 @@ def write_nvfp4_qdq(model, plan: QuantPlan, amax: dict[str, float]) -> None:
     for name in set(weights) - used:  # the FP4 copy replaces the float weight
         graph.initializer.remove(inits[name])
     topological_sort(graph)
+
+
+def _dequantize(base: str, out: str) -> list:
+    """``base``/e2m1 [.., K] (FP4) x its E4M3 block scales x the float32 tensor scale -> ``out``:
+    the two-level dequantization TensorRT fuses into its FP4 GEMM (ModelOpt's form)."""
+    from onnx import helper
+
+    return [
+        helper.make_node(
+            "DequantizeLinear",
+            [f"{base}/block_scale", f"{base}/tensor_scale"],
+            [f"{base}/scale"],
+            name=f"{base}/DequantizeScale",
+        ),
+        helper.make_node(
+            "DequantizeLinear",
+            [f"{base}/e2m1", f"{base}/scale"],
+            [out],
+            name=f"{base}/DequantizeLinear",
+            axis=-1,
+            block_size=BLOCK,
+        ),
+    ]
 
 
 def _e4m3_bytes(values: np.ndarray) -> bytes:
@@ -360,7 +356,7 @@ def _fake_quantize_nodes(x: str, scale: np.float32, out: str, base: str) -> tupl
     return nodes, inits
 
 
-def simulate_on_cpu(model):
+def simulate_on_cpu(model: Any) -> Any:
     """A copy of the NVFP4 ``model`` that ONNX Runtime's CPU provider runs with the same numerics:
     each FP4 weight (its two DequantizeLinear nodes) becomes the float32 tensor they produce, and
     each TensorRT dynamic FP4 quantization (with its two DequantizeLinear nodes) becomes float
@@ -392,7 +388,7 @@ def simulate_on_cpu(model):
             x, scale_name = node.input[0], node.input[1]
             (scale_dq,) = consumers[node.output[1]]
             (values_dq,) = consumers[node.output[0]]
-            scale = numpy_helper.to_array(inits[scale_name]).astype(np.float32)
+            scale = np.float32(numpy_helper.to_array(inits[scale_name]))  # the per-tensor scale, a scalar
             nodes, extra = _fake_quantize_nodes(x, scale, values_dq.output[0], f"{node.name}/sim")
             add_nodes += nodes
             add_inits += extra
