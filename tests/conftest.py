@@ -353,3 +353,24 @@ def cli_logs():
     yield
     logger.handlers[:] = before
     logger.setLevel(level)
+
+
+@pytest.fixture
+def mlp_costs_five_points(monkeypatch):
+    """The precision stage's holdout accuracy stubbed: 100 minus 5 points per quantized L-level MLP
+    input (a Q/DQ graph's DequantizeLinear feeding it), for testing the budget fallback's logic."""
+    import onnx
+
+    import hrm_deploy.precision.convert as convert
+
+    def fake_accuracy(path, examples, meta):
+        model = onnx.load(path)
+        dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+        harmful = [
+            n
+            for n in model.graph.node
+            if "L_level" in n.name and "mlp" in n.name and n.op_type == "MatMul" and n.input[0] in dq
+        ]
+        return 100.0 - 5.0 * len(harmful)
+
+    monkeypatch.setattr(convert, "_holdout_accuracy", fake_accuracy)

@@ -30,24 +30,21 @@ class EmbedInit(nn.Module):
         super().__init__()
         self.core = core
 
-    def forward(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor):
-        x = self.core.input_embeddings(inputs, puzzle_identifiers)
+    def embed(self, inputs: torch.Tensor, puzzle: torch.Tensor) -> torch.Tensor:
+        return self.core.input_embeddings(inputs, puzzle)
+
+    def forward(self, inputs: torch.Tensor, puzzle: torch.Tensor):
+        x = self.embed(inputs, puzzle)
         init = self.core.initial_state(1, x.device)
         return x, init.z_H.expand(x.shape), init.z_L.expand(x.shape)
 
 
-class EmbedInitRows(nn.Module):
+class EmbedInitRows(EmbedInit):
     """(inputs, puzzle_emb_rows) -> as :class:`EmbedInit`: the puzzle table's rows come in
     gathered (``export --puzzle-emb external``), so the table is not part of the graph."""
 
-    def __init__(self, core: HRMCore):
-        super().__init__()
-        self.core = core
-
-    def forward(self, inputs: torch.Tensor, puzzle_emb_rows: torch.Tensor):
-        x = self.core.embed_with_rows(inputs, puzzle_emb_rows)
-        init = self.core.initial_state(1, x.device)
-        return x, init.z_H.expand(x.shape), init.z_L.expand(x.shape)
+    def embed(self, inputs: torch.Tensor, puzzle: torch.Tensor) -> torch.Tensor:
+        return self.core.embed_with_rows(inputs, puzzle)
 
 
 class StepCore(nn.Module):

@@ -182,17 +182,8 @@ def test_nvfp4_shares_the_calibration_cache_and_is_refused_without_data(tiny_onn
         PrecisionConfig("nvfp4")
 
 
-def test_nvfp4_budget_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path, monkeypatch):
+def test_nvfp4_budget_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path, mlp_costs_five_points):
     """The fallback's logic on NVFP4 (accuracy stubbed: each quantized L-level MLP input costs 5 points)."""
-    import hrm_deploy.precision.convert as convert
-
-    def fake_accuracy(path, examples, meta):
-        model = onnx.load(path)
-        dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-        harmful = [n for n in model.graph.node if "L_level" in n.name and "mlp" in n.name and n.input[0] in dq]
-        return 100.0 - 5.0 * len(harmful)
-
-    monkeypatch.setattr(convert, "_holdout_accuracy", fake_accuracy)
     budget = _nvfp4(tiny_onnx.unrolled, tiny_onnx.data, tmp_path, accuracy_budget=1.0, quant=QuantConfig(samples=32))
     report = budget.report["accuracy_budget"]
     assert report["nvfp4_exact"] == 100.0 and len(report["kept_float"]) == 2
