@@ -146,6 +146,7 @@ def local_sshd(tmp_path):
     proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_bench_over_ssh_host(local_sshd, tiny_onnx, tmp_path, capsys):
     from hrm_deploy.bench.remote import bench_remote
 
