@@ -19,13 +19,14 @@ opset is raised to 19 (the operators that changed from 18 to 19 only gained floa
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import DataError
-from hrm_deploy.precision.int8 import QuantConfig, QuantPlan, ensure_calibration
+from hrm_deploy.precision.int8 import QuantPlan, quantize_qdq
 
 logger = logging.getLogger(__name__)
 
@@ -157,27 +158,13 @@ def write_fp8_qdq(model, plan: QuantPlan, scales: dict[str, float]) -> None:
     topological_sort(graph)
 
 
-def quantize_fp8(
-    fp32_path: str,
-    out_path: str,
-    examples: Examples,
-    config: QuantConfig,
-    cache_file: Path,
-    mode: str,
-    steps: int,
-    extra_exclude: tuple[str, ...] = (),
-    quiet: bool = True,
-) -> QuantPlan:
-    """Write the FP8 Q/DQ graph of ``fp32_path`` to ``out_path``; activation ranges from
-    ``cache_file`` when it exists (same key as INT8's), else calibrated on ``examples`` and cached."""
-    import onnx
-
-    plan = ensure_calibration(fp32_path, examples, config, cache_file, mode, steps, extra_exclude, quiet)
-    model = onnx.load(fp32_path)
+def _write_fp8(model, plan: QuantPlan, cache_file: Path) -> None:
     write_fp8_qdq(model, plan, activation_scales(cache_file))
-    onnx.save(model, out_path)
-    logger.info("FP8: %d MatMul/Gemm nodes quantized, %d kept in float", len(plan.quantize), len(plan.excluded))
-    return plan
+
+
+# quantize_fp8(fp32_path, out_path, examples, config, cache_file, mode, steps, extra_exclude=(), quiet=True):
+# the FP8 Q/DQ graph of fp32_path, calibrated like (and from the same cache as) INT8
+quantize_fp8 = partial(quantize_qdq, _write_fp8, "FP8")
 
 
 def per_step_agreement(reference: str, candidate: str, examples: Examples, batch: int = 64) -> dict[str, list[float]]:

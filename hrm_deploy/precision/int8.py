@@ -19,11 +19,12 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import io
+import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -31,6 +32,8 @@ from hrm_deploy.contract import CARRY, CARRY_OUT, RESET
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.onnx_runtime import ort_session, quiet_ort
+
+logger = logging.getLogger(__name__)
 
 METHODS = ("entropy", "minmax", "percentile")
 DEFAULT_EXCLUDE_PATTERNS = ("*lm_head*", "*q_head*")
@@ -324,6 +327,32 @@ def ensure_calibration(
         total = _runs(examples, config.batch, mode, steps)
         with _progress(total, "calibrating", quiet) as on_feed:
             _calibrate(fp32_path, tensors, examples, config, mode, steps, cache_file, on_feed)
+    return plan
+
+
+def quantize_qdq(
+    write: Callable[[Any, QuantPlan, Path], None],
+    label: str,
+    fp32_path: str,
+    out_path: str,
+    examples: Examples,
+    config: QuantConfig,
+    cache_file: Path,
+    mode: str,
+    steps: int,
+    extra_exclude: tuple[str, ...] = (),
+    quiet: bool = True,
+) -> QuantPlan:
+    """A Q/DQ graph whose format ``write(model, plan, cache_file)`` writes into the loaded FP32
+    graph (FP8, NVFP4): ranges from ``cache_file`` when it exists (the key INT8 uses), else
+    calibrated on ``examples`` and cached; the graph saved to ``out_path``."""
+    import onnx
+
+    plan = ensure_calibration(fp32_path, examples, config, cache_file, mode, steps, extra_exclude, quiet)
+    model = onnx.load(fp32_path)
+    write(model, plan, cache_file)
+    onnx.save(model, out_path)
+    logger.info("%s: %d MatMul/Gemm nodes quantized, %d kept in float", label, len(plan.quantize), len(plan.excluded))
     return plan
 
 

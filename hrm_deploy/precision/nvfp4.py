@@ -28,16 +28,16 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.onnx_runtime import holds_fp4
 from hrm_deploy.precision.fp8 import E4M3_MAX, activation_amax, raise_opset
-from hrm_deploy.precision.int8 import QuantConfig, QuantPlan, ensure_calibration
+from hrm_deploy.precision.int8 import QuantPlan, quantize_qdq
 
 logger = logging.getLogger(__name__)
 
@@ -265,27 +265,13 @@ def _e4m3_bytes(values: np.ndarray) -> bytes:
     return e4m3_round(values).astype(ml_dtypes.float8_e4m3fn).view(np.uint8).tobytes()
 
 
-def quantize_nvfp4(
-    fp32_path: str,
-    out_path: str,
-    examples: Examples,
-    config: QuantConfig,
-    cache_file: Path,
-    mode: str,
-    steps: int,
-    extra_exclude: tuple[str, ...] = (),
-    quiet: bool = True,
-) -> QuantPlan:
-    """Write the NVFP4 graph of ``fp32_path`` to ``out_path``; activation ranges from ``cache_file``
-    when it exists (the key INT8 and FP8 use), else calibrated on ``examples`` and cached."""
-    import onnx
-
-    plan = ensure_calibration(fp32_path, examples, config, cache_file, mode, steps, extra_exclude, quiet)
-    model = onnx.load(fp32_path)
+def _write_nvfp4(model: Any, plan: QuantPlan, cache_file: Path) -> None:
     write_nvfp4_qdq(model, plan, activation_amax(cache_file))
-    onnx.save(model, out_path)
-    logger.info("NVFP4: %d MatMul/Gemm nodes quantized, %d kept in float", len(plan.quantize), len(plan.excluded))
-    return plan
+
+
+# quantize_nvfp4(fp32_path, out_path, examples, config, cache_file, mode, steps, extra_exclude=(), quiet=True):
+# the NVFP4 graph of fp32_path, its activation ranges from the cache INT8 and FP8 use
+quantize_nvfp4 = partial(quantize_qdq, _write_nvfp4, "NVFP4")
 
 
 def dequantize_weight(e2m1, block_scale, scale) -> np.ndarray:
