@@ -42,6 +42,7 @@ RANKS: dict[str, int] = {
     "errors": 0,
     "io": 0,
     "manifest": 0,
+    "outputs": 0,
     "registry": 0,
     "contract": 0,
     "artifacts": 0,

@@ -23,7 +23,8 @@ from hrm_deploy.arc.choices import TaskScore
 from hrm_deploy.arc.score import PASS_KS, Votes, labels_from_puzzles, labels_from_split, markdown, score
 from hrm_deploy.arc.sources import Source, is_url, open_source
 from hrm_deploy.errors import ConfigError, DataError
-from hrm_deploy.io import check_output_path, write_json, write_text
+from hrm_deploy.io import check_output_path, write_json
+from hrm_deploy.outputs import check_user_output, publish_output, run_folder
 
 log = logging.getLogger(__name__)
 
@@ -219,17 +220,16 @@ def arc_eval(
     data = Path(data)
     remote = is_url(artifact)
     path = Path(f"{config.model_name}") if remote else Path(artifact)
-    submission = Path(output) if output else path.parent / f"{path.name}.arc-submission.json"
-    inputs = (data.resolve(),) if remote else (path.resolve(), data.resolve())
+    run = None if remote else run_folder(path)
+    # beside an artifact of ours; a checkpoint's run folder is an input: its submission goes here
+    default_dir = Path.cwd() if remote or run is not None else path.parent
+    submission = Path(output) if output else default_dir / f"{path.name}.arc-submission.json"
     paths = output_paths(submission)
     if against is not None and 2 not in config.ks:
         raise ConfigError("--against compares pass@2: include 2 in --k")
     if not 0 <= config.max_pass2_difference_points <= 100:
         raise ConfigError(f"--max-pass2-difference {config.max_pass2_difference_points}: give points between 0 and 100")
-    for target in (submission, *paths.values()):
-        check_output_path(target)
-        if target.exists() and target.resolve() in inputs:
-            raise ConfigError(f"--output {submission} would replace an input; choose another file")
+    _check_outputs(submission, paths, [None if remote else path, against], [data, run, run_folder(against)])
     source = open_source(artifact, runner_options, config.model_name, config.remote_timeout_s)
     records = predict(source, data, paths["preds"], config, f"{source.name}: ARC test rows")
     result = _score(data, records, config)
@@ -246,11 +246,41 @@ def arc_eval(
             max_pass2_difference_points=config.max_pass2_difference_points,
         )
         report["passed"] = abs(difference) <= config.max_pass2_difference_points
-    write_json(submission, result.submission)
-    write_json(paths["report_json"], report)
-    write_text(paths["report_md"], markdown(report))
+    publish_output(
+        submission,
+        json.dumps(result.submission, indent=2) + "\n",
+        stage="arc-eval",
+        companions={
+            paths["report_json"]: json.dumps(report, indent=2, default=str) + "\n",
+            paths["report_md"]: markdown(report),
+        },
+    )
     report["submission"] = str(submission)
     return report
+
+
+def _check_outputs(submission: Path, paths: dict[str, Path], inputs: list, folders: list) -> None:
+    """Before any work: the submission and its reports replace only what an earlier arc-eval wrote,
+    never an input, never inside the dataset or a run folder; saved predictions are reused or
+    discarded only when their fingerprint file says an arc-eval wrote them."""
+    reports = [paths["report_json"], paths["report_md"]]
+    check_user_output(submission, inputs=inputs, folders=folders, companions=reports, flag="--output")
+    for key in ("preds", "reference_preds"):
+        preds, meta = paths[key], paths[key].with_suffix(".json")
+        if (os.path.lexists(preds) or os.path.lexists(meta)) and not _fingerprint_file(meta):
+            raise ConfigError(
+                f"--output {submission}: {preds.name} or {meta.name} exists and no arc-eval wrote it; "
+                "move it away or choose another --output"
+            )
+
+
+def _fingerprint_file(meta: Path) -> bool:
+    """True when ``meta`` is the fingerprint an arc-eval run writes beside its predictions."""
+    try:
+        saved = json.loads(meta.read_text()) if meta.is_file() and not meta.is_symlink() else None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(saved, dict) and {"data", "rows", "seq_len"} <= saved.keys()
 
 
 def parse_ks(text: str) -> tuple[int, ...]:

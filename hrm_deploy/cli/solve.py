@@ -56,11 +56,8 @@ def solve(
     options: dict[str, Any] = (
         {"provider": provider.value} if artifact is not None and artifact.suffix == ".onnx" else {}
     )
-    if out is not None:  # before any work: never over the puzzles, never over a folder
-        from hrm_deploy.io import check_output_path
-
+    if out is not None:  # before any work: never over an input, never over a user's file
         _check_out(out, puzzle, [artifact, calib_data])
-        check_output_path(out)
     try:
         solutions = run_solve(
             puzzle,
@@ -85,28 +82,18 @@ def solve(
 
 
 def _check_out(out: Path, puzzle: str, inputs: list[Path | None]) -> None:
-    """-o is never a folder, the puzzle file, the model or any other input (through links too)."""
-    from hrm_deploy.errors import ConfigError
-    from hrm_deploy.io import same_file
-    from hrm_deploy.manifest import manifest_path
+    """-o is never a folder, the puzzle file, the model or another input (through links too), never
+    inside a dataset or run folder given as input, and never a file hrm-deploy did not write."""
+    from hrm_deploy.outputs import check_user_output, run_folder
 
-    if out.is_dir():
-        raise ConfigError(f"-o {out} is a folder; give a file name for the answers")
-    if not out.exists():
-        return
-    if len(puzzle) < 4096 and "\n" not in puzzle and Path(puzzle).exists() and same_file(out, puzzle):
-        raise ConfigError(f"-o {out} is the puzzle file itself; write the answers elsewhere")
-    for given in inputs:
-        if given is not None and given.exists():
-            for src in (given, manifest_path(given)):
-                if src.exists() and same_file(out, src):
-                    raise ConfigError(f"-o {out} is the input {src}; write the answers elsewhere")
+    given = Path(puzzle) if len(puzzle) < 4096 and "\n" not in puzzle and Path(puzzle).exists() else None
+    folders = [given if given is not None and given.is_dir() else None, *(run_folder(i) for i in inputs)]
+    check_user_output(out, inputs=[given, *inputs], folders=folders)
 
 
 def _write(text: str, out: Path | None) -> None:
     typer.echo(text, nl=False)
     if out is not None:
-        from hrm_deploy.io import atomic_path
+        from hrm_deploy.outputs import publish_output
 
-        with atomic_path(out) as tmp:
-            tmp.write_text(text)
+        publish_output(out, text, stage="solve")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
-from hrm_deploy.errors import ExportError
+from hrm_deploy.errors import ExportError, InternalError
 
 
 @dataclass
@@ -134,6 +134,38 @@ def _bypass_weight_identities(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def share_identical_constants(model: onnx.ModelProto, keep: set[str]) -> onnx.ModelProto:
+    """Point every use of a folded constant at one copy of its bytes.
+
+    A folder evaluates each traced use of a shared tensor separately: the RoPE tables'
+    ``cos.unsqueeze(-2)`` runs once per attention call, H_cycles x (L_cycles + 1) x layers
+    times per TRM segment (30 for upstream's ARC recipe, each [seq, 1, head_dim] float32), and
+    every result becomes its own initializer. Initializers with equal type, shape and bytes are
+    merged into one; names in ``keep`` (the traced weights) are never renamed or removed.
+    """
+    from onnx import numpy_helper
+
+    canonical: dict[tuple, str] = {}
+    alias: dict[str, str] = {}
+    # weights first, so a folded copy of a weight maps onto the weight's own name
+    ordered = sorted(model.graph.initializer, key=lambda t: t.name not in keep)
+    for t in ordered:
+        data = t.raw_data or numpy_helper.to_array(t).tobytes()
+        key = (t.data_type, tuple(t.dims), data)
+        if key in canonical and t.name not in keep:
+            alias[t.name] = canonical[key]
+        else:
+            canonical.setdefault(key, t.name)
+    if not alias:
+        return model
+    kept = [t for t in model.graph.initializer if t.name not in alias]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    for node in model.graph.node:
+        node.input[:] = [alias.get(i, i) for i in node.input]
+    return model
+
+
 FORBIDDEN_OPS = ("Loop", "If", "Scan")
 
 
@@ -248,12 +280,17 @@ def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict]:
     weight_bytes = initializer_bytes(model)
     with contextlib.redirect_stdout(io.StringIO()):
         folded = onnxslim.slim(model, skip_optimizations=SLIM_SKIP)
+    folded = share_identical_constants(folded, {t.name for t in model.graph.initializer})
     if initializer_bytes(folded) > 1.05 * weight_bytes + (1 << 20):
-        raise ExportError("constant folding duplicated weights; please report this (export with fold=False meanwhile)")
+        # Identical constants are shared above, so growth here is a folder producing new, distinct
+        # tensors from the weights: a bug of ours or of the folder, never of the checkpoint.
+        raise InternalError(
+            f"constant folding grew the initializers from {weight_bytes} to {initializer_bytes(folded)} bytes"
+        )
     if [o.name for o in folded.graph.output] != [o.name for o in model.graph.output] or [
         i.name for i in folded.graph.input
     ] != [i.name for i in model.graph.input]:
-        raise ExportError("constant folding changed the traced graph's inputs or outputs; please report this")
+        raise InternalError("constant folding changed the traced graph's inputs or outputs")
     folded.ir_version = model.ir_version
     info.update(nodes_after=len(folded.graph.node), folder=f"onnxslim {onnxslim.__version__}")
     return folded, info

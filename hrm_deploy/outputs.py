@@ -1,0 +1,110 @@
+"""User-facing output files (answers, ARC submissions, reports) under the artifact rule.
+
+An output is written with a sidecar manifest like every artifact, so a later run can tell its own
+file from a user's: an existing file is replaced only when a manifest of ours names it. Outputs are
+never written into a folder that is an input of the command (the dataset under evaluation, a
+checkpoint's run folder), and never over an input file, through links included.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hrm_deploy.errors import ArtifactError
+from hrm_deploy.io import check_output_path, staging_dir
+from hrm_deploy.manifest import check_replaceable, manifest_path, publish_artifact, read_manifest
+
+PathLike = str | os.PathLike
+
+
+def run_folder(checkpoint: PathLike | None) -> Path | None:
+    """The folder of a training run a checkpoint lives in (``all_config.yaml`` beside it, or
+    the folder itself when one was given), None for a file of ours in a workspace."""
+    if checkpoint is None:
+        return None
+    p = Path(checkpoint)
+    if p.is_dir():
+        return p
+    if p.is_file() and (p.parent / "all_config.yaml").is_file():
+        return p.parent
+    return None
+
+
+def check_user_output(
+    out: PathLike,
+    *,
+    inputs: Iterable[PathLike | None] = (),
+    folders: Iterable[PathLike | None] = (),
+    companions: Iterable[PathLike] = (),
+    flag: str = "-o",
+) -> Path:
+    """Refuse, in one :class:`ArtifactError` line, an output that would replace an input, land
+    inside an input folder (``folders``: datasets, run folders) or replace a file hrm-deploy did not
+    write (``out`` itself, or one of its ``companions`` that its manifest does not name)."""
+    out = Path(out)
+    real = Path(os.path.realpath(out))
+    for folder in folders:
+        if folder is None or not Path(folder).is_dir():
+            continue
+        if real.is_relative_to(Path(folder).resolve()):
+            raise ArtifactError(
+                f"{flag} {out} is inside {folder}, an input of this command; outputs never go into "
+                "their inputs: write elsewhere (e.g. the working folder)"
+            )
+    check_output_path(out)
+    previous = check_replaceable(out, inputs, flag=flag)
+    owned = set((previous or {}).get("companions") or {})
+    for extra in companions:
+        extra = Path(extra)
+        if os.path.lexists(extra) and extra.name not in owned:
+            raise ArtifactError(
+                f"{flag} {out}: {extra} exists and hrm-deploy did not write it with {out.name}; "
+                "move it away or choose another output name"
+            )
+    return out
+
+
+def publish_output(
+    out: PathLike,
+    content: str | bytes,
+    *,
+    stage: str,
+    config: Mapping[str, Any] | None = None,
+    companions: Mapping[PathLike, str | bytes] | None = None,
+    **fields: Any,
+) -> Path:
+    """Write ``out`` (and ``companions`` beside it) with one manifest, atomically: a kill leaves
+    the old files or the new ones. Call :func:`check_user_output` first, before the work."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with staging_dir(out.parent, "stage") as stage_dir:
+        staged = stage_dir / out.name
+        _write(staged, content)
+        pairs = []
+        for i, (final, data) in enumerate((companions or {}).items()):
+            tmp = stage_dir / f"companion-{i}"
+            _write(tmp, data)
+            pairs.append((tmp, Path(final)))
+        publish_artifact(staged, out, stage=stage, config=dict(config or {}), companions=pairs, **fields)
+    return out
+
+
+def is_ours(path: PathLike) -> bool:
+    """True when ``path`` has a manifest of ours (an output a previous run wrote)."""
+    if not manifest_path(path).is_file():
+        return False
+    try:
+        read_manifest(path)
+    except ArtifactError:
+        return False
+    return True
+
+
+def _write(path: Path, content: str | bytes) -> None:
+    if isinstance(content, str):
+        path.write_text(content)
+    else:
+        path.write_bytes(content)

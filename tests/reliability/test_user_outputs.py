@@ -1,0 +1,75 @@
+"""Answers, submissions and reports follow the artifact rule: an existing file is replaced only when
+a manifest of ours names it, and nothing is written inside a dataset or run folder that is an input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hrm_deploy.cli import app
+from hrm_deploy.errors import ArtifactError
+from hrm_deploy.manifest import manifest_path
+from hrm_deploy.outputs import check_user_output, publish_output
+from tests.arc.conftest import arc_run  # noqa: F401 - fixture
+from tests.reliability.test_never_destroy import _one_line
+
+runner = CliRunner()
+PUZZLE = "175604839462893157893751642930517264624938715751206983089175426246389571517462390"
+
+
+def test_solve_never_replaces_a_users_file(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    _one_line(runner.invoke(app, ["solve", PUZZLE, "-o", str(notes)]), "hrm-deploy replaces only its own")
+    assert notes.read_text() == "my notes"
+
+
+def test_solve_replaces_its_own_answers(tmp_path):
+    out = tmp_path / "answers.txt"
+    first = runner.invoke(app, ["solve", PUZZLE, "-o", str(out)])
+    assert first.exit_code == 0, first.output
+    assert manifest_path(out).is_file() and out.read_text()
+    again = runner.invoke(app, ["solve", PUZZLE, "-o", str(out), "--json"])
+    assert again.exit_code == 0, again.output
+    assert out.read_text().lstrip().startswith("{")
+
+
+def test_solve_never_writes_inside_the_dataset_it_reads(tmp_path):
+    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+
+    data = tmp_path / "sudoku"
+    generate_sudoku(SudokuSpec(train=2, test=2, blanks=(10, 12), seed=1), str(data))
+    before = sorted(p.name for p in (data / "test").iterdir())
+    _one_line(runner.invoke(app, ["solve", str(data), "-o", str(data / "test" / "answers.txt")]), "an input")
+    assert sorted(p.name for p in (data / "test").iterdir()) == before
+
+
+def test_arc_eval_never_writes_into_the_dataset(arc_run):  # noqa: F811
+    checkpoint, data, _ = arc_run
+    ids = Path(data) / "identifiers.json"
+    before = ids.read_bytes()
+    result = runner.invoke(app, ["arc-eval", str(checkpoint), "--data", str(data), "-o", str(ids)])
+    _one_line(result, "an input of this command")
+    assert ids.read_bytes() == before
+
+
+def test_arc_eval_never_replaces_a_users_file(arc_run, tmp_path):  # noqa: F811
+    checkpoint, data, _ = arc_run
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": true}')
+    result = runner.invoke(app, ["arc-eval", str(checkpoint), "--data", str(data), "-o", str(notes)])
+    _one_line(result, "replaces only its own")
+    assert notes.read_text() == '{"mine": true}'
+
+
+def test_a_report_companion_of_someone_else_is_refused(tmp_path):
+    out = tmp_path / "submission.json"
+    report = tmp_path / "submission.report.json"
+    report.write_text("user's")
+    with pytest.raises(ArtifactError, match="did not write it"):
+        check_user_output(out, companions=[report])
+    publish_output(tmp_path / "other.json", "{}", stage="test", companions={tmp_path / "other.report.json": "{}"})
+    # ours, with its companion named in the manifest: replaceable
+    check_user_output(tmp_path / "other.json", companions=[tmp_path / "other.report.json"])
