@@ -4,8 +4,10 @@ at the end). Rank 0 writes; every rank takes part in the collectives a save need
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,36 @@ from hrm_deploy.train.optim import PuzzleEmbeddingSignSGD
 from hrm_deploy.train.state import carry_state, rng_state
 
 RUN_FILES = ("last.pt", "metrics.jsonl")
+LOCK_NAME = ".train.lock"
+
+
+@contextlib.contextmanager
+def run_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<out>/.train.lock`` while a run writes its folder: a second
+    ``train`` of the same run (a double ``--resume``) is refused in one line naming the holder's
+    pid, instead of interleaving checkpoints and metrics. The kernel drops the lock when the
+    holder dies, so a killed run never blocks the next one."""
+    import fcntl
+    import os
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    check_output_path(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ConfigError(
+                f"{out} is being written by another train (pid {holder}); wait for it to finish, "
+                "stop it, or pick another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def check_out_dir(out: Path, overwrite: bool, resume: str | None) -> None:

@@ -29,7 +29,7 @@ from hrm_deploy.metrics import row_scores, summary
 from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.hrm import HRMACT, ACTCarry, build_model
-from hrm_deploy.train.checkpointer import Checkpointer, StopRequest, check_out_dir, rewind_metrics
+from hrm_deploy.train.checkpointer import Checkpointer, StopRequest, check_out_dir, rewind_metrics, run_lock
 from hrm_deploy.train.distributed import (
     Distributed,
     agree,
@@ -387,6 +387,22 @@ def train(
     rows, out = dist_info.rows(config.global_batch_size), Path(config.out_dir)
     if dist_info.main:
         check_out_dir(out, config.overwrite, resume)
+    with run_lock(out) if dist_info.main else contextlib.nullcontext():  # one writer per run folder
+        return _train(model_config, config, resume, stop_after, progress, dist_info, rows, out)
+
+
+def _train(
+    model_config: HRMConfig,
+    config: TrainConfig,
+    resume: str | None,
+    stop_after: int | None,
+    progress: bool,
+    dist_info: Distributed,
+    rows: int,
+    out: Path,
+) -> TrainResult:
+    """The training loop of :func:`train`, run while the run folder's lock is held: data, model,
+    then one visible step loop with its checkpoints, then the final evaluation."""
     train_split, test_split = _load_splits(model_config, config)
     sampler = EpochSampler(train_split, config.global_batch_size, config.seed)
     example_pids = train_split.example_puzzle_ids()

@@ -228,3 +228,36 @@ def test_resume_rejects_a_damaged_trainer_checkpoint(micro_data, tmp_path):
     torch.save(payload, tmp_path / "damaged.pt")
     with pytest.raises(CheckpointError, match="not a trainer checkpoint"):
         train(MICRO, _cfg(micro_data, tmp_path / "other"), resume=str(tmp_path / "damaged.pt"), progress=False)
+
+
+@pytest.mark.slow
+def test_a_second_writer_of_a_run_is_refused_naming_the_holder(micro_data, tmp_path):
+    """Two trains of one run folder (a double --resume) would interleave checkpoints and metrics:
+    while one holds the folder's lock, the other stops before touching anything."""
+    out = tmp_path / "run"
+    train(MICRO, _cfg(micro_data, out, steps=2), progress=False)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from hrm_deploy.train.checkpointer import run_lock\n"
+            "with run_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        before = (out / "metrics.jsonl").read_bytes()
+        with pytest.raises(ConfigError, match=f"another train \\(pid {holder.pid}\\)"):
+            train(MICRO, _cfg(micro_data, out, steps=4), resume=str(out / "last.pt"), progress=False)
+        assert (out / "metrics.jsonl").read_bytes() == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder died: its lock went with it, and the resume proceeds
+    train(MICRO, _cfg(micro_data, out, steps=4), resume=str(out / "last.pt"), progress=False)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "step" in r] == [1, 2, 3, 4]
