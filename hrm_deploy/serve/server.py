@@ -10,9 +10,10 @@ on the whole batch and splits the answers. Per request (batch dimension ``B`` ad
   (the ACT steps the model runs without halting: a client that needs every step, such as
   ``arc-eval``, tells from it whether the server halts early).
 
-Wrong dtypes, wrong shapes and batches over ``max_batch`` are refused by Triton itself before
-the function runs; out-of-vocabulary tokens, unknown puzzle ids and empty requests by the
-function with an error naming the problem (HTTP 400, see :func:`request_errors_as_400`). An
+Every HTTP request passes the checking front (:mod:`hrm_deploy.serve.front`: body size, JSON,
+dtypes, shapes, batch bounds, data sizes) before tritonserver, on a private port, sees it;
+out-of-vocabulary tokens, unknown puzzle ids and empty requests are refused by the function with
+an error naming the problem (HTTP 400, see :func:`request_errors_as_400`). An
 error fails every request of the batch Triton formed (PyTriton answers per batch), the server
 keeps serving. Ports in use, ``--max-batch`` beyond the artifact's own maximum and model names
 that are not plain names are refused before anything starts.
@@ -20,6 +21,7 @@ that are not plain names are refused before anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import signal
@@ -33,12 +35,14 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.errors import ConfigError, DependencyError, HRMDeployError, require
+from hrm_deploy.serve.front import Front, Limits
 
 LOOPBACK_NAMES = ("localhost",)
 MODEL_NAME = "hrm"
 # Long enough to gather concurrent requests into one batch, short next to one CPU inference (ms).
 DEFAULT_QUEUE_DELAY_US = 2000
 MAX_QUEUE_DELAY_US = 1_000_000
+OUTPUTS = ("answer", "logits", "q_halt_logits", "steps", "act_steps")
 
 
 class RequestError(HRMDeployError):
@@ -293,6 +297,15 @@ def request_errors_as_400() -> bool:
     return True
 
 
+def _private_port() -> int:
+    """A free TCP port on 127.0.0.1 for tritonserver's own HTTP endpoint (behind the front)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def _runner_options(config: ServeConfig) -> dict[str, Any]:
     return {"provider": config.provider} if config.provider and config.artifact.suffix == ".onnx" else {}
 
@@ -325,9 +338,13 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
     # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
     infer([{"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}])
+    # tritonserver's HTTP endpoint is private (loopback, a free port); the user's port is the front's,
+    # which checks every request against the model before Triton allocates anything (front.py).
+    backend_http_port = _private_port()
+    limits = Limits(config.model_name, contract.seq_len, max_batch, outputs=OUTPUTS)
     triton_config = pytriton_triton.TritonConfig(
-        http_address=config.host,
-        http_port=config.http_port,
+        http_address="127.0.0.1",
+        http_port=backend_http_port,
         grpc_address=config.host,
         grpc_port=config.grpc_port,
         metrics_address=config.host,
@@ -350,7 +367,8 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     request_errors_as_400()
     code = 0
     try:
-        with pytriton_triton.Triton(config=triton_config) as triton:
+        with contextlib.ExitStack() as stack:
+            triton = stack.enter_context(pytriton_triton.Triton(config=triton_config))
             triton.bind(
                 model_name=config.model_name,
                 infer_func=infer,
@@ -371,6 +389,7 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
                 strict=True,
             )
             triton.connect()  # starts tritonserver, loads the model, waits until it is ready
+            stack.enter_context(Front(config.host, config.http_port, backend_http_port, limits))
             if ready is not None:
                 ready(
                     f"serving {config.artifact.name} as model '{config.model_name}' ({runner.name}, "
