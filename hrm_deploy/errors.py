@@ -45,6 +45,26 @@ class ArtifactError(HRMDeployError):
     """An artifact (ONNX, engine, manifest) is missing, corrupt or of the wrong kind."""
 
 
+def install_hint(extra: str) -> str:
+    """The pip command that adds ``extra`` to *this* installation: ``pip install -e 'DIR[extra]'``
+    for an editable install from a source checkout (where ``'hrm-deploy[extra]'`` would fetch the
+    package from the index instead), else ``pip install 'hrm-deploy[extra]'``."""
+    import json
+    import shlex
+    from importlib import metadata
+    from urllib.parse import unquote, urlparse
+
+    try:
+        raw = metadata.distribution("hrm-deploy").read_text("direct_url.json")
+        origin = json.loads(raw) if raw else {}
+    except (metadata.PackageNotFoundError, ValueError):
+        origin = {}
+    url = origin.get("url", "") if isinstance(origin, dict) else ""
+    if url.startswith("file://") and (origin.get("dir_info") or {}).get("editable"):
+        return f"pip install -e {shlex.quote(unquote(urlparse(url).path) + f'[{extra}]')}"
+    return f"pip install 'hrm-deploy[{extra}]'"
+
+
 def require(module: str, extra: str, purpose: str):
     """Import ``module`` or raise a :class:`DependencyError` naming the pip extra."""
     import importlib
@@ -54,8 +74,45 @@ def require(module: str, extra: str, purpose: str):
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise DependencyError(
             f"{purpose} needs the Python package '{module.split('.')[0]}' ({exc}); "
-            f"install it with: pip install 'hrm-deploy[{extra}]'"
+            f"install it with: {install_hint(extra)}"
         ) from None
+
+
+class MachineError(HRMDeployError):
+    """The machine refused a file operation (disk full, read-only, permissions, link loops, too many
+    open files, a name too long): the message names the path, the cause and the fix."""
+
+
+# errno name -> (cause, fix); the errno module's names, so the table reads without numbers
+_FAULTS = {
+    "ENOSPC": ("no space left on its device", "free some space or write elsewhere"),
+    "EDQUOT": ("the disk quota is exhausted", "free some space or write elsewhere"),
+    "EROFS": ("its file system is read-only", "write to a writable folder (-o/--out) instead"),
+    "EACCES": ("permission denied", "write to a folder you own (-o/--out) or fix its permissions"),
+    "EPERM": ("operation not permitted", "write to a folder you own (-o/--out) or fix its permissions"),
+    "ENOTDIR": ("a part of the path is a file, not a folder", "fix the path"),
+    "ELOOP": ("too many levels of symbolic links (a loop or a long chain)", "fix the links or give the real path"),
+    "EMFILE": ("this process has too many open files", "raise the limit (ulimit -n) and run again"),
+    "ENFILE": ("the system has too many open files", "close other programs and run again"),
+    "ENAMETOOLONG": ("the name is too long for the file system", "choose a shorter path"),
+    "EISDIR": ("it is a folder", "give a file path"),
+    "EEXIST": ("a file of that name is in the way of a folder", "remove it or choose another path"),
+}
+
+
+def machine_fault(exc: BaseException, path: object = None) -> MachineError | None:
+    """One :class:`MachineError` line for an ``OSError`` the machine raised (see ``_FAULTS``), naming
+    ``exc.filename`` or else ``path``; None for any other error (a bug keeps its traceback)."""
+    import errno
+
+    if not isinstance(exc, OSError) or exc.errno is None:
+        return None
+    name = errno.errorcode.get(exc.errno, "")
+    if name not in _FAULTS:
+        return None
+    cause, fix = _FAULTS[name]
+    where = exc.filename if exc.filename is not None else path
+    return MachineError(f"{where if where is not None else 'a file'}: {cause}; {fix}")
 
 
 class EngineError(HRMDeployError):

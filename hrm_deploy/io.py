@@ -24,7 +24,9 @@ from typing import Any
 # Debris written by versions before the pid was in the name is removed when older than this.
 LEGACY_DEBRIS_AGE_S = 3600.0
 _TMP_RE = re.compile(r"^\..+\.(?P<pid>\d+)\.[^.]+\.tmp$")
-_STAGE_RE = re.compile(r"^\.(?:export-check|stage|build)-(?P<pid>\d+)-[^/]+$")
+# Every kind of staging folder a stage makes (``staging_dir(folder, kind)``): its debris is known by name.
+STAGING_KINDS = ("export-check", "stage", "build", "cpu-build", "torch-engine")
+_STAGE_RE = re.compile(r"^\.(?:" + "|".join(re.escape(k) for k in STAGING_KINDS) + r")-(?P<pid>\d+)-[^/]+$")
 _LEGACY_RE = re.compile(r"^(?:\.export-check-[^/]+|\..+\.tmp)$")
 
 
@@ -104,17 +106,72 @@ def check_output_path(path: str | os.PathLike) -> Path:
             f"{ws}; remove the link or write somewhere else"
         )
 
-    if lexical.is_relative_to(cwd):
-        current = cwd
-        for part in lexical.relative_to(cwd).parts:
-            current = current / part
-            if current.is_symlink() and not current.resolve().is_relative_to(ws):
-                raise refuse(current)
-    elif lexical.is_symlink():
-        real = lexical.resolve()
-        if not real.is_relative_to(lexical.parent.resolve()) and not real.is_relative_to(ws):
-            raise refuse(lexical)
+    try:
+        if lexical.is_relative_to(cwd):
+            current = cwd
+            for part in lexical.relative_to(cwd).parts:
+                current = current / part
+                if current.is_symlink() and not current.resolve(strict=False).is_relative_to(ws):
+                    raise refuse(current)
+        elif lexical.is_symlink():
+            real = lexical.resolve()
+            if not real.is_relative_to(lexical.parent.resolve()) and not real.is_relative_to(ws):
+                raise refuse(lexical)
+    except RuntimeError:  # Path.resolve's "Symlink loop" (Python < 3.13; later ones raise ELOOP)
+        raise _loop(p) from None
+    except OSError as exc:
+        from hrm_deploy.errors import machine_fault
+
+        raise (machine_fault(exc, p) or exc) from None
+    check_writable(p)
     return p
+
+
+def _loop(path: Path) -> Exception:
+    import errno
+
+    from hrm_deploy.errors import machine_fault
+
+    return machine_fault(OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))) or RuntimeError(path)
+
+
+@contextlib.contextmanager
+def naming_faults(path: str | os.PathLike, *, always: bool = False) -> Iterator[None]:
+    """Re-raise a fault of the machine (disk full, read-only, ...) met while writing ``path`` as one
+    :class:`~hrm_deploy.errors.MachineError` naming it: a failed ``write()`` carries no file name.
+    ``always`` names ``path`` even when the error names another file (a private temp name)."""
+    from hrm_deploy.errors import machine_fault
+
+    try:
+        yield
+    except OSError as exc:
+        if always:
+            exc.filename = None
+        fault = machine_fault(exc, path)
+        if fault is None:
+            raise
+        raise fault from None
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Refuse, before any work, an output whose folder (its nearest existing ancestor) is on a
+    read-only file system or not writable by this user: one MachineError line naming ``path``."""
+    import errno
+
+    from hrm_deploy.errors import machine_fault
+
+    folder = Path(os.path.abspath(path)).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return  # a file in the way: the write itself names it
+    code = None
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        code = errno.EROFS
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        code = errno.EACCES
+    if code is not None:
+        raise machine_fault(OSError(code, os.strerror(code), str(path))) or OSError(code, str(path))
 
 
 @contextlib.contextmanager
@@ -124,20 +181,22 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     The rename replaces a symlink at ``path`` itself (never writes through it), and
     :func:`check_output_path` refuses links that lead outside the workspace."""
     target = check_output_path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    clean_debris(target.parent)  # temp files of killed writers (pid gone) in this folder
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    with naming_faults(target, always=True):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        clean_debris(target.parent)  # temp files of killed writers (pid gone) in this folder
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        if tmp_path.exists():  # mkstemp makes 0600 files; give the result the usual umask mode
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp_path, 0o666 & ~umask)
-        os.replace(tmp_path, target)
+        with naming_faults(target):
+            yield tmp_path
+            if tmp_path.exists():  # mkstemp makes 0600 files; give the result the usual umask mode
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp_path, 0o666 & ~umask)
+            os.replace(tmp_path, target)
     finally:
-        if tmp_path.exists():
+        with contextlib.suppress(OSError):  # gone, or its folder went read-only meanwhile
             tmp_path.unlink()
 
 
@@ -145,12 +204,18 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def staging_dir(folder: str | os.PathLike, kind: str = "stage") -> Iterator[Path]:
     """A private staging folder ``<folder>/.<kind>-<pid>-XXXX`` removed on exit (success,
     error, Ctrl-C or SIGTERM via the CLI's handler). Debris of killed runs is cleaned first."""
+    if kind not in STAGING_KINDS:  # its debris would never be recognised and removed
+        from hrm_deploy.errors import InternalError
+
+        raise InternalError(f"staging kind {kind!r} is not one of io.STAGING_KINDS")
     root = Path(folder)
-    root.mkdir(parents=True, exist_ok=True)
-    clean_debris(root)
-    staging = Path(tempfile.mkdtemp(prefix=f".{kind}-{os.getpid()}-", dir=root))
+    with naming_faults(root, always=True):
+        root.mkdir(parents=True, exist_ok=True)
+        clean_debris(root)
+        staging = Path(tempfile.mkdtemp(prefix=f".{kind}-{os.getpid()}-", dir=root))
     try:
-        yield staging
+        with naming_faults(root, always=True):
+            yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -173,12 +238,13 @@ def append_line(path: str | os.PathLike, line: str) -> None:
     """Append one line to a log (``metrics.jsonl``) with a single ``write`` of the whole line,
     refusing a symlink that leads outside the workspace."""
     target = check_output_path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
-    try:
-        os.write(fd, (line.rstrip("\n") + "\n").encode())
-    finally:
-        os.close(fd)
+    with naming_faults(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        try:
+            os.write(fd, (line.rstrip("\n") + "\n").encode())
+        finally:
+            os.close(fd)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

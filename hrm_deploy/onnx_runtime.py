@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 from collections.abc import Iterator
 from enum import Enum, IntEnum
 from pathlib import Path
@@ -126,6 +127,28 @@ def holds_fp4(model: Any) -> bool:
     )
 
 
+def _write_fault(path: Path) -> Exception:
+    """The machine fault behind a failed write of ``path`` (ORT reports only "serialization failed")."""
+    import errno
+    import shutil
+
+    from hrm_deploy.errors import machine_fault
+
+    folder = path.parent if path.parent.exists() else Path(".")
+    if shutil.disk_usage(folder).free < (1 << 20) + (path.stat().st_size if path.exists() else 0):
+        code = errno.ENOSPC
+    elif not os.access(folder, os.W_OK):
+        code = errno.EROFS if os.statvfs(folder).f_flag & os.ST_RDONLY else errno.EACCES
+    else:
+        code = errno.EIO
+    fault = machine_fault(OSError(code, os.strerror(code), str(path)))
+    if fault is None:
+        from hrm_deploy.errors import ArtifactError
+
+        return ArtifactError(f"{path}: ONNX Runtime could not write the optimized graph; check the folder and its disk")
+    return fault
+
+
 def ort_session(
     model: str | Path | bytes,
     *,
@@ -169,9 +192,15 @@ def ort_session(
         check_onnx_file(model)  # never block on a FIFO or read /dev/zero forever
     try:
         session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), options, providers=providers)
-    except (ort.capi.onnxruntime_pybind11_state.InvalidProtobuf, ort.capi.onnxruntime_pybind11_state.InvalidGraph):
+    except (
+        ort.capi.onnxruntime_pybind11_state.InvalidProtobuf,
+        ort.capi.onnxruntime_pybind11_state.InvalidGraph,
+    ) as exc:
         from hrm_deploy.errors import ArtifactError
 
+        if optimized_model_path is not None and "serialization failed" in str(exc):
+            # ORT failed to *write* the optimized graph (disk full, read-only...): never blame the input
+            raise _write_fault(Path(optimized_model_path)) from None
         where = "the graph" if isinstance(model, bytes) else str(model)
         raise ArtifactError(
             f"{where} is not a readable ONNX file (ONNX Runtime cannot parse it); re-export it"

@@ -94,6 +94,7 @@ def publish_output(
 
 def is_ours(path: PathLike) -> bool:
     """True when ``path`` has a manifest of ours (an output a previous run wrote)."""
+    path = Path(path)
     if not manifest_path(path).is_file():
         return False
     try:

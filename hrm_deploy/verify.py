@@ -200,6 +200,21 @@ def _halting(
     return result
 
 
+def _can_save_reports(path: Path) -> bool:
+    """Whether the reports can go beside ``path``. A link leading out of the workspace is refused
+    (ArtifactError); a read-only or foreign folder is a one-line warning: the verdict is still
+    printed, only the saved report and the manifest's verify entry are skipped."""
+    from hrm_deploy.errors import MachineError
+
+    try:
+        for report_file in report_paths(path):
+            check_output_path(report_file)
+    except MachineError as exc:
+        log.warning("the verify report will not be saved: %s", exc)
+        return False
+    return True
+
+
 def verify(
     artifact: str | Path,
     data: str | Path | None,
@@ -240,8 +255,7 @@ def verify(
     for given in (thresholds, replace(THRESHOLDS["fp32"], **(overrides or {}))):
         if given is not None:
             _check_thresholds(given)
-    for report_file in report_paths(path):
-        check_output_path(report_file)  # fail before the work, not after
+    saving = _can_save_reports(path)  # links refused before the work; a read-only folder only warns
     before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints
     candidate = open_runner(path, **runner_options)
     examples = load_examples(data, samples, split="test")
@@ -275,6 +289,9 @@ def verify(
         if after != before:  # an export replaced the artifact while it was being judged
             raise ArtifactError(f"{path} was replaced while it was being verified; run verify again")
         report["artifact_sha256"] = before
+    report["report_saved"] = saving
+    if not saving:
+        return report
     json_report, md_report = report_paths(path)
     write_json(json_report, report)
     write_text(md_report, markdown(report))

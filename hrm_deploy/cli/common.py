@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
-from hrm_deploy.errors import HRMDeployError, InternalError
+from hrm_deploy.errors import HRMDeployError, InternalError, machine_fault
 
 # The bundled presets live with the trainer; re-exported here for the commands.
 from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint  # noqa: F401
@@ -77,6 +77,12 @@ def user_errors(fn: F) -> F:
         except HRMDeployError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:  # the machine's faults (disk full, read-only, ...) are one line too
+            fault = machine_fault(exc)
+            if fault is None:
+                raise
+            typer.echo(f"error: {fault}", err=True)
+            raise typer.Exit(fault.exit_code) from None
         except InternalError:
             import traceback
 

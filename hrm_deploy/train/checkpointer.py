@@ -66,10 +66,22 @@ def check_out_dir(out: Path, overwrite: bool, resume: str | None) -> None:
             path.unlink()
         return
     if resume is None:
+        checkpoints = [p for p in existing if p.suffix == ".pt"]
+        if not checkpoints:  # e.g. a first run stopped by a full disk before its first checkpoint
+            raise ConfigError(
+                f"{out} holds a run with no checkpoint to resume ({existing[0].name} only); "
+                "start over with --overwrite, or pick another --out"
+            )
+        newest = out / "last.pt" if (out / "last.pt") in checkpoints else max(checkpoints, key=_step_number)
         raise ConfigError(
             f"{out} already holds a run ({existing[0].name}); continue it with --resume "
-            f"{out / 'last.pt'}, start over with --overwrite, or pick another --out"
+            f"{newest}, start over with --overwrite, or pick another --out"
         )
+
+
+def _step_number(path: Path) -> int:
+    digits = path.stem.rpartition("_")[2]
+    return int(digits) if digits.isdigit() else -1
 
 
 def rewind_metrics(out: Path, position: int) -> int:

@@ -87,7 +87,14 @@ def test_trm_upstream_arc_recipe_exports(tmp_path):
 @pytest.mark.parametrize("H_cycles,L_cycles", list(itertools.product((1, 2, 3), (1, 2, 3, 4, 5, 6))))
 def test_trm_grid_exports(tmp_path, mode, variant, H_cycles, L_cycles):
     cfg = TRMConfig(
-        **{**GRID_BASE, "H_cycles": H_cycles, "L_cycles": L_cycles, "L_layers": 2, "puzzle_emb_len": 4, "puzzle_emb_ndim": 32},
+        **{
+            **GRID_BASE,
+            "H_cycles": H_cycles,
+            "L_cycles": L_cycles,
+            "L_layers": 2,
+            "puzzle_emb_len": 4,
+            "puzzle_emb_ndim": 32,
+        },
         **TRM_VARIANTS[variant],
     )
     _export(tmp_path, build_model(cfg, seed=H_cycles * 10 + L_cycles).eval(), mode)

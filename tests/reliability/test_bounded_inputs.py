@@ -274,7 +274,7 @@ def test_an_interrupted_solve_writes_the_answers_so_far_and_says_how_many(monkey
 def test_solve_out_never_replaces_the_puzzle_file(tmp_path):
     puzzles = tmp_path / "p.txt"
     puzzles.write_text(PUZZLE + "\n")
-    _one_line(runner.invoke(app, ["solve", str(puzzles), "-o", str(puzzles)]), "puzzle file itself")
+    _one_line(runner.invoke(app, ["solve", str(puzzles), "-o", str(puzzles)]), "an output never replaces its input")
     assert puzzles.read_text() == PUZZLE + "\n"
 
 
@@ -322,7 +322,7 @@ def test_solve_out_never_replaces_the_model(trained_tiny, tmp_path):
     ckpt = tmp_path / "m.pt"
     shutil.copy(trained_tiny.checkpoint, ckpt)
     before = ckpt.read_bytes()
-    _one_line(runner.invoke(app, ["solve", PUZZLE, str(ckpt), "-o", str(ckpt)]), "is the input")
+    _one_line(runner.invoke(app, ["solve", PUZZLE, str(ckpt), "-o", str(ckpt)]), "an output never replaces its input")
     assert ckpt.read_bytes() == before
 
 

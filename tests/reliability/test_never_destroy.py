@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hrm_deploy.cli import app
-from hrm_deploy.errors import ArtifactError
+from hrm_deploy.errors import ArtifactError, MachineError
 from hrm_deploy.manifest import manifest_path
 
 runner = CliRunner()
@@ -160,7 +160,7 @@ def test_a_failed_dataset_write_leaves_no_debris(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(fmt.np, "save", full_disk)
-    with pytest.raises(OSError):
+    with pytest.raises(MachineError, match="no space left"):
         generate_sudoku(SudokuSpec(train=4, test=2, blanks=(3, 5)), str(tmp_path / "ds"))
     assert list(tmp_path.iterdir()) == []
 
