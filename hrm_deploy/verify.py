@@ -50,12 +50,16 @@ THRESHOLDS = {
 }
 
 
-def _run(runner, examples, batch: int, label: str, quiet: bool) -> dict[str, np.ndarray]:
+def _run(runner, examples, batch: int, label: str, quiet: bool, check_vocab: bool = False) -> dict[str, np.ndarray]:
+    from hrm_deploy.data.examples import check_vocabulary
     from hrm_deploy.progress import progress
     from hrm_deploy.runtime.infer import infer_all
 
     runner.activate()
     try:
+        if check_vocab:  # the vocabulary from one all-padding row (token 0 pads every model's input)
+            pad = {k: np.zeros_like(v[:1]) for k, v in examples.feeds(0, 1).items()}
+            check_vocabulary(examples, int(np.shape(runner.infer(pad)["logits"])[-1]))
         with progress(len(examples), label, quiet, unit="examples") as advance:
             return infer_all(runner, examples, batch, advance)
     finally:
@@ -259,7 +263,7 @@ def verify(
     before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints
     candidate = open_runner(path, **runner_options)
     examples = load_examples(data, samples, split="test")
-    cand_out = _run(candidate, examples, batch, f"{path.name} ({candidate.name})", quiet)
+    cand_out = _run(candidate, examples, batch, f"{path.name} ({candidate.name})", quiet, check_vocab=True)
     reference_ckpt = Path(against) if against else find_reference(path)
     ckpt_overrides = recorded_overrides(path)  # the same model the artifact was exported as
     reference = reference_runner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)

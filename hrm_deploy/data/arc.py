@@ -87,6 +87,8 @@ def _load_task(ref: TaskRef, max_grid: int) -> dict[str, list[Pair]]:
         raise DataError(f"{path}: an ARC task is an object with 'train' and 'test' lists of input/output pairs")
     task: dict[str, list[Pair]] = {}
     for kind in ("train", "test"):
+        if not data[kind]:  # nothing to learn from, or nothing to score: upstream's builder crashes on it
+            raise DataError(f"{path}: its '{kind}' list is empty; an ARC task needs at least one {kind} pair")
         pairs = []
         for i, pair in enumerate(data[kind]):
             where = f"{path} {kind}[{i}]"

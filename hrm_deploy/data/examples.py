@@ -57,6 +57,12 @@ def load_examples(path: str | Path, k: int | None, split: str | None = None, see
             raise DataError(f"{p} is not a readable .npz ({exc}); write it with numpy.savez") from None
         if "inputs" not in arrays or arrays["inputs"].ndim != 2:
             raise DataError(f"{p} needs an 'inputs' array of shape [N, seq_len]; it has {sorted(arrays)}")
+        for name in ("inputs", "puzzle_identifiers", "labels"):
+            if name in arrays and arrays[name].dtype.kind not in "iu":
+                raise DataError(
+                    f"{p}: '{name}' holds {arrays[name].dtype} values; token ids, puzzle ids and labels are "
+                    "integers: save them as an integer array (e.g. np.int32)"
+                )
         inputs = arrays["inputs"]
         pids = arrays.get("puzzle_identifiers", np.zeros(len(inputs), dtype=np.int32))
         labels = arrays.get("labels")
@@ -78,3 +84,20 @@ def load_examples(path: str | Path, k: int | None, split: str | None = None, see
         raise DataError(f"{p} holds no examples")
     inputs, pids = inputs.astype(np.int32), pids.astype(np.int32)
     return Examples(inputs, pids, labels, str(p), _digest(inputs, pids))
+
+
+def check_vocabulary(examples: Examples, vocab_size: int) -> None:
+    """Refuse tokens or labels outside ``0..vocab_size-1`` (labels may be -100, the ignore id) in one
+    line naming the first offending row: a model scores such examples as silently wrong."""
+    for name, values, ignore in (("input token", examples.inputs, None), ("label", examples.labels, -100)):
+        if values is None:
+            continue
+        bad = (values < 0) | (values >= vocab_size)
+        if ignore is not None:
+            bad &= values != ignore
+        if bad.any():
+            row, col = (int(i) for i in np.argwhere(bad)[0])
+            raise DataError(
+                f"{examples.source}: {name} {int(values[row, col])} at example {row}, position {col} is outside "
+                f"the model's vocabulary 0..{vocab_size - 1}; use data encoded for this model"
+            )

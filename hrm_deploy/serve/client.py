@@ -73,8 +73,15 @@ def infer_remote(
         raise RemoteError(f"{url} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}") from None
     finally:
         client.close()
-    names = [o["name"] for o in result.get_response()["outputs"]]
-    out = {name: result.as_numpy(name) for name in names}
+    response = result.get_response() or {}
+    names = [o.get("name") for o in response.get("outputs") or [] if isinstance(o, dict)]
+    out = {name: result.as_numpy(name) for name in names if name}
+    missing = [n for n in ("q_halt_logits",) + (() if "answer" in out else ("logits",)) if n not in out]
+    if missing:
+        raise RemoteError(
+            f"{url} model '{model_name}' answered without {' and '.join(repr(m) for m in missing)} "
+            f"(it sent {sorted(out) or 'no outputs'}); serve the model with hrm-deploy serve or a triton-repo repository"
+        )
     out["q_halt_logits"] = out["q_halt_logits"].reshape(len(tokens), -1)
     for name in ("steps", "act_steps"):
         if name in out:

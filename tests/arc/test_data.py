@@ -82,9 +82,19 @@ def test_bad_sources_are_clear(tmp_path):
         build_arc(ArcSpec(str(source), num_aug=0, max_grid=2))
     with pytest.raises(DataError, match="no test puzzles"):
         build_arc(ArcSpec(str(source), num_aug=0, max_grid=6, test_subsets=("nothing",)))
-    (source / "evaluation" / "bad.json").write_text('{"train": [], "test": [{"input": [[1]]}]}')
-    with pytest.raises(DataError, match="needs both"):
-        build_arc(ArcSpec(str(source), num_aug=0, max_grid=6))
+    ok = {"input": [[1]], "output": [[1]]}
+    bad = source / "evaluation" / "bad.json"
+    for task, message in (
+        ({"train": [ok], "test": [{"input": [[1]]}]}, "bad.json test\\[0\\]: needs both"),
+        ({"train": [ok], "test": []}, "bad.json: its 'test' list is empty"),
+        ({"train": [], "test": [ok]}, "bad.json: its 'train' list is empty"),
+        ({"train": [{"input": [[1, 2], [3]], "output": [[1]]}], "test": [ok]}, "train\\[0\\] input: not a grid"),
+        ({"train": [{"input": [[10]], "output": [[1]]}], "test": [ok]}, "colours must be 0..9"),
+        ({"train": [ok], "test": [{"input": [[1] * 31] * 31, "output": [[1]]}]}, "grid 31x31 exceeds the 30x30"),
+    ):
+        bad.write_text(json.dumps(task))
+        with pytest.raises(DataError, match=message):
+            build_arc(ArcSpec(str(source), num_aug=0, max_grid=30 if "31x31" in message else 6))
 
 
 def test_cli(tmp_path):

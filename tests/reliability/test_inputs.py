@@ -251,3 +251,25 @@ def test_an_explicit_path_outside_the_workspace_is_allowed_through_linked_folder
 def test_verify_threshold_overrides_are_range_checked_before_the_work(tiny_onnx, option, value):
     result = runner.invoke(app, ["verify", str(tiny_onnx.unrolled), "--data", tiny_onnx.data, option, value])
     _one_line_error(result, "out of range")
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda a: {**a, "labels": np.where(a["labels"] > 0, 12, a["labels"])}, "label 12 at example 0"),
+        (lambda a: {**a, "inputs": a["inputs"].astype(np.float64)}, "'inputs' holds float64 values"),
+        (lambda a: {**a, "inputs": a["inputs"] + 11}, "input token 1[1-9] at example 0, position 0 is outside"),
+    ],
+)
+def test_verify_refuses_data_the_model_cannot_take(tiny_onnx, tmp_path, change, message):
+    """Labels outside the vocabulary would score as silently wrong and float inputs were cast."""
+    from hrm_deploy.data.format import load_split
+
+    split = load_split(tiny_onnx.data, "test")
+    arrays = {"inputs": np.asarray(split.inputs[:4]), "labels": np.asarray(split.labels[:4]).astype(np.int64)}
+    np.savez(tmp_path / "d.npz", **change(arrays))
+    result = runner.invoke(app, ["verify", str(tiny_onnx.unrolled), "--data", str(tmp_path / "d.npz")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    import re
+
+    assert re.search(message, result.output), result.output
