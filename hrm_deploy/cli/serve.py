@@ -109,4 +109,6 @@ def triton_repo(
     )
     for m in models:
         typer.echo(f"{m.name}: {m.kind} ({m.path})")
-    typer.echo(f"wrote {output}; serve it with: tritonserver --model-repository {output}")
+    import shlex
+
+    typer.echo(f"wrote {output}; serve it with: tritonserver --model-repository {shlex.quote(str(output))}")

@@ -203,3 +203,20 @@ def test_cli_triton_repo(tiny_onnx, tmp_path):
     assert parse(out / "tiny").max_batch_size == 8
     result = CliRunner().invoke(app, ["triton-repo", str(tiny_onnx.unrolled), "-o", str(out)])
     assert result.exit_code == 2 and "not empty" in result.output
+
+
+def test_the_serve_hint_works_as_printed(tiny_onnx, tmp_path):
+    """A repository path with a space and a quote: the printed command line, split as a shell would,
+    names exactly that folder."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+
+    repo = tmp_path / "my repo's"
+    result = CliRunner().invoke(app, ["triton-repo", str(tiny_onnx.unrolled), "-o", str(repo)])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if "serve it with:" in x)
+    argv = shlex.split(line.split("serve it with:", 1)[1])
+    assert argv == ["tritonserver", "--model-repository", str(repo)]
