@@ -16,6 +16,7 @@ import json
 import logging
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -298,13 +299,16 @@ def solve(
     model_name: str = "hrm",
     calib_data: str | Path | None = None,
     quiet: bool = False,
+    on_solutions: Callable[[list[Solution]], None] | None = None,
     **runner_options: Any,
 ) -> list[Solution]:
     """Parse ``source``, run ``artifact`` (default: the bundled model) or the server at ``url``
     with the halting rule ``halt``, and check each answer. ``budget:P`` uses the threshold in
     the artifact's manifest, else calibrates it first on ``calib_data`` (default: fresh puzzles
     of the checkpoint's dataset spec, never trained on) and stores it there. More puzzles than
-    one ``batch`` show a progress line with ETA on stderr unless ``quiet``."""
+    one ``batch`` show a progress line with ETA on stderr unless ``quiet``. ``on_solutions`` gets
+    each batch's checked answers as soon as they are computed (in order), so a caller can save
+    them before the next batch runs."""
     from hrm_deploy.halting import HaltMode, HaltRule, resolve_rule
 
     puzzles = parse_puzzles(source)
@@ -315,13 +319,20 @@ def solve(
     rule = HaltRule.parse(halt, min_steps=min_steps, max_steps=max_steps)
     inputs = np.stack([p.tokens for p in puzzles]).astype(np.int32)
     pids = np.array([p.puzzle_id for p in puzzles], np.int32)
-    parts: list[dict[str, Any]] = []
+    solutions: list[Solution] = []
+
+    def keep(part: dict[str, Any]) -> None:  # one batch's outputs -> its checked answers, in order
+        batch_solutions = _solutions(puzzles[len(solutions) :], part)
+        solutions.extend(batch_solutions)
+        if on_solutions is not None:
+            on_solutions(batch_solutions)
+
     if url:
         from hrm_deploy.serve.client import infer_remote, server_max_batch
 
         # never more puzzles per request than the server batches (Triton refuses them)
         size = min(batch, server_max_batch(url, model_name))
-        _in_batches(lambda feeds: infer_remote(url, feeds, model_name=model_name), inputs, pids, size, parts, quiet)
+        _in_batches(lambda feeds: infer_remote(url, feeds, model_name=model_name), inputs, pids, size, keep, quiet)
     else:
         if artifact is None:
             from hrm_deploy.train.presets import bundled_checkpoint
@@ -359,10 +370,9 @@ def solve(
         runner.activate()
         try:
             halting = {"halt": rule.should_halt} if rule.active else {}
-            _in_batches(lambda feeds: runner.infer(feeds, **halting), inputs, pids, batch, parts, quiet)
+            _in_batches(lambda feeds: runner.infer(feeds, **halting), inputs, pids, batch, keep, quiet)
         finally:
             runner.close()
-    solutions = _solutions(puzzles, parts)
     if len(solutions) < len(puzzles):  # interrupted: hand over the answers computed so far
         raise SolveInterrupted(solutions, len(puzzles))
     return solutions
@@ -378,26 +388,29 @@ class SolveInterrupted(KeyboardInterrupt):
 
 
 def _in_batches(
-    infer: Any, inputs: np.ndarray, pids: np.ndarray, batch: int, parts: list[dict[str, Any]], quiet: bool
+    infer: Any,
+    inputs: np.ndarray,
+    pids: np.ndarray,
+    batch: int,
+    keep: Callable[[dict[str, Any]], None],
+    quiet: bool,
 ) -> None:
-    """Run ``infer`` on ``batch``-sized slices, appending each result to ``parts``; an interrupt
-    (Ctrl-C, SIGTERM through the CLI) stops the loop and keeps what was computed."""
+    """Run ``infer`` on ``batch``-sized slices, handing each result to ``keep`` in order; an
+    interrupt (Ctrl-C, SIGTERM through the CLI) stops the loop and keeps what was computed."""
     from hrm_deploy.progress import progress
 
     try:
         with progress(len(inputs), "solving", quiet or len(inputs) <= batch, unit="puzzles") as advance:
             for s in range(0, len(inputs), batch):
-                parts.append(infer({"inputs": inputs[s : s + batch], "puzzle_identifiers": pids[s : s + batch]}))
-                advance(len(parts[-1]["logits"]))
+                part = infer({"inputs": inputs[s : s + batch], "puzzle_identifiers": pids[s : s + batch]})
+                keep(part)
+                advance(len(part["logits"]))
     except KeyboardInterrupt:
         return
 
 
-def _solutions(puzzles: list[Puzzle], parts: list[dict[str, Any]]) -> list[Solution]:
-    """The checked solutions of the first puzzles, from the batches' outputs in order."""
-    if not parts:
-        return []
-    out = {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in parts[0]}
+def _solutions(puzzles: list[Puzzle], out: dict[str, Any]) -> list[Solution]:
+    """The checked solutions of the first puzzles, from one batch's outputs."""
     q_halt = np.asarray(out["q_halt_logits"], np.float32).reshape(len(out["logits"]), -1)
     steps_used = np.asarray(out.get("steps_used", np.full(len(q_halt), q_halt.shape[1], np.int32)))
     answers = np.asarray(out["logits"]).argmax(-1).astype(np.int32)

@@ -56,8 +56,10 @@ def solve(
     options: dict[str, Any] = (
         {"provider": provider.value} if artifact is not None and artifact.suffix == ".onnx" else {}
     )
+    partial = None
     if out is not None:  # before any work: never over an input, never over a user's file
         _check_out(out, puzzle, [artifact, calib_data])
+        partial = PartialAnswers(out, json_lines)
     try:
         solutions = run_solve(
             puzzle,
@@ -68,17 +70,52 @@ def solve(
             url=url,
             calib_data=calib_data,
             quiet=quiet,
+            on_solutions=partial.append if partial is not None else None,
             **options,
         )
     except SolveInterrupted as stopped:  # Ctrl-C / SIGTERM: the answers so far are kept
-        _write(format_solutions(stopped.solutions, json_lines), out)
+        _write(format_solutions(stopped.solutions, json_lines), out, partial)
         typer.echo(
             f"interrupted: wrote the {len(stopped.solutions)} answers computed of {stopped.total} puzzles"
             + (f" (also to {out})" if out is not None else ""),
             err=True,
         )
         raise typer.Exit(130) from None
-    _write(format_solutions(solutions, json_lines), out)
+    _write(format_solutions(solutions, json_lines), out, partial)
+
+
+class PartialAnswers:
+    """``<out>.partial``: each batch's answers appended (and synced) as soon as they are computed,
+    so a kill -9 loses at most the batch in flight; replaced by ``<out>`` when the run ends. An
+    existing one is an interrupted run's answers: kept, and this run refuses to start over it."""
+
+    def __init__(self, out: Path, json_lines: bool):
+        import os
+
+        from hrm_deploy.errors import ArtifactError
+
+        self.path, self.json_lines = out.with_name(out.name + ".partial"), json_lines
+        if os.path.lexists(self.path):
+            raise ArtifactError(
+                f"{self.path} holds the answers of an interrupted solve; move it away (or delete it) and run again"
+            )
+
+    def append(self, solutions: list) -> None:
+        import os
+
+        from hrm_deploy.io import append_line
+        from hrm_deploy.solve import format_solutions
+
+        # format_solutions joins answers with one newline: each batch appended as a line continues it
+        append_line(self.path, format_solutions(solutions, self.json_lines).rstrip("\n"))
+        with open(self.path, "rb") as f:
+            os.fsync(f.fileno())
+
+    def remove(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
 
 
 def _check_out(out: Path, puzzle: str, inputs: list[Path | None]) -> None:
@@ -91,9 +128,11 @@ def _check_out(out: Path, puzzle: str, inputs: list[Path | None]) -> None:
     check_user_output(out, inputs=[given, *inputs], folders=folders)
 
 
-def _write(text: str, out: Path | None) -> None:
+def _write(text: str, out: Path | None, partial: PartialAnswers | None = None) -> None:
     typer.echo(text, nl=False)
     if out is not None:
         from hrm_deploy.outputs import publish_output
 
         publish_output(out, text, stage="solve")
+    if partial is not None:
+        partial.remove()

@@ -73,3 +73,35 @@ def test_a_report_companion_of_someone_else_is_refused(tmp_path):
     publish_output(tmp_path / "other.json", "{}", stage="test", companions={tmp_path / "other.report.json": "{}"})
     # ours, with its companion named in the manifest: replaceable
     check_user_output(tmp_path / "other.json", companions=[tmp_path / "other.report.json"])
+
+
+def test_solve_keeps_finished_answers_through_a_kill(tmp_path):
+    """kill -9 after two batches of two: the four answers computed are in <out>.partial; the next
+    run refuses to start over them; a finished run leaves only <out>."""
+    import signal
+    import subprocess
+    import sys
+
+    puzzles = tmp_path / "p.txt"
+    puzzles.write_text((PUZZLE + "\n") * 7)
+    out = tmp_path / "answers.jsonl"
+    script = (
+        "import os, signal, sys; from pathlib import Path\n"
+        "from hrm_deploy.cli.solve import PartialAnswers\n"
+        "from hrm_deploy.solve import solve\n"
+        "partial, seen = PartialAnswers(Path(sys.argv[2]), True), []\n"
+        "def keep(s):\n"
+        "    partial.append(s); seen.append(len(s))\n"
+        "    if len(seen) == 2: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "solve(sys.argv[1], batch=2, quiet=True, on_solutions=keep)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script, str(puzzles), str(out)], cwd=root, timeout=300)
+    assert done.returncode == -signal.SIGKILL
+    partial = out.with_name(out.name + ".partial")
+    assert len(partial.read_text().splitlines()) == 4 and not out.exists()
+    _one_line(runner.invoke(app, ["solve", str(puzzles), "-o", str(out), "--json"]), "interrupted solve")
+    partial.unlink()
+    result = runner.invoke(app, ["solve", str(puzzles), "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text().splitlines()) == 7 and not partial.exists()
