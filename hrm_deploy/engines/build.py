@@ -85,7 +85,9 @@ class EngineConfig:
         if self.cpu_int8 is not None and self.precision != "int8":
             raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
         if self.tf32 and self.backend != "torch":
-            raise ConfigError("--tf32 is an option of --backend torch (TensorRT chooses TF32 per layer itself); drop it")
+            raise ConfigError(
+                "--tf32 is an option of --backend torch; drop it (TensorRT engines take their precision from the ONNX)"
+            )
 
 
 def build_engine(

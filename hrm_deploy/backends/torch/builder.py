@@ -113,6 +113,13 @@ def build_torch_engine(
             f"{src} is a {meta['precision']} graph; build the torch engine from the FP32 export "
             "(or the checkpoint) and choose --fp32 or --bf16"
         )
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda but torch sees no CUDA GPU here; build for cpu or on the GPU machine")
+    if config.tf32 and not device.startswith("cuda"):
+        raise ConfigError(
+            "--tf32 applies to CUDA engines (float32 matmuls on the GPU); this build is for the CPU: drop --tf32"
+        )
     stages = Stages(quiet)
     with stages.stage(f"loading {checkpoint.name}"):
         # an ONNX export's checkpoint is loaded as it was exported (an upstream checkpoint without its
@@ -125,9 +132,6 @@ def build_torch_engine(
         model_config = model.inner.config
     mode = config.mode or meta.get("mode", "step")
     steps = int(config.steps or meta.get("steps") or model_config.halt_max_steps)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda but torch sees no CUDA GPU here; build for cpu or on the GPU machine")
     module = (single_step(model) if mode == "step" else unroll(model, steps, step_predictions=True)).to(device)
     batch, S, T, D = 2, model_config.seq_len, model_config.total_seq_len, model_config.hidden_size
     args: tuple[Any, ...] = (
@@ -294,3 +298,20 @@ def _load_check(
         "load_check": verdict.record(),
         "load_fallback": _program_path(target).name,
     }
+
+
+def build_from_config(
+    source: str | os.PathLike | None, config: Any, out: str | os.PathLike | None = None, quiet: bool = False
+) -> Any:
+    """``build-engine --backend torch``: the engine stage's options (an ``EngineConfig``) as a
+    PyTorch engine for this machine; ``source`` is an ONNX export or a checkpoint (default: the
+    newest export)."""
+    from hrm_deploy.engines.result import newest_export
+
+    torch_config = TorchEngineConfig(
+        precision=config.precision,
+        max_batch=config.max_batch or 1024,
+        device=config.device,
+        tf32=bool(getattr(config, "tf32", False)),
+    )
+    return build_torch_engine(source or newest_export(), torch_config, out, quiet=quiet)
