@@ -141,7 +141,7 @@ def test_build_reports_an_unloadable_package_and_the_runner_falls_back(
     assert manifest["compile_path"] == "aoti" and manifest["load_fallback"] == "e.pt2.program"
     assert manifest["load_check"]["ok"] is False and "SIGSEGV" in manifest["load_check"]["reason"]
     assert set(manifest["companions"]) == {"e.pt2.program"} and manifest["tf32"] is False
-    assert result.summary["load_check"]["ok"] is False and len(segfaulting_child) == 1
+    assert result.build["load_check"]["ok"] is False and len(segfaulting_child) == 1
 
     monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda *a, **k: pytest.fail("loaded in-process"))
     monkeypatch.setattr(torch, "compile", lambda module, **kw: module)
