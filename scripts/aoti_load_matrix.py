@@ -14,7 +14,7 @@ load, loaded, run-bN). Variants, most informative first:
                       the load `hrm-deploy verify/solve` did before the child-process probe
   hrm-runner          hrm-deploy's own runner (open_runner + activate + one batch-1 call), its
                       probe skipped: today's in-process load (private unzip folder, TF32 setting)
-  api-after-cli-imports  tool-api after importing what `hrm-deploy verify` imports first (the
+  api-cli-imports  tool-api after importing what `hrm-deploy verify` imports first (the
                       CLI, verify, onnxruntime where installed): a library clash shows here
   tool-loader         the same C++ AOTIModelPackageLoader, without the Python pre-steps
                       (load_metadata_from_package, get_device_information/pick_vec_isa)
@@ -334,7 +334,7 @@ def main() -> int:
     variants = [
         ("tool-api", {"method": "api", "facts": True}, {}, "api"),
         ("hrm-runner", {"method": "hrm-runner"}, {}, "api"),
-        ("api-after-cli-imports", {"method": "api", "pre_imports": CLI_IMPORTS}, {}, "api"),
+        ("api-cli-imports", {"method": "api", "pre_imports": CLI_IMPORTS}, {}, "api"),
         ("tool-loader", {"method": "loader"}, {}, "loader"),
         ("dlopen-extracted", {"method": "dlopen"}, {}, "dlopen"),
         ("runner-extracted", {"method": "runner"}, {}, "runner"),

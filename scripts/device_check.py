@@ -11,9 +11,9 @@ PyTriton is installed) of that engine, each a fresh `hrm-deploy` process; a Sudo
 (hidden 512, 16 ACT steps, random weights) built once in bf16 and verified against its reference;
 latency of the reference and that step engine with the captured loop at batch 1, 64, 1024 (each
 row written as soon as measured, with kernel time against launch gaps per ACT step from
-torch.profiler); `pytest -m gpu`; then, if time is left: TF32 and bf16 against exact fp32 on the
-bundled model, the Sudoku-size model in fp32, the load matrix on a max-batch-256 engine, FP8 /
-NVFP4 TensorRT engines. device_check.json / .md under OUT are rewritten after every stage, so a
+torch.profiler); `pytest -m gpu`; then, if time is left: the load matrix on a max-batch-256 engine
+of the bundled model (while diagnosing), TF32 and bf16 against exact fp32 on the bundled model,
+the Sudoku-size model in fp32, FP8 / NVFP4 TensorRT engines. device_check.json / .md under OUT are rewritten after every stage, so a
 run cut short keeps what it learned. Without a CUDA GPU: one line, exit 0.
 """
 
@@ -358,9 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             sudoku_size_stages(check, work, data, "bf16", latency=True)
         pytest_stage(check)
         if gen["ok"]:
-            precision_stages(check, work, data)
-            sudoku_size_stages(check, work, data, "fp32", latency=False)
-            if args.diagnose and bundled["engine"] is not None:
+            if args.diagnose and bundled["engine"] is not None:  # same model, smaller max batch: is it the bound?
                 extra = work / "sudoku-small.step.cuda.b256.pt2"
                 built = check.stage(
                     "build-engine --backend torch --max-batch 256 (bundled model, for the load matrix)",
@@ -371,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if built["ok"]:
                     matrix_stage(check, extra, "max batch 256", 110)
+            precision_stages(check, work, data)
+            sudoku_size_stages(check, work, data, "fp32", latency=False)
             for result in reduced_precision_stages(work, data, out, summary["compute_capability"], check.left()):
                 check.record(result)
     failed = [c["check"] for c in summary["checks"] if not c["ok"]]
