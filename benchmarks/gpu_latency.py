@@ -192,12 +192,13 @@ def _measure(args, ckpt: Path, engines: dict[str, Path], rows: list[dict], torch
     from hrm_deploy.backends import open_runner
     from hrm_deploy.backends.reference import TorchRunner
 
-    candidates = [("reference_eager", lambda: TorchRunner(ckpt, device="cuda"))]
-    if not args.no_compiled_reference:
-        candidates.append(("reference_compiled", lambda: TorchRunner(ckpt, device="cuda", compile=True)))
-    candidates += [
+    # the engines first: their rows are the goal, and a package once died loading after the CUDA reference ran
+    candidates = [
         (f"aoti_{mode}", lambda mode=mode: open_runner(engines[mode], step_predictions=False)) for mode in engines
     ]
+    candidates.append(("reference_eager", lambda: TorchRunner(ckpt, device="cuda")))
+    if not args.no_compiled_reference:
+        candidates.append(("reference_compiled", lambda: TorchRunner(ckpt, device="cuda", compile=True)))
     max_batch = max(args.batches)
     rng = np.random.default_rng(0)
     base = {"inputs": rng.integers(1, 11, (max_batch, 81)), "puzzle_identifiers": np.zeros(max_batch, np.int32)}

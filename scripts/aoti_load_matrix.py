@@ -333,11 +333,11 @@ def main() -> int:
             "cuda": "tool", "st": True, "dev": i if device == "cuda" else -1, "io": io, "batches": batches}
     variants = [
         ("tool-api", {"method": "api", "facts": True}, {}, "api"),
+        ("dlopen-extracted", {"method": "dlopen"}, {}, "dlopen"),
+        ("runner-extracted", {"method": "runner"}, {}, "runner"),
         ("hrm-runner", {"method": "hrm-runner"}, {}, "api"),
         ("api-cli-imports", {"method": "api", "pre_imports": CLI_IMPORTS}, {}, "api"),
         ("tool-loader", {"method": "loader"}, {}, "loader"),
-        ("dlopen-extracted", {"method": "dlopen"}, {}, "dlopen"),
-        ("runner-extracted", {"method": "runner"}, {}, "runner"),
         ("loader-st0-dev", {"method": "loader", "st": False}, {}, "loader"),
         ("loader-st1-devdef", {"method": "loader", "dev": -1}, {}, "loader"),
         ("loader-defaults", {"method": "loader", "st": False, "dev": -1}, {}, "loader"),

@@ -199,7 +199,7 @@ def bundled_stages(check: Check, work: Path, data: Path, diagnose: bool) -> dict
     loadable = (check.summary["bundled_load_check"] or {}).get("ok", True)
     ran = diagnose or not loadable
     if ran:  # first, while the crash stands (or the build's own probe could not load it)
-        matrix_stage(check, engine, "max batch 1024", 110)
+        matrix_stage(check, engine, "max batch 1024", 130)
     verify = check.stage(
         "verify (bundled engine on CUDA vs the PyTorch reference, fresh process)",
         [*HRM, "verify", str(engine), "--data", str(data), "--samples", "200"],
@@ -208,7 +208,7 @@ def bundled_stages(check: Check, work: Path, data: Path, diagnose: bool) -> dict
     )
     check.summary["verify"] = verify_summary(engine)
     if not verify["ok"] and not ran:  # a CLI load failed: the matrix says where
-        matrix_stage(check, engine, "max batch 1024", 110)
+        matrix_stage(check, engine, "max batch 1024", 130)
         ran = True
     puzzles = work / "puzzles.txt"
     puzzles.write_text(f"{PUZZLE}\n{PUZZLE.replace('0', '.')}\n")
@@ -273,7 +273,8 @@ def sudoku_size_stages(check: Check, work: Path, data: Path, precision: str, lat
         check.stage(
             "latency: reference and step engine, captured loop, batch 1/64/1024, kernel time vs gaps",
             [PY, "benchmarks/gpu_latency.py", "--checkpoint", str(ckpt), "--step-engine", str(engine)]
-            + ["--iters", "40", "--seconds", "2", "--min-calls", "2", "--profile", "--out", str(out)],
+            + ["--iters", "40", "--seconds", "2", "--min-calls", "2", "--no-compiled-reference", "--profile"]
+            + ["--out", str(out)],
             120,
             "device_check_latency.log",
             minimum=40.0,
