@@ -94,17 +94,19 @@ def profile_call(runner, feeds, steps: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = torch.cuda.is_available()
     runner.infer(feeds)  # warm: plans and graphs exist before the profiled call
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         start = time.perf_counter()
         runner.infer(feeds)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - start) * 1e3
     kernels, copies = [], []
-    for event in prof.events():
-        if str(getattr(event, "device_type", "")).endswith("CUDA"):
-            interval = (float(event.time_range.start), float(event.time_range.end))
-            (copies if event.name.startswith(("Memcpy", "Memset")) else kernels).append(interval)
+    for event in prof.profiler.kineto_results.events():  # the raw trace: device activity with ns times
+        if str(event.device_type()).endswith("CUDA"):
+            interval = (event.start_ns() / 1e3, (event.start_ns() + event.duration_ns()) / 1e3)
+            (copies if event.name().startswith(("Memcpy", "Memset")) else kernels).append(interval)
     return split_gpu_time(kernels, copies, wall_ms, steps)
 
 

@@ -158,6 +158,20 @@ def test_kernel_time_against_gaps_per_act_step():
     assert latency.split_gpu_time([], [], 1.0, 16) == {"wall_ms": 1.0, "kernels_visible": False}
 
 
+def test_a_profiled_call_without_gpu_activity_says_kernels_were_not_visible():
+    torch = pytest.importorskip("torch")
+    latency = _load("gpu_latency", ROOT / "benchmarks" / "gpu_latency.py")
+    calls = []
+
+    class Runner:
+        def infer(self, feeds):
+            calls.append(feeds)
+            return {"logits": (torch.ones(8, 8) @ torch.ones(8, 8)).numpy()}
+
+    split = latency.profile_call(Runner(), {"inputs": 1}, steps=16)
+    assert len(calls) == 2 and split["kernels_visible"] is False and split["wall_ms"] > 0
+
+
 @pytest.mark.slow
 def test_gpu_latency_saves_its_model_and_refuses_to_measure_without_a_gpu(tmp_path):
     pytest.importorskip("torch")
