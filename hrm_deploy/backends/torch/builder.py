@@ -157,19 +157,17 @@ def build_torch_engine(
     target.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     what = "the single step" if mode == "step" else f"the {steps}-step unroll"
-    with (
-        stages.stage(f"torch.export of {what}"),
-        torch.inference_mode(),
-        warnings.catch_warnings(),
-        tf32_matmuls(torch, config.tf32 and device.startswith("cuda")),
-    ):
+    with stages.stage(f"torch.export of {what}"), torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation chatter
         program = torch.export.export(module, args, dynamic_shapes=dynamic)
     with staging_dir(target.parent, "torch-engine") as work:
         built = Path(work) / "engine.pt2"
         compile_path, fallback_reason = _compile(torch, program, built, config, device, stages, quiet)
         io = io_specs(mode, model_config, steps, dtypes)
-        checks = _load_check(torch, program, built, target, device, config, io) if compile_path == "aoti" else {}
+        checks = {}
+        if compile_path == "aoti":
+            with stages.stage("loading the package in a fresh process"):
+                checks = _load_check(torch, program, built, target, device, config, io)
         seconds = time.perf_counter() - started
         engine_bytes = built.stat().st_size
         gpu = gpu_identity() if device.startswith("cuda") else {}
