@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,11 +58,21 @@ def run_stage(name: str, argv: list[str], limit: float, log: Path) -> dict:
     """Run one stage in a child with a time limit; its output (text) goes to ``log``."""
     start = time.perf_counter()
     env = dict(os.environ, PYTHONFAULTHANDLER="1")  # a crash in a child leaves its Python stack in the log
+    # its own process group: at the limit the whole stage goes (a probe child or a server it
+    # started would otherwise hold the pipes open and the check would wait for them)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=limit, env=env)
-        rc, out = done.returncode, text(done.stdout) + text(done.stderr)
+        stdout, stderr = proc.communicate(timeout=limit)
+        rc, out = proc.returncode, text(stdout) + text(stderr)
     except subprocess.TimeoutExpired as exc:
-        rc, out = 124, f"{text(exc.stdout)}{text(exc.stderr)}\n(stopped after {limit:.0f} s)"
+        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            stdout, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a descendant left the group and holds the pipes
+            stdout, stderr = exc.stdout, exc.stderr
+        rc, out = 124, f"{text(stdout)}{text(stderr)}\n(stopped after {limit:.0f} s)"
     seconds = time.perf_counter() - start
     log.write_text(out)
     return {"check": name, "rc": rc, "ok": rc == 0, "seconds": round(seconds, 1), "log": log.name, "tail": _tail(out)}

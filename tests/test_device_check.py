@@ -45,11 +45,15 @@ def test_the_shell_entry_is_a_clean_no_op_without_a_gpu(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_stage_that_times_out_keeps_its_output_as_text(check, tmp_path):
-    code = "print('partial résumé', flush=True); import time; time.sleep(30)"
+def test_a_stage_that_times_out_keeps_its_output_as_text_and_takes_its_children(check, tmp_path):
+    # the stage started a child of its own (as verify starts its load probe) that holds the pipes
+    code = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(20)']);"
+        "print('partial résumé', flush=True); time.sleep(30)"
+    )
     result = check.run_stage("sleeper", [sys.executable, "-c", code], 1.0, tmp_path / "sleeper.log")
     log = (tmp_path / "sleeper.log").read_text()
-    assert result["rc"] == 124 and not result["ok"]
+    assert result["rc"] == 124 and not result["ok"] and result["seconds"] < 10
     assert "partial résumé" in log and "(stopped after 1 s)" in log and "b'" not in log
 
 
