@@ -12,16 +12,16 @@ load, loaded, run-bN). Variants, most informative first:
   tool-api            torch._inductor.aoti_load_package(run_single_threaded=True, device_index=N)
                       after TorchMemory-like CUDA setup + torch.cuda.init() + set_device(N):
                       the load `hrm-deploy verify/solve` did before the child-process probe
-  hrm-runner          hrm-deploy's own runner (open_runner + activate + one batch-1 call), its
-                      probe skipped: today's in-process load (private unzip folder, TF32 setting)
-  api-cli-imports  tool-api after importing what `hrm-deploy verify` imports first (the
-                      CLI, verify, onnxruntime where installed): a library clash shows here
-  tool-loader         the same C++ AOTIModelPackageLoader, without the Python pre-steps
-                      (load_metadata_from_package, get_device_information/pick_vec_isa)
   dlopen-extracted    the package's .so, unzipped here, dlopen'ed (RTLD_NOW|RTLD_LOCAL) only:
                       dynamic linking + static initialisers, no model container
   runner-extracted    AOTIModelContainerRunnerCuda on the unzipped .so + cubin dir: container
                       creation (cudaSetDevice, weights cudaMalloc/cudaMemcpy) without the zip loader
+  hrm-runner          hrm-deploy's own runner (open_runner + activate + one batch-1 call), its
+                      probe skipped: today's in-process load (private unzip folder, TF32 setting)
+  api-cli-imports     tool-api after importing what `hrm-deploy verify` imports first (the
+                      CLI, verify, onnxruntime where installed): a library clash shows here
+  tool-loader         the same C++ AOTIModelPackageLoader, without the Python pre-steps
+                      (load_metadata_from_package, get_device_information/pick_vec_isa)
   loader-st0-dev      run_single_threaded=False, device_index=N
   loader-st1-devdef   run_single_threaded=True,  device_index=-1
   loader-defaults     run_single_threaded=False, device_index=-1 (torch's defaults)
