@@ -113,6 +113,8 @@ def private_tmpdir(root: Path | None = None) -> Iterator[Path | None]:
                 os.environ.pop("TMPDIR", None)
             else:
                 os.environ["TMPDIR"] = old
+            with contextlib.suppress(OSError):  # nothing unzipped there (or a failed load): no empty folder left
+                folder.rmdir()
 
 
 def release_folder(root: Path | None = None) -> None:

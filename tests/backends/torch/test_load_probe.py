@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -177,9 +178,14 @@ def test_unzip_folders_of_ended_processes_are_removed_others_kept(tmp_path):
     assert sweep_stale(root) == [folders["ended"].parent]
     assert [name for name, f in folders.items() if f.exists()] == ["self", "other host", "not ours"]
     before = os.environ.get("TMPDIR")
+    (folders["self"] / "lib.so").write_bytes(b"")  # a model of this process is loaded from there
     with private_tmpdir(root) as own:
         assert own == root / f"{_host()}-{os.getpid()}" and os.environ["TMPDIR"] == str(own)
-    assert os.environ.get("TMPDIR") == before
+    assert os.environ.get("TMPDIR") == before and own.exists()  # kept while a model uses it
+    shutil.rmtree(own)
+    with private_tmpdir(root) as own:
+        pass  # nothing unzipped (a failed load): no empty folder left behind
+    assert not own.exists()
 
 
 @pytest.mark.slow
