@@ -1,19 +1,24 @@
-"""GPU latency of the Sudoku-size model: the PyTorch reference (eager, and
-optionally torch.compile with CUDA graphs), the AOTInductor step engine through the device
-loop with the captured 16-step loop, and the AOTInductor unrolled engine; batch 1 / 64 / 1024;
-median end-to-end latency per call (host arrays in, host arrays out) and puzzles/s, measured
-in one run so the ratios compare like with like.
+"""GPU latency of the Sudoku-size model: the PyTorch reference (eager, and optionally
+torch.compile with CUDA graphs) and the AOTInductor step engine through the device loop with the
+captured 16-step loop (the unrolled engine only when asked: its compile is long); batch 1 / 64 /
+1024; median end-to-end latency per call (host arrays in, host arrays out) and puzzles/s,
+measured in one run so the ratios compare like with like.
 
     python benchmarks/gpu_latency.py [--iters 50] [--seconds 3] [--batches 1 64 1024] [--checkpoint CKPT]
-Writes benchmarks/results/gpu_latency.json (rewritten after every row, so a run cut short keeps
-what it measured). Random weights unless --checkpoint is given (latency does not depend on the
-weights). Each artifact and batch runs ``--iters`` calls or ``--seconds``, whichever ends first
-(at least 5 calls). Needs a CUDA GPU: refuses cleanly without one.
+        [--step-engine ENGINE.pt2] [--precision fp32|bf16] [--modes step unrolled] [--profile]
+    python benchmarks/gpu_latency.py --save-checkpoint PATH   (the random-weight model, then exit)
 
-Goal: batch 1 <= 10 ms (stretch 5 ms), >= 2,000 puzzles/s at 1024. Upstream anchors on
-an H100: eager loop 261 ms at batch 1 (530 puzzles/s at 1024); torch.compile max-autotune + CUDA
-graph 18.4 ms at batch 1, 1,620 puzzles/s at 1024. Decision rule: if the captured step loop is
-within 10 % of the unrolled engine, step mode becomes the default engine mode everywhere.
+Writes benchmarks/results/gpu_latency.json, rewritten after every measured batch, so a run cut
+short keeps every row it measured. Random weights unless --checkpoint is given (latency does not
+depend on the weights). ``--step-engine`` reuses a step engine already built (compile each model
+once). Each artifact and batch runs ``--iters`` calls or ``--seconds``, whichever ends first (at
+least ``--min-calls``). ``--profile`` adds, per engine batch, one call under torch.profiler: GPU
+kernel time against the gaps between kernels, per ACT step, so a missed goal says where the time
+went. Needs a CUDA GPU for the measurement: refuses cleanly without one.
+
+Goal: batch 1 <= 10 ms (stretch 5 ms), >= 2,000 puzzles/s at 1024. Upstream anchors on an H100:
+eager loop 261 ms at batch 1 (530 puzzles/s at 1024); torch.compile max-autotune + CUDA graph
+18.4 ms at batch 1, 1,620 puzzles/s at 1024.
 """
 
 from __future__ import annotations
@@ -29,12 +34,12 @@ from pathlib import Path
 import numpy as np
 
 
-def _median_ms(runner, feeds, iters: int, warmup: int, seconds: float) -> tuple[float, dict]:
+def _median_ms(runner, feeds, iters: int, warmup: int, seconds: float, min_calls: int) -> tuple[float, dict]:
     for _ in range(warmup):
         runner.infer(feeds)
     times, phases = [], []
     begin = time.perf_counter()
-    while len(times) < iters and (len(times) < 5 or time.perf_counter() - begin < seconds):
+    while len(times) < iters and (len(times) < min_calls or time.perf_counter() - begin < seconds):
         start = time.perf_counter()
         runner.infer(feeds)
         times.append(time.perf_counter() - start)
@@ -48,19 +53,91 @@ def _median_ms(runner, feeds, iters: int, warmup: int, seconds: float) -> tuple[
     return float(np.median(times)) * 1e3, median
 
 
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by ``intervals`` (overlaps counted once)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def split_gpu_time(kernels: list[tuple[float, float]], copies: list[tuple[float, float]], wall_ms: float, steps: int):
+    """Where one call's wall time went, from the GPU activity intervals (microseconds) of a
+    profiled call: kernel time, copy time, the gaps between them while the GPU had work queued or
+    waited for the host (launch overhead, syncs) and host time before the first / after the
+    last GPU activity; kernel and gap time also per ACT step."""
+    busy = kernels + copies
+    if not busy:
+        return {"wall_ms": wall_ms, "kernels_visible": False}
+    span_us = max(b for _, b in busy) - min(a for a, _ in busy)
+    kernel_ms, copy_ms = _union_us(kernels) / 1e3, _union_us(copies) / 1e3
+    gap_ms = (span_us - _union_us(busy)) / 1e3
+    return {
+        "wall_ms": wall_ms,
+        "kernels_visible": bool(kernels),
+        "kernels": len(kernels),
+        "kernel_ms": kernel_ms,
+        "copy_ms": copy_ms,
+        "gap_ms": gap_ms,
+        "host_outside_gpu_ms": max(wall_ms - span_us / 1e3, 0.0),
+        "per_step": {"kernel_ms": kernel_ms / steps, "gap_ms": gap_ms / steps, "kernels": len(kernels) / steps},
+    }
+
+
+def profile_call(runner, feeds, steps: int) -> dict:
+    """One ``runner.infer`` under torch.profiler (CUDA activity), split by :func:`split_gpu_time`.
+    Kernels replayed from a CUDA graph appear where the profiler's CUPTI traces graph launches;
+    ``kernels_visible`` says whether they did."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    runner.infer(feeds)  # warm: plans and graphs exist before the profiled call
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        start = time.perf_counter()
+        runner.infer(feeds)
+        if cuda:
+            torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) * 1e3
+    kernels, copies = [], []
+    for event in prof.profiler.kineto_results.events():  # the raw trace: device activity with ns times
+        if str(event.device_type()).endswith("CUDA"):
+            interval = (event.start_ns() / 1e3, (event.start_ns() + event.duration_ns()) / 1e3)
+            (copies if event.name().startswith(("Memcpy", "Memset")) else kernels).append(interval)
+    return split_gpu_time(kernels, copies, wall_ms, steps)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="time budget per artifact and batch")
-    parser.add_argument("--modes", nargs="+", default=["step", "unrolled"], help="engine modes to build and time")
+    parser.add_argument("--min-calls", type=int, default=5, help="timed calls per artifact and batch, at least")
+    parser.add_argument(
+        "--modes", nargs="+", default=["step"], help="engine modes to build (unrolled: a long compile of 16 steps)"
+    )
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="engines built here")
+    parser.add_argument("--step-engine", default=None, help="a step engine already built: timed, not rebuilt")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 1024])
     parser.add_argument("--checkpoint", default=None, help="trained Sudoku checkpoint (default: random weights)")
     parser.add_argument("--no-compiled-reference", action="store_true", help="skip torch.compile reduce-overhead")
+    parser.add_argument("--profile", action="store_true", help="kernel time vs gaps per ACT step (torch.profiler)")
+    parser.add_argument("--save-checkpoint", default=None, help="save the random-weight model here and exit")
     parser.add_argument("--out", default="benchmarks/results/gpu_latency.json")
     args = parser.parse_args()
     import torch
 
+    from hrm_deploy.model.checkpoint import save_checkpoint
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sudoku_size import sudoku_size_model
+
+    if args.save_checkpoint:
+        print(f"saved {save_checkpoint(Path(args.save_checkpoint), sudoku_size_model(seed=0))}", flush=True)
+        return 0
     if not torch.cuda.is_available():
         print(
             "gpu_latency: no CUDA GPU visible to torch here; run it on a machine with an NVIDIA GPU "
@@ -68,71 +145,81 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    from sudoku_size import sudoku_size_model
-
-    from hrm_deploy.backends import open_runner
-    from hrm_deploy.backends.reference import TorchRunner
-    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
-    from hrm_deploy.model.checkpoint import save_checkpoint
-
-    rows: list[dict] = []
-    max_batch = max(args.batches)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        if args.checkpoint:
-            ckpt = Path(args.checkpoint)
-        else:
-            ckpt = save_checkpoint(work / "sudoku-random.pt", sudoku_size_model(seed=0))
-        engines = {}
-        for mode in args.modes:
-            start = time.perf_counter()
-            result = build_torch_engine(
-                ckpt,
-                TorchEngineConfig(mode=mode, max_batch=max_batch, device="cuda"),
-                work / f"sudoku.{mode}.pt2",
-                quiet=True,
-            )
-            manifest = json.loads((work / f"sudoku.{mode}.pt2.manifest.json").read_text())
-            engines[mode] = result.path
-            rows.append(
-                {
-                    "name": f"aoti_{mode}",
-                    "build_s": time.perf_counter() - start,
-                    "compile_path": manifest["compile_path"],
-                    "fallback": manifest.get("compile_fallback_reason"),
-                    "batches": {},
-                }
-            )
-            print(f"built {mode} engine in {rows[-1]['build_s']:.1f} s ({manifest['compile_path']})", flush=True)
-        candidates = [("reference_eager", lambda: TorchRunner(ckpt, device="cuda"))]
-        candidates += [
-            (f"aoti_{mode}", lambda mode=mode: open_runner(engines[mode], step_predictions=False))
-            for mode in args.modes
-        ]
-        if not args.no_compiled_reference:
-            candidates.insert(1, ("reference_compiled", lambda: TorchRunner(ckpt, device="cuda", compile=True)))
-        rng = np.random.default_rng(0)
-        base = {"inputs": rng.integers(1, 11, (max_batch, 81)), "puzzle_identifiers": np.zeros(max_batch, np.int32)}
-        for name, make in candidates:
-            row = next((r for r in rows if r["name"] == name), None)
-            if row is None:
-                row = {"name": name, "batches": {}}
-                rows.append(row)
-            with make() as runner:
-                row["steps"] = runner.steps
-                row["runtime"] = dict(getattr(runner, "runtime_settings", {}) or {})
-                for batch in args.batches:
-                    feeds = {k: v[:batch] for k, v in base.items()}
-                    ms, phases = _median_ms(runner, feeds, args.iters, args.warmup, args.seconds)
-                    row["batches"][str(batch)] = {
-                        "median_ms": ms,
-                        "puzzles_per_s": batch / ms * 1e3,
-                        "phases_ms": phases,
-                    }
-                    print(f"{name:20s} batch {batch:5d}: {ms:9.3f} ms  {batch / ms * 1e3:10.1f} puzzles/s", flush=True)
-                row["runtime"] = dict(getattr(runner, "runtime_settings", {}) or {})  # the loop path that ran
-            _write(args, rows, torch)
+        ckpt = Path(args.checkpoint) if args.checkpoint else save_checkpoint(work / "r.pt", sudoku_size_model(seed=0))
+        rows: list[dict] = []
+        engines = _engines(args, ckpt, work, rows, torch)
+        _measure(args, ckpt, engines, rows, torch)
     return 0
+
+
+def _engines(args, ckpt: Path, work: Path, rows: list[dict], torch) -> dict[str, Path]:
+    """The engines to time: ``--step-engine`` as given, the other modes built here (one row each)."""
+    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
+
+    engines: dict[str, Path] = {}
+    modes = [m for m in args.modes if not (m == "step" and args.step_engine)]
+    if args.step_engine:
+        engines["step"] = Path(args.step_engine)
+        manifest = json.loads(Path(args.step_engine + ".manifest.json").read_text())
+        rows.append(_row("aoti_step", manifest, None))
+    for mode in modes:
+        start = time.perf_counter()
+        config = TorchEngineConfig(mode=mode, max_batch=max(args.batches), device="cuda", precision=args.precision)
+        result = build_torch_engine(ckpt, config, work / f"sudoku.{mode}.pt2", quiet=True)
+        engines[mode] = result.path
+        manifest = json.loads(result.manifest.read_text())
+        rows.append(_row(f"aoti_{mode}", manifest, time.perf_counter() - start))
+        print(f"built {mode} engine in {rows[-1]['build_s']:.1f} s ({manifest['compile_path']})", flush=True)
+        _write(args, rows, torch)
+    return engines
+
+
+def _row(name: str, manifest: dict, build_s: float | None) -> dict:
+    return {
+        "name": name,
+        "build_s": build_s,
+        "precision": manifest.get("precision"),
+        "tf32": manifest.get("tf32"),
+        "compile_path": manifest.get("compile_path"),
+        "fallback": manifest.get("compile_fallback_reason"),
+        "load_check": manifest.get("load_check"),
+        "batches": {},
+    }
+
+
+def _measure(args, ckpt: Path, engines: dict[str, Path], rows: list[dict], torch) -> None:
+    """Time every candidate at every batch; the JSON is rewritten after each batch."""
+    from hrm_deploy.backends import open_runner
+    from hrm_deploy.backends.reference import TorchRunner
+
+    # the engines first: their rows are the goal, and a package once died loading after the CUDA reference ran
+    candidates = [
+        (f"aoti_{mode}", lambda mode=mode: open_runner(engines[mode], step_predictions=False)) for mode in engines
+    ]
+    candidates.append(("reference_eager", lambda: TorchRunner(ckpt, device="cuda")))
+    if not args.no_compiled_reference:
+        candidates.append(("reference_compiled", lambda: TorchRunner(ckpt, device="cuda", compile=True)))
+    max_batch = max(args.batches)
+    rng = np.random.default_rng(0)
+    base = {"inputs": rng.integers(1, 11, (max_batch, 81)), "puzzle_identifiers": np.zeros(max_batch, np.int32)}
+    for name, make in candidates:
+        row = next((r for r in rows if r["name"] == name), None)
+        if row is None:
+            row = {"name": name, "batches": {}}
+            rows.append(row)
+        with make() as runner:
+            row["steps"] = runner.steps
+            for batch in args.batches:
+                feeds = {k: v[:batch] for k, v in base.items()}
+                ms, phases = _median_ms(runner, feeds, args.iters, args.warmup, args.seconds, args.min_calls)
+                row["batches"][str(batch)] = {"median_ms": ms, "puzzles_per_s": batch / ms * 1e3, "phases_ms": phases}
+                if args.profile and name.startswith("aoti_"):
+                    row["batches"][str(batch)]["profile"] = profile_call(runner, feeds, runner.steps)
+                row["runtime"] = dict(getattr(runner, "runtime_settings", {}) or {})  # the loop path that ran
+                print(f"{name:20s} batch {batch:5d}: {ms:9.3f} ms  {batch / ms * 1e3:10.1f} puzzles/s", flush=True)
+                _write(args, rows, torch)
 
 
 def _write(args, rows: list[dict], torch) -> None:
@@ -150,7 +237,6 @@ def _write(args, rows: list[dict], torch) -> None:
         "weights": str(args.checkpoint or "random"),
         "rows": rows,
         "step_vs_unrolled_latency_ratio": ratio,
-        "step_mode_default": all(r <= 1.10 for r in ratio.values()) if ratio else None,
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -161,7 +247,6 @@ def _write(args, rows: list[dict], torch) -> None:
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(out)
-    print(f"wrote {out}", flush=True)
 
 
 if __name__ == "__main__":

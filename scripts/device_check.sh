@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # The one GPU check: run it first whenever a machine with a CUDA GPU is at hand.
-#   scripts/device_check.sh            (no arguments; PYTHON=... picks the interpreter)
-# It runs from the source tree (PYTHONPATH=., nothing installed or downloaded): the GPU tests
-# (pytest -m gpu), the GPU latency benchmark (reference, AOTInductor step engine with the captured
-# loop, AOTInductor unrolled engine; batch 1, 64, 1024; Sudoku-size) and verify of an AOTInductor
-# engine of the bundled model on CUDA, then FP8 and NVFP4 TensorRT engines of it built and verified
-# where TensorRT is installed and the GPU's compute capability allows (>= 8.9, >= 10.0; skipped with
-# the reason otherwise, within the same time budget); one line per check, and a JSON + Markdown summary under
-# $OUT (or benchmarks/results/ when $OUT is unset). About 6-8 minutes on one H100.
-# Without a GPU it says so and exits 0.
+#   scripts/device_check.sh [--diagnose | --no-diagnose] [--budget SECONDS]   (PYTHON=... picks the interpreter)
+# It runs from the source tree (PYTHONPATH=., nothing installed or downloaded) the user's path in
+# at most 7 minutes on one H100 (stages and their order: scripts/device_check.py): the bundled
+# model's CUDA engine built once and used from fresh processes (verify, solve, bench, serve), the
+# AOTInductor load matrix while diagnosing or when a CLI load fails, a Sudoku-size bf16 engine
+# built, verified and timed (kernel time vs launch gaps), pytest -m gpu, then what fits of TF32/bf16
+# accuracy, fp32, FP8/NVFP4. One line per check; device_check.json + .md under $OUT (or
+# benchmarks/results/), rewritten after every stage. Without a GPU it says so and exits 0.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -25,4 +24,4 @@ if [ -n "$missing" ]; then
   exit 2
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec "$PY" scripts/device_check.py "${OUT:-benchmarks/results}"
+exec "$PY" scripts/device_check.py "${OUT:-benchmarks/results}" "$@"

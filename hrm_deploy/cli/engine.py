@@ -123,6 +123,14 @@ def build_engine(
             "(printed first); without it such a graph's single-step graph is exported and built instead.",
         ),
     ] = False,
+    tf32: Annotated[
+        bool,
+        typer.Option(
+            "--tf32",
+            help="torch backend, fp32 on CUDA: let float32 matmuls use TF32 (faster, about 1e-3 relative "
+            "error); default exact float32. Recorded in the manifest.",
+        ),
+    ] = False,
     output: Annotated[
         Path | None,
         typer.Option(
@@ -168,6 +176,7 @@ def build_engine(
         cpu_int8=cpu_int8.value if cpu_int8 else None,  # refused off the cpu target (EngineConfig)
         cpu_accuracy_check=not no_accuracy_check,
         allow_unrolled=allow_unrolled,
+        tf32=tf32,
     )
     if (
         onnx is not None and onnx.suffix == ".onnx" and os.path.lexists(onnx)

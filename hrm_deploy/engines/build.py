@@ -47,6 +47,7 @@ class EngineConfig:
     cpu_accuracy_check: bool = True  # cpu target: static INT8 compared with FP32 on held-out data
     allow_unrolled: bool = False  # TensorRT: build an unrolled graph whose estimated cost is over budget (backends/tensorrt/builder/cost.py)
     device: str = "auto"  # torch backend: compile for "cuda", "cpu" or "auto" (cuda when torch sees a GPU)
+    tf32: bool = False  # torch backend: float32 CUDA matmuls may use TF32 (default: exact float32); recorded
 
     def __post_init__(self) -> None:
         if self.precision not in ENGINE_PRECISIONS:
@@ -83,6 +84,10 @@ class EngineConfig:
             )
         if self.cpu_int8 is not None and self.precision != "int8":
             raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
+        if self.tf32 and self.backend != "torch":
+            raise ConfigError(
+                "--tf32 is an option of --backend torch; drop it (TensorRT engines take their precision from the ONNX)"
+            )
 
 
 def build_engine(

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hrm_deploy.backends.torch.package import tf32_matmuls
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import publish_artifact
@@ -34,7 +35,8 @@ COMPILERS = ("auto", "aoti", "torch.compile")
 @dataclass(frozen=True)
 class TorchEngineConfig:
     """``mode``/``steps`` default to the ONNX graph's (or step mode and the checkpoint's
-    ``halt_max_steps`` for a checkpoint); ``device`` "auto" is cuda when torch sees a GPU."""
+    ``halt_max_steps`` for a checkpoint); ``device`` "auto" is cuda when torch sees a GPU;
+    ``tf32`` lets float32 CUDA matmuls use TF32 (default: exact float32)."""
 
     precision: str = "fp32"
     mode: str | None = None
@@ -42,6 +44,7 @@ class TorchEngineConfig:
     device: str = "auto"
     max_batch: int = 1024
     compiler: str = "auto"
+    tf32: bool = False  # float32 CUDA matmuls in TF32 (faster, ~1e-3 relative error); recorded in the manifest
 
     def __post_init__(self) -> None:
         if self.precision not in TORCH_PRECISIONS:
@@ -110,6 +113,13 @@ def build_torch_engine(
             f"{src} is a {meta['precision']} graph; build the torch engine from the FP32 export "
             "(or the checkpoint) and choose --fp32 or --bf16"
         )
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda but torch sees no CUDA GPU here; build for cpu or on the GPU machine")
+    if config.tf32 and not device.startswith("cuda"):
+        raise ConfigError(
+            "--tf32 applies to CUDA engines (float32 matmuls on the GPU); this build is for the CPU: drop --tf32"
+        )
     stages = Stages(quiet)
     with stages.stage(f"loading {checkpoint.name}"):
         # an ONNX export's checkpoint is loaded as it was exported (an upstream checkpoint without its
@@ -122,9 +132,6 @@ def build_torch_engine(
         model_config = model.inner.config
     mode = config.mode or meta.get("mode", "step")
     steps = int(config.steps or meta.get("steps") or model_config.halt_max_steps)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda but torch sees no CUDA GPU here; build for cpu or on the GPU machine")
     module = (single_step(model) if mode == "step" else unroll(model, steps, step_predictions=True)).to(device)
     batch, S, T, D = 2, model_config.seq_len, model_config.total_seq_len, model_config.hidden_size
     args: tuple[Any, ...] = (
@@ -153,28 +160,14 @@ def build_torch_engine(
     with stages.stage(f"torch.export of {what}"), torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation chatter
         program = torch.export.export(module, args, dynamic_shapes=dynamic)
-    compile_path, fallback_reason = "aoti", None
-    with staging_dir(target.parent, "torch-engine") as work, warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
+    with staging_dir(target.parent, "torch-engine") as work:
         built = Path(work) / "engine.pt2"
-        try:
-            if config.compiler == "torch.compile":
-                raise RuntimeError("torch.compile was asked for")
-            with stages.stage(f"AOTInductor compile for {device}"):
-                torch._inductor.aoti_compile_and_package(program, package_path=str(built))
-        except Exception as exc:  # noqa: BLE001 - a missing host compiler / CUDA headers surface as many types
-            if config.compiler == "aoti":
-                raise EngineError(
-                    f"AOTInductor could not compile for {device}: {str(exc).splitlines()[0][:300]}; "
-                    "install a host compiler (gcc) and the CUDA headers, or use --compiler auto"
-                ) from None
-            compile_path, fallback_reason = "torch.compile", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            if not quiet and config.compiler == "auto":
-                log.warning(
-                    f"AOTInductor could not compile ({fallback_reason}); saving the exported program, the runner "
-                    "will torch.compile it"
-                )
-            torch.export.save(program, str(built))
+        compile_path, fallback_reason = _compile(torch, program, built, config, device, stages, quiet)
+        io = io_specs(mode, model_config, steps, dtypes)
+        checks = {}
+        if compile_path == "aoti":
+            with stages.stage("loading the package in a fresh process"):
+                checks = _load_check(torch, program, built, target, device, config, io)
         seconds = time.perf_counter() - started
         engine_bytes = built.stat().st_size
         gpu = gpu_identity() if device.startswith("cuda") else {}
@@ -198,11 +191,16 @@ def build_torch_engine(
             device=device.split(":")[0],
             compile_path=compile_path,
             compile_fallback_reason=fallback_reason,
+            tf32=config.tf32 and device.startswith("cuda"),
+            companions=checks.get("companions", []),
+            remove=[] if checks else [_program_path(target)],  # an older build's, when this one has none
+            load_check=checks.get("load_check"),
+            load_fallback=checks.get("load_fallback"),
             checkpoint={"path": str(checkpoint), "sha256": sha256_file(checkpoint)},
             compute_capability=None,
             build_machine=gpu,
             profile_shapes={"batch": [1, config.max_batch]},
-            io=io_specs(mode, model_config, steps, dtypes),
+            io=io,
             model_config=asdict(model_config),
             build_seconds=seconds,
             timings=stages.timings,
@@ -211,8 +209,93 @@ def build_torch_engine(
         target,
         manifest,
         src,
-        {"build_seconds": seconds, "engine_bytes": engine_bytes, "compile_path": compile_path},
+        {
+            "build_seconds": seconds,
+            "engine_bytes": engine_bytes,
+            "compile_path": compile_path,
+            "load_check": checks.get("load_check"),
+        },
     )
+
+
+def _compile(
+    torch: Any, program: Any, built: Path, config: TorchEngineConfig, device: str, stages: Stages, quiet: bool
+) -> tuple[str, str | None]:
+    """AOTInductor-compile ``program`` into ``built``, or save the exported program there where it
+    cannot (with ``compiler`` auto); returns (compile_path, why it fell back or None)."""
+    with warnings.catch_warnings(), tf32_matmuls(torch, config.tf32 and device.startswith("cuda")):
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            if config.compiler == "torch.compile":
+                raise RuntimeError("torch.compile was asked for")
+            with stages.stage(f"AOTInductor compile for {device}"):
+                torch._inductor.aoti_compile_and_package(program, package_path=str(built))
+            return "aoti", None
+        except Exception as exc:  # noqa: BLE001 - a missing host compiler / CUDA headers surface as many types
+            if config.compiler == "aoti":
+                raise EngineError(
+                    f"AOTInductor could not compile for {device}: {str(exc).splitlines()[0][:300]}; "
+                    "install a host compiler (gcc) and the CUDA headers, or use --compiler auto"
+                ) from None
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            if not quiet and config.compiler == "auto":
+                log.warning(
+                    f"AOTInductor could not compile ({reason}); saving the exported program, the runner "
+                    "will torch.compile it"
+                )
+            torch.export.save(program, str(built))
+            return "torch.compile", reason
+
+
+def _program_path(target: Path) -> Path:
+    """Where the exported program is saved beside an AOTInductor package (not ``.pt2``: the
+    suffix table would read it as an engine)."""
+    return target.with_name(target.name + ".program")
+
+
+def _load_check(
+    torch: Any,
+    program: Any,
+    built: Path,
+    target: Path,
+    device: str,
+    config: TorchEngineConfig,
+    io: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """For an AOTInductor package: its exported program saved beside it as the load fallback, and
+    the package loaded by a child process with the options a captured loop uses (the verdict
+    is cached, so the first runner here reads it). A package that cannot be loaded is reported
+    now, in one warning line, and recorded."""
+    from hrm_deploy.backends.torch.probe import ProbeSpec, probe_load
+    from hrm_deploy.io import sha256_file
+
+    staged_program = built.with_name("engine.program")
+    with open(staged_program, "wb") as f:
+        torch.export.save(program, f)
+    cuda = device.startswith("cuda")
+    index = (torch.device(device).index or 0) if cuda else -1
+    spec = ProbeSpec(
+        path=str(built.resolve()),
+        device="cuda" if cuda else "cpu",
+        device_index=index,
+        single_threaded=cuda,
+        tf32=config.tf32 and cuda,
+        io=io,
+    )
+    label = f"cuda {torch.cuda.get_device_name(index)}" if cuda else "cpu"
+    verdict = probe_load(spec, sha256=sha256_file(built), torch_version=torch.__version__, device_label=label)
+    if not verdict.ok:
+        log.warning(
+            "the built package cannot be loaded by a fresh process here (%s); runners will use the exported "
+            "program saved beside it (%s) under torch.compile",
+            verdict.reason,
+            _program_path(target).name,
+        )
+    return {
+        "companions": [(staged_program, _program_path(target))],
+        "load_check": verdict.record(),
+        "load_fallback": _program_path(target).name,
+    }
 
 
 def build_from_config(
@@ -224,6 +307,9 @@ def build_from_config(
     from hrm_deploy.engines.result import newest_export
 
     torch_config = TorchEngineConfig(
-        precision=config.precision, max_batch=config.max_batch or 1024, device=config.device
+        precision=config.precision,
+        max_batch=config.max_batch or 1024,
+        device=config.device,
+        tf32=bool(getattr(config, "tf32", False)),
     )
     return build_torch_engine(source or newest_export(), torch_config, out, quiet=quiet)

@@ -7,12 +7,12 @@ as a CUDA graph; on the CPU the same loop with torch CPU memory (no graph).
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hrm_deploy.backends.torch.package import load_aoti_package, load_program, release_folder, set_tf32
 from hrm_deploy.errors import ConfigError, EngineError, require
 from hrm_deploy.manifest import check_artifact
 from hrm_deploy.runtime.adapter import TensorSpec
@@ -21,30 +21,7 @@ from hrm_deploy.runtime.compat import check_compatible
 
 log = logging.getLogger(__name__)
 
-
-def load_aoti_package(torch: Any, path: Path, *, single_threaded: bool, device_index: int) -> tuple[Any, bool]:
-    """``torch._inductor.aoti_load_package`` with the options the device loop needs, and whether
-    the loaded model may be captured in a CUDA graph.
-
-    AOTInductor's default runner synchronises through CUDA events between calls; an event query
-    inside a stream capture fails, so a captured loop needs ``run_single_threaded=True`` (torch
-    documents the flag for CUDA graphs). ``device_index`` loads the weights onto the runner's GPU.
-    A torch without the flag loads the default runner and the loop stays eager."""
-    load = torch._inductor.aoti_load_package
-    params = inspect.signature(load).parameters
-    kwargs: dict[str, Any] = {}
-    capturable = True
-    if single_threaded:
-        if "run_single_threaded" in params:
-            kwargs["run_single_threaded"] = True
-        else:
-            capturable = False
-            log.warning(
-                "torch %s cannot load AOTInductor for CUDA graphs; the step loop runs eagerly", torch.__version__
-            )
-    if device_index >= 0 and "device_index" in params:
-        kwargs["device_index"] = device_index
-    return load(str(path), **kwargs), capturable
+__all__ = ["TorchEngineAdapter", "TorchEngineRunner", "load_aoti_package"]
 
 
 class TorchEngineAdapter:
@@ -161,16 +138,9 @@ class TorchEngineRunner(LoopRunner):
         if on_cuda:  # torch's CUDA state exists on the runner's GPU before the package is loaded onto it
             torch.cuda.init()
             torch.cuda.set_device(self.device_index)
-        graph_safe = True
-        if self.compile_path == "aoti":
-            fn, graph_safe = load_aoti_package(
-                torch,
-                self.path,
-                single_threaded=on_cuda and self.cuda_graph,
-                device_index=self.device_index if on_cuda else -1,
-            )
-        else:  # the build could not AOT-compile: compile the exported program here
-            fn = torch.compile(torch.export.load(str(self.path)).module(), dynamic=True)
+            # float32 matmuls as the engine was built: exact unless it was built with --tf32
+            set_tf32(torch, bool(self.manifest.get("tf32", False)))
+        fn, graph_safe = self._load(torch, on_cuda)
         specs = [TensorSpec(t["name"], t["is_input"], t["dtype"], tuple(t["shape"])) for t in self.manifest["io"]]
         low, high = self.manifest.get("profile_shapes", {}).get("batch", [1, 1024])
         adapter = TorchEngineAdapter(fn, specs, self.memory, (int(low), int(high)))
@@ -185,3 +155,65 @@ class TorchEngineRunner(LoopRunner):
         self.mode, self.steps = self.loop.mode, self.loop.steps
         self.min_batch, self.max_batch = int(low), int(high)
         self.seq_len = adapter.tensors["inputs"].shape[-1]
+
+    def _load(self, torch: Any, on_cuda: bool) -> tuple[Callable[..., Any], bool]:
+        """The compiled callable and whether a CUDA graph may capture it. An AOTInductor package
+        is first loaded by a child process (:mod:`.probe`): where that dies, the exported program
+        saved beside the engine runs under ``torch.compile`` instead (one warning line), or, for
+        an engine without one, one error line says what to do."""
+        if self.compile_path != "aoti":  # the build could not AOT-compile: compile the exported program here
+            return load_program(torch, self.path), True
+        verdict = self._probe(torch, on_cuda)
+        if verdict.ok:
+            return load_aoti_package(
+                torch,
+                self.path,
+                single_threaded=on_cuda and self.cuda_graph,
+                device_index=self.device_index if on_cuda else -1,
+            )
+        companion = fallback_program(self.path, self.manifest)
+        where = f"torch {torch.__version__} on {'CUDA' if on_cuda else 'the CPU'}"
+        if companion is None:
+            raise EngineError(
+                f"{self.path.name} cannot be loaded by {where}: {verdict.reason}; rebuild it with "
+                "`hrm-deploy build-engine --backend torch` (which saves a fallback beside it) or build it with "
+                "--compiler torch.compile"
+            )
+        log.warning(
+            "%s cannot be loaded by %s (%s); running its exported program under torch.compile instead",
+            self.path.name,
+            where,
+            verdict.reason,
+        )
+        self.compile_path = "torch.compile (load fallback)"
+        self.runtime_settings["load_fallback"] = verdict.reason
+        return load_program(torch, companion), True
+
+    def _probe(self, torch: Any, on_cuda: bool) -> Any:
+        from hrm_deploy.backends.torch.probe import ProbeSpec, probe_load
+
+        spec = ProbeSpec(
+            path=str(self.path.resolve()),
+            device="cuda" if on_cuda else "cpu",
+            device_index=self.device_index if on_cuda else -1,
+            single_threaded=on_cuda and self.cuda_graph,
+            tf32=bool(self.manifest.get("tf32", False)),
+            io=self.manifest["io"],
+        )
+        label = f"cuda {self.memory.gpu_name}" if on_cuda else "cpu"
+        return probe_load(spec, sha256=self.manifest["sha256"], torch_version=torch.__version__, device_label=label)
+
+    def _close(self) -> None:
+        try:
+            super()._close()
+        finally:  # the loaded package is gone with the loop: its unzip folder too, then this process's
+            release_folder()
+
+
+def fallback_program(path: Path, manifest: dict[str, Any]) -> Path | None:
+    """The exported program the build saved beside an AOTInductor package (checked against the
+    manifest's sha256 with the engine), or None for an engine without one."""
+    name = manifest.get("load_fallback")
+    if not name or name not in (manifest.get("companions") or {}):
+        return None
+    return path.with_name(str(name))

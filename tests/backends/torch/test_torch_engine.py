@@ -61,6 +61,9 @@ def test_step_engine_on_cpu_answers_like_the_reference(torch_engines):
     manifest = json.loads(torch_engines.step.with_name(torch_engines.step.name + ".manifest.json").read_text())
     assert manifest["compile_path"] == "aoti" and manifest["mode"] == "step" and manifest["device"] == "cpu"
     assert manifest["backend"]["name"] == "torch" and manifest["checkpoint"]["sha256"]
+    # the build loaded its package in a fresh process, and saved the exported program beside it
+    assert manifest["load_check"]["ok"] is True and manifest["load_fallback"] == "tiny.step.pt2.program"
+    assert manifest["tf32"] is False and set(manifest["companions"]) == {"tiny.step.pt2.program"}
     feeds = _examples(torch_engines.data).feeds(0, 40)
     ref = _reference(torch_engines.checkpoint, feeds, steps=3)
     with open_runner(torch_engines.step, steps=3) as runner:  # the loop runs 3 ACT steps of the 1-step preset
