@@ -339,8 +339,8 @@ def test_an_export_landing_during_verify_gets_no_stale_verdict(tiny_onnx, tmp_pa
     real_run = verify_mod._run
     calls = {"n": 0}
 
-    def run_then_export_lands(runner_, examples, batch, *display):
-        out = real_run(runner_, examples, batch, *display)
+    def run_then_export_lands(runner_, examples, batch, *display, **options):
+        out = real_run(runner_, examples, batch, *display, **options)
         calls["n"] += 1
         if calls["n"] == 1:  # `hrm-deploy export -o m.onnx` finishes while verify is judging the old bytes
             fields = {
