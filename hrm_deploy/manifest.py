@@ -33,13 +33,30 @@ from typing import Any
 
 from hrm_deploy import __version__
 from hrm_deploy.errors import ArtifactError
-from hrm_deploy.io import same_file, sha256_bytes, sha256_file, write_json
+from hrm_deploy.io import same_file, sha256_bytes, sha256_file, write_text
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_VERSION = 1
 REPORT_SUFFIXES = (".verify.json", ".verify.md")
 _VERSIONED = ("torch", "onnx", "onnxruntime", "tensorrt", "tensorrt_rtx", "numpy")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+SEAL_KEY = "manifest_sha256"
+
+
+def _sealed(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with its seal: the sha256 of its canonical JSON without the seal. Only hrm-deploy's
+    writers seal, so a field edited by hand (a precision, a step count, a halting threshold) no
+    longer matches and the manifest is refused instead of trusted."""
+    body = {k: v for k, v in data.items() if k != SEAL_KEY}
+    text = json.dumps(body, sort_keys=True, default=str, separators=(",", ":"))
+    return {**body, SEAL_KEY: sha256_bytes(text.encode())}
+
+
+def manifest_text(data: dict[str, Any]) -> str:
+    """The sealed JSON text of a manifest, as every writer of manifests stores it."""
+    return json.dumps(_sealed(data), indent=2, default=str) + "\n"
 
 
 def manifest_path(artifact: str | Path) -> Path:
@@ -123,7 +140,7 @@ def write_manifest(
     artifact = Path(artifact)
     data = manifest_data(artifact, stage=stage, config=config, parent=parent, **fields)
     mark_reports_stale(artifact)
-    return write_json(manifest_path(artifact), data)
+    return write_text(manifest_path(artifact), manifest_text(data))
 
 
 def publish_artifact(
@@ -172,7 +189,7 @@ def publish_artifact(
         **fields,
     )
     staged_manifest = staged.with_name(staged.name + ".manifest.staged")
-    staged_manifest.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    staged_manifest.write_text(manifest_text(data))
     final_manifest = manifest_path(artifact)
     try:
         final_manifest.unlink()
@@ -311,6 +328,11 @@ def validate_manifest(data: Any, path: str | Path) -> dict[str, Any]:
             f"manifest {path} has no valid sha256 (got {str(data['sha256'])[:70]!r}); "
             "it was edited or damaged: re-create the artifact"
         )
+    if SEAL_KEY in data and _sealed(data)[SEAL_KEY] != data[SEAL_KEY]:  # manifests before the seal: as read
+        raise ArtifactError(
+            f"manifest {path} was edited after hrm-deploy wrote it (its fields no longer match their "
+            "seal): what it says about the artifact cannot be trusted; re-create the artifact"
+        )
     return data
 
 
@@ -397,4 +419,4 @@ def update_manifest(artifact: str | Path, *, expect_sha256: str | None = None, *
     if expect_sha256 is not None and data["sha256"] != expect_sha256:
         raise ArtifactError(f"{artifact} was replaced meanwhile; its new manifest was left as it is: run again")
     data.update(fields)
-    return write_json(manifest_path(artifact), data)
+    return write_text(manifest_path(artifact), manifest_text(data))

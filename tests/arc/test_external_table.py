@@ -170,3 +170,15 @@ def test_puzzle_table_gathers_from_the_memory_map(tmp_path):
     np.save(tmp_path / "i.npy", np.zeros((2, 2), np.int64))
     with pytest.raises(ArtifactError, match="not a puzzle-embedding table"):
         PuzzleTable.load(tmp_path / "i.npy")
+
+
+def test_a_table_with_a_nan_row_is_refused_at_load(tmp_path):
+    """A damaged table (its hash updated to match) would answer that puzzle with garbage."""
+    values = np.ones((70000, 3), np.float32)
+    values[66000, 1] = np.nan  # in the second scan chunk
+    np.save(tmp_path / "t.npy", values)
+    with pytest.raises(ArtifactError, match="row 66000 of the puzzle-embedding table holds NaN"):
+        PuzzleTable.load(tmp_path / "t.npy")
+    values[66000, 1] = np.inf
+    with pytest.raises(ArtifactError, match="row 66000"):
+        PuzzleTable(values, "in memory")

@@ -27,6 +27,7 @@ from hrm_deploy.io import clean_debris, staging_dir
 from hrm_deploy.manifest import (
     check_artifact,
     manifest_path,
+    manifest_text,
     publish_artifact,
     read_manifest,
     read_verified,
@@ -111,12 +112,26 @@ def test_debris_of_a_live_writer_is_kept_and_of_a_dead_one_removed(tmp_path):
         (lambda m: m.pop("sha256"), "not an hrm-deploy manifest"),
     ],
 )
-def test_an_edited_manifest_is_caught(tmp_path, edit, message):
+def test_a_resealed_edited_manifest_is_still_caught(tmp_path, edit, message):
     artifact = _publish(tmp_path, "a.onnx", b"graph bytes")
     data = read_manifest(artifact)
     edit(data)
-    manifest_path(artifact).write_text(json.dumps(data))
+    manifest_path(artifact).write_text(manifest_text(data))  # resealed: the checks behind the seal hold
     with pytest.raises(ArtifactError, match=message):
+        check_artifact(artifact)
+
+
+@pytest.mark.parametrize(
+    "field,value", [("precision", "bf16"), ("steps", 1), ("device", "cuda:0"), ("sha256", "0" * 64)]
+)
+def test_a_manifest_field_edited_by_hand_is_refused(tmp_path, field, value):
+    """A hand edit of a field that changes how the artifact is judged or run (verify's tolerances by
+    precision, the steps solve refuses) no longer matches the manifest's seal: one line."""
+    artifact = _publish(tmp_path, "a.onnx", b"graph bytes")
+    data = json.loads(manifest_path(artifact).read_text())
+    data[field] = value
+    manifest_path(artifact).write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="was edited after hrm-deploy wrote it"):
         check_artifact(artifact)
 
 
@@ -151,7 +166,7 @@ def test_inspect_never_shows_an_old_pass_for_a_changed_file(tiny_onnx, tmp_path)
     shutil.copy(manifest_path(tiny_onnx.unrolled), manifest_path(copy))
     data = read_manifest(copy)
     data["verify"] = {"passed": True}
-    manifest_path(copy).write_text(json.dumps(data))
+    manifest_path(copy).write_text(manifest_text(data))  # resealed: as hrm-deploy would
     ok = runner.invoke(app, ["inspect", str(copy)])
     assert ok.exit_code == 0 and json.loads(ok.output)["artifact_check"] == "ok"
     raw = bytearray(copy.read_bytes())
@@ -235,11 +250,11 @@ def test_manifest_paths_are_relative_and_checked(tmp_path, monkeypatch):
     secret.write_text("do not upload")
     data = read_manifest(artifact)
     data["parent"] = {"path": str(secret), "sha256": "1" * 64}
-    manifest_path(artifact).write_text(json.dumps(data))
+    manifest_path(artifact).write_text(manifest_text(data))  # resealed
     with pytest.raises(ArtifactError, match="changed since"):
         resolve_parent(artifact, read_manifest(artifact))
     data["parent"] = {"path": str(secret)}
-    manifest_path(artifact).write_text(json.dumps(data))
+    manifest_path(artifact).write_text(manifest_text(data))  # resealed
     with pytest.raises(ArtifactError, match="changed since"):
         resolve_parent(artifact, read_manifest(artifact))
 
@@ -377,3 +392,14 @@ def test_a_damaged_int8_calibration_cache_is_recomputed_not_used(tiny_onnx, tmp_
     assert cache.read_bytes() == good and second.path.read_bytes() == first.path.read_bytes()
     assert first.report["calibration"]["reused"] is False and second.report["calibration"]["reused"] is False
     assert not [p for p in cache.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_verify_refuses_a_graph_whose_manifest_claims_another_precision(tiny_onnx, tmp_path):
+    copy = tmp_path / "m.onnx"
+    shutil.copy(tiny_onnx.unrolled, copy)
+    data = json.loads(manifest_path(tiny_onnx.unrolled).read_text())
+    data["precision"] = "bf16"  # would have judged an fp32 graph with bf16's looser tolerances
+    manifest_path(copy).write_text(json.dumps(data))
+    result = runner.invoke(app, ["verify", str(copy), "--data", tiny_onnx.data, "--samples", "4"])
+    assert result.exit_code == 2 and "was edited after hrm-deploy wrote it" in result.output, result.output
+    assert "PASSED" not in result.output

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from hrm_deploy.cli import app
 from hrm_deploy.errors import ArtifactError, CheckpointError, ConfigError
-from hrm_deploy.manifest import manifest_path
+from hrm_deploy.manifest import manifest_path, manifest_text
 
 runner = CliRunner()
 
@@ -198,7 +198,7 @@ def test_bench_host_uploads_nothing_a_manifest_names_without_a_matching_sha(tiny
     secret = tmp_path / "id_rsa"
     secret.write_text("PRIVATE KEY")
     data["parent"] = {"path": str(secret), "sha256": "2" * 64}
-    manifest_path(copy).write_text(json.dumps(data))
+    manifest_path(copy).write_text(manifest_text(data))  # resealed: as hrm-deploy would
     uploaded: list = []
 
     class FakeSsh:
