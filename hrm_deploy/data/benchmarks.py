@@ -76,7 +76,9 @@ def csv_files(source: str | Path, splits: tuple[str, ...]) -> dict[str, Path]:
     files = {s: source / f"{s}.csv" for s in splits}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
-        raise DataError(f"{missing[0]} not found; the benchmark folder must hold {', '.join(f'{s}.csv' for s in splits)}")
+        raise DataError(
+            f"{missing[0]} not found; the benchmark folder must hold {', '.join(f'{s}.csv' for s in splits)}"
+        )
     return files
 
 
@@ -146,7 +148,9 @@ def _sudoku_grid(text: str, where: str, blank: bool) -> np.ndarray:
     return grid
 
 
-def sudoku_split(path: Path, split: str, spec: SudokuExtremeSpec, rng: np.random.RandomState, progress: Progress) -> Split:
+def sudoku_split(
+    path: Path, split: str, spec: SudokuExtremeSpec, rng: np.random.RandomState, progress: Progress
+) -> Split:
     """One split of upstream's Sudoku-Extreme build (draws from ``rng`` as upstream does)."""
     pairs = []
     for line, question, answer, rating in _rows(path):
@@ -204,7 +208,9 @@ def maze_split(path: Path, split: str, spec: MazeSpec, rng: np.random.RandomStat
         if unknown:
             raise DataError(f"{where}: characters {sorted(unknown)} are not in the maze alphabet {MAZE_CHARSET!r}")
         if len(question) != side * side or len(answer) != side * side:
-            raise DataError(f"{where}: {len(question)} cells, but the first row makes {side}x{side} grids ({side * side})")
+            raise DataError(
+                f"{where}: {len(question)} cells, but the first row makes {side}x{side} grids ({side * side})"
+            )
         grids = [np.frombuffer(t.encode(), dtype=np.uint8).reshape(side, side) for t in (question, answer)]
         pairs.append((grids[0], grids[1]))
         if progress:
@@ -237,3 +243,57 @@ def build_benchmark(
     if output is not None:
         save_dataset(output, splits, ["<blank>"])
     return splits
+
+
+def _looks_like_sudoku(csv_path: Path) -> bool:
+    """Sudoku (81 cells of digits and '.') or maze (the "# SGo" alphabet), from the first row."""
+    for _line, question, _answer, _rating in _rows(csv_path):
+        return len(question) == 81 and set(question) <= set(".0123456789")
+    raise DataError(f"{csv_path} has no rows after its header")
+
+
+def _cache_key(files: dict[str, Path]) -> str:
+    """A cache folder name for the dataset built from ``files``: the Hub repository and commit when
+    they come from the Hub cache, else a hash of the CSVs' paths, sizes and times."""
+    from hrm_deploy.io import sha256_bytes
+    from hrm_deploy.sources import hub_origin
+
+    first = next(iter(files.values()))
+    origin = hub_origin(first, files=())
+    if origin is not None:
+        base = f"{origin['repo'].replace('/', '--')}-{origin['commit'][:12]}"
+    else:
+        stamp = "|".join(f"{p.absolute()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files.values())
+        base = f"{first.parent.name}-{sha256_bytes(stamp.encode())[:12]}"
+    return f"{base}-{'+'.join(files)}"
+
+
+def prepare_dataset(spec: str | Path | None, splits: tuple[str, ...] = ("test",), quiet: bool = False) -> Path | None:
+    """The dataset folder (upstream format) a ``--data`` argument names, before any work: a path or
+    ``hf:ORG/NAME`` resolved by :mod:`hrm_deploy.sources`; a folder of benchmark CSVs (a published
+    benchmark's snapshot) or one ``<split>.csv`` is built once with upstream's builder defaults
+    (no subsample, no augmentation, seed 0) into the user cache (``splits`` only: the test split
+    for verify/bench), with a progress display, and that folder is returned."""
+    from hrm_deploy.io import cache_dir
+    from hrm_deploy.progress import progress
+    from hrm_deploy.sources import resolve_data
+
+    if spec is None:
+        return None
+    path = resolve_data(spec)
+    if path.is_dir() and ((path / "test" / "dataset.json").is_file() or not any(path.glob("*.csv"))):
+        return path  # a dataset folder already (or not a benchmark: the reader says what is wrong)
+    if path.is_file() and path.suffix != ".csv":
+        return path  # an .npz of inputs and labels
+    files = csv_files(path, splits if path.is_dir() else (path.stem,))
+    target = cache_dir("datasets", _cache_key(files))
+    if (target / next(iter(files)) / "dataset.json").is_file():
+        return target
+    first = next(iter(files.values()))
+    benchmark: SudokuExtremeSpec | MazeSpec = (
+        SudokuExtremeSpec(splits=tuple(files)) if _looks_like_sudoku(first) else MazeSpec(splits=tuple(files))
+    )
+    total = sum(count_rows(p) for p in files.values())
+    with progress(total, f"building {' and '.join(files)} split of {spec}", quiet=quiet, unit="rows") as advance:
+        build_benchmark(path, target, benchmark, advance)
+    return target
