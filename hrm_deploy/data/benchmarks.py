@@ -281,10 +281,9 @@ def prepare_dataset(spec: str | Path | None, splits: tuple[str, ...] = ("test",)
     if spec is None:
         return None
     path = resolve_data(spec)
-    if path.is_dir() and ((path / "test" / "dataset.json").is_file() or not any(path.glob("*.csv"))):
-        return path  # a dataset folder already (or not a benchmark: the reader says what is wrong)
-    if path.is_file() and path.suffix != ".csv":
-        return path  # an .npz of inputs and labels
+    benchmark_folder = path.is_dir() and not (path / "test" / "dataset.json").is_file() and any(path.glob("*.csv"))
+    if not (benchmark_folder or (path.is_file() and path.suffix == ".csv")):
+        return path  # a dataset folder, an .npz, or nothing there: the reader says what is wrong
     files = csv_files(path, splits if path.is_dir() else (path.stem,))
     target = cache_dir("datasets", _cache_key(files))
     if (target / next(iter(files)) / "dataset.json").is_file():
