@@ -160,6 +160,7 @@ def fetch(ref: HubRef) -> Path:
             revision=ref.revision,
             cache_dir=str(hub_cache()),
             local_files_only=local_only,
+            endpoint=os.environ.get("HF_ENDPOINT") or None,  # read now, like the cache and offline flag
         )
     except GatedRepoError:
         raise SourceError(
