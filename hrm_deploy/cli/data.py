@@ -76,8 +76,11 @@ def maze(
     _generate("generating mazes", train + test, lambda progress: generate_maze(spec, str(output), progress), output)
 
 
-_SOURCE = "Folder holding train.csv and test.csv, one <split>.csv, or hf:ORG/NAME[@REVISION] (a Hub dataset)."
+_SOURCE = (
+    "Folder holding train.csv and test.csv, one <split>.csv, or hf:ORG/NAME (optionally @REVISION; a Hub dataset)."
+)
 _SUBSAMPLE = typer.Option(help="Train rows drawn without replacement (upstream's --subsample-size; default all).")
+_UPSTREAM_SEED = typer.Option(help="Seed of numpy's legacy generator (upstream leaves it unseeded).")
 _SPLITS = typer.Option(help="Splits to build, comma-separated (train first, as upstream: same random draws).")
 
 
@@ -112,7 +115,7 @@ def sudoku_extreme(
     num_aug: Annotated[
         int, typer.Option(help="Shuffled variants per train puzzle (digits, transpose, bands, stacks); test never.")
     ] = 0,
-    seed: Annotated[int, typer.Option(help="Seed of numpy's legacy generator (upstream leaves it unseeded).")] = 0,
+    seed: Annotated[int, _UPSTREAM_SEED] = 0,
     splits: Annotated[str, _SPLITS] = "train,test",
     quiet: Quiet = False,
 ) -> None:
@@ -132,7 +135,7 @@ def maze_30x30_hard(
     aug: Annotated[
         bool, typer.Option("--aug", help="The 8 dihedral variants per train maze (upstream's --aug).")
     ] = False,
-    seed: Annotated[int, typer.Option(help="Seed of numpy's legacy generator (upstream leaves it unseeded).")] = 0,
+    seed: Annotated[int, _UPSTREAM_SEED] = 0,
     splits: Annotated[str, _SPLITS] = "train,test",
     quiet: Quiet = False,
 ) -> None:

@@ -19,7 +19,7 @@ def export(
     checkpoint: Annotated[
         Path | None,
         typer.Argument(
-            help="step_N file, run folder (newest step_N), our .pt, or hf:ORG/NAME[@REV][/PATH] (a Hub "
+            help="step_N file, run folder (newest step_N), our .pt, or hf:ORG/NAME, hf:ORG/NAME@REVISION/PATH (a Hub "
             "repository, e.g. hf:sapientinc/HRM-checkpoint-sudoku-extreme); default: the bundled sudoku-small model."
         ),
     ] = None,

@@ -83,3 +83,37 @@ def test_maze_alphabet_and_missing_csv(tmp_path):
         build_benchmark(tmp_path / "test.csv", None, MazeSpec())
     with pytest.raises(DataError, match="train.csv not found"):
         build_benchmark(tmp_path, None, MazeSpec())
+
+
+def test_cli_builds_upstreams_arrays(tmp_path):
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+
+    out = tmp_path / "sudoku"
+    args = ["--subsample-size", "20", "--min-difficulty", "2", "--num-aug", "2", "--seed", "7", "-q"]
+    result = CliRunner().invoke(
+        app, ["data", "sudoku-extreme", "-o", str(out), "--source", str(UPSTREAM / "csv" / "sudoku"), *args]
+    )
+    assert result.exit_code == 0, result.output
+    assert _files(out) == _files(UPSTREAM / "golden" / "sudoku-extreme-sub20-min2-aug2")
+
+
+def test_cli_builds_a_hub_benchmark(tmp_path, monkeypatch):
+    """``--source hf:...`` (the default's form): the real huggingface_hub resolves it from a cache."""
+    pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed (pip install 'hrm-deploy[hub]')")
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+    from tests.hub_cache import add_repo
+
+    csv = UPSTREAM / "csv" / "maze10"
+    files = {f"{s}.csv": (csv / f"{s}.csv").read_bytes() for s in ("train", "test")}
+    add_repo(tmp_path / "hf", "sapientinc/maze-30x30-hard-1k", files, "dataset")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "maze"
+    args = ["--subsample-size", "40", "--aug", "--seed", "3", "-q"]
+    result = CliRunner().invoke(app, ["data", "maze-30x30-hard", "-o", str(out), *args])
+    assert result.exit_code == 0, result.output
+    assert _files(out) == _files(UPSTREAM / "golden" / "maze-10x10-sub40-aug")
