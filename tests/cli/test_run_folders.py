@@ -83,3 +83,18 @@ def test_arc_eval_gets_the_newest_step_files(run_folder, monkeypatch, tmp_path):
     monkeypatch.setattr("hrm_deploy.arc.evaluate.arc_eval", _stand_in)
     called = _called(["arc-eval", str(folder), "--data", str(tmp_path / "arc"), "--against", str(folder)])
     assert Path(called.args_[0]) == newest and Path(called.kwargs["against"]) == newest
+
+
+@pytest.mark.slow
+def test_torch_engine_from_a_run_folder_for_real(run_folder):
+    """The user's command end to end on the CPU: it used to compile for a minute and then fail with
+    IsADirectoryError hashing the folder."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+    import json
+
+    folder, newest = run_folder
+    result = runner.invoke(app, ["build-engine", str(folder), "--backend", "torch", "-q"])
+    assert result.exit_code == 0, result.output
+    (engine,) = Path("engines").glob("*-step_2000.step.cpu.torch.pt2")  # named <run>-step_N, as exports are
+    manifest = json.loads(engine.with_name(engine.name + ".manifest.json").read_text())
+    assert Path(manifest["checkpoint"]["path"]) == newest and len(manifest["checkpoint"]["sha256"]) == 64
