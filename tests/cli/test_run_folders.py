@@ -48,15 +48,23 @@ def test_export_gets_the_newest_step_file(run_folder, monkeypatch):
     assert Path(_called(["export", str(folder)]).args_[0]) == newest
 
 
-@pytest.mark.parametrize(
-    "options", [["--backend", "torch"], ["--backend", "tensorrt"], ["--backend", "tensorrt-rtx"], ["--target", "cpu"]]
-)
-def test_build_engine_gets_the_newest_step_file_on_every_backend(run_folder, monkeypatch, options):
+def test_build_engine_gets_the_newest_step_file(run_folder, monkeypatch):
     """The folder used to reach the torch builder, which compiled for a minute and then failed
     hashing it (IsADirectoryError)."""
     folder, newest = run_folder
     monkeypatch.setattr("hrm_deploy.engines.build.build_engine", _stand_in)
-    assert Path(_called(["build-engine", str(folder), *options, "-q"]).args_[0]) == newest
+    assert Path(_called(["build-engine", str(folder), "--backend", "torch", "-q"]).args_[0]) == newest
+
+
+@pytest.mark.parametrize("options", [["--backend", "tensorrt"], ["--backend", "tensorrt-rtx"], ["--target", "cpu"]])
+def test_build_engine_from_onnx_backends_names_the_step_file_to_export(run_folder, monkeypatch, options):
+    """Backends that build from ONNX resolve the folder too, and say in one line what to export
+    (a checkpoint given to them used to end in a protobuf traceback)."""
+    folder, newest = run_folder
+    monkeypatch.setattr("hrm_deploy.engines.build.build_engine", _stand_in)
+    result = runner.invoke(app, ["build-engine", str(folder), *options, "-q"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"{newest} is a checkpoint" in result.output and f"hrm-deploy export {newest}" in result.output
 
 
 def test_verify_against_gets_the_newest_step_file(run_folder, monkeypatch):
