@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.artifacts import is_checkpoint, runner_name
+from hrm_deploy.artifacts import MAX_PARENT_LINKS, is_checkpoint, runner_name
 from hrm_deploy.errors import ArtifactError, HRMDeployError, require
-from hrm_deploy.manifest import MANIFEST_SUFFIX, check_artifact, read_manifest, validate_manifest
+from hrm_deploy.manifest import MANIFEST_SUFFIX, check_artifact, manifest_path, read_manifest, validate_manifest
+from hrm_deploy.sources import hub_origin
 
 # Manifest fields that judge the artifact's bytes; dropped when the bytes no longer match.
 _JUDGEMENTS = ("verify", "parity", "report", "build")
@@ -82,7 +83,31 @@ def _checkpoint_summary(path: Path) -> dict[str, Any]:
         "model": describe(contents.config),
         "config": contents.config.to_dict(),
         "metrics": contents.extra.get("metrics"),
+        **({"hub": hub} if (hub := hub_origin(contents.path)) else {}),
     }
+
+
+def hub_record(artifact: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """Which published weights an artifact came from: its manifest's ``hub`` record, else the first
+    one up its parent links (an engine -> its ONNX -> the checkpoint in the Hub cache). Each link is
+    followed only when the parent's sha256 matches the record."""
+    from hrm_deploy.manifest import resolve_parent
+
+    current, data = artifact, manifest
+    for _ in range(MAX_PARENT_LINKS):
+        if isinstance(data.get("hub"), dict):
+            return data["hub"]
+        try:
+            parent = resolve_parent(current, data)
+        except ArtifactError:
+            return None
+        if parent is None:
+            return None
+        origin = hub_origin(parent)
+        if origin is not None or not manifest_path(parent).is_file():
+            return origin
+        current, data = parent, read_manifest(parent)
+    return None
 
 
 def _artifact_status(artifact: Path) -> str:
@@ -120,7 +145,8 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         )
         if status != "ok":
             data = {k: v for k, v in data.items() if k not in _JUDGEMENTS}
-        return {"kind": "manifest", "path": str(p), "artifact_check": status, **data}
+        hub = hub_record(artifact, data) if artifact is not None and status == "ok" else None
+        return {"kind": "manifest", "path": str(p), "artifact_check": status, **data, **({"hub": hub} if hub else {})}
     if p.suffix == ".onnx":
         summary = _onnx_summary(p)
         status = _artifact_status(p)
@@ -131,6 +157,8 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
                 for k, v in read_manifest(p).items()
                 if k in ("stage", "created", "precision", "mode", "parity", "verify", "source", "checkpoint_overrides")
             }
+            hub = hub_record(p, read_manifest(p))
+            summary["manifest"].update({"hub": hub} if hub else {})
         else:
             summary["manifest"] = None
         return summary
@@ -165,5 +193,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
                     "verify",
                 )
             }
+            hub = hub_record(p, read_manifest(p))
+            summary["manifest"].update({"hub": hub} if hub else {})
         return summary
     return _checkpoint_summary(p)

@@ -81,11 +81,16 @@ def library_versions() -> dict[str, str]:
 
 
 def _relative(path: Path, base: Path) -> str:
-    """``path`` relative to the folder ``base`` (a manifest's folder), as stored in manifests."""
+    """``path`` relative to the folder ``base`` (a manifest's folder), as stored in manifests. A file
+    in the Hugging Face cache keeps its snapshot path (a link to a content-named blob): the snapshot
+    folder, beside ``all_config.yaml``, is where the checkpoint is read from and says which commit."""
+    from hrm_deploy.sources import hub_name
+
+    target = Path(path).parent.resolve() / Path(path).name if hub_name(path) else Path(path).resolve()
     try:
-        return os.path.relpath(Path(path).resolve(), base.resolve())
+        return os.path.relpath(target, base.resolve())
     except ValueError:  # another drive (Windows)
-        return str(Path(path).resolve())
+        return str(target)
 
 
 def manifest_data(

@@ -61,7 +61,9 @@ def arc(
 def arc_eval(
     artifact: Annotated[
         str,
-        typer.Argument(help="Checkpoint, ONNX graph, engine, or the URL of a running `hrm-deploy serve`."),
+        typer.Argument(
+            help="Checkpoint, run folder, hf:ORG/NAME, ONNX graph, engine, or the URL of a running `hrm-deploy serve`."
+        ),
     ],
     data: Annotated[Path, typer.Option("--data", help="ARC dataset folder (upstream's build or `data arc`).")],
     output: Annotated[
@@ -69,7 +71,10 @@ def arc_eval(
     ] = None,
     k: Annotated[str, typer.Option("--k", help="pass@k values, comma-separated.")] = "1,2,5,10,100,1000",
     against: Annotated[
-        Path | None, typer.Option(help="Reference checkpoint: also evaluate it and compare pass@2.")
+        Path | None,
+        typer.Option(
+            help="Reference checkpoint (file, run folder or hf:ORG/NAME): also evaluate it and compare pass@2."
+        ),
     ] = None,
     max_pass2_difference: Annotated[
         float, typer.Option(help="With --against: largest |pass@2 difference| in points that passes.")
@@ -87,7 +92,18 @@ def arc_eval(
     """Upstream's ARC score (augmented voting, pass@k) and an ARC Prize submission.json for any artifact."""
     from hrm_deploy.arc.evaluate import ArcEvalConfig, arc_eval as run_arc_eval, parse_ks
     from hrm_deploy.arc.score import markdown
+    from hrm_deploy.data.benchmarks import prepare_dataset
+    from hrm_deploy.sources import hub_name, is_hub, resolve_checkpoint, resolve_optional_checkpoint
 
+    # before any work: run folders -> their newest step file, hf:... -> the cached snapshot's file;
+    # a Hub checkpoint's submission goes here by default, never into the Hub cache
+    if is_hub(artifact) or Path(artifact).is_dir():
+        hub = is_hub(artifact)
+        artifact = str(resolve_checkpoint(artifact))
+        if hub and output is None:
+            output = Path(f"{hub_name(artifact)}.arc-submission.json")
+    against = resolve_optional_checkpoint(against)
+    data = prepare_dataset(data) or data
     config = ArcEvalConfig(
         ks=parse_ks(k),
         batch=batch,

@@ -22,7 +22,7 @@ def bench(
         Path | None,
         typer.Option(
             "--data",
-            help="Dataset folder (test split) for inputs and exact accuracy "
+            help="Dataset folder (test split), or a benchmark's CSVs / hf:ORG/NAME, for inputs and exact accuracy "
             "(default: the reference checkpoint's own dataset).",
         ),
     ] = None,
@@ -44,7 +44,9 @@ def bench(
         ),
     ] = 10.0,
     warmup: Annotated[int, typer.Option(help="Warm-up iterations per batch.")] = 3,
-    reference: Annotated[Path | None, typer.Option(help="Reference checkpoint (default: from the manifests).")] = None,
+    reference: Annotated[
+        Path | None, typer.Option(help="Reference checkpoint, run folder or hf:ORG/NAME (default: from the manifests).")
+    ] = None,
     no_reference: Annotated[bool, typer.Option("--no-reference", help="Skip the PyTorch reference row.")] = False,
     provider: Annotated[Provider, typer.Option(help="ONNX Runtime provider for .onnx artifacts.")] = Provider.CPU,
     out: Annotated[Path, typer.Option("-o", "--out", help="Folder for report.json, report.md, latency.png.")] = Path(
@@ -72,12 +74,17 @@ def bench(
 ) -> None:
     """Latency, throughput, memory and accuracy of artifacts next to the PyTorch reference."""
     from hrm_deploy.bench.run import BenchConfig, bench as run_bench
+    from hrm_deploy.data.benchmarks import prepare_dataset
     from hrm_deploy.errors import ConfigError
+    from hrm_deploy.sources import resolve_optional_checkpoint
 
     try:
         batches = tuple(int(b) for b in batch.split(",") if b.strip())
     except ValueError:
         raise ConfigError(f"--batch {batch!r}: give comma-separated integers such as 1,8,64") from None
+    if not host:  # before any work (with --host the paths are the remote machine's)
+        reference = resolve_optional_checkpoint(reference)
+        data = prepare_dataset(data)
     config = BenchConfig(
         data=str(data) if data else None,
         batches=batches,

@@ -22,7 +22,8 @@ def build_engine(
     onnx: Annotated[
         Path | None,
         typer.Argument(
-            help="ONNX graph (default: the newest FP32 export in export/); with --backend torch also a checkpoint."
+            help="ONNX graph (default: the newest FP32 export in export/); with --backend torch also a checkpoint, "
+            "run folder or hf:ORG/NAME."
         ),
     ] = None,
     precision: Annotated[
@@ -42,8 +43,8 @@ def build_engine(
     calib_data: Annotated[
         Path | None,
         typer.Option(
-            help="Dataset folder (upstream format) or .npz of inputs "
-            "(default: the checkpoint's own dataset, from its provenance).",
+            help="Dataset folder (upstream format), .npz of inputs, or a benchmark's CSVs / hf:ORG/NAME (built "
+            "once into the user cache) (default: the checkpoint's own dataset, from its provenance).",
         ),
     ] = None,
     calib_method: Annotated[
@@ -143,10 +144,23 @@ def build_engine(
     quiet: Quiet = False,
 ) -> None:
     """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""
+    from hrm_deploy.artifacts import is_checkpoint
+    from hrm_deploy.data.benchmarks import prepare_dataset
     from hrm_deploy.engines.build import EngineConfig, build_engine as build
+    from hrm_deploy.sources import is_hub, resolve_checkpoint
     from hrm_deploy.system import check_threads
 
     check_threads(threads)
+    # before any work: a run folder -> its newest step file, hf:... -> the cached snapshot's file
+    if onnx is not None and (is_hub(onnx) or onnx.is_dir()):
+        onnx = resolve_checkpoint(onnx)
+    if onnx is not None and backend is not Backend.TORCH and onnx.is_file() and is_checkpoint(onnx):
+        raise ConfigError(
+            f"{onnx} is a checkpoint; {'the cpu target' if target is Target.CPU else 'TensorRT'} builds from an "
+            f"ONNX graph: run `hrm-deploy export {onnx}` first (then build-engine takes the newest export), "
+            "or add --backend torch"
+        )
+    calib_data = prepare_dataset(calib_data, splits=("train", "test"), quiet=quiet)
     flags = {
         Precision.FP16: fp16,
         Precision.BF16: bf16,

@@ -19,7 +19,8 @@ def export(
     checkpoint: Annotated[
         Path | None,
         typer.Argument(
-            help="step_N file, run folder, or our .pt; default: the bundled sudoku-small model (8 ACT steps)."
+            help="step_N file, run folder (newest step_N), our .pt, or hf:ORG/NAME, hf:ORG/NAME@REVISION/PATH (a Hub "
+            "repository, e.g. hf:sapientinc/HRM-checkpoint-sudoku-extreme); default: the bundled sudoku-small model."
         ),
     ] = None,
     output: Annotated[
@@ -53,7 +54,11 @@ def export(
         int | None, typer.Option(help="Override/provide the number of puzzle identifiers.")
     ] = None,
     data_path: Annotated[
-        Path | None, typer.Option(help="Dataset folder holding train/dataset.json (upstream checkpoints).")
+        Path | None,
+        typer.Option(
+            help="Dataset folder holding train/ or test/dataset.json (upstream checkpoints: seq_len, vocab), "
+            "or a benchmark's CSVs / hf:ORG/NAME (its test split is built once into the user cache)."
+        ),
     ] = None,
     num_heads: Annotated[
         int | None, typer.Option(help="Override arch.num_heads (if all_config.yaml is absent).")
@@ -71,8 +76,11 @@ def export(
     quiet: Quiet = False,
 ) -> None:
     """Export a checkpoint to a checked, parity-tested FP32 ONNX graph with dynamic batch."""
+    from hrm_deploy.data.benchmarks import prepare_dataset
+    from hrm_deploy.data.format import DatasetMetadata
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.puzzle_table import Placement
+    from hrm_deploy.sources import resolve_checkpoint
 
     if model is not None:
         if checkpoint is not None:
@@ -81,6 +89,14 @@ def export(
     elif checkpoint is None:
         checkpoint = Path(bundled_checkpoint())
         typer.echo(f"no checkpoint given: exporting the bundled sudoku-small model ({checkpoint})", err=True)
+    else:  # before any work: a run folder's newest step file, a Hub snapshot fetched into the cache
+        checkpoint = resolve_checkpoint(checkpoint)
+    prepared = prepare_dataset(data_path, quiet=quiet)
+    if prepared is not None and data_path is not None and prepared != data_path and seq_len is None:
+        # a Hub benchmark (built into the cache): its seq_len is recorded as a given field, so the
+        # reference loads the same way later (verify, bench) without the cached folder
+        seq_len = DatasetMetadata.from_json(prepared / "test" / "dataset.json").seq_len
+    data_path = prepared
     result = export_onnx(
         checkpoint,
         output,

@@ -23,7 +23,10 @@ def solve(
         ),
     ],
     artifact: Annotated[
-        Path | None, typer.Argument(help="Checkpoint, ONNX (unrolled or step) or engine (default: the bundled model).")
+        Path | None,
+        typer.Argument(
+            help="Checkpoint, run folder, hf:ORG/NAME, ONNX (unrolled or step) or engine (default: the bundled model)."
+        ),
     ] = None,
     halt: Annotated[
         str,
@@ -52,7 +55,10 @@ def solve(
 ) -> None:
     """Solve your own puzzles with a trained model and check the answers."""
     from hrm_deploy.solve import SolveInterrupted, format_solutions, solve as run_solve
+    from hrm_deploy.sources import is_hub, resolve_checkpoint
 
+    if artifact is not None and (is_hub(artifact) or artifact.is_dir()):  # before any work
+        artifact = resolve_checkpoint(artifact)
     options: dict[str, Any] = (
         {"provider": provider.value} if artifact is not None and artifact.suffix == ".onnx" else {}
     )

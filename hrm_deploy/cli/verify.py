@@ -20,12 +20,14 @@ def verify(
         Path | None,
         typer.Option(
             "--data",
-            help="Dataset folder (its test split) or .npz with inputs and labels "
+            help="Dataset folder (its test split), .npz with inputs and labels, or a benchmark's CSVs / "
+            "hf:ORG/NAME (e.g. hf:sapientinc/sudoku-extreme; its test split is built once into the user cache) "
             "(default: the checkpoint's own dataset).",
         ),
     ] = None,
     against: Annotated[
-        Path | None, typer.Option(help="Reference checkpoint (default: the one the manifests name).")
+        Path | None,
+        typer.Option(help="Reference checkpoint, run folder or hf:ORG/NAME (default: the one the manifests name)."),
     ] = None,
     samples: Annotated[int, typer.Option(help="Examples K (deterministic subset; 0: all).")] = 256,
     provider: Annotated[Provider, typer.Option(help="ONNX Runtime provider for .onnx.")] = Provider.CPU,
@@ -44,8 +46,12 @@ def verify(
     max_steps: Annotated[int | None, typer.Option(help="Halting: always stop at this ACT step.")] = None,
 ) -> None:
     """Compare an artifact with its PyTorch reference on real examples; non-zero exit on failure."""
+    from hrm_deploy.data.benchmarks import prepare_dataset
+    from hrm_deploy.sources import resolve_optional_checkpoint
     from hrm_deploy.verify import markdown, verify as run_verify
 
+    against = resolve_optional_checkpoint(against)  # before any work
+    data = prepare_dataset(data)
     overrides = {
         k: v for k, v in (("min_argmax_agreement", min_agreement), ("max_exact_drop_points", max_drop)) if v is not None
     }

@@ -163,6 +163,27 @@ def check_dataset_size(examples: int, seq_len: int, output: str | Path | None, f
         )
 
 
+# Upstream's PuzzleDatasetMetadata field order: dataset.json is written in it, byte for byte as upstream's.
+METADATA_ORDER = (
+    "pad_id",
+    "ignore_label_id",
+    "blank_identifier_id",
+    "vocab_size",
+    "seq_len",
+    "num_puzzle_identifiers",
+    "total_groups",
+    "mean_puzzle_examples",
+    "sets",
+)
+
+
+def upstream_json(metadata: DatasetMetadata) -> dict[str, Any]:
+    """dataset.json's fields in upstream's order (``mean_puzzle_examples`` a float, as pydantic writes it)."""
+    fields = asdict(metadata)
+    fields["mean_puzzle_examples"] = float(fields["mean_puzzle_examples"])
+    return {k: fields[k] for k in METADATA_ORDER}
+
+
 def save_dataset(root: str | Path, splits: dict[str, Split], identifiers: list[str]) -> Path:
     """Write a dataset atomically: built in a private staging folder beside ``root`` (removed
     on any exit; a killed run's is removed by the next write there), then renamed."""
@@ -181,7 +202,7 @@ def save_dataset(root: str | Path, splits: dict[str, Split], identifiers: list[s
             set_name = split.metadata.sets[0]
             for name in FIELDS:
                 np.save(folder / f"{set_name}__{name}.npy", np.asarray(getattr(split, name)))
-            (folder / "dataset.json").write_text(json.dumps(asdict(split.metadata)))
+            (folder / "dataset.json").write_text(json.dumps(upstream_json(split.metadata)))
         (data / "identifiers.json").write_text(json.dumps(identifiers))
         if root.exists():
             root.rmdir()

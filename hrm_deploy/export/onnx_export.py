@@ -25,6 +25,7 @@ from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
 from hrm_deploy.model.families import family_of
 from hrm_deploy.progress import Stages, progress
 from hrm_deploy.puzzle_table import Placement, table_path, write_table
+from hrm_deploy.sources import file_sha256, hub_origin
 
 if TYPE_CHECKING:
     import onnx
@@ -89,9 +90,14 @@ class ExportResult:
 
 
 def default_name(source: Any) -> str:
-    """A readable artifact name: upstream ``<run>/step_N`` -> ``<run>-step_N``; ours -> stem."""
+    """A readable artifact name: upstream ``<run>/step_N`` -> ``<run>-step_N``; ours -> stem; a file
+    from the Hub cache -> its repository's name (``HRM-checkpoint-sudoku-extreme``)."""
+    from hrm_deploy.sources import hub_name
+
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
+        if hub_name(p):
+            return _slug(str(hub_name(p)))
         if p.is_dir():
             return _slug(p.name)
         if re.fullmatch(r"step_\d+", p.name):
@@ -280,7 +286,7 @@ def _source_file(model_or_ckpt) -> tuple[Path | None, str | None]:
         file = resolve_checkpoint_path(model_or_ckpt)
     except HRMDeployError:
         return None, None  # the loader raises the same error with its full message
-    return file, sha256_file(file)
+    return file, file_sha256(file)  # computed once: the manifest's Hub record reuses it
 
 
 def _resolve_source(model_or_ckpt, overrides):
@@ -430,6 +436,8 @@ def export_onnx(
                 # weights and table of an earlier export that kept them outside
                 remove=[data_file] * (not external) + [table_file] * (not external_table),
                 source=getattr(model, "checkpoint_info", None),
+                # a published checkpoint: repository, commit, the refs naming it, file sha256s
+                hub=hub_origin(source_file),
                 # fields the checkpoint lacked, given on the command line: shown by inspect and
                 # verify, and applied when verify loads the reference
                 checkpoint_overrides=(getattr(model, "checkpoint_info", None) or {}).get("overrides") or {},

@@ -25,6 +25,9 @@ from hrm_deploy.model.upstream_writer import upstream_state_dict, write_upstream
 __all__ = ["load_checkpoint", "read_checkpoint", "save_checkpoint", "upstream_state_dict", "write_upstream_run"]
 from hrm_deploy.model.validate import check_finite, reconcile_overrides
 
+# Where a checkpoint file comes from (a file, a run folder's newest step_N, a Hub snapshot) lives in sources.
+from hrm_deploy.sources import resolve_checkpoint_path  # noqa: E402
+
 CHECKPOINT_FORMAT = "hrm-deploy-checkpoint"
 UPSTREAM_PREFIXES = ("_orig_mod.model.inner.", "model.inner.", "inner.")
 DATASET_FIELDS = ("seq_len", "vocab_size", "num_puzzle_identifiers")
@@ -65,25 +68,6 @@ class CheckpointContents:
 
 
 # --------------------------------------------------------------------------------- reading
-def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
-    """A file as given, or in a folder the upstream ``step_N`` with the highest N
-    (or our single ``*.pt``)."""
-    p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"checkpoint {p} does not exist; pass the path of a step_N or .pt file")
-    if p.is_file():
-        return p
-    if not p.is_dir():  # a FIFO would block the reader, /dev/zero never ends
-        raise CheckpointError(f"{p} is not a regular file or folder (a FIFO or device?); pass a step_N or .pt file")
-    steps = [(int(m.group(1)), c) for c in p.iterdir() if (m := re.fullmatch(r"step_(\d+)", c.name)) and c.is_file()]
-    if steps:
-        return max(steps)[1]
-    ours = sorted(p.glob("*.pt"))
-    if len(ours) == 1:
-        return ours[0]
-    raise CheckpointError(f"folder {p} holds no step_N file and {len(ours)} .pt files; pass the checkpoint file itself")
-
-
 def _torch_load(path: Path) -> Any:
     import pickle
 

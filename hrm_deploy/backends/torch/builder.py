@@ -102,6 +102,7 @@ def build_torch_engine(
     engine; returns an :class:`hrm_deploy.engines.result.EngineResult`."""
     torch = require("torch", "torch", "The PyTorch engine")
     from hrm_deploy.engines.result import EngineResult, recorded_data_fields
+    from hrm_deploy.export.onnx_export import default_name
     from hrm_deploy.export.unroll import single_step, unroll
     from hrm_deploy.model.checkpoint import load_checkpoint
     from hrm_deploy.system import gpu_identity
@@ -147,11 +148,9 @@ def build_torch_engine(
         dtypes = [str(t.dtype).removeprefix("torch.") for t in (*args, *module(*args))]
     dim = torch.export.Dim("batch", min=1, max=config.max_batch)
     dynamic = tuple({0: dim} for _ in args)
-    target = (
-        Path(out)
-        if out
-        else Path("engines") / f"{src.name.removesuffix('.onnx')}.{mode}.{device.split(':')[0]}.torch.pt2"
-    )
+    # named after the export, or for a checkpoint as an export of it would be (<run>-step_N, the Hub repository)
+    stem = src.name.removesuffix(".onnx") if src.suffix == ".onnx" else default_name(src)
+    target = Path(out) if out else Path("engines") / f"{stem}.{mode}.{device.split(':')[0]}.torch.pt2"
     if target.suffix != ".pt2":
         raise ConfigError(f"a torch engine's file name must end in .pt2 (the runner table reads it): {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
