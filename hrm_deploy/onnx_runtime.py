@@ -18,6 +18,7 @@ import io
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from enum import Enum, IntEnum
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,6 +48,16 @@ _ORT_LEVELS = {
     Optimization.EXTENDED: "ORT_ENABLE_EXTENDED",
     Optimization.ALL: "ORT_ENABLE_ALL",
 }
+
+
+@dataclass(frozen=True)
+class SessionTuning:
+    """ORT session settings that change speed, never answers (see :func:`ort_session`):
+    busy-waiting intra-op threads, the CPU memory arena and planned allocation."""
+
+    spinning: bool = True
+    arena: bool = True
+    memory_pattern: bool = True
 
 
 class LogSeverity(IntEnum):
@@ -160,6 +171,9 @@ def ort_session(
     allow_fallback: bool = False,
     spinning: bool = True,
     priority_order: bool = False,
+    profile_prefix: str | Path | None = None,
+    arena: bool = True,
+    memory_pattern: bool = True,
 ) -> Any:
     """An ``onnxruntime.InferenceSession`` for ``model`` (a path or the serialized graph).
 
@@ -172,7 +186,11 @@ def ort_session(
     threads busy-waiting between runs: for callers that alternate ORT with other CPU work (parity
     alternates with PyTorch, whose OpenMP threads the spinning starves). ``priority_order`` runs
     each node as soon as it can (``ExecutionOrder.PRIORITY_BASED``): reductions added to a graph
-    then free the activations they read early (INT8 range collection).
+    then free the activations they read early (INT8 range collection). ``profile_prefix`` turns
+    on ORT's session profiler (per-node JSON at ``<prefix>_<date>.json``, written by
+    ``session.end_profiling()``). ``arena`` (ORT's CPU memory arena) and ``memory_pattern``
+    (ORT's planned allocation for repeated shapes) are ORT's defaults; they are switches for
+    measuring their effect.
     """
     wanted = provider_name(provider)
     ort = require("onnxruntime", "onnx", "Running ONNX graphs")
@@ -187,6 +205,11 @@ def ort_session(
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if priority_order:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_prefix)
+    options.enable_cpu_mem_arena = arena
+    options.enable_mem_pattern = memory_pattern
     providers = [wanted] + ([CPU] if wanted != CPU else [])
     if not isinstance(model, bytes):
         check_onnx_file(model)  # never block on a FIFO or read /dev/zero forever

@@ -53,6 +53,7 @@ class BenchConfig:
     halt: tuple[str, ...] = ()  # early-halting rules to measure where an artifact exposes steps
     min_steps: int = 1
     max_steps: int | None = None
+    profile: bool = False  # also per-layer times per block at the first batch (hrm_deploy.bench.profile)
 
     def __post_init__(self) -> None:
         if self.target not in BENCH_TARGETS:
@@ -334,7 +335,25 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
         report["plot"] = str(plot)
     if config.halt:
         _halting_files(report, out)
+    if config.profile:
+        _profile(report, config)
     return report
+
+
+def _profile(report: dict[str, Any], config: BenchConfig) -> None:
+    """``bench --profile``: every artifact measured (and the reference) profiled at the first
+    batch size; profile.json / .md / .png beside the report."""
+    from hrm_deploy.bench.profile import ProfileConfig, profile
+
+    ok = [r for r in report["rows"] if r["status"] == "ok"]
+    reference = next((r["artifact"] for r in ok if r.get("reference")), None)
+    settings = ProfileConfig(
+        data=config.data, batch=config.batches[0], provider=config.provider, out_dir=config.out_dir
+    )
+    result = profile([r["artifact"] for r in ok if not r.get("reference")], settings, reference=reference)
+    report["profile"] = str(Path(config.out_dir) / "profile.json")
+    if result.get("plot"):
+        report["profile_plot"] = result["plot"]
 
 
 def _halting(path: Path, runner, examples, config: BenchConfig) -> dict[str, Any]:

@@ -50,6 +50,7 @@ def _register() -> None:
         engine,
         export,
         inspect,
+        profile,
         serve,  # noqa: F401
         solve,
         train,

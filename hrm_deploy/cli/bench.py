@@ -71,6 +71,14 @@ def bench(
     ] = None,
     min_steps: Annotated[int, typer.Option(help="Halting: never stop before this ACT step.")] = 1,
     max_steps: Annotated[int | None, typer.Option(help="Halting: always stop at this ACT step.")] = None,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Also time every layer, per model block, at the first batch size (profile.json, profile.md, "
+            "profile.png beside the report; see hrm-deploy profile).",
+        ),
+    ] = False,
 ) -> None:
     """Latency, throughput, memory and accuracy of artifacts next to the PyTorch reference."""
     from hrm_deploy.bench.run import BenchConfig, bench as run_bench
@@ -91,6 +99,7 @@ def bench(
         halt=tuple(halt or ()),
         min_steps=min_steps,
         max_steps=max_steps,
+        profile=profile,
         iters=iters,
         warmup=warmup,
         duration_s=duration,
@@ -115,4 +124,5 @@ def bench(
     typer.echo(
         f"wrote {out / 'report.json'} and {out / 'report.md'}"
         + (f" and {report['plot']}" if report.get("plot") else "")
+        + (f"; per-layer profile in {report['profile']}" if report.get("profile") else "")
     )

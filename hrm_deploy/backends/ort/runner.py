@@ -7,6 +7,7 @@ of that would be a lie."""
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from hrm_deploy.contract import HaltFn
 from hrm_deploy.errors import ArtifactError, require
-from hrm_deploy.onnx_runtime import holds_fp4, load_onnx, ort_session, provider_name
+from hrm_deploy.onnx_runtime import SessionTuning, holds_fp4, load_onnx, ort_session, provider_name
 from hrm_deploy.puzzle_table import rows_session
 from hrm_deploy.runtime.base import Runner
 
@@ -30,12 +31,16 @@ class OrtRunner(Runner):
         threads: int | None = None,
         steps: int | None = None,
         table_of: str | Path | None = None,
+        tuning: SessionTuning | None = None,
+        profile_prefix: str | Path | None = None,
     ):
         provider_name(provider)  # an unknown provider fails here, before any work
         self.path, self.provider, self.threads = Path(path), provider, threads
         # a graph staged by a builder (no manifest yet) of an external-table export: that export
         self.table_of = Path(table_of) if table_of is not None else None
         self.requested_steps = steps
+        # speed settings (spinning, arena, memory pattern) and ORT's per-node profiler (hrm_deploy.bench.profile)
+        self.tuning, self.profile_prefix = tuning or SessionTuning(), profile_prefix
         self.precision, self.mode, self.steps = "fp32", "unrolled", steps or 1
         self._session: Any = None
 
@@ -61,7 +66,13 @@ class OrtRunner(Runner):
         built_for = ((manifest or {}).get("runtime") or {}).get("threads_requested")
         threads = self.threads or built_for
         try:
-            self._session = ort_session(self.path, provider=self.provider, threads=threads)
+            self._session = ort_session(
+                self.path,
+                provider=self.provider,
+                threads=threads,
+                profile_prefix=self.profile_prefix,
+                **asdict(self.tuning),
+            )
         except Exception as exc:
             _explain_older_runtime(self.path, manifest, exc)
             raise
@@ -73,6 +84,7 @@ class OrtRunner(Runner):
             "intra_op_num_threads": options.intra_op_num_threads or f"default ({os.cpu_count()} cores)",
             "threads_from": "caller" if self.threads else ("engine manifest" if built_for else "onnxruntime default"),
             "graph_optimization_level": str(options.graph_optimization_level).rsplit(".", 1)[-1],
+            **({} if self.tuning == SessionTuning() else asdict(self.tuning)),
         }
         self._per_step = any(o.name == "step_predictions" for o in self._session.get_outputs())
 
@@ -107,6 +119,14 @@ class OrtRunner(Runner):
                 "(hrm-deploy export --mode step)"
             )
         return OrtStep(self._session, self.steps)
+
+    def end_profiling(self) -> Path:
+        """Stop ORT's profiler (a runner made with ``profile_prefix``) and return its JSON file."""
+        if self._session is None or self.profile_prefix is None:
+            from hrm_deploy.errors import InternalError
+
+            raise InternalError("end_profiling needs an active runner made with profile_prefix")
+        return Path(self._session.end_profiling())  # an external-table wrapper passes it through
 
     def _close(self) -> None:
         self._session = None

@@ -53,6 +53,7 @@ class TrtAdapter:
         # loop's hand-chosen capture stays for standard TensorRT (RTX's JIT kernels make it fragile)
         self.cuda_graphs = cuda_graphs
         self.builtin_graphs = False
+        self.profiler: Any = None  # a trt.IProfiler given to every context made after it is set (profile)
         self.engine: tensorrt.ICudaEngine = engine
         self.tensors: dict[str, TensorSpec] = {}
         for i in range(engine.num_io_tensors):
@@ -94,6 +95,8 @@ class TrtAdapter:
             context = self.engine.create_execution_context(strategy)
         if context is None:
             raise EngineError("the engine could not create an execution context (out of GPU memory?)")
+        if self.profiler is not None:  # per-layer times, reported by TensorRT after each execute
+            context.profiler = self.profiler
         return context
 
     def save_runtime_caches(self) -> None:

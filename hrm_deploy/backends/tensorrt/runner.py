@@ -12,6 +12,8 @@ are split into profile-sized chunks by the :class:`~hrm_deploy.runtime.base.Runn
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from hrm_deploy.backends.tensorrt.api import load_backend, runtime_cache_path
 from hrm_deploy.contract import CARRY
@@ -84,6 +86,18 @@ class TrtRunner(LoopRunner):
         self.mode, self.steps = self.loop.mode, self.loop.steps
         self.min_batch, self.max_batch = adapter.batch_range
         self.seq_len = adapter.tensors["inputs"].shape[-1]
+
+    def attach_profiler(self, make: Callable[[Any], Any]) -> Any:
+        """``make(tensorrt_module)`` (a ``trt.IProfiler``), given to the engine's execution
+        contexts for per-layer times, and returned. Call it after :meth:`activate` and before the first ``infer`` (contexts
+        are made per batch size on first use), on a runner made with ``cuda_graph=False``: a
+        captured step loop replays without reporting layers."""
+        if self.cuda_graph:
+            from hrm_deploy.errors import InternalError
+
+            raise InternalError("per-layer profiling needs a runner made with cuda_graph=False")
+        self._adapter.profiler = make(self._adapter.trt)
+        return self._adapter.profiler
 
     def _before_close(self) -> None:
         self._adapter.save_runtime_caches()
