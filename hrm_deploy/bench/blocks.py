@@ -46,7 +46,8 @@ QUANTIZE_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 _RULES: tuple[tuple[re.Pattern[str], Block], ...] = tuple(
     (re.compile(pattern), block)
     for pattern, block in (
-        (r"reformat|copynode|\bcopy\b", Block.REFORMAT),
+        (r"^\(runner\)$", Block.HOST_RUNNER),  # work a runner does outside the model (input/output copies)
+        (r"(?i)reformat|copynode|\bcopy\b", Block.REFORMAT),
         (r"/qkv_proj(_\d+)?\b", Block.QKV),
         (r"/o_proj(_\d+)?\b", Block.O_PROJ),
         (r"/self_attn(_\d+)?/|/self_attn$|rotary|attention", Block.ATTENTION),
@@ -56,7 +57,7 @@ _RULES: tuple[tuple[re.Pattern[str], Block], ...] = tuple(
         (r"/layers\.\d+(_\d+)?(/|$)", Block.NORM),
         (r"^embed|/embed_tokens\b|/puzzle_emb\b|/embed_init\b", Block.EMBEDDING),
         (
-            r"(^|/)(step\d*|[HL]_level|output|q_halt|q_continue)(/|_|$)|^/?(Add|Gather|Slice|Concat|Squeeze|Unsqueeze)",
+            r"(^|/)(step\d*|[HL]_level|output|reset|q_halt|q_continue)(/|_|$)|^/?(Add|Gather|Slice|Concat|Squeeze|Unsqueeze)",
             Block.CARRY,
         ),
     )
@@ -128,7 +129,7 @@ class Profile:
             totals[Block.HOST_RUNTIME] = self.runtime_ms - kernels
         inner = self.runtime_ms if self.runtime_ms is not None else kernels
         if self.wall_ms is not None and self.wall_ms > inner:
-            totals[Block.HOST_RUNNER] = self.wall_ms - max(inner, kernels)
+            totals[Block.HOST_RUNNER] = totals.get(Block.HOST_RUNNER, 0.0) + self.wall_ms - max(inner, kernels)
         whole = sum(totals.values()) or 1.0
         calls, steps = max(self.calls, 1), max(self.steps, 1)
         return [

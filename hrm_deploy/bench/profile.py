@@ -172,9 +172,10 @@ class _ModuleScopes:
             handle.remove()
 
 
-def _torch_layers(events: Any, device: bool) -> tuple[list[Layer], float]:
-    """Each event's own time charged to its nearest module scope (or, outside any, to the event
-    itself, by operator name); the summed time of the top-level events (ms)."""
+def _torch_layers(events: Any, device: bool, scoped: bool) -> tuple[list[Layer], float]:
+    """Each event's own time charged to its nearest module scope; outside any, to the runner's
+    own work (``scoped``: the model ran inside scopes, so the rest is input/output copies) or
+    else to the event itself, by operator name. Also the summed time of the top-level events (ms)."""
     charged: list[tuple[str, str, float]] = []
     top = 0.0
     for event in events:
@@ -185,7 +186,7 @@ def _torch_layers(events: Any, device: bool) -> tuple[list[Layer], float]:
                 scope = parent.name.removeprefix(_ModuleScopes.PREFIX)
             parent = parent.cpu_parent
         op = "" if event.name.startswith(_ModuleScopes.PREFIX) else event.name
-        charged.append((scope or event.name, op, own))
+        charged.append((scope or ("(runner)" if scoped else event.name), op, own))
         if event.cpu_parent is None:
             top += (getattr(event, "device_time_total", 0.0) if device else event.cpu_time_total) / 1e3
     return fold(c for c in charged if c[2] > 0), top
@@ -210,7 +211,7 @@ def profile_torch(runner: Any, path: Path, feeds: dict[str, np.ndarray], config:
         finally:
             if scopes is not None:
                 scopes.remove()
-        layers, runtime = _torch_layers(prof.events(), cuda)
+        layers, runtime = _torch_layers(prof.events(), cuda, scopes is not None)
         steps, precision = runner.steps, runner.precision
     finally:
         runner.close()

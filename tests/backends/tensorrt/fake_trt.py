@@ -51,6 +51,13 @@ class ExecutionContextAllocationStrategy(enum.Enum):
     USER_MANAGED = 2
 
 
+class IProfiler:
+    """TensorRT's per-layer profiler interface: ``report_layer_time(name, ms)`` per layer per execute."""
+
+    def report_layer_time(self, layer_name: str, ms: float) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
 class Logger:
     WARNING = 2
 
@@ -79,6 +86,7 @@ def spec(
     step_predictions: bool = True,
     noop: bool = False,
     rows_dim: int = 0,
+    layers: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     return {
         "mode": mode,
@@ -92,6 +100,7 @@ def spec(
         "step_predictions": step_predictions,
         "noop": noop,
         "rows_dim": rows_dim,  # > 0: the engine of an external-table export (takes puzzle_emb_rows)
+        "layers": layers or {},  # {layer name: ms} an attached IProfiler hears per execute
     }
 
 
@@ -241,6 +250,7 @@ class IExecutionContext:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.addresses: dict[str, int] = {}
         self.device_memory: tuple[int, int] | None = None
+        self.profiler: IProfiler | None = None  # reports the spec's "layers" {name: ms} per execute
 
     def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
         CALLS["set_input_shape"] += 1
@@ -274,10 +284,12 @@ class IExecutionContext:
         missing = [n for n, _, _ in self.engine.io if n not in bound]
         if missing or self.device_memory is None:
             return False
-        engine = self.engine
+        engine, profiler = self.engine, self.profiler
 
         def run() -> None:
             CALLS["executed"] += 1
+            for layer, ms in engine.spec.get("layers", {}).items() if profiler is not None else ():
+                profiler.report_layer_time(layer, ms)
             if engine.spec.get("noop"):  # the loop-overhead benchmark: no maths, only the loop's own cost
                 return
             get = {n: _load(memory.array_at(p), engine.kinds[n]) for n, p in bound.items()}
