@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +68,14 @@ class CpuBuildConfig:
     check_accuracy: bool = True  # static: measure against FP32 on held-out puzzles, fall back to FP32 layers
     holdout_samples: int | None = None  # held-out puzzles of that check; None: by the model's cost (cpu_static)
     cache_dir: str = "calib"
+    # static: uint8 (U8S8) or int8 (S8S8) activations; auto measures both here (builder/isa.py)
+    activations: str = "auto"
 
     def __post_init__(self) -> None:
+        from hrm_deploy.backends.ort.builder.isa import ACTIVATIONS
+
+        if self.activations not in ACTIVATIONS:
+            raise ConfigError(f"static INT8 activations are one of {', '.join(ACTIVATIONS)}, not {self.activations}")
         if self.int8_recipe not in RECIPES:
             raise ConfigError(f"the cpu INT8 recipe is one of {', '.join(RECIPES)}, not {self.int8_recipe}")
         if self.precision not in CPU_PRECISIONS:
@@ -291,6 +297,19 @@ def _within_budget(
     return record
 
 
+def _activations(meta: dict[str, Any], config: CpuBuildConfig, stages: Stages) -> dict[str, Any]:
+    """Static INT8's activation type (``config.activations``; auto: the faster integer GEMM on
+    this CPU for the model's MLP input projection at batch 1, see builder/isa.py)."""
+    from hrm_deploy.backends.ort.builder.isa import choose_activations
+    from hrm_deploy.model.config import HRMConfig
+
+    model = HRMConfig.from_dict(meta["config"])
+    with stages.stage("choosing the integer GEMM for this CPU (U8S8 or S8S8, measured)"):
+        return choose_activations(
+            config.activations, model.total_seq_len, model.hidden_size, 2 * model.intermediate_size, config.threads
+        )
+
+
 def build_cpu(
     onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None, quiet: bool = False
 ) -> CpuBuildResult:
@@ -327,6 +346,8 @@ def build_cpu(
 
             calib = calibration(src, src_sha256 or sha256_file(src), meta, config, quiet)
             recipe["calibration"] = calib.report
+            recipe["activations"] = _activations(meta, config, stages)
+            config = replace(config, activations=recipe["activations"]["activations"])
         build.update(_make_graph(src, tmp, meta, config, stages, calib))
         if calib is not None and config.check_accuracy:
             recipe["accuracy"] = _within_budget(src, tmp, meta, config, stages, calib, build)

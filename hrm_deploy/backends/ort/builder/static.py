@@ -167,7 +167,9 @@ def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, q
 def quantize_static(
     src: Path, out: Path, calib: Calibration, meta: dict[str, Any], config: Any, exclude: tuple[str, ...] = ()
 ) -> list[str]:
-    """U8S8 Q/DQ graph of ``src`` at ``out`` (``exclude``: node names kept FP32); returns the quantized nodes."""
+    """Q/DQ graph of ``src`` at ``out``, uint8 or int8 activations by ``config.activations``
+    (U8S8 or S8S8 integer GEMMs; ``auto`` not yet resolved: uint8), int8 weights per channel
+    (``exclude``: node names kept FP32); returns the quantized nodes."""
     from hrm_deploy.precision.int8 import QuantConfig, quantize_int8
 
     quant = QuantConfig(
@@ -183,7 +185,7 @@ def quantize_static(
         meta["steps"],
         extra_exclude=exclude,
         quiet=True,
-        activations="uint8",
+        activations="int8" if getattr(config, "activations", "uint8") == "int8" else "uint8",
     )
     return plan.quantize
 
