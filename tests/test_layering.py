@@ -132,11 +132,6 @@ def test_every_room_has_a_rank():
     assert not missing, f"give these rooms a rank in tests/test_layering.py: {missing}"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _top_level_imports(path: Path, known: set[str]) -> set[str]:
     """hrm_deploy modules imported at module level (function bodies and TYPE_CHECKING blocks aside)."""
     tree = ast.parse(path.read_text())

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
-from hrm_deploy.errors import DataError
+from hrm_deploy.errors import DataError, InternalError
 from hrm_deploy.precision.int8 import QuantPlan, quantize_qdq
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def write_fp8_qdq(model, plan: QuantPlan, scales: dict[str, float]) -> None:
             continue
         x, w = node.input[0], node.input[1]
         if x not in scales:
-            raise RuntimeError(f"no calibrated range for {x!r}: the calibration cache does not match the graph")
+            raise InternalError(f"no calibrated range for {x!r}: the calibration cache does not match the graph")
         if x not in activations:
             base = f"{x}/fp8"
             scale = f"{base}/scale"

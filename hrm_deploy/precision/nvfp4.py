@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError
+from hrm_deploy.errors import ConfigError, InternalError
 from hrm_deploy.onnx_runtime import holds_fp4
 from hrm_deploy.precision.fp8 import E4M3_MAX, activation_amax, raise_opset
 from hrm_deploy.precision.int8 import QuantPlan, quantize_qdq
@@ -185,7 +185,7 @@ def write_nvfp4_qdq(model, plan: QuantPlan, amax: dict[str, float]) -> None:
             continue
         x, w = node.input[0], node.input[1]
         if x not in amax:
-            raise RuntimeError(f"no calibrated range for {x!r}: the calibration cache does not match the graph")
+            raise InternalError(f"no calibrated range for {x!r}: the calibration cache does not match the graph")
         if x not in activations:
             base = f"{x}/nvfp4"
             graph.initializer.append(numpy_helper.from_array(np.array(tensor_scale(amax[x])), f"{base}/tensor_scale"))

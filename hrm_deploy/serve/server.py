@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError, DependencyError, HRMDeployError, require
+from hrm_deploy.errors import ConfigError, HRMDeployError, require
 
 LOOPBACK_NAMES = ("localhost",)
 MODEL_NAME = "hrm"
@@ -130,13 +130,8 @@ def halt_function(halt: str) -> Callable[..., Any] | None:
     The rules live in ``hrm_deploy.halting`` (imported only when a rule is asked for)."""
     if halt == "off":
         return None
-    try:
-        from hrm_deploy.halting import HaltRule  # type: ignore[import-not-found]
-    except ImportError:
-        raise DependencyError(
-            f"--halt {halt}: early halting is not available in this hrm-deploy "
-            "(hrm_deploy.halting is missing); use --halt off"
-        ) from None
+    from hrm_deploy.halting import HaltRule
+
     return HaltRule.parse(halt).should_halt
 
 
