@@ -9,7 +9,7 @@ and records the summary in the artifact's manifest.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,35 +19,9 @@ from hrm_deploy.artifacts import find_reference, recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.io import check_output_path, write_json, write_text
 from hrm_deploy.manifest import check_artifact, manifest_path, report_paths, update_manifest
+from hrm_deploy.precision.registry import PRECISIONS, Thresholds
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """A candidate passes when all hold (agreements as fractions, drop in exact-accuracy points)."""
-
-    min_argmax_agreement: float
-    max_exact_drop_points: float
-    min_q_halt_sign_agreement: float
-    # Output closeness, so a model whose logits are far off fails even when argmax agrees:
-    # max |ref - cand| over the reference's max |logit| (resp. max(|q_halt|, 1)).
-    max_logits_rel_error: float = 0.02
-    max_q_halt_rel_error: float = 0.02
-
-
-THRESHOLDS = {
-    "fp32": Thresholds(0.999, 0.5, 0.99, 0.02, 0.02),
-    "fp16": Thresholds(0.995, 1.0, 0.98, 0.15, 0.15),
-    "bf16": Thresholds(0.99, 1.5, 0.97, 0.25, 0.25),
-    "int8": Thresholds(0.98, 2.0, 0.95, 0.6, 0.6),
-    # INT8's bounds: FP8's answers measured as close or closer (benchmarks/results/fp8_accuracy.json)
-    "fp8": Thresholds(0.98, 2.0, 0.95, 0.6, 0.6),
-    # From the bundled model's NVFP4 graph within a 1-point --accuracy-budget, run as its CPU simulation
-    # (benchmarks/results/nvfp4_accuracy.json: 2.0 points on 1,000 puzzles, q_halt rel. error 0.8);
-    # plain NVFP4 of that model (16 points lost, q_halt signs 85 %) fails them, as it should
-    "nvfp4": Thresholds(0.98, 2.5, 0.95, 0.6, 1.0),
-}
 
 
 def _run(runner, examples, batch: int, label: str, quiet: bool) -> dict[str, np.ndarray]:
@@ -237,7 +211,7 @@ def verify(
     unknown = set(overrides or {}) - set(Thresholds.__dataclass_fields__)
     if unknown:
         raise ConfigError(f"unknown threshold overrides {sorted(unknown)}")
-    for given in (thresholds, replace(THRESHOLDS["fp32"], **(overrides or {}))):
+    for given in (thresholds, replace(PRECISIONS["fp32"].thresholds, **(overrides or {}))):
         if given is not None:
             _check_thresholds(given)
     for report_file in report_paths(path):
@@ -262,7 +236,8 @@ def verify(
         "examples": len(examples),
         **compare(ref_out, cand_out, examples.labels),
     }
-    chosen = replace(thresholds or THRESHOLDS.get(candidate.precision, THRESHOLDS["fp32"]), **(overrides or {}))
+    row = PRECISIONS.get(candidate.precision, PRECISIONS["fp32"])  # thresholds from the precision table
+    chosen = replace(thresholds or row.thresholds, **(overrides or {}))
     report["thresholds"] = asdict(chosen)
     if halt:
         report["halting"] = _halting(

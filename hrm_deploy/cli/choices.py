@@ -46,7 +46,7 @@ class Backend(str, Enum):
 
 
 class CalibMethod(str, Enum):
-    """INT8 calibration method (``hrm_deploy.precision.int8.METHODS``)."""
+    """INT8 calibration method (``hrm_deploy.precision.calibrate.METHODS``)."""
 
     MINMAX = "minmax"
     ENTROPY = "entropy"

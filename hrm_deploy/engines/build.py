@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from hrm_deploy.backends import builder
 from hrm_deploy.engines.result import EngineResult, newest_export
-from hrm_deploy.engines.targets import ENGINE_PRECISIONS, MIN_CAPABILITY, get_target
+from hrm_deploy.engines.targets import ENGINE_PRECISIONS, get_target
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.precision.registry import PRECISIONS
 
 __all__ = ["ENGINE_PRECISIONS", "EngineConfig", "EngineResult", "build_engine", "newest_export"]
 
@@ -49,8 +50,8 @@ class EngineConfig:
     device: str = "auto"  # torch backend: compile for "cuda", "cpu" or "auto" (cuda when torch sees a GPU)
 
     def __post_init__(self) -> None:
-        if self.precision not in ENGINE_PRECISIONS:
-            raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(ENGINE_PRECISIONS)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(PRECISIONS)}")
         for name, flag in (("min_batch", "--min-batch"), ("opt_batch", "--opt-batch"), ("max_batch", "--max-batch")):
             value = getattr(self, name)
             if value is not None and not 1 <= value <= MAX_BATCH:
@@ -74,8 +75,9 @@ class EngineConfig:
                 else "--no-accuracy-check"
             )
             raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
-        if self.target == "cpu" and self.precision in MIN_CAPABILITY:
-            need = "{}.{}".format(*MIN_CAPABILITY[self.precision])
+        need_gpu = PRECISIONS[self.precision].min_capability
+        if self.target == "cpu" and need_gpu:
+            need = "{}.{}".format(*need_gpu)
             raise ConfigError(
                 f"{self.precision} engines need a GPU of compute capability >= {need} (TensorRT); for the cpu "
                 f"target use --int8 or --fp32 ({self.precision.upper()} accuracy is measured on CPU by "

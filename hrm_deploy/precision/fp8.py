@@ -9,8 +9,8 @@ What the graph holds (what TensorRT / TensorRT-RTX read as FP8 GEMMs on compute 
 - everything else float32: the nodes the INT8 plan keeps in float (norms, softmax, residual
   adds, embeddings, lm_head, q_head) are never touched.
 
-The planning (:func:`~hrm_deploy.precision.int8.plan_nodes`), calibration and cache are the
-INT8 path's (:func:`~hrm_deploy.precision.int8.ensure_calibration`). ONNX Runtime's static
+The planning (:func:`~hrm_deploy.precision.calibrate.plan_nodes`), calibration and cache are the
+INT8 path's (:func:`~hrm_deploy.precision.calibrate.ensure_calibration`). ONNX Runtime's static
 quantizer is not used here: its FP8 mode is a QDQ variant with its own calibration path, and
 our graph rewrite is a few dozen lines. Float8 Q/DQ needs opset 19: the graph's default-domain
 opset is raised to 19 (the operators that changed from 18 to 19 only gained float8 types).
@@ -26,7 +26,7 @@ import numpy as np
 
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import DataError, InternalError
-from hrm_deploy.precision.int8 import QuantPlan, quantize_qdq
+from hrm_deploy.precision.calibrate import QuantPlan, quantize_qdq
 
 logger = logging.getLogger(__name__)
 

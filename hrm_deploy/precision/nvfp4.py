@@ -16,7 +16,7 @@ GEMMs on it. The graph is what NVIDIA's Model Optimizer (ModelOpt) exports for N
   block scales are computed at run time (TensorRT's DynamicQuantize layer); only the per-tensor
   scale ``amax / (6 * 448)`` is calibrated, with amax from the INT8 calibration cache.
 - opset 23 (FLOAT4E2M1 and blocked DequantizeLinear); everything else stays float32, with the same
-  float islands as INT8/FP8 (:func:`~hrm_deploy.precision.int8.plan_nodes`).
+  float islands as INT8/FP8 (:func:`~hrm_deploy.precision.calibrate.plan_nodes`).
 
 ONNX Runtime has no FP4 kernels: :func:`simulate_on_cpu` turns the graph into one it runs with the
 same numerics (the stored FP4 weights dequantized in numpy, each dynamic quantization written as
@@ -36,8 +36,8 @@ import numpy as np
 
 from hrm_deploy.errors import ConfigError, InternalError
 from hrm_deploy.onnx_runtime import holds_fp4
+from hrm_deploy.precision.calibrate import QuantPlan, quantize_qdq
 from hrm_deploy.precision.fp8 import E4M3_MAX, activation_amax, raise_opset
-from hrm_deploy.precision.int8 import QuantPlan, quantize_qdq
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ def _library_choices() -> dict[type, set[str]]:
     from hrm_deploy.engines.targets import TARGETS
     from hrm_deploy.export.onnx_export import MODES
     from hrm_deploy.onnx_runtime import PROVIDERS
-    from hrm_deploy.precision.int8 import METHODS
+    from hrm_deploy.precision.calibrate import METHODS
     from hrm_deploy.puzzle_table import Placement
     from hrm_deploy.registry import BACKENDS
     from hrm_deploy.train.loop import OPTIMIZERS

@@ -62,7 +62,7 @@ class CpuBuildConfig:
     fuse: bool = True  # attention + RMSNorm into ORT's fused CPU kernels (fusion.py)
     int8_recipe: str = "static"  # int8.py: RECIPES
     calib_data: str | None = None  # None: the checkpoint's own dataset, from its provenance
-    calib_method: str = "minmax"  # precision.int8.QuantConfig's measured defaults
+    calib_method: str = "minmax"  # precision.calibrate.QuantConfig's measured defaults
     calib_samples: int = 128
     accuracy_budget: float | None = None  # exact-accuracy points; None: DEFAULT_BUDGET_POINTS
     check_accuracy: bool = True  # static: measure against FP32 on held-out puzzles, fall back to FP32 layers

@@ -121,13 +121,15 @@ def _precision_source(onnx_path: Path, meta: dict[str, Any], config: EngineConfi
         return onnx_path
     if have != "fp32":
         raise ConfigError(f"{onnx_path} is a {have} graph but {config.precision} was asked for; pass the FP32 export")
-    from hrm_deploy.precision.convert import QDQ_PRECISIONS, PrecisionConfig, make_precision_graph
-    from hrm_deploy.precision.int8 import QuantConfig
+    from hrm_deploy.precision.calibrate import QuantConfig
+    from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+    from hrm_deploy.precision.registry import get_precision
 
+    calibrated = get_precision(config.precision).calibrated
     if not quiet:
-        what = "calibrating and quantizing" if config.precision in QDQ_PRECISIONS else "converting"
+        what = "calibrating and quantizing" if calibrated else "converting"
         log.info(f"{onnx_path.name} is FP32: {what} it to {config.precision} first")
-    if config.precision in QDQ_PRECISIONS and not config.calib_data:
+    if calibrated and not config.calib_data:
         from dataclasses import replace
 
         from hrm_deploy.provenance import default_data
