@@ -336,7 +336,7 @@ def solve(
             )
         rule = resolve_rule(rule, str(path))
         if rule.mode is HaltMode.BUDGET and rule.threshold is None:
-            from hrm_deploy.halting import prepare_rules
+            from hrm_deploy.halting_report import prepare_rules
 
             [rule] = prepare_rules(
                 [rule.text],

@@ -135,7 +135,7 @@ def markdown(report: dict[str, Any]) -> str:
                 else f"| {i + 1} | {d:.4%} | - | - |"
             )
     if "halting" in report:
-        from hrm_deploy.halting import halting_markdown
+        from hrm_deploy.halting_report import halting_markdown
 
         lines += ["", "Early halting (candidate):", "", halting_markdown(report["halting"]).rstrip()]
     lines += [""] + [f"- failure: {f}" for f in report["failures"]]
@@ -158,7 +158,7 @@ def _check_thresholds(thresholds: Thresholds) -> None:
 def _halting(
     path: Path, candidate, examples, ref_out, cand_out, data, texts, batch, min_steps, max_steps, runner_options
 ) -> dict[str, Any]:
-    from hrm_deploy.halting import evaluate_halting, plot_curve, prepare_rules
+    from hrm_deploy.halting_report import evaluate_halting, plot_curve, prepare_rules
 
     rules = prepare_rules(list(texts), str(path), str(data), min_steps=min_steps, max_steps=max_steps, **runner_options)
     candidate.activate()

@@ -18,12 +18,13 @@ Rank  Rooms (first package level below ``hrm_deploy``)
       ``provenance`` (default data from a checkpoint's own dataset)
 2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
 3     ``runtime`` (what every runner shares: Runner template, device loop, memory, adapters' interface)
-4     ``backends`` run side (each backend's runner; TensorRT's API wrapper), ``halting`` (rules, the
-      step driver and continuous batching, budget calibration)
+4     ``backends`` run side (each backend's runner and step function; TensorRT's API wrapper),
+      ``halting`` (rules, the step driver and continuous batching, thresholds from outputs; it
+      imports no backend: the step functions come in through the step contract)
 5     ``precision`` (FP16/INT8/FP8 conversion, calibration, accuracy on examples)
 6     ``engines`` (the build stage: options, targets, dispatch), ``backends.<name>.builder`` (each
       backend's build side: it may use precision)
-7     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``,
+7     applications: ``verify`` and ``halting_report`` (halting reports, budget calibration), ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``,
       ``arc`` (ARC evaluation)
 8     ``cli``, ``__main__`` (thin Typer commands over the applications)
 """
@@ -60,6 +61,7 @@ RANKS: dict[str, int] = {
     "precision": 5,
     "engines": 6,
     "verify": 7,
+    "halting_report": 7,
     "bench": 7,
     "serve": 7,
     "solve": 7,
@@ -178,3 +180,16 @@ def test_stages_look_backends_up_in_the_table():
         (src, dst) for src, dst in _edges() if src.split(".")[1] in stages and dst.startswith("hrm_deploy.backends.")
     ]
     assert not by_name, by_name
+
+
+def test_halting_imports_no_backend():
+    """The scheduler drives any step function through the step contract (contract.StepFunction);
+    the ORT and reference steps live with their backends, and budget calibration, which opens
+    runners, sits beside verify (halting_report)."""
+    reaching = [
+        (src, dst)
+        for src, dst in _edges()
+        if src.startswith("hrm_deploy.halting.") or src == "hrm_deploy.halting"
+        if dst == "hrm_deploy.backends" or dst.startswith("hrm_deploy.backends.")
+    ]
+    assert not reaching, f"halting imports a backend: {reaching}"

@@ -339,7 +339,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
 
 def _halting(path: Path, runner, examples, config: BenchConfig) -> dict[str, Any]:
     """Per rule: exact accuracy, mean/p90 steps and puzzles/s at the largest batch, plus the curve."""
-    from hrm_deploy.halting import evaluate_halting, prepare_rules
+    from hrm_deploy.halting_report import evaluate_halting, prepare_rules
 
     rules = prepare_rules(
         list(config.halt),
@@ -359,7 +359,7 @@ def _halting(path: Path, runner, examples, config: BenchConfig) -> dict[str, Any
 
 
 def _halting_files(report: dict[str, Any], out: Path) -> None:
-    from hrm_deploy.halting import halting_markdown, plot_curve
+    from hrm_deploy.halting_report import halting_markdown, plot_curve
 
     rows = {Path(r["artifact"]).name: r["halting"] for r in report["rows"] if "halting" in r}
     write_json(out / "halting.json", rows)

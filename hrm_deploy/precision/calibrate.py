@@ -26,10 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.contract import CARRY, CARRY_OUT, RESET
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
-from hrm_deploy.onnx_runtime import ort_session
+from hrm_deploy.onnx_runtime import ort_session, step_once, zero_carry
 
 logger = logging.getLogger(__name__)
 
@@ -108,19 +107,15 @@ def _drive(session, fetch: list[str], examples: Examples, batch: int, mode: str,
     run. A single-step graph runs ``steps`` times per batch from a zero carry (``reset`` on the
     first step, as the host loop does) and reads its next carry from the same run, so ranges
     cost one pass over the data, not a float pass plus a collecting pass."""
-    if mode == "step":
-        dims = next(i.shape for i in session.get_inputs() if i.name == CARRY[0])
     for start in range(0, len(examples), batch):
         feeds = examples.feeds(start, start + batch)
         if mode != "step":
             yield session.run(fetch, feeds)
             continue
         n = len(feeds["inputs"])
-        z_H = np.zeros((n, dims[1], dims[2]), np.float32)
-        z_L = np.zeros_like(z_H)
+        carry = zero_carry(session, n)
         for step in range(steps):
-            step_feeds = {**feeds, CARRY[0]: z_H, CARRY[1]: z_L, RESET: np.full((n,), step == 0)}
-            z_H, z_L, *values = session.run([*CARRY_OUT, *fetch], step_feeds)
+            carry, _, values = step_once(session, feeds, carry, np.full((n,), step == 0), fetch)
             yield values
 
 
