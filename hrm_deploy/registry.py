@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class BackendEntry:
     # "module:function" with the signature (source, EngineConfig, out, quiet) -> EngineResult
     builder: str | None = None
     builds_for: tuple[str, ...] = ()  # `build-engine --backend` names (a target's backends) it builds for
+    # runner options only this backend takes (e.g. ONNX Runtime's provider): a stage that offers one
+    # passes it through runner_options(), never by checking the artifact's suffix
+    options: tuple[str, ...] = ()
 
 
 BACKENDS: dict[str, BackendEntry] = {
@@ -39,6 +43,7 @@ BACKENDS: dict[str, BackendEntry] = {
             (".onnx",),
             "hrm_deploy.backends.ort.builder.target:build_for_cpu",
             ("onnxruntime",),
+            ("provider", "threads"),
         ),
         BackendEntry(
             "trt",
@@ -71,3 +76,11 @@ def runner_name(artifact: str | Path) -> str:
 def engine_suffixes() -> tuple[str, ...]:
     """Every suffix some backend runs (the artifacts that are not checkpoints)."""
     return tuple(s for entry in BACKENDS.values() for s in entry.suffixes)
+
+
+def runner_options(artifact: str | Path, **offered: Any) -> dict[str, Any]:
+    """The ``offered`` runner options (None: not given) that the backend running ``artifact``
+    takes, from its row's ``options``: ``--provider`` reaches an ONNX graph's runner and is left
+    out for an engine or a checkpoint."""
+    takes = BACKENDS[runner_name(artifact)].options
+    return {name: value for name, value in offered.items() if value is not None and name in takes}

@@ -23,6 +23,7 @@ import numpy as np
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
 from hrm_deploy.io import check_output_path, write_json, write_text
+from hrm_deploy.registry import runner_options
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +278,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     for path in paths:
         row: dict[str, Any] = {"artifact": str(path), "size_mb": path.stat().st_size / 1e6 if path.exists() else None}
         try:
-            runner = open_runner(path, **({"provider": config.provider} if path.suffix == ".onnx" else {}))
+            runner = open_runner(path, **runner_options(path, provider=config.provider))
             row["runner"], row["precision"] = runner.name, runner.precision
             if config.target == "jetson":
                 from hrm_deploy.bench.jetson import Tegrastats, summarize
@@ -347,7 +348,7 @@ def _halting(path: Path, runner, examples, config: BenchConfig) -> dict[str, Any
         config.data,
         min_steps=config.min_steps,
         max_steps=config.max_steps,
-        **({"provider": config.provider} if path.suffix == ".onnx" else {}),
+        **runner_options(path, provider=config.provider),
     )
     runner.activate()
     try:

@@ -51,11 +51,10 @@ def solve(
     quiet: Quiet = False,
 ) -> None:
     """Solve your own puzzles with a trained model and check the answers."""
+    from hrm_deploy.registry import runner_options
     from hrm_deploy.solve import SolveInterrupted, format_solutions, solve as run_solve
 
-    options: dict[str, Any] = (
-        {"provider": provider.value} if artifact is not None and artifact.suffix == ".onnx" else {}
-    )
+    options: dict[str, Any] = runner_options(artifact, provider=provider.value) if artifact is not None else {}
     if out is not None:  # before any work: never over the puzzles, never over a folder
         from hrm_deploy.io import check_output_path
 

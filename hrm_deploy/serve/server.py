@@ -289,7 +289,9 @@ def request_errors_as_400() -> bool:
 
 
 def _runner_options(config: ServeConfig) -> dict[str, Any]:
-    return {"provider": config.provider} if config.provider and config.artifact.suffix == ".onnx" else {}
+    from hrm_deploy.registry import runner_options
+
+    return runner_options(config.artifact, provider=config.provider)
 
 
 def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) -> int:

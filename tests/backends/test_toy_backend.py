@@ -72,3 +72,14 @@ def test_a_toy_backend_is_one_package_and_one_row(trained_tiny, tmp_path, monkey
     with runner:
         out = runner.infer({"inputs": np.full((2, 81), 2), "puzzle_identifiers": np.zeros(2, np.int64)})
     assert out["logits"].shape == (2, 81, 11) and runner.calls == 1
+
+
+def test_runner_options_come_from_the_row_not_the_suffix(monkeypatch, tmp_path):
+    """A stage offers its options (--provider, --threads); each backend's row says which it takes."""
+    row = registry.BackendEntry("toy", "toy_backend:ToyRunner", (".toy",), options=("color",))
+    monkeypatch.setitem(registry.BACKENDS, "toy", row)
+    offered = {"provider": "cuda", "threads": None, "color": "red"}
+    assert registry.runner_options(tmp_path / "m.onnx", **offered) == {"provider": "cuda"}
+    assert registry.runner_options(tmp_path / "m.toy", **offered) == {"color": "red"}
+    assert registry.runner_options(tmp_path / "m.engine", **offered) == {}
+    assert registry.runner_options(tmp_path / "step_100", **offered) == {}  # a checkpoint
