@@ -9,6 +9,7 @@ from typing import Any
 from hrm_deploy.artifacts import is_checkpoint, runner_name
 from hrm_deploy.errors import ArtifactError, HRMDeployError, require
 from hrm_deploy.manifest import MANIFEST_SUFFIX, check_artifact, read_manifest, validate_manifest
+from hrm_deploy.registry import BACKENDS
 
 # Manifest fields that judge the artifact's bytes; dropped when the bytes no longer match.
 _JUDGEMENTS = ("verify", "parity", "report", "build")
@@ -140,7 +141,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         if not p.is_file():
             raise ArtifactError(f"{p} is not a file; give an engine file")
         status = _artifact_status(p)
-        kind = "engine (PyTorch AOTInductor)" if runner_name(p) == "torch_engine" else "engine"
+        kind = "engine (PyTorch AOTInductor)" if BACKENDS[runner_name(p)].kind == "pt2" else "engine"
         summary = {"kind": kind, "path": str(p), "size_bytes": p.stat().st_size, "artifact_check": status}
         if status == "ok":
             summary["manifest"] = {

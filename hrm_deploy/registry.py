@@ -18,8 +18,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class BackendEntry:
-    """One backend. ``name`` is the runner's name (reports record it; ``open_runner(runner=...)``
-    picks it); ``runner`` and ``builder`` are ``"module:attr"`` strings imported on first use."""
+    """One backend. ``name`` is its one name: its package (module) under ``hrm_deploy/backends/``,
+    its runner's name (reports record it; ``open_runner(runner=...)`` picks it) and, where it builds,
+    its ``build-engine --backend`` name (``builds_for``; TensorRT also builds the TensorRT-RTX
+    flavour); ``runner`` and ``builder`` are ``"module:attr"`` strings imported on first use."""
 
     name: str
     runner: str  # "module:Class", a Runner subclass
@@ -30,13 +32,16 @@ class BackendEntry:
     # runner options only this backend takes (e.g. ONNX Runtime's provider): a stage that offers one
     # passes it through runner_options(), never by checking the artifact's suffix
     options: tuple[str, ...] = ()
+    # what its artifacts are: "checkpoint", "onnx" (a graph), "engine" (compiled, opaque without its
+    # runtime) or "pt2" (an engine whose manifest carries its model config)
+    kind: str = "engine"
 
 
 BACKENDS: dict[str, BackendEntry] = {
     entry.name: entry
     for entry in (
         # a checkpoint (no suffix of its own): the PyTorch SDPA reference
-        BackendEntry("torch_ref", "hrm_deploy.backends.reference:TorchRunner"),
+        BackendEntry("reference", "hrm_deploy.backends.reference:TorchRunner", kind="checkpoint"),
         BackendEntry(
             "ort",
             "hrm_deploy.backends.ort.runner:OrtRunner",
@@ -44,24 +49,26 @@ BACKENDS: dict[str, BackendEntry] = {
             "hrm_deploy.backends.ort.builder.target:build_for_cpu",
             ("onnxruntime",),
             ("provider", "threads"),
+            "onnx",
         ),
         BackendEntry(
-            "trt",
+            "tensorrt",
             "hrm_deploy.backends.tensorrt.runner:TrtRunner",
             (".engine", ".plan"),
             "hrm_deploy.backends.tensorrt.builder.engine:build_tensorrt",
             ("tensorrt", "tensorrt-rtx"),
         ),
         BackendEntry(
-            "torch_engine",
+            "torch",
             "hrm_deploy.backends.torch.runner:TorchEngineRunner",
             (".pt2",),
             "hrm_deploy.backends.torch.builder:build_from_config",
             ("torch",),
+            kind="pt2",
         ),
     )
 }
-CHECKPOINT_RUNNER = "torch_ref"  # anything without a backend's suffix is a checkpoint
+CHECKPOINT_RUNNER = "reference"  # anything without a backend's suffix is a checkpoint
 
 
 def runner_name(artifact: str | Path) -> str:

@@ -18,7 +18,7 @@ from hrm_deploy.runtime.base import Runner
 
 
 class TorchRunner(Runner):
-    name = "torch_ref"
+    name = "reference"
     supports_halt = True
 
     def __init__(
@@ -31,7 +31,7 @@ class TorchRunner(Runner):
         **checkpoint_overrides: Any,
     ):
         if dtype not in ("float32", "bfloat16"):
-            raise ConfigError(f"torch_ref dtype {dtype!r}: use float32 or bfloat16")
+            raise ConfigError(f"reference dtype {dtype!r}: use float32 or bfloat16")
         self.checkpoint, self.device_name, self.dtype, self.compile = Path(checkpoint), device, dtype, compile
         self.overrides = checkpoint_overrides
         self.requested_steps = steps

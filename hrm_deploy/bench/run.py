@@ -23,7 +23,7 @@ import numpy as np
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
 from hrm_deploy.io import check_output_path, write_json, write_text
-from hrm_deploy.registry import runner_options
+from hrm_deploy.registry import CHECKPOINT_RUNNER, runner_options
 
 log = logging.getLogger(__name__)
 
@@ -240,9 +240,10 @@ def resolve_data(config: BenchConfig, paths: list[Path]) -> BenchConfig:
 def _default_artifacts() -> list[Path]:
     """Every engine in engines/ (TensorRT and PyTorch engines, by the runner table's suffixes)."""
     from hrm_deploy.artifacts import runner_name
+    from hrm_deploy.registry import BACKENDS
 
     folder = Path("engines")
-    return sorted(p for p in folder.glob("*") if p.is_file() and runner_name(p) in ("trt", "torch_engine"))
+    return sorted(p for p in folder.glob("*") if p.is_file() and BACKENDS[runner_name(p)].kind in ("engine", "pt2"))
 
 
 def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False) -> dict[str, Any]:
@@ -304,7 +305,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
             raise ConfigError("no reference checkpoint: pass --reference CKPT")
         row = {
             "artifact": str(reference),
-            "runner": "torch_ref",
+            "runner": CHECKPOINT_RUNNER,
             "reference": True,
             "size_mb": reference.stat().st_size / 1e6,
         }

@@ -227,7 +227,7 @@ def test_the_backend_table_is_the_one_source(tmp_path):
     from hrm_deploy.backends import builder, runner_class
     from hrm_deploy.registry import BACKENDS, engine_suffixes
 
-    assert runner_name("a.onnx") == "ort" and runner_name("a.plan") == "trt" and runner_name("a.pt2") == "torch_engine"
+    assert runner_name("a.onnx") == "ort" and runner_name("a.plan") == "tensorrt" and runner_name("a.pt2") == "torch"
     assert is_checkpoint("step_100") and is_checkpoint("model.pt")
     assert sorted(engine_suffixes()) == [".engine", ".onnx", ".plan", ".pt2"]
     for name, entry in BACKENDS.items():
