@@ -58,11 +58,10 @@ def _model_description(config_json: str | None) -> dict[str, Any] | None:
     """The model family and its recursion from a graph's recorded config (None if absent)."""
     if not config_json:
         return None
-    from hrm_deploy.model.config import HRMConfig
-    from hrm_deploy.model.families import describe
+    from hrm_deploy.model.families import config_from_dict, describe
 
     try:
-        return describe(HRMConfig.from_dict(json.loads(config_json)))
+        return describe(config_from_dict(json.loads(config_json)))
     except (json.JSONDecodeError, TypeError, HRMDeployError):
         return None
 

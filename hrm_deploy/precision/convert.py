@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.errors import ArtifactError, ConfigError, require
+from hrm_deploy.export.metadata import set_graph_precision
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
 from hrm_deploy.precision.calibrate import QuantConfig, _cache_readable, calibration_key
@@ -62,19 +63,13 @@ def _load(path: Path):
         raise ArtifactError(f"{path} is not a readable ONNX file ({type(exc).__name__}); re-export it") from None
 
 
-def _set_precision_metadata(model, precision: str) -> None:
-    for prop in model.metadata_props:
-        if prop.key == "hrm_deploy.precision":
-            prop.value = precision
-
-
 def _write_cast(model, config: PrecisionConfig, tmp: Path, stages: Stages) -> dict[str, Any]:
     """A float graph with float32 islands (the row's cast writer), saved to ``tmp``."""
     import onnx
 
     with stages.stage(f"converting to {config.precision} (float32 islands: norms, softmax, sigmoid)"):
         converted_model, kept = load(config.entry.writer or "")(model, config.precision, config.keep_io_types)
-        _set_precision_metadata(converted_model, config.precision)
+        set_graph_precision(converted_model, config.precision)
         onnx.save(converted_model, str(tmp))
     return {"float32_nodes": len(kept)}
 
@@ -124,7 +119,7 @@ def _write_qdq(src: Path, src_sha256: str, meta, config: PrecisionConfig, tmp: P
         # the published graph's count (layers kept in float are no longer quantized)
         report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(plan.quantize))
     quantized = onnx.load(str(tmp))
-    _set_precision_metadata(quantized, config.precision)
+    set_graph_precision(quantized, config.precision)
     onnx.save(quantized, str(tmp))
     return report
 

@@ -132,7 +132,7 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
 
     from hrm_deploy.backends.ort.builder.fusion import FUSION_TOLERANCE, check_rewrites, fuse_for_cpu
     from hrm_deploy.backends.ort.builder.static import sink_quantize
-    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.families import config_from_dict
 
     unfused = onnx.load(str(path))
     sink_quantize(unfused)  # static INT8: the attention output's Q back below its head merge (exact)
@@ -140,7 +140,7 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
         return {"skipped": f"graph of {unfused.ByteSize() / 2**30:.1f} GiB, over the 2 GiB protobuf limit: not fused"}
     fused = onnx.ModelProto()
     fused.CopyFrom(unfused)
-    model_config = HRMConfig.from_dict(meta["config"])
+    model_config = config_from_dict(meta["config"])
     report, rewrites = fuse_for_cpu(fused, model_config.hidden_size)
     # One puzzle of random tokens; a step graph gets its first step (reset, zero carry).
     rng = np.random.default_rng(0)

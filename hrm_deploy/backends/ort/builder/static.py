@@ -91,9 +91,9 @@ def holdout_size(meta: dict[str, Any], most: int) -> int:
     """Held-out puzzles for a model: as many as :data:`HOLDOUT_FLOPS` of FP32 work allow (at
     least :data:`MIN_HOLDOUT`, at most ``most``). Fixed by the model's shape, not by a clock, so
     one build gives the same engine on an idle or a busy machine."""
-    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.families import config_from_dict
 
-    config = HRMConfig.from_dict(meta["config"])
+    config = config_from_dict(meta["config"])
     d, inter = config.hidden_size, config.intermediate_size
     per_token_block = 2 * (4 * d * d + 3 * d * inter)  # qkv + o, gate_up + down: multiply-adds x 2
     flops = per_token_block * config.total_seq_len * config.blocks_per_step * int(meta["steps"])
