@@ -195,8 +195,7 @@ def calibrate_budget(
     artifact's manifest under ``halting.budgets``. Returns the stored entry."""
     from hrm_deploy.backends import open_runner
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.io import write_json
-    from hrm_deploy.manifest import check_artifact, manifest_path, read_manifest, update_manifest
+    from hrm_deploy.manifest import check_artifact
     from hrm_deploy.runtime.infer import infer_all
 
     judged = (check_artifact(artifact) or {}).get("sha256") if Path(artifact).is_file() else None
@@ -232,14 +231,23 @@ def calibrate_budget(
         "split": split,
         "examples": len(examples),
     }
+    _store_budget(artifact, rule, entry, judged)
+    return entry
+
+
+def _store_budget(artifact: str, rule: HaltRule, entry: dict[str, Any], judged: str | None) -> None:
+    """Keep a calibrated threshold: in the artifact's manifest when it is ours and writable (only
+    while the manifest still describes the bytes ``judged``), else in the user cache by sha256."""
+    from hrm_deploy.io import write_json
+    from hrm_deploy.manifest import manifest_path, read_manifest, update_manifest
+
     path = manifest_path(artifact)
     if path.is_file() and os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
-        # our artifact: the threshold travels with it, only if the manifest still describes the
-        # bytes we calibrated
+        # our artifact: the threshold travels with it
         halting = dict(read_manifest(artifact).get("halting", {}))
         halting["budgets"] = {**halting.get("budgets", {}), budget_key(rule): entry}
         update_manifest(artifact, expect_sha256=judged, halting=halting)
-        return entry
+        return
     # a checkpoint, the bundled model or a read-only artifact: the user cache, keyed by sha256
     cached = calibration_cache(artifact)
     budgets = {**stored_budgets(artifact), budget_key(rule): entry}
@@ -250,7 +258,6 @@ def calibrate_budget(
             f"cannot store the calibrated threshold in {cached} ({exc.strerror}); set HRM_DEPLOY_CACHE "
             "to a writable folder"
         ) from None
-    return entry
 
 
 def _has_split(data: str, split: str) -> bool:

@@ -26,7 +26,8 @@ class BackendEntry:
     name: str
     runner: str  # "module:Class", a Runner subclass
     suffixes: tuple[str, ...] = ()  # artifact file suffixes it runs
-    # "module:function" with the signature (source, EngineConfig, out, quiet) -> EngineResult
+    # "module:object": its build side, a hrm_deploy.engines.request.Builder (what graph it takes,
+    # a preflight, build(BuildRequest) -> EngineResult)
     builder: str | None = None
     builds_for: tuple[str, ...] = ()  # `build-engine --backend` names (a target's backends) it builds for
     # runner options only this backend takes (e.g. ONNX Runtime's provider): a stage that offers one
@@ -46,7 +47,7 @@ BACKENDS: dict[str, BackendEntry] = {
             "ort",
             "hrm_deploy.backends.ort.runner:OrtRunner",
             (".onnx",),
-            "hrm_deploy.backends.ort.builder.target:build_for_cpu",
+            "hrm_deploy.backends.ort.builder.target:BUILDER",
             ("onnxruntime",),
             ("provider", "threads"),
             "onnx",
@@ -55,14 +56,14 @@ BACKENDS: dict[str, BackendEntry] = {
             "tensorrt",
             "hrm_deploy.backends.tensorrt.runner:TrtRunner",
             (".engine", ".plan"),
-            "hrm_deploy.backends.tensorrt.builder.engine:build_tensorrt",
+            "hrm_deploy.backends.tensorrt.builder.engine:BUILDER",
             ("tensorrt", "tensorrt-rtx"),
         ),
         BackendEntry(
             "torch",
             "hrm_deploy.backends.torch.runner:TorchEngineRunner",
             (".pt2",),
-            "hrm_deploy.backends.torch.builder:build_from_config",
+            "hrm_deploy.backends.torch.builder:BUILDER",
             ("torch",),
             kind="pt2",
         ),

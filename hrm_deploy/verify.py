@@ -204,16 +204,7 @@ def verify(
         choice = default_data(against or path, "--data")
         log.info(choice.message)
         data = choice.path
-    if samples is not None and samples < 1:
-        raise ConfigError(f"--samples must be >= 1, got {samples}")
-    if not 1 <= batch <= 1 << 16:
-        raise ConfigError(f"--batch must be between 1 and 65536, got {batch}")
-    unknown = set(overrides or {}) - set(Thresholds.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(f"unknown threshold overrides {sorted(unknown)}")
-    for given in (thresholds, replace(PRECISIONS["fp32"].thresholds, **(overrides or {}))):
-        if given is not None:
-            _check_thresholds(given)
+    _check_options(samples, batch, thresholds, overrides)
     for report_file in report_paths(path):
         check_output_path(report_file)  # fail before the work, not after
     before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints
@@ -245,6 +236,29 @@ def verify(
         )
     report["failures"] = judge(report, chosen)
     report["passed"] = not report["failures"]
+    _write_reports(path, report, before)
+    return report
+
+
+def _check_options(
+    samples: int | None, batch: int, thresholds: Thresholds | None, overrides: dict[str, float] | None
+) -> None:
+    """verify's numbers, checked before any work (one line each)."""
+    if samples is not None and samples < 1:
+        raise ConfigError(f"--samples must be >= 1, got {samples}")
+    if not 1 <= batch <= 1 << 16:
+        raise ConfigError(f"--batch must be between 1 and 65536, got {batch}")
+    unknown = set(overrides or {}) - set(Thresholds.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown threshold overrides {sorted(unknown)}")
+    for given in (thresholds, replace(PRECISIONS["fp32"].thresholds, **(overrides or {}))):
+        if given is not None:
+            _check_thresholds(given)
+
+
+def _write_reports(path: Path, report: dict[str, Any], before: str | None) -> None:
+    """The JSON and Markdown reports beside the artifact, and the verdict in its manifest, only
+    while the artifact is still the bytes that were judged (``before``, its sha256)."""
     if before is not None:
         after = (check_artifact(path) or {}).get("sha256")
         if after != before:  # an export replaced the artifact while it was being judged
@@ -259,4 +273,3 @@ def verify(
             expect_sha256=before,
             verify={k: report[k] for k in ("passed", "failures", "examples", "data", "thresholds")},
         )
-    return report

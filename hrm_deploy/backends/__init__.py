@@ -1,6 +1,6 @@
 """The backends, one package each, and the two lookups every stage uses: :func:`open_runner`
-(an artifact -> its runner) and :func:`builder` (a ``build-engine --backend`` name -> its build
-function). Both read the table in :mod:`hrm_deploy.registry` and import the backend only then.
+(an artifact -> its runner) and :func:`builder` (a ``build-engine --backend`` name -> its
+builder). Both read the table in :mod:`hrm_deploy.registry` and import the backend only then.
 
 - :mod:`.reference`: a checkpoint, our PyTorch SDPA model (the reference);
 - :mod:`.ort`: ``.onnx`` graphs on ONNX Runtime, and the ``cpu`` target's builds;
@@ -14,7 +14,6 @@ What their runners share (the Runner template, device loop, memory) is :mod:`hrm
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,9 +52,10 @@ def reference_runner(checkpoint: str | Path, **options: Any) -> Runner:
     return open_runner(checkpoint, runner=CHECKPOINT_RUNNER, **options)
 
 
-def builder(backend: str) -> Callable[..., Any]:
-    """The build function for ``build-engine --backend BACKEND`` (signature
-    ``(source, EngineConfig, out, quiet) -> EngineResult``)."""
+def builder(backend: str) -> Any:
+    """The builder for ``build-engine --backend BACKEND``: a
+    :class:`hrm_deploy.engines.request.Builder` (what graph it takes, a preflight,
+    ``build(BuildRequest) -> EngineResult``)."""
     for entry in BACKENDS.values():
         if backend in entry.builds_for and entry.builder:
             return _load(entry.builder)

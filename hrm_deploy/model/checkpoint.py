@@ -258,6 +258,28 @@ def _upstream_config(
     # Upstream computes in bf16; we load for float32 export unless the caller asks otherwise.
     fields["forward_dtype"] = overrides.get("forward_dtype", "float32")
 
+    _require_fields(path, fields, hidden, family, train_cfg, arch)
+    intermediate = hidden.get("_intermediate_size")
+    if intermediate is not None and fields.get("expansion") is None:
+        # upstream sizes the MLP as round(expansion * D * 2/3) up to a multiple of 256: this inverts it exactly
+        fields["expansion"] = intermediate * 3 / (2 * fields["hidden_size"])
+    family.derive_fields(fields, hidden)
+    config = family.config_class.from_dict({**fields, "family": family.name})
+    _check_widths(path, config, hidden, cfg_file.name)
+    return config
+
+
+def _require_fields(
+    path: Path,
+    fields: dict[str, Any],
+    hidden: dict[str, Any],
+    family: ModelFamily,
+    train_cfg: dict[str, Any],
+    arch: dict[str, Any],
+) -> None:
+    """One clear error for a field neither the weights, the config, the dataset nor a flag gave:
+    the sizes (seq_len, vocab_size) and the family's required architecture fields."""
+    cfg_file = path.parent / "all_config.yaml"
     missing = [k for k in ("seq_len", "vocab_size") if k not in fields]
     if missing:
         where = f"{cfg_file.parent}/all_config.yaml's {family.data_key}" if train_cfg else "all_config.yaml (absent)"
@@ -286,14 +308,6 @@ def _upstream_config(
             f"{path} ({family.title}): {where} and {', '.join(absent)} cannot be read from the weights; copy upstream's "
             f"all_config.yaml next to it or {options} (never guessed: a wrong value is a different model)"
         )
-    intermediate = hidden.get("_intermediate_size")
-    if intermediate is not None and fields.get("expansion") is None:
-        # upstream sizes the MLP as round(expansion * D * 2/3) up to a multiple of 256: this inverts it exactly
-        fields["expansion"] = intermediate * 3 / (2 * fields["hidden_size"])
-    family.derive_fields(fields, hidden)
-    config = family.config_class.from_dict({**fields, "family": family.name})
-    _check_widths(path, config, hidden, cfg_file.name)
-    return config
 
 
 def _check_widths(path: Path, config: HRMConfig, hidden: dict[str, Any], cfg_name: str) -> None:

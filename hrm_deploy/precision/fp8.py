@@ -90,7 +90,8 @@ def raise_opset(model, version: int = FP8_OPSET, ir_version: int = 9) -> None:
 
 def write_fp8_qdq(model, plan: QuantPlan, scales: dict[str, float]) -> None:
     """Rewrite ``model`` in place: FP8 weights (per channel) and FP8 Q/DQ on the activation input
-    of every node in ``plan.quantize``."""
+    of every node in ``plan.quantize``. (One pass over the nodes, long on purpose: the maps of
+    tensors already quantized are shared by the activation and the weight halves.)"""
     from onnx import TensorProto, helper, numpy_helper
 
     from hrm_deploy.export.graph import topological_sort

@@ -165,7 +165,8 @@ def _as_nk(node, weight: np.ndarray) -> tuple[np.ndarray, bool]:
 def write_nvfp4_qdq(model, plan: QuantPlan, amax: dict[str, float]) -> None:
     """Rewrite ``model`` in place: NVFP4 weights and dynamic NVFP4 activations on every node in
     ``plan.quantize`` that FP4 can take (the others move to ``plan.excluded``); ``amax``: the
-    calibrated max |x| of each activation."""
+    calibrated max |x| of each activation. (One pass over the nodes, long on purpose: the maps of
+    tensors already quantized are shared by the activation and the weight halves.)"""
     from onnx import TensorProto, helper, numpy_helper
 
     from hrm_deploy.export.graph import topological_sort

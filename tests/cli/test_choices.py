@@ -75,9 +75,7 @@ def test_build_engine_help_lists_the_choices():
 
 @pytest.fixture
 def built(monkeypatch):
-    """build-engine with the library's builds (TensorRT/torch, and the cpu target's) replaced:
-    the EngineConfig each call passes."""
-    from hrm_deploy.backends.ort.builder import target as cpu_target
+    """build-engine with the library's build stage replaced: the EngineConfig each call passes."""
     from hrm_deploy.engines import build
 
     seen: list = []
@@ -87,7 +85,6 @@ def built(monkeypatch):
         return build.EngineResult(Path("m.engine"), Path("m.engine.manifest.json"), Path("m.onnx"), {})
 
     monkeypatch.setattr(build, "build_engine", fake_build)
-    monkeypatch.setattr(cpu_target, "build_for_cpu", fake_build)
 
     def run(*args: str):
         result = runner.invoke(app, ["build-engine", "m.onnx", *args])
@@ -140,17 +137,19 @@ def test_an_invalid_choice_is_named_with_the_valid_ones(args, option):
     assert f"'{option}'" in line and "is not one of" in line, result.output
 
 
-def test_the_library_builds_the_cpu_target_like_the_cli(monkeypatch):
+def test_the_library_builds_the_cpu_target_like_the_cli(monkeypatch, tiny_onnx):
     """build_engine(EngineConfig(target="cpu", ...)) takes the cpu target's own path (static INT8 by
-    default, options it cannot honour refused), not a dynamic-INT8 shortcut."""
+    default, options it cannot honour refused), not a dynamic-INT8 shortcut: its builder gets the
+    FP32 export, not a precision graph."""
     from hrm_deploy.backends.ort.builder import target as cpu_target
     from hrm_deploy.engines import build
     from hrm_deploy.errors import ConfigError
 
     calls = []
-    monkeypatch.setattr(cpu_target, "build_for_cpu", lambda *a, **k: calls.append((a, k)) or "built")
-    assert build.build_engine("m.onnx", build.EngineConfig(precision="int8", target="cpu")) == "built"
-    ((args, kwargs),) = calls
-    assert args[1].cpu_int8 is None and args[1].cpu_accuracy_check  # recipe None: static, checked
+    monkeypatch.setattr(cpu_target, "build_for_cpu", lambda request: calls.append(request) or "built")
+    assert build.build_engine(tiny_onnx.unrolled, build.EngineConfig(precision="int8", target="cpu")) == "built"
+    (request,) = calls
+    assert request.config.cpu_int8 is None and request.config.cpu_accuracy_check  # recipe None: static, checked
+    assert request.ready == tiny_onnx.unrolled and request.backend == "onnxruntime"
     with pytest.raises(ConfigError, match="--cpu-int8 dynamic is an option of --target cpu"):
         build.EngineConfig(precision="int8", cpu_int8="dynamic")

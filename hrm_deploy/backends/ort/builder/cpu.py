@@ -294,7 +294,8 @@ def _within_budget(
 def build_cpu(
     onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None, quiet: bool = False
 ) -> CpuBuildResult:
-    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export."""
+    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export. (Long on
+    purpose: one staging folder holds the graph from calibration to the published manifest.)"""
     onnx = require("onnx", "onnx", "The cpu target")
     ort = require("onnxruntime", "onnx", "The cpu target")
     from hrm_deploy.export.metadata import graph_metadata
