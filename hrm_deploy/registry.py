@@ -81,6 +81,11 @@ def runner_name(artifact: str | Path) -> str:
     return CHECKPOINT_RUNNER
 
 
+def artifact_kind(artifact: str | Path) -> str:
+    """What ``artifact`` is, from its backend's row: "checkpoint", "onnx", "engine" or "pt2"."""
+    return BACKENDS[runner_name(artifact)].kind
+
+
 def engine_suffixes() -> tuple[str, ...]:
     """Every suffix some backend runs (the artifacts that are not checkpoints)."""
     return tuple(s for entry in BACKENDS.values() for s in entry.suffixes)
