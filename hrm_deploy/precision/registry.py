@@ -14,6 +14,8 @@ the command line, the targets, ``verify`` and the TensorRT layer check read the 
 - ``min_capability``: the lowest GPU compute capability whose tensor cores run it, checked against
   every GPU target's architectures (None: every GPU); ``gpus`` names those GPUs for the error line;
 - ``thresholds``: what ``verify`` asks of an artifact of this precision;
+- ``network_dtype``: the TensorRT network data type some layer must compute in (``"HALF"``,
+  ``"FP4"``; None: nothing to look for beyond the Q/DQ layers every Q/DQ row needs);
 - ``engine_dtype``: the data type TensorRT's engine inspector must show in some layer of an engine
   built at this precision (None: nothing to look for).
 
@@ -59,6 +61,7 @@ class PrecisionEntry:
     min_capability: tuple[int, int] | None = None
     gpus: str = ""  # the GPU generations from min_capability on, for error messages
     engine_dtype: str | None = None  # normalized inspector dtype ("fp16", "fp4")
+    network_dtype: str | None = None  # TensorRT network dtype name ("HALF", "BF16", "FP4")
 
     @property
     def calibrated(self) -> bool:
@@ -78,6 +81,7 @@ PRECISIONS: dict[str, PrecisionEntry] = {
             Thresholds(0.995, 1.0, 0.98, 0.15, 0.15),
             "hrm_deploy.precision.fp16:convert_half",
             engine_dtype="fp16",
+            network_dtype="HALF",
         ),
         PrecisionEntry(
             "bf16",
@@ -85,6 +89,7 @@ PRECISIONS: dict[str, PrecisionEntry] = {
             Thresholds(0.99, 1.5, 0.97, 0.25, 0.25),
             "hrm_deploy.precision.fp16:convert_half",
             engine_dtype="bf16",
+            network_dtype="BF16",
         ),
         PrecisionEntry(
             "int8",
@@ -117,6 +122,7 @@ PRECISIONS: dict[str, PrecisionEntry] = {
             (10, 0),
             "Blackwell",
             "fp4",
+            "FP4",
         ),
     )
 }

@@ -31,6 +31,7 @@ from hrm_deploy.engines.targets import TargetProfile, target_architectures
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
 from hrm_deploy.manifest import publish_artifact, read_verified
+from hrm_deploy.precision.registry import PRECISIONS
 from hrm_deploy.progress import Stages
 from hrm_deploy.system import gpu_identity
 
@@ -113,15 +114,12 @@ def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
     """
     network = build.get("network", {})
     dtypes = network.get("output_dtypes", {})
+    entry = PRECISIONS.get(precision)  # what the network must show, from the precision table
     missing = None
-    if precision == "fp16" and not dtypes.get("HALF"):
-        missing = "no layer computes in FP16"
-    elif precision == "bf16" and not dtypes.get("BF16"):
-        missing = "no layer computes in BF16"
-    elif precision in ("int8", "fp8", "nvfp4") and not network.get("qdq_layers"):
+    if entry is not None and entry.calibrated and not network.get("qdq_layers"):
         missing = "no Q/DQ layers"
-    elif precision == "nvfp4" and not dtypes.get("FP4"):
-        missing = "no FP4 tensor in the network"
+    elif entry is not None and entry.network_dtype and not dtypes.get(entry.network_dtype):
+        missing = f"no layer computes in {precision.upper()} (no {entry.network_dtype} tensor in the network)"
     inspection = build.setdefault("engine_inspection", {})
     verdict = "not_inspected"
     if not missing and inspection.get("available"):
