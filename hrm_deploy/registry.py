@@ -72,6 +72,26 @@ BACKENDS: dict[str, BackendEntry] = {
 CHECKPOINT_RUNNER = "reference"  # anything without a backend's suffix is a checkpoint
 
 
+def load(ref: str) -> Any:
+    """The object a row's ``"module:attr"`` string names (its module imported now, on first use)."""
+    import importlib
+
+    module, attr = ref.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def builder(backend: str) -> Any:
+    """The builder of ``build-engine --backend BACKEND`` (a :class:`hrm_deploy.engines.request.Builder`),
+    from the row that builds for it: the build stage reaches a backend only through this table."""
+    from hrm_deploy.errors import ConfigError
+
+    for entry in BACKENDS.values():
+        if backend in entry.builds_for and entry.builder:
+            return load(entry.builder)
+    known = [name for entry in BACKENDS.values() for name in entry.builds_for]
+    raise ConfigError(f"no builder for backend {backend!r}; use one of {', '.join(known)}")
+
+
 def runner_name(artifact: str | Path) -> str:
     """The backend that runs ``artifact``, from its suffix (a checkpoint when none matches)."""
     suffix = Path(artifact).suffix

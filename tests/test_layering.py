@@ -182,14 +182,17 @@ def test_stages_look_backends_up_in_the_table():
     assert not by_name, by_name
 
 
-def test_halting_imports_no_backend():
-    """The scheduler drives any step function through the step contract (contract.StepFunction);
-    the ORT and reference steps live with their backends, and budget calibration, which opens
-    runners, sits beside verify (halting_report)."""
+def test_the_stages_below_the_applications_import_no_backend():
+    """engines, precision and halting reach a backend only through the tables: the halting scheduler
+    drives any step function of the step contract (contract.StepFunction; the ORT and reference
+    steps live with their backends), budget calibration, which opens runners, sits beside verify
+    (halting_report), the precision stage runs graphs through the base's ONNX Runtime session, and
+    the build stage finds builders in the backend table (registry.builder)."""
+    rooms = ("hrm_deploy.halting", "hrm_deploy.engines", "hrm_deploy.precision")
     reaching = [
         (src, dst)
         for src, dst in _edges()
-        if src.startswith("hrm_deploy.halting.") or src == "hrm_deploy.halting"
+        if any(src == room or src.startswith(room + ".") for room in rooms)
         if dst == "hrm_deploy.backends" or dst.startswith("hrm_deploy.backends.")
     ]
-    assert not reaching, f"halting imports a backend: {reaching}"
+    assert not reaching, f"a stage below the applications imports a backend: {reaching}"

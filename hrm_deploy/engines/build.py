@@ -2,7 +2,7 @@
 
 ``build_engine`` is one function from artifact to artifact, and it composes the pipeline: the
 options are validated once (:class:`EngineConfig`), the chosen backend's builder is looked up in the
-backend table (:func:`hrm_deploy.backends.builder`) and asked to refuse what it cannot build before
+backend table (:func:`hrm_deploy.registry.builder`) and asked to refuse what it cannot build before
 any work, then the stage resolves the source (the newest export by default), exports the
 single-step graph where the builder prefers it to an unroll, makes the precision graph where the
 builder takes one (:func:`hrm_deploy.precision.convert.make_precision_graph`) and hands the
@@ -20,13 +20,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.backends import builder
 from hrm_deploy.engines.request import BuildRequest, GraphInput
 from hrm_deploy.engines.result import EngineResult, newest_export, recorded_data_fields
 from hrm_deploy.engines.targets import ENGINE_PRECISIONS, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.manifest import check_artifact, manifest_path
 from hrm_deploy.precision.registry import PRECISIONS, get_precision
+from hrm_deploy.registry import builder
 
 __all__ = ["ENGINE_PRECISIONS", "EngineConfig", "EngineResult", "build_engine", "newest_export"]
 
