@@ -48,7 +48,7 @@ BACKENDS: dict[str, BackendEntry] = {
             "hrm_deploy.backends.ort.runner:OrtRunner",
             (".onnx",),
             "hrm_deploy.backends.ort.builder.target:BUILDER",
-            ("onnxruntime",),
+            ("ort",),
             ("provider", "threads"),
             "onnx",
         ),

@@ -66,7 +66,7 @@ TARGETS: dict[str, TargetProfile] = {
     "cpu": TargetProfile(
         name="cpu",
         description="ONNX Runtime CPU execution provider (no GPU)",
-        backends=("onnxruntime",),
+        backends=("ort",),
         compute_capability=None,
         workspace_mib=0,
         opt_batch=1,
