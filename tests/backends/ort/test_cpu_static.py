@@ -46,6 +46,8 @@ def test_static_int8_answers_do_not_depend_on_the_batch_and_dynamic_ones_do(trai
     ops = static.build["op_types"]
     accuracy = json.loads(static.manifest.read_text())["recipe"]["accuracy"]
     print(json.dumps(accuracy))
+    chosen = json.loads(static.manifest.read_text())["recipe"]["activations"]  # measured here (builder/isa.py)
+    assert chosen["activations"] in ("uint8", "int8") and chosen["u8s8_ms"] > 0 and chosen["s8s8_ms"] > 0
     assert ops["com.microsoft.MatMulIntegerToFloat"] == static.build["quantized_nodes"] > 96
     assert static.build["quantized_nodes"] + accuracy.get("kept_float_nodes", 0) == 192  # the rest stayed FP32
     assert ops["com.microsoft.MultiHeadAttention"] == 48 and "DequantizeLinear" not in ops  # fusions kept

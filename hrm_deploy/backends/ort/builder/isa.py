@@ -75,7 +75,10 @@ def choose_activations(requested: str, tokens: int, k: int, n: int, threads: int
     from hrm_deploy.onnx_runtime import ort_session
 
     x = np.random.default_rng(1).standard_normal((tokens, k)).astype(np.float32)
-    sessions = {a: ort_session(_qdq_matmul(tokens, k, n, a), threads=threads) for a in ("uint8", "int8")}
+    # no spinning: an idle pool busy-waiting after its run would slow the other session's next run
+    sessions = {
+        a: ort_session(_qdq_matmul(tokens, k, n, a), threads=threads, spinning=False) for a in ("uint8", "int8")
+    }
     times: dict[str, list[float]] = {a: [] for a in sessions}
     for session in sessions.values():
         session.run(None, {"x": x})  # warm-up: weight pre-packing
