@@ -9,13 +9,14 @@
 * The built graph is measured against the FP32 export on held-out puzzles (the calibration
   dataset's ``test`` split): exact accuracy and argmax agreement. Outside the budget (default:
   at most 1 point of exact accuracy lost and >= 98 % argmax agreement), the most sensitive
-  weights stay FP32, greedy by measured sensitivity
-  (:func:`hrm_deploy.precision.fallback.keep_sensitive_float`, the TensorRT path's fallback); when
-  no mix meets the budget the build is refused with the numbers.
+  weights stay FP32: ranked by measured sensitivity on a quarter of the holdout, the fewest found
+  by bisection on all of it (:mod:`hrm_deploy.backends.ort.builder.fallback`); when no mix
+  meets the budget the build is refused with the numbers.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,11 +108,26 @@ class Holdout:
         from hrm_deploy.metrics import accuracy
 
         self.examples, self.threads, self.fp32 = examples, threads, fp32
-        reference = _logits(fp32, examples, threads)
+        self.reference = reference = _logits(fp32, examples, threads)
         self.answers = reference.argmax(-1)
         self.fp32_exact = None
         if examples.labels is not None:
             self.fp32_exact = 100.0 * accuracy(reference, examples.labels)["exact_accuracy"]
+
+    def first(self, count: int) -> Holdout:
+        """The first ``count`` puzzles of this holdout (FP32's answers reused, not recomputed)."""
+        from hrm_deploy.metrics import accuracy
+
+        if count >= len(self.examples):
+            return self
+        part = copy.copy(self)
+        e = self.examples
+        labels = None if e.labels is None else e.labels[:count]
+        part.examples = Examples(e.inputs[:count], e.puzzle_identifiers[:count], labels, e.source, "")
+        part.reference, part.answers = self.reference[:count], self.answers[:count]
+        if labels is not None:
+            part.fp32_exact = 100.0 * accuracy(part.reference, labels)["exact_accuracy"]
+        return part
 
     def measure(self, path: str | Path) -> Quality:
         from hrm_deploy.metrics import accuracy
@@ -224,50 +240,61 @@ def fit_budget(
     check: Holdout,
     probe: Path,
 ) -> tuple[list[dict[str, Any]], tuple[str, ...], list[dict[str, Any]]]:
-    """The weights to keep FP32 so that INT8 is within ``config`` 's budget (greedy by sensitivity:
-    points of exact accuracy lost + points of argmax agreement lost with only that weight INT8;
-    each mix measured as a Q/DQ graph that ONNX Runtime optimizes when it loads it). Returns the
-    kept weights, their node names and every weight's sensitivity; refuses when no mix fits."""
+    """The weights to keep FP32 so that INT8 is within ``config`` 's budget: each weight ranked
+    by sensitivity (points of exact accuracy lost + points of argmax agreement lost with only
+    that weight INT8) on a quarter of the holdout, then the fewest most sensitive ones found by
+    bisection on the whole holdout (:mod:`hrm_deploy.backends.ort.builder.fallback`: one
+    quantization, every probe a graph edit). Returns the kept weights, their node names and
+    every weight's sensitivity; refuses when no mix fits."""
     import onnx
 
+    from hrm_deploy.backends.ort.builder.fallback import bisect_fallback, float_probe
     from hrm_deploy.precision.calibrate import QuantConfig, plan_nodes
-    from hrm_deploy.precision.fallback import keep_sensitive_float
 
     budget = config.budget
-    model = onnx.load(str(src), load_external_data=False)
+    model = onnx.load(str(src))
     quantized = set(plan_nodes(model, QuantConfig(exclude_patterns=config.exclude_patterns)).quantize)
     by_weight: dict[str, list[str]] = {}
     for node in model.graph.node:
         if node.name in quantized:
             by_weight.setdefault(node.input[1], []).append(node.name)
+    weights = {t.name: t for t in model.graph.initializer if t.name in by_weight}
     del model
+    quantize_static(src, probe, calib, meta, config)  # once: every probe is this graph, edited
+    qdq = onnx.load(str(probe))
+    ranking = check.first(max(MIN_HOLDOUT // 4, len(check.examples) // 4))
 
-    def measure(exclude: tuple[str, ...]) -> Quality:
-        quantize_static(src, probe, calib, meta, config, exclude)
-        quality = check.measure(probe)
+    def measure_on(holdout: Holdout, kept: list[str]) -> Quality:
+        exclude = {n for w in kept for n in by_weight[w]}
+        onnx.save(float_probe(qdq, weights, exclude), str(probe))
+        quality = holdout.measure(probe)
         log.info("INT8 with %d nodes kept FP32: %s", len(exclude), quality.describe())
         return quality
 
-    def severity(q: Quality) -> float:
+    def sensitivity(weight: str) -> float:
+        q = measure_on(ranking, [w for w in by_weight if w != weight])  # only this weight INT8
         return q.loss + (100.0 - q.agreement)  # both in points
 
-    def refuse(q: Quality) -> str:
+    def refuse(q: Quality | None) -> str:
         return (
             f"static INT8 does not meet the accuracy budget (<= {budget} points lost, >= {MIN_AGREEMENT_PCT:.0f} % "
-            f"argmax agreement) even with all but one layer FP32: {q.describe()} (all INT8: {whole.describe()}); "
-            "build --fp32, or pass a larger --accuracy-budget"
+            f"argmax agreement) even with all but one layer FP32: {q.describe() if q else 'not measured'} "
+            f"(all INT8: {whole.describe()}); build --fp32, or pass a larger --accuracy-budget"
         )
 
     try:
-        chosen = keep_sensitive_float(by_weight, measure, severity, lambda q: q.within(budget), refuse, whole)
+        chosen = bisect_fallback(
+            list(by_weight), sensitivity, lambda kept: measure_on(check, kept), lambda q: q.within(budget), refuse
+        )
     finally:
         probe.unlink(missing_ok=True)
+    log.info("fallback: %d probes (%d ranking, the rest bisecting)", chosen.probes, len(by_weight))
     exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
     # named by weight and by its first node (the readable one); sensitivity in points, most first
     kept = [{"weight": w, "node": by_weight[w][0], "nodes": len(by_weight[w])} for w in chosen.kept_float]
     ranked = sorted(chosen.sensitivity.items(), key=lambda kv: -kv[1])
-    sensitivity = [{"weight": w, "node": by_weight[w][0], "sensitivity": round(s, 4)} for w, s in ranked]
-    return kept, exclude, sensitivity
+    sensitivity_rows = [{"weight": w, "node": by_weight[w][0], "sensitivity": round(s, 4)} for w, s in ranked]
+    return kept, exclude, sensitivity_rows
 
 
 def sink_quantize(model: Any) -> int:

@@ -1,0 +1,113 @@
+"""Static INT8's FP32 fallback on the cpu target, in a bounded number of cheap probes.
+
+The first fallback re-ran ORT's quantizer and the whole holdout for every candidate: on a
+Sudoku-size model (16 unrolled ACT steps) one quantization is about a minute and a greedy
+search takes up to 2 x (weights) of them, more than 8 minutes. Here:
+
+* **one quantization**: every probe is the all-INT8 Q/DQ graph with the chosen MatMuls put back
+  on their float inputs (their activation's Q/DQ pair bypassed, the FP32 export's weight
+  restored): a graph edit of seconds, the same graph the quantizer would write without them;
+* **ranking on a quarter of the holdout**: each weight's sensitivity (exact-accuracy points
+  plus agreement points lost with only that weight INT8) only has to order the weights;
+* **bisection** over that ranking: the smallest number of most sensitive weights kept FP32 that
+  is within the budget on the whole holdout, in log2(weights) probes instead of up to all of them
+  (sensitivity assumed to add up: keeping one more weight FP32 never makes it worse).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from hrm_deploy.errors import ConfigError
+
+Q = TypeVar("Q")  # one measurement of a probe graph
+
+
+def float_probe(qdq: Any, weights: dict[str, Any], exclude: set[str]) -> Any:
+    """A copy of the Q/DQ graph ``qdq`` whose MatMul nodes in ``exclude`` read float again: the
+    activation their Q/DQ pair quantized and the FP32 weight (``weights``: name -> TensorProto
+    of the FP32 export, by the MatMul's original weight name). Q/DQ nodes nobody reads any more
+    are dropped; the rest of the graph is unchanged."""
+    model = copy.deepcopy(qdq)
+    nodes = model.graph.node
+    made = {n.output[0]: n for n in nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear")}
+    have = {t.name for t in model.graph.initializer}
+    for node in nodes:
+        if node.name not in exclude:
+            continue
+        for i in (0, 1):
+            dq = made.get(node.input[i])
+            if dq is None or dq.op_type != "DequantizeLinear":
+                continue
+            q = made.get(dq.input[0])
+            if q is not None and q.op_type == "QuantizeLinear":  # activation: Q -> DQ -> MatMul
+                node.input[i] = q.input[0]
+            else:  # weight: an int8 initializer -> DQ -> MatMul
+                name = weight_name(dq.input[0])
+                if name not in weights:
+                    raise KeyError(f"no FP32 weight {name} for {node.name}")
+                if name not in have:
+                    model.graph.initializer.append(weights[name])
+                    have.add(name)
+                node.input[i] = name
+    while True:  # drop Q/DQ nodes (and then int8 weights) nobody reads any more
+        used = {i for n in nodes for i in n.input} | {o.name for o in model.graph.output}
+        dead = [n for n in nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.output[0] not in used]
+        if not dead:
+            break
+        for n in dead:
+            nodes.remove(n)
+    used = {i for n in nodes for i in n.input}
+    keep = [t for t in model.graph.initializer if t.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    return model
+
+
+def weight_name(quantized: str) -> str:
+    """The FP32 weight behind ORT's quantized initializer name (``W_quantized`` -> ``W``)."""
+    return quantized.removesuffix("_quantized")
+
+
+@dataclass
+class Choice(Generic[Q]):
+    """What :func:`bisect_fallback` chose: the weights kept FP32 (most sensitive first), every
+    weight's sensitivity (ranking holdout), the chosen mix's measurement and the probes run."""
+
+    kept_float: list[str]
+    sensitivity: dict[str, float]
+    measured: Q
+    probes: int
+
+
+def bisect_fallback(
+    groups: list[str],
+    rank: Callable[[str], float],
+    measure: Callable[[list[str]], Q],
+    within: Callable[[Q], bool],
+    refuse: Callable[[Q | None], str],
+) -> Choice[Q]:
+    """The fewest most-sensitive ``groups`` to keep FP32: ``rank(group)`` = its sensitivity
+    (higher = more harmful INT8), ``measure(kept)`` = the graph with ``kept`` FP32, ``within``
+    the budget test. Bisects k in 1..len-1 (all FP32 is no INT8 graph); raises ConfigError
+    (``refuse(last measurement)``) when even len-1 groups kept FP32 is outside the budget."""
+    sensitivity = {g: rank(g) for g in groups}
+    order = sorted(groups, key=lambda g: -sensitivity[g])
+    probes = len(groups)
+    low, high = 1, len(groups) - 1  # the answer is in [low, high], if any
+    best: tuple[int, Q] | None = None
+    last: Q | None = None
+    while low <= high:
+        k = (low + high) // 2
+        last = measure(order[:k])
+        probes += 1
+        if within(last):
+            best, high = (k, last), k - 1
+        else:
+            low = k + 1
+    if best is None:
+        raise ConfigError(refuse(last))
+    return Choice(order[: best[0]], sensitivity, best[1], probes)
