@@ -120,7 +120,7 @@ def profile_ort(path: Path, feeds: dict[str, np.ndarray], config: ProfileConfig)
 
     with tempfile.TemporaryDirectory(prefix="hrm-profile-") as tmp:
         prefix = Path(tmp) / "ort"
-        runner = open_runner(path, provider=config.provider, threads=config.threads, profile_prefix=prefix)
+        runner: Any = open_runner(path, provider=config.provider, threads=config.threads, profile_prefix=prefix)
         runner.activate()
         try:
             wall = _timed(runner, feeds, config, lambda: None)
@@ -280,8 +280,9 @@ def profile_artifact(path: str | Path, feeds: dict[str, np.ndarray], config: Pro
         return profile_ort(path, feeds, config)
     if kind == "trt":
         return profile_trt(open_runner(path, cuda_graph=False), path, feeds, config)
-    options = {"cuda_graph": False} if kind == "torch_engine" else {}
-    return profile_torch(open_runner(path, **options), path, feeds, config)
+    if kind == "torch_engine":  # per-operator events need the eager loop, not a replayed graph
+        return profile_torch(open_runner(path, cuda_graph=False), path, feeds, config)
+    return profile_torch(open_runner(path), path, feeds, config)
 
 
 def profile(artifacts: list[str | Path], config: ProfileConfig, reference: str | Path | None = None) -> dict[str, Any]:
