@@ -227,7 +227,30 @@ def test_profile_ort_graph_and_reference_end_to_end(tiny_onnx, trained_tiny, tmp
         assert {Block.QKV.value, Block.ATTENTION.value, Block.MLP.value, Block.EMBEDDING.value} <= blocks, prof
         other = sum(r["share"] for r in prof["rows"] if r["block"] == Block.OTHER.value)
         assert other < 0.02, prof["rows"]
-    assert result["profiles"][2]["runner"] == "torch_ref"
+    assert result["profiles"][2]["artifact"] == str(trained_tiny.checkpoint)
+    assert "module scopes" in result["profiles"][2]["profiler"]
     assert (
         Path(result["plot"]).is_file() and (out / "profile.md").read_text().count("| block |") == 4
     )  # 3 tables, 1 side by side
+
+
+@pytest.mark.slow
+def test_bench_profile_writes_the_profile_beside_the_report(tiny_onnx, trained_tiny, tmp_path):
+    from hrm_deploy.bench.run import BenchConfig, bench
+
+    out = tmp_path / "bench"
+    config = BenchConfig(
+        data=tiny_onnx.data,
+        batches=(2,),
+        iters=2,
+        warmup=1,
+        accuracy_samples=8,
+        reference=trained_tiny.checkpoint,
+        out_dir=str(out),
+        profile=True,
+    )
+    report = bench([str(tiny_onnx.unrolled)], config, quiet=True)
+    assert report["profile"] == str(out / "profile.json") and (out / "report.json").is_file()
+    profiles = json.loads((out / "profile.json").read_text())["profiles"]
+    assert [p["artifact"] for p in profiles] == [str(tiny_onnx.unrolled), str(trained_tiny.checkpoint)]
+    assert profiles[0]["runner"] == "ort" and all(p["batch"] == 2 for p in profiles)
