@@ -137,7 +137,7 @@ def prepare(
     }
 
 
-def _time_rows(runners: dict, feeds: dict, rounds: int) -> dict[str, list[float]]:
+def _time_rows(runners: dict, feeds: dict, rounds: int, block_s: float = BLOCK_S) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {row: [] for row in runners}
     for _ in range(rounds):
         for row, r in runners.items():
@@ -146,7 +146,7 @@ def _time_rows(runners: dict, feeds: dict, rounds: int) -> dict[str, list[float]
             time.sleep(0.2)
             block: list[float] = []
             began = time.perf_counter()
-            while not block or (time.perf_counter() - began < BLOCK_S and len(block) < 50):
+            while not block or (time.perf_counter() - began < block_s and len(block) < 50):
                 t = time.perf_counter()
                 r.infer(feeds)
                 block.append((time.perf_counter() - t) * 1000)

@@ -46,7 +46,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-PAUSE_S = 0.2
 # row -> (build options, session tuning); "spin-off" rows reuse a build with spinning disabled
 RECIPES: dict[str, dict[str, Any]] = {
     "fp32": {"precision": "fp32"},
@@ -163,21 +162,13 @@ def open_rows(built: dict[str, Any], threads: int, rows: list[str]) -> dict[str,
 
 
 def time_rounds(runners: dict[str, Any], feeds: dict[str, np.ndarray], rounds: int, block_s: float) -> dict:
-    """Median ms per call of each row per round (interleaved), after one warm-up call each."""
+    """Median ms per call of each row per round (interleaved, a pause before each row's block of
+    calls of at least ``block_s``), after one warm-up call each."""
     for r in runners.values():
         r.infer(feeds)
-    times: dict[str, list[float]] = {row: [] for row in runners}
-    for _ in range(rounds):
-        for row, r in runners.items():
-            time.sleep(PAUSE_S)
-            block: list[float] = []
-            began = time.perf_counter()
-            while not block or (time.perf_counter() - began < block_s and len(block) < 50):
-                t = time.perf_counter()
-                r.infer(feeds)
-                block.append((time.perf_counter() - t) * 1e3)
-            times[row].append(statistics.median(block))
-    return times
+    from cpu_latency import _time_rows  # the same interleaved rounds as the latency benchmark
+
+    return _time_rows(runners, feeds, rounds, block_s)
 
 
 def ratios(times: dict[str, list[float]]) -> dict[str, float]:
@@ -222,7 +213,7 @@ def kernels(tokens: int, hidden: int, inter: int, threads: int, rounds: int) -> 
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    from hrm_deploy.backends.ort.builder.isa import _qdq_matmul
+    from hrm_deploy.backends.ort.builder.isa import _qdq_matmul, time_sessions
     from hrm_deploy.onnx_runtime import ort_session, quiet_ort
 
     n = 2 * inter
@@ -257,15 +248,7 @@ def kernels(tokens: int, hidden: int, inter: int, threads: int, rounds: int) -> 
                 graphs[f"nbits{bits} b{block}"] = q.model.model.SerializeToString()
         sessions = {k: ort_session(g, threads=threads, spinning=False) for k, g in graphs.items()}
         x = np.random.default_rng(1).standard_normal((m, hidden)).astype(np.float32)
-        times: dict[str, list[float]] = {k: [] for k in sessions}
-        for s in sessions.values():
-            s.run(None, {"x": x})
-        for _ in range(rounds):
-            for k, s in sessions.items():
-                t = time.perf_counter()
-                for _ in range(5):
-                    s.run(None, {"x": x})
-                times[k].append((time.perf_counter() - t) / 5 * 1e3)
+        times = time_sessions(sessions, {"x": x}, rounds, 5)
         result[str(batch)] = {
             k: {
                 "ms": round(statistics.median(v), 3),

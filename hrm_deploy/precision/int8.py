@@ -10,10 +10,14 @@ int32 bias DequantizeLinear). Which nodes: :func:`~hrm_deploy.precision.calibrat
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.onnx_runtime import quiet_ort
 from hrm_deploy.precision.calibrate import QuantConfig, QuantPlan, ensure_calibration
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def _restrict_qdq_to_matmul_inputs(path: str) -> None:
@@ -35,14 +39,21 @@ def _restrict_qdq_to_matmul_inputs(path: str) -> None:
         for i, name in enumerate(node.input):
             if name in float_of:
                 node.input[i] = float_of[name]
-    while True:  # drop Q/DQ nodes whose outputs nobody reads
-        used = {i for n in nodes for i in n.input} | {o.name for o in model.graph.output}
+    drop_unread_qdq(model.graph)
+    onnx.save(model, path)
+
+
+def drop_unread_qdq(graph: onnx.GraphProto) -> None:
+    """Remove the Q/DQ nodes of ``graph`` whose outputs nobody reads (repeatedly: a Q whose only
+    reader was such a DQ goes too)."""
+    nodes = graph.node
+    while True:
+        used = {i for n in nodes for i in n.input} | {o.name for o in graph.output}
         dead = [n for n in nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.output[0] not in used]
         if not dead:
             break
         for n in dead:
             nodes.remove(n)
-    onnx.save(model, path)
 
 
 def quantize_int8(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.precision.int8 import drop_unread_qdq
 
 Q = TypeVar("Q")  # one measurement of a probe graph
 
@@ -53,13 +54,7 @@ def float_probe(qdq: Any, weights: dict[str, Any], exclude: set[str]) -> Any:
                     model.graph.initializer.append(weights[name])
                     have.add(name)
                 node.input[i] = name
-    while True:  # drop Q/DQ nodes (and then int8 weights) nobody reads any more
-        used = {i for n in nodes for i in n.input} | {o.name for o in model.graph.output}
-        dead = [n for n in nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.output[0] not in used]
-        if not dead:
-            break
-        for n in dead:
-            nodes.remove(n)
+    drop_unread_qdq(model.graph)  # then the int8 weights nobody reads any more
     used = {i for n in nodes for i in n.input}
     keep = [t for t in model.graph.initializer if t.name in used]
     del model.graph.initializer[:]

@@ -65,6 +65,21 @@ def _qdq_matmul(tokens: int, k: int, n: int, activation: str) -> bytes:
     return model.SerializeToString()
 
 
+def time_sessions(sessions: dict[str, Any], feeds: dict[str, Any], rounds: int, reps: int) -> dict[str, list[float]]:
+    """ms per run of each session, one entry per round; rounds interleave the sessions (load from
+    other processes falls on all alike), after one warm-up run each (weight pre-packing)."""
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    for session in sessions.values():
+        session.run(None, feeds)
+    for _ in range(rounds):
+        for name, session in sessions.items():
+            start = time.perf_counter()
+            for _ in range(reps):
+                session.run(None, feeds)
+            times[name].append((time.perf_counter() - start) / reps * 1e3)
+    return times
+
+
 def choose_activations(requested: str, tokens: int, k: int, n: int, threads: int | None) -> dict[str, Any]:
     """The activation type for ``requested`` (``auto``: the faster of U8S8 and S8S8 on one
     ``[tokens, k] @ [k, n]`` GEMM here, e.g. a layer's MLP input projection at batch 1).
@@ -79,15 +94,7 @@ def choose_activations(requested: str, tokens: int, k: int, n: int, threads: int
     sessions = {
         a: ort_session(_qdq_matmul(tokens, k, n, a), threads=threads, spinning=False) for a in ("uint8", "int8")
     }
-    times: dict[str, list[float]] = {a: [] for a in sessions}
-    for session in sessions.values():
-        session.run(None, {"x": x})  # warm-up: weight pre-packing
-    for _ in range(ROUNDS):
-        for act, session in sessions.items():
-            start = time.perf_counter()
-            for _ in range(3):
-                session.run(None, {"x": x})
-            times[act].append((time.perf_counter() - start) / 3 * 1e3)
+    times = time_sessions(sessions, {"x": x}, ROUNDS, 3)
     medians = {a: statistics.median(t) for a, t in times.items()}
     # ties (within 5 %) keep uint8: U8S8 is the form every x86 CPU with AVX2 runs natively
     chosen = "int8" if medians["int8"] < 0.95 * medians["uint8"] else "uint8"
