@@ -404,9 +404,10 @@ def markdown(report: dict[str, Any]) -> str:
         for batch in ("1", "8"):
             cells += [f"{report['latency_ms'][batch][row]:.1f}", f"{report['speedup_vs_fp32'][batch][row]:.2f}x"]
         cells += [
-            str(acc.get("exact_pct", "-")),
-            str(acc.get("agreement_pct", "-")),
-            str(acc.get("changed_by_batching", "-")),
+            *(
+                "-" if acc.get(k) is None else str(acc[k])
+                for k in ("exact_pct", "agreement_pct", "changed_by_batching")
+            ),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     k = report["kernels"]
