@@ -50,7 +50,7 @@ def _help(*command: str, columns: int = 80) -> str:
 
 
 COMMANDS = [[], ["export"], ["build-engine"], ["verify"], ["bench"], ["solve"], ["train"], ["serve"], ["triton-repo"]]
-COMMANDS += [["data", "sudoku"], ["data", "maze"], ["inspect"], ["doctor"]]
+COMMANDS += [["data", "sudoku"], ["data", "maze"], ["inspect"], ["doctor"], ["profile"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "root")
