@@ -42,7 +42,7 @@ MAX_CALLS = 1000
 class ProfileConfig:
     """What to profile: ``calls`` timed calls of batch ``batch`` after ``warmup`` calls, inputs
     from ``data`` (default: the reference checkpoint's own dataset); ``threads`` for ONNX Runtime
-    (default: the graph's manifest, else ORT's); ``batch_label`` for a trtexec JSON."""
+    (default: the graph's manifest, else ORT's); a trtexec JSON is labelled with ``batch``."""
 
     data: str | None = None
     batch: int = 1
