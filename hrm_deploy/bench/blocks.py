@@ -35,6 +35,7 @@ class Block(str, Enum):
     QUANTIZE = "quantize (Q/DQ)"
     REFORMAT = "reformat / copies"
     OTHER = "other"
+    COMPILED = "compiled code (no per-kernel events)"
     HOST_RUNTIME = "host: runtime between kernels"
     HOST_RUNNER = "host: runner (copies, step loop)"
 
@@ -111,6 +112,9 @@ class Profile:
     wall_ms: float | None = None  # summed wall time of the calls (host in, host out)
     runtime_ms: float | None = None  # summed time the runtime says it ran (ORT's model_run)
     environment: dict[str, Any] = field(default_factory=dict)
+    # where the wall time beyond the layers goes: the runner's host work, or (a compiled engine
+    # whose kernels the profiler cannot see, e.g. AOTInductor on the CPU) that compiled code
+    gap: Block = Block.HOST_RUNNER
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per block: ms per call, ms per ACT step, share of the call, and the layers
@@ -129,7 +133,7 @@ class Profile:
             totals[Block.HOST_RUNTIME] = self.runtime_ms - kernels
         inner = self.runtime_ms if self.runtime_ms is not None else kernels
         if self.wall_ms is not None and self.wall_ms > inner:
-            totals[Block.HOST_RUNNER] = totals.get(Block.HOST_RUNNER, 0.0) + self.wall_ms - max(inner, kernels)
+            totals[self.gap] = totals.get(self.gap, 0.0) + self.wall_ms - max(inner, kernels)
         whole = sum(totals.values()) or 1.0
         calls, steps = max(self.calls, 1), max(self.steps, 1)
         return [

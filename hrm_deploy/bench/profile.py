@@ -227,6 +227,7 @@ def profile_torch(runner: Any, path: Path, feeds: dict[str, np.ndarray], config:
         layers,
         wall_ms=wall,
         runtime_ms=runtime,
+        gap=Block.HOST_RUNNER if scopes else Block.COMPILED,
     )
 
 

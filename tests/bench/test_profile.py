@@ -254,3 +254,11 @@ def test_bench_profile_writes_the_profile_beside_the_report(tiny_onnx, trained_t
     profiles = json.loads((out / "profile.json").read_text())["profiles"]
     assert [p["artifact"] for p in profiles] == [str(tiny_onnx.unrolled), str(trained_tiny.checkpoint)]
     assert profiles[0]["runner"] == "ort" and all(p["batch"] == 2 for p in profiles)
+
+
+def test_a_compiled_engines_unseen_time_is_its_own_row():
+    """AOTInductor's kernels emit no profiler events: the wall time beyond the seen operators is
+    that compiled code, not the runner's host work."""
+    seen = [Layer("aten::copy_", "aten::copy_", 1.0)]
+    rows = Profile("m.pt2", "torch", "fp32", "torch", 1, 1, 1, seen, wall_ms=10.0, gap=Block.COMPILED).rows()
+    assert {r["block"]: r["ms_per_call"] for r in rows} == {Block.OTHER.value: 1.0, Block.COMPILED.value: 9.0}
