@@ -45,38 +45,82 @@ def checkpoint_of(artifact: str | Path) -> Path:
     return path
 
 
-def _regenerate(spec: dict[str, Any]) -> Path:
-    """The stored dataset spec's dataset, generated once into the cache (same spec, same data)."""
+def _folder(spec: dict[str, Any]) -> Path:
+    """The cache folder of a dataset spec (same spec, same data, same folder)."""
+    fields = {k: v for k, v in spec.items() if k not in ("generator", "workers")}
+    key = hashlib.sha256(
+        json.dumps({"generator": spec.get("generator"), **fields}, sort_keys=True, default=list).encode()
+    )
+    return cache_dir() / "datasets" / f"{spec.get('generator')}-{key.hexdigest()[:12]}"
+
+
+def _ready(folder: Path) -> bool:
+    return (folder / "train" / "dataset.json").is_file() and (folder / "test" / "dataset.json").is_file()
+
+
+def _regenerate(spec: dict[str, Any], quiet: bool = False) -> Path:
+    """The stored dataset spec's dataset, generated once into the cache (same spec, same data),
+    with a progress line and one line saying what was made and where."""
     generator = spec.get("generator")
     fields = {k: v for k, v in spec.items() if k not in ("generator", "workers")}
-    key = hashlib.sha256(json.dumps({"generator": generator, **fields}, sort_keys=True, default=list).encode())
-    folder = cache_dir() / "datasets" / f"{generator}-{key.hexdigest()[:12]}"
-    if (folder / "train" / "dataset.json").is_file() and (folder / "test" / "dataset.json").is_file():
+    folder = _folder(spec)
+    if _ready(folder):
         return folder
+    import logging
     import shutil
     import tempfile
+    import time
+
+    from hrm_deploy.progress import progress
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    total, start = int(fields.get("train", 0)) + int(fields.get("test", 0)), time.perf_counter()
     try:
-        if generator == "sudoku":
-            from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+        with progress(total, f"generating {generator} puzzles", quiet or total < 2000, unit="puzzles") as advance:
+            if generator == "sudoku":
+                from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
 
-            tuples = {k: tuple(v) for k, v in fields.items() if isinstance(v, list)}
-            generate_sudoku(SudokuSpec(**{**fields, **tuples}), str(work / "data"))
-        elif generator == "maze":
-            from hrm_deploy.data.maze import MazeSpec, generate_maze
+                tuples = {k: tuple(v) for k, v in fields.items() if isinstance(v, list)}
+                generate_sudoku(SudokuSpec(**{**fields, **tuples}), str(work / "data"), progress=advance)
+            elif generator == "maze":
+                from hrm_deploy.data.maze import MazeSpec, generate_maze
 
-            generate_maze(MazeSpec(**fields), str(work / "data"))
-        else:
-            raise ConfigError(
-                f"the checkpoint's dataset spec names generator {generator!r}, which this version cannot regenerate"
-            )
+                generate_maze(MazeSpec(**fields), str(work / "data"))
+                advance(total)
+            else:
+                raise ConfigError(
+                    f"the checkpoint's dataset spec names generator {generator!r}, which this version cannot regenerate"
+                )
         if not folder.exists():
             os.replace(work / "data", folder)  # atomic: a half-written cache folder is never seen
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    logging.getLogger(__name__).info(
+        "generated %d %s puzzles (%s) in %.0f s into %s",
+        total,
+        generator,
+        _describe(spec),
+        time.perf_counter() - start,
+        folder,
+    )
     return folder
+
+
+def _only_needed(spec: dict[str, Any], splits: dict[str, int | None] | None) -> dict[str, Any]:
+    """``spec`` cut to the puzzles a command reads: ``splits`` maps a split to the count it needs
+    (None: all of it); a split not named gets one puzzle (the format needs both). Every puzzle has
+    its own random stream (seed, split, index), so the cut splits are exact prefixes of the full
+    ones. With ``splits`` None: the full spec. (Never "the full one if it happens to be cached":
+    the same command must read the same puzzles whatever the cache holds.)"""
+    if splits is None:
+        return spec
+    cut = dict(spec)
+    for split in ("train", "test"):
+        full = int(spec.get(split, 0))
+        want = splits.get(split, 1) if split in splits else 1
+        cut[split] = full if want is None else min(full, max(1, int(want)))
+    return cut
 
 
 def _describe(spec: dict[str, Any]) -> str:
@@ -90,20 +134,23 @@ def _describe(spec: dict[str, Any]) -> str:
     return f"{spec.get('generator')}, " + ", ".join(parts)
 
 
-def provenance_data(checkpoint: str | Path, flag: str) -> DataChoice:
+def provenance_data(checkpoint: str | Path, flag: str, splits: dict[str, int | None] | None = None) -> DataChoice:
     """The dataset a checkpoint was trained on (see the module doc); ``flag`` names the option
-    the user would otherwise pass, for the announcement and the error."""
+    the user would otherwise pass, for the announcement and the error. ``splits``: what the command
+    reads (e.g. ``{"train": 128}`` to calibrate), so a regenerated dataset makes only that."""
     from hrm_deploy.model.checkpoint import _find_dataset_json, read_checkpoint
 
     contents = read_checkpoint(checkpoint)
     name = Path(checkpoint).name
     spec = contents.extra.get("dataset")
     if isinstance(spec, dict) and spec.get("generator"):
-        folder = _regenerate(spec)
+        made = _only_needed(spec, splits)
+        folder = _regenerate(made)
+        part = "" if made == spec else f"; the {made['train']} train / {made['test']} test puzzles this command reads"
         return DataChoice(
             folder,
             f"no {flag} given: using {name}'s own dataset, regenerated from its provenance "
-            f"({_describe(spec)}) in {folder}",
+            f"({_describe(spec)}{part}) in {folder}",
         )
     data_path = contents.train_config.get("data_path")
     paths = contents.train_config.get("data_paths")  # a list in some upstream configs (TRM)
@@ -121,8 +168,9 @@ def provenance_data(checkpoint: str | Path, flag: str) -> DataChoice:
     raise ConfigError(f"{name} records no dataset it was trained on; pass {flag} DATASET_DIR")
 
 
-def default_data(artifact: str | Path, flag: str) -> DataChoice:
-    """Default data for a command on ``artifact`` (checkpoint, ONNX or engine)."""
+def default_data(artifact: str | Path, flag: str, splits: dict[str, int | None] | None = None) -> DataChoice:
+    """Default data for a command on ``artifact`` (checkpoint, ONNX or engine); ``splits`` as in
+    :func:`provenance_data`."""
     try:
         checkpoint = checkpoint_of(artifact)
     except ArtifactError:
@@ -130,7 +178,7 @@ def default_data(artifact: str | Path, flag: str) -> DataChoice:
             f"no {flag} given and the checkpoint {Path(artifact).name} came from is unknown (no "
             f"manifest names it, or it changed); pass {flag} DATASET_DIR"
         ) from None
-    return provenance_data(checkpoint, flag)
+    return provenance_data(checkpoint, flag, splits)
 
 
 HELDOUT_SEED_OFFSET = 1_000_003  # a seed stream the checkpoint's own dataset never used

@@ -246,7 +246,9 @@ def verify(
     if data is None:  # the checkpoint's own dataset, announced
         from hrm_deploy.provenance import default_data
 
-        choice = default_data(against or path, "--data")
+        # the test split; the train split too when a budget:P rule is calibrated on it
+        budget = any(str(rule).startswith("budget") for rule in halt or [])
+        choice = default_data(against or path, "--data", None if budget else {"test": None})
         log.info(choice.message)
         data = choice.path
     if samples is not None and samples < 1:

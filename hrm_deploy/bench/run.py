@@ -231,7 +231,7 @@ def resolve_data(config: BenchConfig, paths: list[Path]) -> BenchConfig:
     from hrm_deploy.provenance import default_data
     from hrm_deploy.train.presets import bundled_checkpoint
 
-    choice = default_data(config.reference or (paths[0] if paths else bundled_checkpoint()), "--data")
+    choice = default_data(config.reference or (paths[0] if paths else bundled_checkpoint()), "--data", {"test": None})
     log.info(choice.message)
     return replace(config, data=str(choice.path))
 

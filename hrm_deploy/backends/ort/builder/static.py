@@ -143,7 +143,7 @@ def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, q
     if not data:
         from hrm_deploy.provenance import default_data
 
-        choice = default_data(src, "--calib-data")
+        choice = default_data(src, "--calib-data", {"train": config.calib_samples})
         if not quiet:
             log.info(choice.message)
         data = str(choice.path)
