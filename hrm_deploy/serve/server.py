@@ -385,8 +385,11 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     check_ports_free(config)
     contract = read_contract(config.artifact)
     max_batch = check_max_batch(config.max_batch, contract.max_batch, config.artifact.name)
-    if config.queue_limit is not None and config.queue_limit < 1:
-        raise ConfigError(f"--queue-limit {config.queue_limit}: give at least 1 (puzzles waiting for a slot)")
+    if config.queue_limit is not None and config.queue_limit < max_batch:
+        raise ConfigError(
+            f"--queue-limit {config.queue_limit}: give at least the max batch ({max_batch}) so that every "
+            "request the server takes fits in an empty queue"
+        )
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
     endpoint = None
