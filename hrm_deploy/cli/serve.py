@@ -44,7 +44,8 @@ def serve(
         ),
     ] = Batching.auto,
     queue_limit: Annotated[
-        int | None, typer.Option(help="In-flight: puzzles that may wait for a slot before HTTP 503 (default 8 x max batch).")
+        int | None,
+        typer.Option(help="In-flight: puzzles that may wait for a slot before HTTP 503 (default 8 x max batch)."),
     ] = None,
 ) -> None:
     """Serve an artifact on PyTriton's Triton Inference Server until Ctrl-C / SIGTERM."""

@@ -132,7 +132,9 @@ class InflightInfer:
             try:
                 tokens, ids = np.asarray(r["inputs"]), np.asarray(r["puzzle_identifiers"])
             except KeyError as exc:
-                raise RequestError(f"request {i}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'") from None
+                raise RequestError(
+                    f"request {i}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'"
+                ) from None
             checked.append(self.shape.check(i, tokens, ids))
         tickets = []
         for tokens, ids in checked:

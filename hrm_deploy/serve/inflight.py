@@ -233,7 +233,11 @@ class InflightScheduler:
         self._carry, logits, q_halt, q_continue = self.step_fn(inputs, ids, self._carry, self._reset)
         self._reset = np.zeros(len(owner), bool)
         self.step_calls += 1
-        stop = np.zeros(len(owner), bool) if self.halt is None else np.asarray(self.halt(self._step_of, q_halt, q_continue), bool)
+        stop = (
+            np.zeros(len(owner), bool)
+            if self.halt is None
+            else np.asarray(self.halt(self._step_of, q_halt, q_continue), bool)
+        )
         stop |= self._step_of >= self.steps
         answered, steps_sum = 0, 0
         for i, (ticket, row) in enumerate(owner):

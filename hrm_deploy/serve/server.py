@@ -190,7 +190,9 @@ class BatchInfer:
             try:
                 tokens, ids = np.asarray(request["inputs"]), np.asarray(request["puzzle_identifiers"])
             except KeyError as exc:
-                raise RequestError(f"request {i}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'") from None
+                raise RequestError(
+                    f"request {i}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'"
+                ) from None
             checked.append(check_feeds(i, tokens, ids, self.seq_len, self.vocab_size, self.num_puzzle_identifiers))
         feeds = {
             "inputs": np.concatenate([t for t, _ in checked]),
@@ -442,7 +444,9 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
             if endpoint is not None:  # runs before the front closes: answers go out first
                 stack.callback(endpoint.drain, DRAIN_GRACE_S)
             if ready is not None:
-                mode = f"in-flight batching, {max_batch} slots" if endpoint else f"dynamic batching, max batch {max_batch}"
+                mode = (
+                    f"in-flight batching, {max_batch} slots" if endpoint else f"dynamic batching, max batch {max_batch}"
+                )
                 ready(
                     f"serving {config.artifact.name} as model '{config.model_name}' ({runner.name}, {mode}) on "
                     f"http://{config.host}:{config.http_port} grpc {config.host}:{config.grpc_port} "

@@ -189,7 +189,9 @@ def test_inflight_answers_equal_the_runner_at_several_loads(trained_small, tmp_p
     from hrm_deploy.halting import HaltRule
     from tests.serve.helpers import puzzles
 
-    step = export_onnx(trained_small.checkpoint, tmp_path / "s.step.onnx", ExportConfig(mode="step", parity=False), quiet=True)
+    step = export_onnx(
+        trained_small.checkpoint, tmp_path / "s.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
+    )
     tokens, ids = puzzles(trained_small.data, 40)
     runner = open_runner(step.path)
     runner.activate()
