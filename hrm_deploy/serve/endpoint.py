@@ -25,7 +25,14 @@ import numpy as np
 
 from hrm_deploy.serve.front import Refused
 from hrm_deploy.serve.inflight import Busy, InflightScheduler, Ticket, prometheus_text
-from hrm_deploy.serve.wire import RequestError, check_feeds, decode_request, encode_response, split_outputs
+from hrm_deploy.serve.wire import (
+    RequestError,
+    check_feeds,
+    decode_request,
+    encode_response,
+    parameters,
+    split_outputs,
+)
 
 POLL_S = 0.05  # how often a waiting handler looks at its client's socket
 
@@ -77,8 +84,7 @@ class InflightEndpoint:
             tokens, ids = self.shape.check(0, arrays["inputs"], arrays["puzzle_identifiers"])
         except RequestError as exc:
             raise Refused(400, str(exc).removeprefix("request 0: ")) from None
-        params = request.get("parameters") if isinstance(request.get("parameters"), dict) else {}
-        timeout_us = params.get("timeout")
+        timeout_us = parameters(request).get("timeout")
         limit_s = self.timeout_s
         if isinstance(timeout_us, int) and not isinstance(timeout_us, bool) and timeout_us > 0:
             limit_s = min(limit_s, timeout_us / 1e6)

@@ -306,7 +306,7 @@ def inflight_step(runner: Any, manifest: dict[str, Any] | None, config: ServeCon
             "serve the ONNX step graph for in-flight batching"
         )
     step_fn = None
-    if why is None:
+    if why is None and step_function is not None:
         try:
             step_fn = step_function()
         except ConfigError as exc:
@@ -324,6 +324,7 @@ def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_b
 
     zeros = {"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}
     step_fn = inflight_step(runner, contract.manifest, config, halt)
+    infer: Any
     if step_fn is None:
         infer = BatchInfer(
             runner,

@@ -78,6 +78,12 @@ def split_outputs(out: dict[str, np.ndarray], sizes: list[int], act_steps: int |
     return responses
 
 
+def parameters(item: dict[str, Any]) -> dict[str, Any]:
+    """An inference request's (or one input's / output's) ``parameters`` object; {} when absent or not an object."""
+    value = item.get("parameters")
+    return value if isinstance(value, dict) else {}
+
+
 def decode_request(request: dict[str, Any], body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
     """The input arrays of an inference request the front has checked (names, INT32, shapes, sizes).
 
@@ -85,7 +91,8 @@ def decode_request(request: dict[str, Any], body: bytes, header_length: int | No
     arrays, offset = {}, header_length or len(body)
     for item in request["inputs"]:
         shape = item["shape"]
-        size = (item.get("parameters") or {}).get("binary_data_size")
+        size = parameters(item).get("binary_data_size")
+        flat: np.ndarray
         if size is not None:
             flat = np.frombuffer(body, _NUMPY["INT32"], count=size // 4, offset=offset)
             offset += size
@@ -102,8 +109,7 @@ def encode_response(
 ) -> tuple[bytes, dict[str, str]]:
     """The HTTP body and headers of an inference response, as tritonserver writes them: the outputs
     asked for (all when none are named), each as JSON data or binary after the JSON header."""
-    params = request.get("parameters") if isinstance(request.get("parameters"), dict) else {}
-    binary_default = bool(params.get("binary_data_output", False))
+    binary_default = bool(parameters(request).get("binary_data_output", False))
     asked = request.get("outputs") or [{"name": name} for name in outputs]
     header: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": []}
     if isinstance(request.get("id"), str):
@@ -115,8 +121,7 @@ def encode_response(
         datatype = "FP32" if array.dtype.kind == "f" else "INT32"
         array = array.astype(_NUMPY[datatype], copy=False)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        out_params = item.get("parameters") if isinstance(item.get("parameters"), dict) else {}
-        if bool(out_params.get("binary_data", binary_default)):
+        if bool(parameters(item).get("binary_data", binary_default)):
             blob = array.tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
