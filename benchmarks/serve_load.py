@@ -244,7 +244,13 @@ def measure_mode(artifact, halt, tokens, mode, args, work) -> dict:
         closed_loop(clients, min(8, max(args.clients)), min(3.0, args.duration))  # warm-up
         rows = {}
         for n in args.clients:
+            before = gauges(server.http)
             rows[str(n)] = closed_loop(clients, n, args.duration)
+            after = gauges(server.http)
+            if after:  # in-flight: mean busy slots per step call over this point
+                answered = after["puzzles_answered_total"] - before["puzzles_answered_total"]
+                calls = after["step_calls_total"] - before["step_calls_total"]
+                rows[str(n)]["rows_per_step"] = answered * (rows[str(n)]["mean_steps"] or 0) / max(calls, 1)
             print(f"  {mode:8s} {n:>4} clients: {fmt(rows[str(n)])}", flush=True)
         return {"closed_loop": rows, "gauges": gauges(server.http), "server": server, "clients": clients}
     except BaseException:
