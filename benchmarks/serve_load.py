@@ -67,7 +67,10 @@ def bundled(work: Path) -> tuple[Path, str, np.ndarray]:
     from hrm_deploy.train.presets import preset
 
     onnx = export_onnx(
-        bundled_checkpoint("sudoku-small"), work / "bundled.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
+        bundled_checkpoint("sudoku-small"),
+        work / "bundled.step.onnx",
+        ExportConfig(mode="step", parity=False),
+        quiet=True,
     ).path
     spec = preset("sudoku-small")["data"]
     split = generate_sudoku(SudokuSpec(**{**spec, "train": 0, "test": 512, "augment": 0, "seed": 7}))["test"]
@@ -278,7 +281,11 @@ def run_model(name: str, args, work: Path) -> dict:
             for fraction in args.rates:
                 curve.append(open_loop(m["clients"], peak * fraction, args.duration))
                 print(f"  {mode:8s} open loop {peak * fraction:7.1f}/s offered: {fmt(curve[-1])}", flush=True)
-            result["modes"][mode] = {"closed_loop": m["closed_loop"], "open_loop": curve, "inflight_gauges": m["gauges"]}
+            result["modes"][mode] = {
+                "closed_loop": m["closed_loop"],
+                "open_loop": curve,
+                "inflight_gauges": m["gauges"],
+            }
     finally:
         for m in modes.values():
             m["server"].stop()
