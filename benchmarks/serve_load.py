@@ -92,7 +92,7 @@ def sudoku_size(work: Path) -> tuple[Path, str, np.ndarray]:
         model.inner.q_head.weight.normal_(0, 0.05)
     ckpt = save_checkpoint(work / "sudoku-size.pt", model)
     onnx = export_onnx(str(ckpt), work / "sudoku-size.step.onnx", ExportConfig(mode="step", parity=False), quiet=True)
-    split = generate_sudoku(SudokuSpec(train=0, test=512, blanks=(40, 60), seed=7))["test"]
+    split = generate_sudoku(SudokuSpec(train=0, test=512, blanks=(40, 50), seed=7))["test"]
     tokens = np.ascontiguousarray(split.inputs, dtype=np.int32)
     with open_runner(onnx.path) as runner:  # all 16 steps of 32 puzzles: where to cut sigmoid(q_halt)
         q = runner.infer({"inputs": tokens[:32], "puzzle_identifiers": np.zeros(32, np.int32)})["q_halt_logits"]

@@ -163,6 +163,7 @@ def _count(data: Any) -> int:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    wbufsize = -1  # buffered: a response's head and body leave in one write (flushed after each request)
     server: _FrontServer
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
