@@ -28,6 +28,7 @@ from hrm_deploy.serve.inflight import Busy, InflightScheduler, Ticket, prometheu
 from hrm_deploy.serve.wire import (
     RequestError,
     check_feeds,
+    check_requests,
     decode_request,
     encode_response,
     parameters,
@@ -133,15 +134,8 @@ class InflightInfer:
         self.scheduler, self.shape, self.timeout_s = scheduler, shape, timeout_s
 
     def __call__(self, requests: list[Any]) -> list[dict[str, np.ndarray]]:
-        checked = []
-        for i, r in enumerate(requests):
-            try:
-                tokens, ids = np.asarray(r["inputs"]), np.asarray(r["puzzle_identifiers"])
-            except KeyError as exc:
-                raise RequestError(
-                    f"request {i}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'"
-                ) from None
-            checked.append(self.shape.check(i, tokens, ids))
+        shape = self.shape
+        checked = check_requests(requests, shape.seq_len, shape.vocab_size, shape.num_puzzle_identifiers)
         tickets = []
         for tokens, ids in checked:
             try:

@@ -43,7 +43,11 @@ import numpy as np
 
 from hrm_deploy.errors import ConfigError, DependencyError, require
 from hrm_deploy.serve.front import Front, Limits
-from hrm_deploy.serve.wire import RequestError, check_feeds, split_outputs
+from hrm_deploy.serve.wire import (
+    RequestError as RequestError,  # re-exported (the proxy patch matches its name)
+    check_requests,
+    split_outputs,
+)
 
 LOOPBACK_NAMES = ("localhost",)
 MODEL_NAME = "hrm"
@@ -185,15 +189,7 @@ class BatchInfer:
         self.batches: list[int] = []  # batch sizes run (kept short: for tests and the benchmark)
 
     def __call__(self, requests: list[Any]) -> list[dict[str, np.ndarray]]:
-        checked = []
-        for i, request in enumerate(requests):
-            try:
-                tokens, ids = np.asarray(request["inputs"]), np.asarray(request["puzzle_identifiers"])
-            except KeyError as exc:
-                raise RequestError(
-                    f"request {i}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'"
-                ) from None
-            checked.append(check_feeds(i, tokens, ids, self.seq_len, self.vocab_size, self.num_puzzle_identifiers))
+        checked = check_requests(requests, self.seq_len, self.vocab_size, self.num_puzzle_identifiers)
         feeds = {
             "inputs": np.concatenate([t for t, _ in checked]),
             "puzzle_identifiers": np.concatenate([p for _, p in checked]),

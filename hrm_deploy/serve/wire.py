@@ -57,6 +57,20 @@ def check_feeds(
     return tokens, ids
 
 
+def check_requests(
+    requests: list[Any], seq_len: int, vocab_size: int, num_puzzle_identifiers: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`check_feeds` of each request PyTriton hands over (a mapping input name -> array)."""
+    checked = []
+    for i, request in enumerate(requests):
+        try:
+            tokens, ids = np.asarray(request["inputs"]), np.asarray(request["puzzle_identifiers"])
+        except KeyError as exc:
+            raise RequestError(f"request {i}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'") from None
+        checked.append(check_feeds(i, tokens, ids, seq_len, vocab_size, num_puzzle_identifiers))
+    return checked
+
+
 def split_outputs(out: dict[str, np.ndarray], sizes: list[int], act_steps: int | None) -> list[dict[str, np.ndarray]]:
     """Runner outputs for ``sum(sizes)`` puzzles -> one response dict per request (sizes in order)."""
     logits = np.asarray(out["logits"], np.float32)
