@@ -151,6 +151,15 @@ def check_max_batch(requested: int | None, artifact_max: int, name: str) -> int:
     return max_batch
 
 
+def check_queue_limit(queue_limit: int | None, max_batch: int) -> None:
+    """In-flight: a queue smaller than the largest request would refuse that request forever."""
+    if queue_limit is not None and queue_limit < max_batch:
+        raise ConfigError(
+            f"--queue-limit {queue_limit}: give at least the max batch ({max_batch}) so that every "
+            "request the server takes fits in an empty queue"
+        )
+
+
 def halt_function(halt: str) -> Callable[..., Any] | None:
     """The runner's ``halt=`` callback for a ``--halt`` rule; None for "off" (all ACT steps).
 
@@ -384,11 +393,7 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     check_ports_free(config)
     contract = read_contract(config.artifact)
     max_batch = check_max_batch(config.max_batch, contract.max_batch, config.artifact.name)
-    if config.queue_limit is not None and config.queue_limit < max_batch:
-        raise ConfigError(
-            f"--queue-limit {config.queue_limit}: give at least the max batch ({max_batch}) so that every "
-            "request the server takes fits in an empty queue"
-        )
+    check_queue_limit(config.queue_limit, max_batch)
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
     endpoint = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -222,3 +223,44 @@ def test_inflight_answers_equal_the_runner_at_several_loads(trained_small, tmp_p
             assert np.array_equal(out["q_halt_logits"], ref["q_halt_logits"][a:b], equal_nan=True), slots
             assert np.abs(out["logits"] - ref["logits"][a:b]).max() < 1e-5, slots
     runner.close()
+
+
+def test_which_batching_serves_which_artifact(caplog):
+    from types import SimpleNamespace
+
+    from hrm_deploy.errors import ConfigError
+    from hrm_deploy.serve.server import Batching, ServeConfig, check_queue_limit, inflight_step
+
+    step = CountingStep()
+    with_step = SimpleNamespace(name="ort", step_function=lambda: step)
+
+    def unrolled_step():
+        raise ConfigError("x.onnx is an unrolled graph; continuous batching needs the step graph")
+
+    unrolled = SimpleNamespace(name="ort", step_function=unrolled_step)
+    engine = SimpleNamespace(name="tensorrt")  # no host step function
+    dynamic_int8 = {"recipe": {"int8": "dynamic"}}
+
+    def config(batching: Batching) -> ServeConfig:
+        return ServeConfig(Path("x.onnx"), batching=batching)
+
+    auto, inflight, dynamic = (config(b) for b in (Batching.auto, Batching.inflight, Batching.dynamic))
+    assert inflight_step(with_step, None, auto, halt_positive) is step
+    assert inflight_step(with_step, None, auto, None) is None  # --halt off: dynamic unless asked
+    assert inflight_step(with_step, None, inflight, None) is step
+    assert inflight_step(with_step, None, dynamic, halt_positive) is None
+    with caplog.at_level("INFO", logger="hrm_deploy.serve.server"):
+        for runner, manifest in ((unrolled, None), (engine, None), (with_step, dynamic_int8)):
+            assert inflight_step(runner, manifest, auto, halt_positive) is None
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["dynamic batching"] * 3
+    for runner, manifest, why in (
+        (unrolled, None, "unrolled graph"),
+        (engine, None, "no host step function"),
+        (with_step, dynamic_int8, "dynamic-INT8"),
+    ):
+        with pytest.raises(ConfigError, match=f"--batching inflight: .*{why}"):
+            inflight_step(runner, manifest, inflight, halt_positive)
+    check_queue_limit(None, 32)  # the default (8 x max batch)
+    check_queue_limit(32, 32)
+    with pytest.raises(ConfigError, match="--queue-limit 4: give at least the max batch"):
+        check_queue_limit(4, 8)
