@@ -40,7 +40,7 @@ def _timed(fn):
 def _tensors(path: Path) -> list[str]:
     import onnx
 
-    from hrm_deploy.precision.int8 import QuantConfig, plan_nodes
+    from hrm_deploy.precision.calibrate import QuantConfig, plan_nodes
 
     model = onnx.load(str(path), load_external_data=False)
     plan = plan_nodes(model, QuantConfig(exclude_patterns=()))
@@ -54,7 +54,7 @@ def paired(path: Path, examples, batch: int, rounds: int = 1, method: str = "min
 
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.onnx_runtime import ort_session
-    from hrm_deploy.precision.int8 import QuantConfig, _drive, _range_session, _Ranges, _runs, calibration_provider
+    from hrm_deploy.precision.calibrate import QuantConfig, _drive, _range_session, _Ranges, _runs, calibration_provider
 
     meta = graph_metadata(onnx.load(str(path), load_external_data=False))
     mode, steps = meta["mode"], meta["steps"]
@@ -152,8 +152,8 @@ def bundled(work: Path, k: int, batch: int, rounds: int, methods: list[str]) -> 
 
 def default_total(work: Path) -> dict:
     """The default INT8 conversion of the Sudoku-size single-step graph, end to end."""
+    from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
-    from hrm_deploy.precision.int8 import QuantConfig
 
     quant = QuantConfig()
     config = PrecisionConfig("int8", calib_data=str(work / "sudoku-data"), cache_dir=str(work / "calib"))

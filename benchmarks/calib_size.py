@@ -42,8 +42,8 @@ def bundled_sweep(work: Path, sizes: list[int], methods: list[str], test_puzzles
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
-    from hrm_deploy.precision.int8 import QuantConfig
     from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint, preset
 
     data = work / "data"

@@ -160,11 +160,12 @@ def measure(name: str, prepared: dict, batches: tuple[int, ...], rounds: int, th
     from hrm_deploy.backends import open_runner
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.metrics import accuracy
+    from hrm_deploy.registry import runner_options
     from hrm_deploy.runtime.infer import predict
 
     runners = {}
     for row, path in prepared["graphs"].items():
-        runners[row] = open_runner(path, **({"threads": threads} if str(path).endswith(".onnx") else {}))
+        runners[row] = open_runner(path, **runner_options(path, threads=threads))
         runners[row].activate()
     examples = load_examples(prepared["data"], None, split="test")
     result: dict = {"latency_ms_per_call": {}, "speedup_vs_cpu_fp32": {}}

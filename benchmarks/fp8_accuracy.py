@@ -27,9 +27,9 @@ def measure(work: Path, test_puzzles: int, calib_samples: int) -> dict:
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
     from hrm_deploy.precision.fp8 import per_step_agreement
-    from hrm_deploy.precision.int8 import QuantConfig
     from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint, preset
 
     data = work / "data"

@@ -225,7 +225,7 @@ def main() -> None:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2) + "\n")
     try:
-        from hrm_deploy.halting import plot_curve
+        from hrm_deploy.halting_report import plot_curve
 
         plot_curve(
             {"curve": result["curve"], "all_steps": result["all_steps"], "rules": result["rules"]},

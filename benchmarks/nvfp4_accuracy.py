@@ -41,7 +41,8 @@ def _outputs(path: str, examples) -> dict:
 
 
 def _summary(fp32: dict, candidate: dict, labels, graph) -> dict:
-    from hrm_deploy.verify import THRESHOLDS, compare, judge
+    from hrm_deploy.precision.registry import PRECISIONS
+    from hrm_deploy.verify import compare, judge
 
     report = compare(fp32, candidate, labels)
     ref, cand = report["per_step_exact_reference"], report["per_step_exact_candidate"]
@@ -51,7 +52,7 @@ def _summary(fp32: dict, candidate: dict, labels, graph) -> dict:
         "cells_differing_pct_per_step": [round(100 * x, 3) for x in report["per_step_disagreement"]],
         "logits_max_rel_error": round(report["logits"]["max_rel"], 4),
         "q_halt_sign_agreement": round(report["q_halt"]["sign_agreement"], 4),
-        "verify_failures_at_int8_bounds": judge(report, THRESHOLDS["int8"]),
+        "verify_failures_at_int8_bounds": judge(report, PRECISIONS["int8"].thresholds),
         "quantized_nodes": graph.report["quantized_nodes"],
     }
 
@@ -60,8 +61,8 @@ def measure(work: Path, test_puzzles: int, calib_samples: int, budget: float, ho
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
-    from hrm_deploy.precision.int8 import QuantConfig
     from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint, preset
 
     blanks = preset(DEFAULT_PRESET)["data"]["blanks"]

@@ -68,8 +68,8 @@ def main() -> None:
 
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
-    from hrm_deploy.precision.int8 import QuantConfig
 
     model = sudoku_size_model(seed=0)
     out = Path(args.out).resolve()

@@ -28,7 +28,7 @@ callers still give identifiers, and :mod:`hrm_deploy.puzzle_table` gathers the r
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -97,3 +97,24 @@ def graph_io(
     per_step = tuple(TensorIO(name, False, "float32", (b, steps)) for name in Q_LOGITS)
     predictions = (TensorIO(STEP_PREDICTIONS, False, "int32", (b, steps, seq_len)),) if step_predictions else ()
     return (*feeds, logits, *per_step, *predictions)
+
+
+class StepFunction(Protocol):
+    """The step contract: one ACT segment per call, what the halting scheduler drives. Each backend
+    that runs a step brings one (ONNX Runtime: ``backends.ort.step.OrtStep``; the PyTorch reference:
+    ``backends.reference.TorchStep``). ``steps`` is the model's ``halt_max_steps``."""
+
+    steps: int
+
+    def initial_carry(self, batch: int) -> Any: ...
+
+    def take(self, carry: Any, rows: np.ndarray) -> Any:
+        """The carry of ``rows`` (int64 indices) only, in that order."""
+        ...
+
+    def __call__(
+        self, inputs: np.ndarray, puzzle_ids: np.ndarray, carry: Any, reset: np.ndarray
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+        """(inputs int32 [B,S], puzzle_ids int32 [B], carry, reset bool [B]) -> (carry,
+        logits float32 [B,S,V], q_halt [B], q_continue [B]); rows with reset start afresh."""
+        ...

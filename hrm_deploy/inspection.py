@@ -9,6 +9,7 @@ from typing import Any
 from hrm_deploy.artifacts import MAX_PARENT_LINKS, is_checkpoint, runner_name
 from hrm_deploy.errors import ArtifactError, HRMDeployError, require
 from hrm_deploy.manifest import MANIFEST_SUFFIX, check_artifact, manifest_path, read_manifest, validate_manifest
+from hrm_deploy.registry import BACKENDS
 from hrm_deploy.sources import hub_origin
 
 # Manifest fields that judge the artifact's bytes; dropped when the bytes no longer match.
@@ -58,11 +59,10 @@ def _model_description(config_json: str | None) -> dict[str, Any] | None:
     """The model family and its recursion from a graph's recorded config (None if absent)."""
     if not config_json:
         return None
-    from hrm_deploy.model.config import HRMConfig
-    from hrm_deploy.model.families import describe
+    from hrm_deploy.model.families import config_from_dict, describe
 
     try:
-        return describe(HRMConfig.from_dict(json.loads(config_json)))
+        return describe(config_from_dict(json.loads(config_json)))
     except (json.JSONDecodeError, TypeError, HRMDeployError):
         return None
 
@@ -168,7 +168,7 @@ def inspect_artifact(path: str | Path) -> dict[str, Any]:
         if not p.is_file():
             raise ArtifactError(f"{p} is not a file; give an engine file")
         status = _artifact_status(p)
-        kind = "engine (PyTorch AOTInductor)" if runner_name(p) == "torch_engine" else "engine"
+        kind = "engine (PyTorch AOTInductor)" if BACKENDS[runner_name(p)].kind == "pt2" else "engine"
         summary = {"kind": kind, "path": str(p), "size_bytes": p.stat().st_size, "artifact_check": status}
         if status == "ok":
             summary["manifest"] = {

@@ -5,10 +5,14 @@ the ``ort`` runner, the ``cpu`` target's offline optimization and the doctor's p
 It resolves the execution provider (our short names or ORT's own), keeps the CPU provider for
 the nodes a GPU provider cannot take, and refuses a session that ORT silently moved to another
 provider (a GPU provider that cannot load falls back to CPU, and a benchmark of that would be a
-lie). :func:`run_stepwise` is the stepwise host loop parity and tests use.
+lie). :func:`step_once` is the one ONNX Runtime call of a single-step graph (one ACT segment,
+carry in and out): :func:`run_stepwise` (export parity, tests), calibration's pass over the data
+(:mod:`hrm_deploy.precision.calibrate`) and the ``ort`` backend's step function
+(:mod:`hrm_deploy.backends.ort.step`, which the runner and the halting scheduler drive) all go
+through it.
 
-A base module: export (parity) must not import the runners, and both use it. onnxruntime is
-imported only when a session is made.
+A base module: export (parity) and precision (calibration) must not import the runners, and all
+of them use it. onnxruntime is imported only when a session is made.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import contextlib
 import io
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import Enum, IntEnum
 from pathlib import Path
 from typing import Any, Protocol
@@ -236,6 +240,30 @@ class CarryShape(Protocol):
     def hidden_size(self) -> int: ...
 
 
+def zero_carry(session, batch: int, config: CarryShape | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The initial carry (z_H, z_L) float32 [B, T, D] of a single-step graph: its shape from
+    ``config``, or from the graph's ``z_H`` input when None."""
+    if config is not None:
+        shape = (batch, config.total_seq_len, config.hidden_size)
+    else:
+        dims = next(i.shape for i in session.get_inputs() if i.name == CARRY[0])
+        shape = (batch, int(dims[1]), int(dims[2]))
+    return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+
+
+def step_once(
+    session, feeds: dict[str, np.ndarray], carry: tuple[Any, Any], reset: np.ndarray, fetch: Sequence[str] = ()
+) -> tuple[tuple[np.ndarray, np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """One ACT segment of a single-step graph: ``feeds`` (the graph's other inputs), ``carry``
+    (z_H, z_L) and ``reset`` bool [B] (rows that start afresh) -> (next carry, [logits [B,S,V],
+    q_halt [B], q_continue [B]], the ``fetch`` outputs (extra graph outputs) in order)."""
+    z_H, z_L, *outputs = session.run(
+        [*STEP_OUTPUTS, *fetch], {**feeds, CARRY[0]: carry[0], CARRY[1]: carry[1], RESET: reset}
+    )
+    heads = len(STEP_OUTPUTS) - len(CARRY)
+    return (z_H, z_L), outputs[:heads], outputs[heads:]
+
+
 def run_stepwise(
     session, feeds: dict[str, np.ndarray], config: CarryShape | None, steps: int, states: list | None = None
 ) -> dict[str, np.ndarray]:
@@ -244,24 +272,15 @@ def run_stepwise(
     Also returns each step's argmax as ``step_predictions`` [B, steps, S] (int32); each step's
     carry out ``(z_H, z_L)`` is appended to ``states`` when given (teacher-forced parity)."""
     batch = feeds["inputs"].shape[0]
-    if config is not None:
-        shape = (batch, config.total_seq_len, config.hidden_size)
-    else:
-        dims = next(i.shape for i in session.get_inputs() if i.name == CARRY[0])
-        shape = (batch, dims[1], dims[2])
-    z_H = np.zeros(shape, np.float32)
-    z_L = np.zeros(shape, np.float32)
+    carry = zero_carry(session, batch, config)
     halts, continues, predictions = [], [], []
     for i in range(steps):
-        reset = np.full((batch,), i == 0, dtype=bool)
-        z_H, z_L, logits, q_halt, q_continue = session.run(
-            list(STEP_OUTPUTS), {**feeds, CARRY[0]: z_H, CARRY[1]: z_L, RESET: reset}
-        )
+        carry, (logits, q_halt, q_continue), _ = step_once(session, feeds, carry, np.full((batch,), i == 0, bool))
         halts.append(q_halt)
         continues.append(q_continue)
         predictions.append(logits.argmax(-1).astype(np.int32))
         if states is not None:
-            states.append((z_H, z_L))
+            states.append(carry)
     q_halt_name, q_continue_name = Q_LOGITS
     return {
         "logits": logits,

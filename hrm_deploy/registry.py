@@ -13,50 +13,83 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
 class BackendEntry:
-    """One backend. ``name`` is the runner's name (reports record it; ``open_runner(runner=...)``
-    picks it); ``runner`` and ``builder`` are ``"module:attr"`` strings imported on first use."""
+    """One backend. ``name`` is its one name: its package (module) under ``hrm_deploy/backends/``,
+    its runner's name (reports record it; ``open_runner(runner=...)`` picks it) and, where it builds,
+    its ``build-engine --backend`` name (``builds_for``; TensorRT also builds the TensorRT-RTX
+    flavour); ``runner`` and ``builder`` are ``"module:attr"`` strings imported on first use."""
 
     name: str
     runner: str  # "module:Class", a Runner subclass
     suffixes: tuple[str, ...] = ()  # artifact file suffixes it runs
-    # "module:function" with the signature (source, EngineConfig, out, quiet) -> EngineResult
+    # "module:object": its build side, a hrm_deploy.engines.request.Builder (what graph it takes,
+    # a preflight, build(BuildRequest) -> EngineResult)
     builder: str | None = None
     builds_for: tuple[str, ...] = ()  # `build-engine --backend` names (a target's backends) it builds for
+    # runner options only this backend takes (e.g. ONNX Runtime's provider): a stage that offers one
+    # passes it through runner_options(), never by checking the artifact's suffix
+    options: tuple[str, ...] = ()
+    # what its artifacts are: "checkpoint", "onnx" (a graph), "engine" (compiled, opaque without its
+    # runtime) or "pt2" (an engine whose manifest carries its model config)
+    kind: str = "engine"
 
 
 BACKENDS: dict[str, BackendEntry] = {
     entry.name: entry
     for entry in (
         # a checkpoint (no suffix of its own): the PyTorch SDPA reference
-        BackendEntry("torch_ref", "hrm_deploy.backends.reference:TorchRunner"),
+        BackendEntry("reference", "hrm_deploy.backends.reference:TorchRunner", kind="checkpoint"),
         BackendEntry(
             "ort",
             "hrm_deploy.backends.ort.runner:OrtRunner",
             (".onnx",),
-            "hrm_deploy.backends.ort.builder.target:build_for_cpu",
-            ("onnxruntime",),
+            "hrm_deploy.backends.ort.builder.target:BUILDER",
+            ("ort",),
+            ("provider", "threads"),
+            "onnx",
         ),
         BackendEntry(
-            "trt",
+            "tensorrt",
             "hrm_deploy.backends.tensorrt.runner:TrtRunner",
             (".engine", ".plan"),
-            "hrm_deploy.backends.tensorrt.builder.engine:build_tensorrt",
+            "hrm_deploy.backends.tensorrt.builder.engine:BUILDER",
             ("tensorrt", "tensorrt-rtx"),
         ),
         BackendEntry(
-            "torch_engine",
+            "torch",
             "hrm_deploy.backends.torch.runner:TorchEngineRunner",
             (".pt2",),
-            "hrm_deploy.backends.torch.builder:build_from_config",
+            "hrm_deploy.backends.torch.builder:BUILDER",
             ("torch",),
+            kind="pt2",
         ),
     )
 }
-CHECKPOINT_RUNNER = "torch_ref"  # anything without a backend's suffix is a checkpoint
+CHECKPOINT_RUNNER = "reference"  # anything without a backend's suffix is a checkpoint
+
+
+def load(ref: str) -> Any:
+    """The object a row's ``"module:attr"`` string names (its module imported now, on first use)."""
+    import importlib
+
+    module, attr = ref.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def builder(backend: str) -> Any:
+    """The builder of ``build-engine --backend BACKEND`` (a :class:`hrm_deploy.engines.request.Builder`),
+    from the row that builds for it: the build stage reaches a backend only through this table."""
+    from hrm_deploy.errors import ConfigError
+
+    for entry in BACKENDS.values():
+        if backend in entry.builds_for and entry.builder:
+            return load(entry.builder)
+    known = [name for entry in BACKENDS.values() for name in entry.builds_for]
+    raise ConfigError(f"no builder for backend {backend!r}; use one of {', '.join(known)}")
 
 
 def runner_name(artifact: str | Path) -> str:
@@ -68,6 +101,19 @@ def runner_name(artifact: str | Path) -> str:
     return CHECKPOINT_RUNNER
 
 
+def artifact_kind(artifact: str | Path) -> str:
+    """What ``artifact`` is, from its backend's row: "checkpoint", "onnx", "engine" or "pt2"."""
+    return BACKENDS[runner_name(artifact)].kind
+
+
 def engine_suffixes() -> tuple[str, ...]:
     """Every suffix some backend runs (the artifacts that are not checkpoints)."""
     return tuple(s for entry in BACKENDS.values() for s in entry.suffixes)
+
+
+def runner_options(artifact: str | Path, **offered: Any) -> dict[str, Any]:
+    """The ``offered`` runner options (None: not given) that the backend running ``artifact``
+    takes, from its row's ``options``: ``--provider`` reaches an ONNX graph's runner and is left
+    out for an engine or a checkpoint."""
+    takes = BACKENDS[runner_name(artifact)].options
+    return {name: value for name, value in offered.items() if value is not None and name in takes}

@@ -268,17 +268,20 @@ def pretty(solution: Solution) -> str:
 # --------------------------------------------------------------------------------- solving
 def _model_seq_len(artifact: Path) -> int | None:
     """seq_len the artifact expects, where it can be read cheaply (ONNX metadata, checkpoints)."""
+    from hrm_deploy.registry import artifact_kind
+
+    kind = artifact_kind(artifact)  # from the backend table, not the suffix
     try:
-        if artifact.suffix == ".onnx":
+        if kind == "onnx":
             from hrm_deploy.export.metadata import graph_metadata
             from hrm_deploy.onnx_runtime import load_onnx
 
             return int(graph_metadata(load_onnx(artifact))["config"]["seq_len"])
-        if artifact.suffix == ".pt2":  # a PyTorch engine: its manifest records the model config
+        if kind == "pt2":  # a PyTorch engine: its manifest records the model config
             from hrm_deploy.serve.contract import read_contract
 
             return read_contract(artifact).seq_len
-        if artifact.suffix in (".engine", ".plan"):
+        if kind == "engine":
             return None
         from hrm_deploy.model.checkpoint import read_checkpoint
 
@@ -347,7 +350,7 @@ def solve(
             )
         rule = resolve_rule(rule, str(path))
         if rule.mode is HaltMode.BUDGET and rule.threshold is None:
-            from hrm_deploy.halting import prepare_rules
+            from hrm_deploy.halting_report import prepare_rules
 
             [rule] = prepare_rules(
                 [rule.text],

@@ -9,7 +9,7 @@ and records the summary in the artifact's manifest.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,35 +19,9 @@ from hrm_deploy.artifacts import find_reference, recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.io import check_output_path, write_json, write_text
 from hrm_deploy.manifest import check_artifact, manifest_path, report_paths, update_manifest
+from hrm_deploy.precision.registry import PRECISIONS, Thresholds
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """A candidate passes when all hold (agreements as fractions, drop in exact-accuracy points)."""
-
-    min_argmax_agreement: float
-    max_exact_drop_points: float
-    min_q_halt_sign_agreement: float
-    # Output closeness, so a model whose logits are far off fails even when argmax agrees:
-    # max |ref - cand| over the reference's max |logit| (resp. max(|q_halt|, 1)).
-    max_logits_rel_error: float = 0.02
-    max_q_halt_rel_error: float = 0.02
-
-
-THRESHOLDS = {
-    "fp32": Thresholds(0.999, 0.5, 0.99, 0.02, 0.02),
-    "fp16": Thresholds(0.995, 1.0, 0.98, 0.15, 0.15),
-    "bf16": Thresholds(0.99, 1.5, 0.97, 0.25, 0.25),
-    "int8": Thresholds(0.98, 2.0, 0.95, 0.6, 0.6),
-    # INT8's bounds: FP8's answers measured as close or closer (benchmarks/results/fp8_accuracy.json)
-    "fp8": Thresholds(0.98, 2.0, 0.95, 0.6, 0.6),
-    # From the bundled model's NVFP4 graph within a 1-point --accuracy-budget, run as its CPU simulation
-    # (benchmarks/results/nvfp4_accuracy.json: 2.0 points on 1,000 puzzles, q_halt rel. error 0.8);
-    # plain NVFP4 of that model (16 points lost, q_halt signs 85 %) fails them, as it should
-    "nvfp4": Thresholds(0.98, 2.5, 0.95, 0.6, 1.0),
-}
 
 
 def _run(runner, examples, batch: int, label: str, quiet: bool, check_vocab: bool = False) -> dict[str, np.ndarray]:
@@ -165,7 +139,7 @@ def markdown(report: dict[str, Any]) -> str:
                 else f"| {i + 1} | {d:.4%} | - | - |"
             )
     if "halting" in report:
-        from hrm_deploy.halting import halting_markdown
+        from hrm_deploy.halting_report import halting_markdown
 
         lines += ["", "Early halting (candidate):", "", halting_markdown(report["halting"]).rstrip()]
     lines += [""] + [f"- failure: {f}" for f in report["failures"]]
@@ -188,7 +162,7 @@ def _check_thresholds(thresholds: Thresholds) -> None:
 def _halting(
     path: Path, candidate, examples, ref_out, cand_out, data, texts, batch, min_steps, max_steps, runner_options
 ) -> dict[str, Any]:
-    from hrm_deploy.halting import evaluate_halting, plot_curve, prepare_rules
+    from hrm_deploy.halting_report import evaluate_halting, plot_curve, prepare_rules
 
     rules = prepare_rules(list(texts), str(path), str(data), min_steps=min_steps, max_steps=max_steps, **runner_options)
     candidate.activate()
@@ -251,16 +225,7 @@ def verify(
         choice = default_data(against or path, "--data", None if budget else {"test": None})
         log.info(choice.message)
         data = choice.path
-    if samples is not None and samples < 1:
-        raise ConfigError(f"--samples must be >= 1, got {samples}")
-    if not 1 <= batch <= 1 << 16:
-        raise ConfigError(f"--batch must be between 1 and 65536, got {batch}")
-    unknown = set(overrides or {}) - set(Thresholds.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(f"unknown threshold overrides {sorted(unknown)}")
-    for given in (thresholds, replace(THRESHOLDS["fp32"], **(overrides or {}))):
-        if given is not None:
-            _check_thresholds(given)
+    _check_options(samples, batch, thresholds, overrides)
     saving = _can_save_reports(path)  # links refused before the work; a read-only folder only warns
     before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints
     candidate = open_runner(path, **runner_options)
@@ -282,7 +247,8 @@ def verify(
         "examples": len(examples),
         **compare(ref_out, cand_out, examples.labels),
     }
-    chosen = replace(thresholds or THRESHOLDS.get(candidate.precision, THRESHOLDS["fp32"]), **(overrides or {}))
+    row = PRECISIONS.get(candidate.precision, PRECISIONS["fp32"])  # thresholds from the precision table
+    chosen = replace(thresholds or row.thresholds, **(overrides or {}))
     report["thresholds"] = asdict(chosen)
     if halt:
         report["halting"] = _halting(
@@ -290,6 +256,30 @@ def verify(
         )
     report["failures"] = judge(report, chosen)
     report["passed"] = not report["failures"]
+    _write_reports(path, report, before, saving)
+    return report
+
+
+def _check_options(
+    samples: int | None, batch: int, thresholds: Thresholds | None, overrides: dict[str, float] | None
+) -> None:
+    """verify's numbers, checked before any work (one line each)."""
+    if samples is not None and samples < 1:
+        raise ConfigError(f"--samples must be >= 1, got {samples}")
+    if not 1 <= batch <= 1 << 16:
+        raise ConfigError(f"--batch must be between 1 and 65536, got {batch}")
+    unknown = set(overrides or {}) - set(Thresholds.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown threshold overrides {sorted(unknown)}")
+    for given in (thresholds, replace(PRECISIONS["fp32"].thresholds, **(overrides or {}))):
+        if given is not None:
+            _check_thresholds(given)
+
+
+def _write_reports(path: Path, report: dict[str, Any], before: str | None, saving: bool) -> None:
+    """The JSON and Markdown reports beside the artifact, and the verdict in its manifest, only
+    while the artifact is still the bytes that were judged (``before``, its sha256); nothing when
+    the folder cannot take them (``saving`` False: the verdict is still returned and printed)."""
     if before is not None:
         after = (check_artifact(path) or {}).get("sha256")
         if after != before:  # an export replaced the artifact while it was being judged
@@ -297,7 +287,7 @@ def verify(
         report["artifact_sha256"] = before
     report["report_saved"] = saving
     if not saving:
-        return report
+        return
     json_report, md_report = report_paths(path)
     write_json(json_report, report)
     write_text(md_report, markdown(report))
@@ -307,4 +297,3 @@ def verify(
             expect_sha256=before,
             verify={k: report[k] for k in ("passed", "failures", "examples", "data", "thresholds")},
         )
-    return report

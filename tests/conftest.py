@@ -361,7 +361,7 @@ def mlp_costs_five_points(monkeypatch):
     input (a Q/DQ graph's DequantizeLinear feeding it), for testing the budget fallback's logic."""
     import onnx
 
-    import hrm_deploy.precision.convert as convert
+    import hrm_deploy.precision.fallback as fallback
 
     def fake_accuracy(path, examples, meta):
         model = onnx.load(path)
@@ -373,4 +373,4 @@ def mlp_costs_five_points(monkeypatch):
         ]
         return 100.0 - 5.0 * len(harmful)
 
-    monkeypatch.setattr(convert, "_holdout_accuracy", fake_accuracy)
+    monkeypatch.setattr(fallback, "_holdout_accuracy", fake_accuracy)

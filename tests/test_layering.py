@@ -18,12 +18,13 @@ Rank  Rooms (first package level below ``hrm_deploy``)
       ``provenance`` (default data from a checkpoint's own dataset)
 2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
 3     ``runtime`` (what every runner shares: Runner template, device loop, memory, adapters' interface)
-4     ``backends`` run side (each backend's runner; TensorRT's API wrapper), ``halting`` (rules, the
-      step driver and continuous batching, budget calibration)
+4     ``backends`` run side (each backend's runner and step function; TensorRT's API wrapper),
+      ``halting`` (rules, the step driver and continuous batching, thresholds from outputs; it
+      imports no backend: the step functions come in through the step contract)
 5     ``precision`` (FP16/INT8/FP8 conversion, calibration, accuracy on examples)
 6     ``engines`` (the build stage: options, targets, dispatch), ``backends.<name>.builder`` (each
       backend's build side: it may use precision)
-7     applications: ``verify``, ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``,
+7     applications: ``verify`` and ``halting_report`` (halting reports, budget calibration), ``bench``, ``serve``, ``solve``, ``train``, ``doctor``, ``inspection``,
       ``arc`` (ARC evaluation)
 8     ``cli``, ``__main__`` (thin Typer commands over the applications)
 """
@@ -62,6 +63,7 @@ RANKS: dict[str, int] = {
     "precision": 5,
     "engines": 6,
     "verify": 7,
+    "halting_report": 7,
     "bench": 7,
     "serve": 7,
     "solve": 7,
@@ -134,11 +136,6 @@ def test_every_room_has_a_rank():
     assert not missing, f"give these rooms a rank in tests/test_layering.py: {missing}"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _top_level_imports(path: Path, known: set[str]) -> set[str]:
     """hrm_deploy modules imported at module level (function bodies and TYPE_CHECKING blocks aside)."""
     tree = ast.parse(path.read_text())
@@ -185,3 +182,19 @@ def test_stages_look_backends_up_in_the_table():
         (src, dst) for src, dst in _edges() if src.split(".")[1] in stages and dst.startswith("hrm_deploy.backends.")
     ]
     assert not by_name, by_name
+
+
+def test_the_stages_below_the_applications_import_no_backend():
+    """engines, precision and halting reach a backend only through the tables: the halting scheduler
+    drives any step function of the step contract (contract.StepFunction; the ORT and reference
+    steps live with their backends), budget calibration, which opens runners, sits beside verify
+    (halting_report), the precision stage runs graphs through the base's ONNX Runtime session, and
+    the build stage finds builders in the backend table (registry.builder)."""
+    rooms = ("hrm_deploy.halting", "hrm_deploy.engines", "hrm_deploy.precision")
+    reaching = [
+        (src, dst)
+        for src, dst in _edges()
+        if any(src == room or src.startswith(room + ".") for room in rooms)
+        if dst == "hrm_deploy.backends" or dst.startswith("hrm_deploy.backends.")
+    ]
+    assert not reaching, f"a stage below the applications imports a backend: {reaching}"

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from hrm_deploy.artifacts import find_reference
 from hrm_deploy.cli import app
 from hrm_deploy.manifest import read_manifest
+from hrm_deploy.precision.calibrate import QuantConfig
 from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
-from hrm_deploy.precision.int8 import QuantConfig
 from hrm_deploy.verify import verify
 
 runner = CliRunner()

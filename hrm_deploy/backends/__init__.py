@@ -1,6 +1,6 @@
 """The backends, one package each, and the two lookups every stage uses: :func:`open_runner`
-(an artifact -> its runner) and :func:`builder` (a ``build-engine --backend`` name -> its build
-function). Both read the table in :mod:`hrm_deploy.registry` and import the backend only then.
+(an artifact -> its runner) and :func:`builder` (a ``build-engine --backend`` name -> its
+builder). Both read the table in :mod:`hrm_deploy.registry` and import the backend only then.
 
 - :mod:`.reference`: a checkpoint, our PyTorch SDPA model (the reference);
 - :mod:`.ort`: ``.onnx`` graphs on ONNX Runtime, and the ``cpu`` target's builds;
@@ -13,28 +13,21 @@ What their runners share (the Runner template, device loop, memory) is :mod:`hrm
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.errors import ArtifactError, ConfigError
-from hrm_deploy.registry import BACKENDS, CHECKPOINT_RUNNER, runner_name
+from hrm_deploy.registry import BACKENDS, CHECKPOINT_RUNNER, builder as registry_builder, load, runner_name
 
 if TYPE_CHECKING:
     from hrm_deploy.runtime.base import Runner
-
-
-def _load(target: str) -> Any:
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def runner_class(name: str) -> type[Runner]:
     """The runner class of backend ``name`` (a row of :data:`hrm_deploy.registry.BACKENDS`)."""
     if name not in BACKENDS:
         raise ConfigError(f"runner {name!r} unknown; use one of {', '.join(BACKENDS)}")
-    return _load(BACKENDS[name].runner)
+    return load(BACKENDS[name].runner)  # type: ignore[no-any-return]
 
 
 def open_runner(artifact: str | Path, *, runner: str | None = None, **options: Any) -> Runner:
@@ -53,11 +46,6 @@ def reference_runner(checkpoint: str | Path, **options: Any) -> Runner:
     return open_runner(checkpoint, runner=CHECKPOINT_RUNNER, **options)
 
 
-def builder(backend: str) -> Callable[..., Any]:
-    """The build function for ``build-engine --backend BACKEND`` (signature
-    ``(source, EngineConfig, out, quiet) -> EngineResult``)."""
-    for entry in BACKENDS.values():
-        if backend in entry.builds_for and entry.builder:
-            return _load(entry.builder)
-    known = [name for entry in BACKENDS.values() for name in entry.builds_for]
-    raise ConfigError(f"no builder for backend {backend!r}; use one of {', '.join(known)}")
+def builder(backend: str) -> Any:
+    """The builder for ``build-engine --backend BACKEND`` (:func:`hrm_deploy.registry.builder`)."""
+    return registry_builder(backend)

@@ -1,4 +1,5 @@
-"""The reference: our PyTorch HRM (SDPA attention) unrolled to a fixed number of ACT steps.
+"""The reference: our PyTorch HRM (SDPA attention) unrolled to a fixed number of ACT steps, and
+its one ACT segment behind the step contract (:class:`TorchStep`, what early halting drives).
 
 float32 by default; ``dtype="bfloat16"`` and ``compile=True`` (``torch.compile`` with CUDA
 graphs, mode "reduce-overhead", on a GPU) give the fastest PyTorch-only deployment, the
@@ -17,7 +18,7 @@ from hrm_deploy.runtime.base import Runner
 
 
 class TorchRunner(Runner):
-    name = "torch_ref"
+    name = "reference"
     supports_halt = True
 
     def __init__(
@@ -30,7 +31,7 @@ class TorchRunner(Runner):
         **checkpoint_overrides: Any,
     ):
         if dtype not in ("float32", "bfloat16"):
-            raise ConfigError(f"torch_ref dtype {dtype!r}: use float32 or bfloat16")
+            raise ConfigError(f"reference dtype {dtype!r}: use float32 or bfloat16")
         self.checkpoint, self.device_name, self.dtype, self.compile = Path(checkpoint), device, dtype, compile
         self.overrides = checkpoint_overrides
         self.requested_steps = steps
@@ -77,12 +78,52 @@ class TorchRunner(Runner):
             }
 
     def step_function(self):
-        """One ACT segment as a :class:`hrm_deploy.halting.StepFunction` (eager, no compile)."""
-        from hrm_deploy.halting import TorchStep
-
+        """One ACT segment as a :class:`hrm_deploy.contract.StepFunction` (eager, no compile)."""
         if getattr(self, "_step_fn", None) is None:
             self._step_fn = TorchStep(self._model, self.device, self.steps)
         return self._step_fn
 
     def _close(self) -> None:
         self._module = self._step_fn = None
+
+
+class TorchStep:
+    """The PyTorch reference's one segment (``export.unroll.single_step``); the carry stays
+    on the module's device as torch tensors, outputs come back as numpy."""
+
+    def __init__(self, model: Any, device: Any = "cpu", steps: int | None = None):
+        import torch
+
+        from hrm_deploy.export.unroll import single_step
+
+        self.torch, self.device = torch, torch.device(device)
+        self.module = single_step(model).to(self.device)
+        core = self.module.step.core
+        self.steps = int(steps or core.config.halt_max_steps)
+        self._state = (core.config.total_seq_len, core.config.hidden_size)
+        self._dtype = next(self.module.parameters()).dtype
+
+    def initial_carry(self, batch: int) -> Any:
+        z = self.torch.zeros((batch, *self._state), dtype=self._dtype, device=self.device)
+        return (z, z.clone())
+
+    def take(self, carry: Any, rows: np.ndarray) -> Any:
+        index = self.torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
+        return tuple(c.index_select(0, index) for c in carry)
+
+    def __call__(self, inputs, puzzle_ids, carry, reset):
+        torch = self.torch
+        with torch.inference_mode():
+
+            def to(a: np.ndarray):
+                return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
+            z_H, z_L, logits, q_halt, q_continue = self.module(
+                to(inputs.astype(np.int32)), to(puzzle_ids.astype(np.int32)), carry[0], carry[1], to(reset.astype(bool))
+            )
+            return (
+                (z_H, z_L),
+                logits.float().cpu().numpy(),
+                q_halt.float().cpu().numpy(),
+                q_continue.float().cpu().numpy(),
+            )

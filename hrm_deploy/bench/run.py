@@ -23,6 +23,7 @@ import numpy as np
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
 from hrm_deploy.io import check_output_path, write_json, write_text
+from hrm_deploy.registry import CHECKPOINT_RUNNER, runner_options
 
 log = logging.getLogger(__name__)
 
@@ -239,9 +240,10 @@ def resolve_data(config: BenchConfig, paths: list[Path]) -> BenchConfig:
 def _default_artifacts() -> list[Path]:
     """Every engine in engines/ (TensorRT and PyTorch engines, by the runner table's suffixes)."""
     from hrm_deploy.artifacts import runner_name
+    from hrm_deploy.registry import BACKENDS
 
     folder = Path("engines")
-    return sorted(p for p in folder.glob("*") if p.is_file() and runner_name(p) in ("trt", "torch_engine"))
+    return sorted(p for p in folder.glob("*") if p.is_file() and BACKENDS[runner_name(p)].kind in ("engine", "pt2"))
 
 
 def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False) -> dict[str, Any]:
@@ -277,7 +279,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     for path in paths:
         row: dict[str, Any] = {"artifact": str(path), "size_mb": path.stat().st_size / 1e6 if path.exists() else None}
         try:
-            runner = open_runner(path, **({"provider": config.provider} if path.suffix == ".onnx" else {}))
+            runner = open_runner(path, **runner_options(path, provider=config.provider))
             row["runner"], row["precision"] = runner.name, runner.precision
             if config.target == "jetson":
                 from hrm_deploy.bench.jetson import Tegrastats, summarize
@@ -303,7 +305,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
             raise ConfigError("no reference checkpoint: pass --reference CKPT")
         row = {
             "artifact": str(reference),
-            "runner": "torch_ref",
+            "runner": CHECKPOINT_RUNNER,
             "reference": True,
             "size_mb": reference.stat().st_size / 1e6,
         }
@@ -339,7 +341,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
 
 def _halting(path: Path, runner, examples, config: BenchConfig) -> dict[str, Any]:
     """Per rule: exact accuracy, mean/p90 steps and puzzles/s at the largest batch, plus the curve."""
-    from hrm_deploy.halting import evaluate_halting, prepare_rules
+    from hrm_deploy.halting_report import evaluate_halting, prepare_rules
 
     rules = prepare_rules(
         list(config.halt),
@@ -347,7 +349,7 @@ def _halting(path: Path, runner, examples, config: BenchConfig) -> dict[str, Any
         config.data,
         min_steps=config.min_steps,
         max_steps=config.max_steps,
-        **({"provider": config.provider} if path.suffix == ".onnx" else {}),
+        **runner_options(path, provider=config.provider),
     )
     runner.activate()
     try:
@@ -359,7 +361,7 @@ def _halting(path: Path, runner, examples, config: BenchConfig) -> dict[str, Any
 
 
 def _halting_files(report: dict[str, Any], out: Path) -> None:
-    from hrm_deploy.halting import halting_markdown, plot_curve
+    from hrm_deploy.halting_report import halting_markdown, plot_curve
 
     rows = {Path(r["artifact"]).name: r["halting"] for r in report["rows"] if "halting" in r}
     write_json(out / "halting.json", rows)

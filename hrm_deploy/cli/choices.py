@@ -1,32 +1,51 @@
 """The fixed choices the commands offer, as Enums so ``--help`` lists them and Typer refuses
-anything else in one line. The library takes plain strings: commands pass ``.value``.
+anything else in one line. The library takes plain strings: commands pass ``.value`` (or ``str()``
+of a generated choice).
 
-The library modules that define these choices import torch or ONNX, so the command line keeps
-its own light copy; tests/cli/test_choices.py checks each against the library's."""
+``Precision``, ``Target`` and ``Backend`` are generated from their tables (the precision table,
+the targets, the backend table: plain data, light to import), so a new row is a new choice. The
+library modules that define the other choices import torch or ONNX, so the command line keeps
+its own light copy of those; tests/cli/test_choices.py checks each against the library's."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
+from typing import TYPE_CHECKING
+
+from hrm_deploy.engines.targets import TARGETS
+from hrm_deploy.precision.registry import converted
+from hrm_deploy.registry import BACKENDS
 
 
-class Precision(str, Enum):
-    """Engine precision (``hrm_deploy.engines.build.ENGINE_PRECISIONS``)."""
+class _Choice(str, Enum):
+    """A generated choice: ``str()`` is its value (what the library takes)."""
 
-    FP16 = "fp16"
-    BF16 = "bf16"
-    INT8 = "int8"
-    FP8 = "fp8"
-    NVFP4 = "nvfp4"
-    FP32 = "fp32"
+    def __str__(self) -> str:
+        return str(self.value)
 
 
-class Target(str, Enum):
-    """Build target (``hrm_deploy.engines.targets.TARGETS``)."""
+def _choices(name: str, values: Iterable[str], doc: str) -> type[_Choice]:
+    choice = _Choice(name, {v.upper().replace("-", "_"): v for v in values})  # type: ignore[call-overload]
+    choice.__doc__ = doc
+    return choice  # type: ignore[no-any-return]
 
-    DESKTOP = "desktop"
-    JETSON_ORIN_8GB = "jetson-orin-8gb"
-    DATACENTER = "datacenter"
-    CPU = "cpu"
+
+if TYPE_CHECKING:  # a generated Enum of strings; type checkers see the values it holds
+    Precision = str
+    Target = str
+    Backend = str
+else:
+    Precision = _choices(
+        "Precision", [*converted(), "fp32"], "Engine precision (the rows of ``hrm_deploy.precision.registry``)."
+    )
+    Target = _choices("Target", TARGETS, "Build target (``hrm_deploy.engines.targets.TARGETS``).")
+    # the table's builders, less the cpu target's (it takes no --backend)
+    Backend = _choices(
+        "Backend",
+        [n for entry in BACKENDS.values() for n in entry.builds_for if n not in TARGETS["cpu"].backends],
+        "Engine builder (the ``builds_for`` names of ``hrm_deploy.registry.BACKENDS``).",
+    )
 
 
 class CpuInt8Recipe(str, Enum):
@@ -37,16 +56,8 @@ class CpuInt8Recipe(str, Enum):
     BLOCKWISE = "blockwise"
 
 
-class Backend(str, Enum):
-    """Engine builder (the ``builds_for`` names of ``hrm_deploy.registry.BACKENDS``, less the cpu target's)."""
-
-    TENSORRT = "tensorrt"
-    TENSORRT_RTX = "tensorrt-rtx"
-    TORCH = "torch"
-
-
 class CalibMethod(str, Enum):
-    """INT8 calibration method (``hrm_deploy.precision.int8.METHODS``)."""
+    """INT8 calibration method (``hrm_deploy.precision.calibrate.METHODS``)."""
 
     MINMAX = "minmax"
     ENTROPY = "entropy"

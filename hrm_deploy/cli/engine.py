@@ -65,7 +65,7 @@ def build_engine(
         typer.Option(
             help="desktop: RTX 50 (sm_120); cpu: ONNX Runtime CPU (ORT-optimized graph, INT8 = integer GEMMs)."
         ),
-    ] = Target.DESKTOP,
+    ] = "desktop",
     backend: Annotated[
         Backend | None,
         typer.Option(
@@ -154,26 +154,19 @@ def build_engine(
     # before any work: a run folder -> its newest step file, hf:... -> the cached snapshot's file
     if onnx is not None and (is_hub(onnx) or onnx.is_dir()):
         onnx = resolve_checkpoint(onnx)
-    if onnx is not None and backend is not Backend.TORCH and onnx.is_file() and is_checkpoint(onnx):
+    if onnx is not None and str(backend) != "torch" and onnx.is_file() and is_checkpoint(onnx):
         raise ConfigError(
-            f"{onnx} is a checkpoint; {'the cpu target' if target is Target.CPU else 'TensorRT'} builds from an "
+            f"{onnx} is a checkpoint; {'the cpu target' if str(target) == 'cpu' else 'TensorRT'} builds from an "
             f"ONNX graph: run `hrm-deploy export {onnx}` first (then build-engine takes the newest export), "
             "or add --backend torch"
         )
     calib_data = prepare_dataset(calib_data, splits=("train", "test"), quiet=quiet)
-    flags = {
-        Precision.FP16: fp16,
-        Precision.BF16: bf16,
-        Precision.INT8: int8,
-        Precision.FP8: fp8,
-        Precision.NVFP4: nvfp4,
-        Precision.FP32: fp32,
-    }
-    default = Precision.FP32 if backend is Backend.TORCH or target is Target.CPU else Precision.FP16
+    flags = {"fp16": fp16, "bf16": bf16, "int8": int8, "fp8": fp8, "nvfp4": nvfp4, "fp32": fp32}
+    default = "fp32" if str(backend) == "torch" or str(target) == "cpu" else "fp16"
     config = EngineConfig(
-        precision=_precision(precision, flags, default).value,
-        target=target.value,
-        backend=backend.value if backend else None,
+        precision=_precision(str(precision) if precision else None, flags, default),
+        target=str(target),
+        backend=str(backend) if backend else None,
         min_batch=min_batch,
         opt_batch=opt_batch,
         max_batch=max_batch,
@@ -211,10 +204,10 @@ def build_engine(
     )
 
 
-def _precision(precision: Precision | None, flags: dict[Precision, bool], default: Precision) -> Precision:
+def _precision(precision: str | None, flags: dict[str, bool], default: str) -> str:
     """The one precision asked for by --precision and/or its short flags (saying the same twice is fine)."""
-    asked = {f"--precision {precision.value}": precision} if precision else {}
-    asked.update({f"--{p.value}": p for p, on in flags.items() if on})
+    asked = {f"--precision {precision}": precision} if precision else {}
+    asked.update({f"--{p}": p for p, on in flags.items() if on})
     if len(set(asked.values())) > 1:
         raise ConfigError(f"choose one precision, not {' and '.join(asked)}")
     return next(iter(asked.values()), default)

@@ -54,14 +54,13 @@ def solve(
     quiet: Quiet = False,
 ) -> None:
     """Solve your own puzzles with a trained model and check the answers."""
+    from hrm_deploy.registry import runner_options
     from hrm_deploy.solve import SolveInterrupted, format_solutions, solve as run_solve
     from hrm_deploy.sources import is_hub, resolve_checkpoint
 
     if artifact is not None and (is_hub(artifact) or artifact.is_dir()):  # before any work
         artifact = resolve_checkpoint(artifact)
-    options: dict[str, Any] = (
-        {"provider": provider.value} if artifact is not None and artifact.suffix == ".onnx" else {}
-    )
+    options: dict[str, Any] = runner_options(artifact, provider=provider.value) if artifact is not None else {}
     partial = None
     if out is not None:  # before any work: never over an input, never over a user's file
         _check_out(out, puzzle, [artifact, calib_data])

@@ -55,7 +55,9 @@ def verify(
     overrides = {
         k: v for k, v in (("min_argmax_agreement", min_agreement), ("max_exact_drop_points", max_drop)) if v is not None
     }
-    options: dict[str, Any] = {"provider": provider.value} if artifact.suffix == ".onnx" else {}
+    from hrm_deploy.registry import runner_options
+
+    options: dict[str, Any] = runner_options(artifact, provider=provider.value)
     report = run_verify(
         artifact,
         data,

@@ -1,8 +1,11 @@
 """The engine stage: an export (or a checkpoint) -> an engine for a target, by whichever backend builds it.
 
-- :mod:`~hrm_deploy.engines.build`: :class:`EngineConfig` and ``build_engine``, which validates the
-  options and hands them to the backend's builder from the backend table
-  (:func:`hrm_deploy.backends.builder`);
+- :mod:`~hrm_deploy.engines.build`: :class:`EngineConfig` (every option checked once) and
+  ``build_engine``, which composes the pipeline (source -> single-step graph where the builder
+  prefers it -> precision graph) and hands the backend's builder, from the backend table
+  (:func:`hrm_deploy.backends.builder`), a ready graph;
+- :mod:`~hrm_deploy.engines.request`: the :class:`~hrm_deploy.engines.request.BuildRequest` a
+  builder gets and the :class:`~hrm_deploy.engines.request.Builder` protocol every builder follows;
 - :mod:`~hrm_deploy.engines.targets`: deployment targets as frozen profiles, the precisions each
   GPU generation runs;
 - :mod:`~hrm_deploy.engines.result`: what every builder returns, the newest export, the data fields

@@ -1,26 +1,50 @@
 """The engine stage: an ONNX export (or a checkpoint) -> an engine + manifest, for a target.
 
-``build_engine`` is one function from artifact to artifact. It validates the options
-(:class:`EngineConfig`) and hands them to the builder of the chosen backend, looked up in the
-backend table (:func:`hrm_deploy.backends.builder`): TensorRT / TensorRT-RTX
-(:mod:`hrm_deploy.backends.tensorrt.builder`), the ``cpu`` target's ONNX Runtime graphs
-(:mod:`hrm_deploy.backends.ort.builder`) or PyTorch AOTInductor (:mod:`hrm_deploy.backends.torch.builder`).
+``build_engine`` is one function from artifact to artifact, and it composes the pipeline: the
+options are validated once (:class:`EngineConfig`), the chosen backend's builder is looked up in the
+backend table (:func:`hrm_deploy.registry.builder`) and asked to refuse what it cannot build before
+any work, then the stage resolves the source (the newest export by default), exports the
+single-step graph where the builder prefers it to an unroll, makes the precision graph where the
+builder takes one (:func:`hrm_deploy.precision.convert.make_precision_graph`) and hands the
+builder that ready graph in a :class:`~hrm_deploy.engines.request.BuildRequest`. Builders:
+TensorRT / TensorRT-RTX (:mod:`hrm_deploy.backends.tensorrt.builder`), the ``cpu`` target's ONNX
+Runtime graphs (:mod:`hrm_deploy.backends.ort.builder`), PyTorch AOTInductor
+(:mod:`hrm_deploy.backends.torch.builder`); none of them exports or converts precision.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-from hrm_deploy.backends import builder
-from hrm_deploy.engines.result import EngineResult, newest_export
-from hrm_deploy.engines.targets import ENGINE_PRECISIONS, MIN_CAPABILITY, get_target
-from hrm_deploy.errors import ConfigError
+from hrm_deploy.engines.request import BuildRequest, GraphInput
+from hrm_deploy.engines.result import EngineResult, newest_export, recorded_data_fields
+from hrm_deploy.engines.targets import ENGINE_PRECISIONS, get_target
+from hrm_deploy.errors import ArtifactError, ConfigError
+from hrm_deploy.manifest import check_artifact, manifest_path
+from hrm_deploy.precision.registry import PRECISIONS, get_precision
+from hrm_deploy.registry import builder
 
 __all__ = ["ENGINE_PRECISIONS", "EngineConfig", "EngineResult", "build_engine", "newest_export"]
 
+log = logging.getLogger(__name__)
+
 MAX_BATCH = 1 << 16  # TensorRT profiles: int32 dims, and far beyond any GPU's memory for this model
 MAX_WORKSPACE_MIB = 1 << 20  # 1 TiB
+DEFAULT_TIMING_CACHE = "engines/timing.cache"
+# Options only TensorRT builds read: (EngineConfig field, flag, its default); the cpu target refuses them.
+TENSORRT_ONLY = (
+    ("min_batch", "--min-batch", None),
+    ("opt_batch", "--opt-batch", None),
+    ("max_batch", "--max-batch", None),
+    ("workspace_mib", "--workspace", None),
+    ("optimization_level", "--opt-level", None),
+    ("compute_capability", "--compute-capability", None),
+    ("allow_unrolled", "--allow-unrolled", False),
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +64,7 @@ class EngineConfig:
     calib_method: str = "minmax"  # see QuantConfig: measured defaults
     calib_samples: int = 128
     accuracy_budget: float | None = None
-    timing_cache: str | None = "engines/timing.cache"  # base name; the file is keyed by GPU + TensorRT version
+    timing_cache: str | None = DEFAULT_TIMING_CACHE  # base name; the file is keyed by GPU + TensorRT version
     threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
     fuse: bool = True  # cpu target: attention and RMSNorm into ORT's fused CPU kernels
     cpu_int8: str | None = None  # cpu target: INT8 recipe (backends/ort/builder/int8.py; None: static)
@@ -50,8 +74,29 @@ class EngineConfig:
     tf32: bool = False  # torch backend: float32 CUDA matmuls may use TF32 (default: exact float32); recorded
 
     def __post_init__(self) -> None:
-        if self.precision not in ENGINE_PRECISIONS:
-            raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(ENGINE_PRECISIONS)}")
+        """Every option checked here, once: its range, and whether the target takes it."""
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(PRECISIONS)}")
+        self._check_ranges()
+        if self.target == "cpu":
+            self._check_cpu()
+        elif not self.fuse or self.cpu_int8 is not None or not self.cpu_accuracy_check:
+            given = (
+                "--no-fuse"
+                if not self.fuse
+                else f"--cpu-int8 {self.cpu_int8}"
+                if self.cpu_int8
+                else "--no-accuracy-check"
+            )
+            raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
+        if self.cpu_int8 is not None and self.precision != "int8":
+            raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
+        if self.tf32 and self.backend != "torch":
+            raise ConfigError(
+                "--tf32 is an option of --backend torch; drop it (TensorRT engines take their precision from the ONNX)"
+            )
+
+    def _check_ranges(self) -> None:
         for name, flag in (("min_batch", "--min-batch"), ("opt_batch", "--opt-batch"), ("max_batch", "--max-batch")):
             value = getattr(self, name)
             if value is not None and not 1 <= value <= MAX_BATCH:
@@ -66,27 +111,29 @@ class EngineConfig:
             raise ConfigError(f"--calib-samples must be between 1 and 1000000, got {self.calib_samples}")
         if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
             raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
-        if self.target != "cpu" and (not self.fuse or self.cpu_int8 is not None or not self.cpu_accuracy_check):
-            given = (
-                "--no-fuse"
-                if not self.fuse
-                else f"--cpu-int8 {self.cpu_int8}"
-                if self.cpu_int8
-                else "--no-accuracy-check"
-            )
-            raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
-        if self.target == "cpu" and self.precision in MIN_CAPABILITY:
-            need = "{}.{}".format(*MIN_CAPABILITY[self.precision])
+
+    def _check_cpu(self) -> None:
+        """The cpu target (ONNX Runtime's CPU provider): no --backend, no TensorRT options, no GPU precision."""
+        need_gpu = PRECISIONS[self.precision].min_capability
+        if need_gpu:
+            need = "{}.{}".format(*need_gpu)
             raise ConfigError(
                 f"{self.precision} engines need a GPU of compute capability >= {need} (TensorRT); for the cpu "
                 f"target use --int8 or --fp32 ({self.precision.upper()} accuracy is measured on CPU by "
                 f"benchmarks/{self.precision}_accuracy.py)"
             )
-        if self.cpu_int8 is not None and self.precision != "int8":
-            raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
-        if self.tf32 and self.backend != "torch":
+        if self.backend is not None:
             raise ConfigError(
-                "--tf32 is an option of --backend torch; drop it (TensorRT engines take their precision from the ONNX)"
+                f"--backend {self.backend} does not build for --target cpu (ONNX Runtime's CPU provider); drop "
+                "--backend, or drop --target cpu (--backend torch builds a PyTorch engine for this machine's CPU)"
+            )
+        given = [flag for name, flag, default in TENSORRT_ONLY if getattr(self, name) != default]
+        if self.timing_cache not in (None, DEFAULT_TIMING_CACHE):
+            given.append("--timing-cache")
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: TensorRT build option{'s' if len(given) > 1 else ''}; the cpu target runs any "
+                "batch and has no builder to tune: drop them"
             )
 
 
@@ -95,8 +142,91 @@ def build_engine(
 ) -> EngineResult:
     """Build an engine for ``config.target`` from ``onnx_path`` (default: newest export).
     ``config.backend == "torch"``: a PyTorch (AOTInductor) engine for this machine instead;
-    ``onnx_path`` may then also be a checkpoint. The ``cpu`` target makes an ORT-optimized ONNX."""
+    ``onnx_path`` may then also be a checkpoint. The ``cpu`` target makes an ORT-optimized ONNX.
+    The stage composes (see the module docstring); the backend's builder builds the ready graph."""
     target = get_target(config.target)
-    # the cpu target has one builder (ONNX Runtime), which refuses a --backend itself in one line
-    backend = target.backends[0] if target.name == "cpu" else (config.backend or target.backends[0])
-    return builder(backend)(onnx_path, config, out, quiet)
+    backend = config.backend or target.backends[0]  # the cpu target refuses --backend in EngineConfig
+    make = builder(backend)
+    request = make.preflight(BuildRequest(config, target, backend, Path(out) if out else None, quiet))
+    src = Path(onnx_path) if onnx_path else newest_export()
+    if make.takes is GraphInput.SOURCE:  # an export or a checkpoint, as given
+        return make.build(replace(request, graph=src, source=src))
+    if not src.is_file():
+        raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first or pass the ONNX path")
+    check_artifact(src)  # before any conversion: the export is what its manifest says
+    source, facts = src, dict(request.facts)
+    instead = make.step_instead(src, request)
+    if instead is not None:  # before calibration or conversion: build the same checkpoint's step graph
+        if not quiet:
+            log.info(instead.why)
+        src = _step_graph(src, quiet)
+        facts["step_instead_of_unrolled"] = instead.record
+    graph = src
+    if make.takes is GraphInput.PRECISION and config.precision != "fp32":
+        graph = _precision_graph(src, config, quiet)
+    return make.build(replace(request, graph=graph, source=source, facts=facts))
+
+
+def _graph_meta(path: Path) -> dict[str, Any]:
+    """The ``hrm_deploy.*`` metadata of the ONNX graph at ``path`` (weights not loaded)."""
+    from hrm_deploy.errors import require
+    from hrm_deploy.export.metadata import graph_metadata
+
+    onnx = require("onnx", "onnx", "Building engines")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
+        raise ArtifactError(
+            f"{path} is not a readable ONNX file ({type(exc).__name__}); it is truncated or damaged: re-export it"
+        ) from None
+    return graph_metadata(model)
+
+
+def _step_graph(unrolled: Path, quiet: bool) -> Path:
+    """The single-step graph of the checkpoint ``unrolled`` was exported from (its manifest's parent),
+    exported beside it with the same opset and batch limit; an existing one of that checkpoint is reused."""
+    from hrm_deploy.artifacts import find_reference
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.manifest import read_manifest, resolve_parent
+
+    checkpoint = find_reference(unrolled)
+    step = unrolled.with_name(unrolled.name.removesuffix(".onnx") + ".step.onnx")
+    if step.is_file() and manifest_path(step).is_file():
+        recorded = read_manifest(step) or {}
+        parent = resolve_parent(step, recorded)
+        if parent is not None and parent.resolve() == checkpoint.resolve() and recorded.get("mode") == "step":
+            check_artifact(step)
+            return step
+    exported = (read_manifest(unrolled) or {}).get("config", {}).get("export", {})
+    export = ExportConfig(
+        mode="step", opset=int(exported.get("opset", 18)), max_batch=int(exported.get("max_batch", 64))
+    )
+    return export_onnx(checkpoint, step, export, quiet=quiet, **recorded_data_fields(unrolled)).path
+
+
+def _precision_graph(onnx_path: Path, config: EngineConfig, quiet: bool) -> Path:
+    """``onnx_path`` at ``config.precision``: itself when it already is, else the precision stage's
+    graph of the FP32 export (calibrated on the checkpoint's own data unless --calib-data)."""
+    from hrm_deploy.precision.calibrate import QuantConfig
+    from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+
+    have = _graph_meta(onnx_path).get("precision", "fp32")
+    if have == config.precision:
+        return onnx_path
+    if have != "fp32":
+        raise ConfigError(f"{onnx_path} is a {have} graph but {config.precision} was asked for; pass the FP32 export")
+    calibrated = get_precision(config.precision).calibrated
+    if not quiet:
+        what = "calibrating and quantizing" if calibrated else "converting"
+        log.info(f"{onnx_path.name} is FP32: {what} it to {config.precision} first")
+    if calibrated and not config.calib_data:
+        from hrm_deploy.provenance import default_data
+
+        choice = default_data(onnx_path, "--calib-data")
+        log.info(choice.message)
+        config = replace(config, calib_data=str(choice.path))
+    quant = QuantConfig(method=config.calib_method, samples=config.calib_samples)
+    precision = PrecisionConfig(
+        config.precision, calib_data=config.calib_data, quant=quant, accuracy_budget=config.accuracy_budget
+    )
+    return make_precision_graph(onnx_path, precision, quiet=quiet).path

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.precision.registry import PRECISIONS, get_precision
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ TARGETS: dict[str, TargetProfile] = {
     "cpu": TargetProfile(
         name="cpu",
         description="ONNX Runtime CPU execution provider (no GPU)",
-        backends=("onnxruntime",),
+        backends=("ort",),
         compute_capability=None,
         workspace_mib=0,
         opt_batch=1,
@@ -74,11 +75,9 @@ TARGETS: dict[str, TargetProfile] = {
 }
 
 
-# Lowest compute capability whose tensor cores run each precision's GEMMs (TensorRT's support
-# matrix: FP8 from Ada / Hopper, FP4 from Blackwell); precisions not named run everywhere.
-ENGINE_PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8", "nvfp4")
-MIN_CAPABILITY = {"fp8": (8, 9), "nvfp4": (10, 0)}
-_GENERATIONS = {"fp8": "Ada (RTX 40), Hopper or Blackwell", "nvfp4": "Blackwell"}
+# The precisions and the lowest compute capability each needs come from the precision table.
+ENGINE_PRECISIONS = tuple(PRECISIONS)
+MIN_CAPABILITY = {name: e.min_capability for name, e in PRECISIONS.items() if e.min_capability}
 
 
 def parse_capability(text: str) -> tuple[int, int]:
@@ -103,7 +102,8 @@ def target_architectures(
         arches = ["{}.{}".format(*parse_capability(compute_capability))]
     else:
         arches = list(target.architectures) or ([machine] if machine else [])
-    need = MIN_CAPABILITY.get(precision)
+    entry = get_precision(precision)
+    need = entry.min_capability
     for arch in arches:
         if need and parse_capability(arch) < need:
             where = (
@@ -111,10 +111,16 @@ def target_architectures(
                 if compute_capability
                 else f"target {target.name} is {arch} ({target.description})"
             )
-            runs = [f"--{p}" for p, low in MIN_CAPABILITY.items() if parse_capability(arch) >= low]
+            # the Q/DQ precisions this GPU runs: the ones that need a newer GPU first
+            fits = [
+                e
+                for e in PRECISIONS.values()
+                if e.calibrated and (e.min_capability or (0, 0)) <= parse_capability(arch)
+            ]
+            runs = [f"--{e.name}" for e in sorted(fits, key=lambda e: e.min_capability is None)]
             raise ConfigError(
-                f"{precision} needs compute capability >= {need[0]}.{need[1]} ({_GENERATIONS[precision]}); "
-                f"{where}: use {', '.join([*runs, '--int8'])} or --fp16 there"
+                f"{precision} needs compute capability >= {need[0]}.{need[1]} ({entry.gpus}); "
+                f"{where}: use {', '.join(runs)} or --fp16 there"
             )
     return arches
 

@@ -1,9 +1,10 @@
-"""The ``hrm_deploy.*`` metadata an export writes into an ONNX graph, read back.
+"""The ``hrm_deploy.*`` metadata an export writes into an ONNX graph, and its reader.
 
-The writer is :func:`hrm_deploy.export.onnx_export.export_onnx` (``metadata_props`` keys
-``hrm_deploy.mode``, ``.steps``, ``.max_batch``, ``.seq_len``, ``.vocab_size``, ``.precision``,
-``.config``...); runners, the precision converters and engine builders read it through here, so
-the reader sits beside the writer, below every room that needs it."""
+:func:`write_graph_metadata` (called by :func:`hrm_deploy.export.onnx_export.export_onnx`) sets the
+``metadata_props`` keys ``hrm_deploy.mode``, ``.steps``, ``.max_batch``, ``.seq_len``,
+``.vocab_size``, ``.precision``, ``.config``...; :func:`set_graph_precision` is how the precision
+stage relabels a converted graph; runners, the precision converters and engine builders read it
+through :func:`graph_metadata`, below every room that needs it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,35 @@ from typing import Any
 from hrm_deploy.errors import ArtifactError
 
 PREFIX = "hrm_deploy."
+
+
+def write_graph_metadata(
+    graph, cfg, *, mode: str | None, steps: int, max_batch: int, puzzle_emb: str, precision: str = "fp32"
+) -> None:
+    """Write the ``hrm_deploy.*`` metadata of an export of model config ``cfg`` into ``graph``
+    (an ``onnx.ModelProto``, in place)."""
+    import onnx
+
+    meta = {
+        "mode": str(mode),  # the resolved mode (export_onnx fills it before writing)
+        "steps": str(steps),
+        "max_batch": str(max_batch),
+        "seq_len": str(cfg.seq_len),
+        "vocab_size": str(cfg.vocab_size),
+        "puzzle_emb_len": str(cfg.puzzle_emb_len),
+        "hidden_size": str(cfg.hidden_size),
+        "precision": precision,
+        "puzzle_emb": puzzle_emb,
+        "config": json.dumps(cfg.to_dict(), sort_keys=True),
+    }
+    onnx.helper.set_model_props(graph, {PREFIX + key: value for key, value in meta.items()})
+
+
+def set_graph_precision(model, precision: str) -> None:
+    """Relabel a converted graph's ``hrm_deploy.precision`` (in place)."""
+    for prop in model.metadata_props:
+        if prop.key == PREFIX + "precision":
+            prop.value = precision
 
 
 def graph_metadata(model) -> dict[str, Any]:

@@ -9,7 +9,6 @@ takes minutes (TorchScript) to over 25 minutes (dynamo) for the Sudoku-size mode
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import warnings
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.contract import CARRY, CARRY_OUT, FEEDS, PUZZLE_ROWS, STEP_PREDICTIONS, UNROLLED_INPUTS, graph_io
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityError, require
+from hrm_deploy.export.metadata import write_graph_metadata
 from hrm_deploy.export.unroll import EmbedInit, EmbedInitRows, FixedStepHRM, StepCore
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
@@ -373,19 +373,9 @@ def export_onnx(
     external = (
         config.external_data if config.external_data is not None else initializer_bytes(graph) > EXTERNAL_DATA_BYTES
     )
-    meta = {
-        "hrm_deploy.mode": config.mode,
-        "hrm_deploy.steps": str(steps),
-        "hrm_deploy.max_batch": str(config.max_batch),
-        "hrm_deploy.seq_len": str(cfg.seq_len),
-        "hrm_deploy.vocab_size": str(cfg.vocab_size),
-        "hrm_deploy.puzzle_emb_len": str(cfg.puzzle_emb_len),
-        "hrm_deploy.hidden_size": str(cfg.hidden_size),
-        "hrm_deploy.precision": "fp32",
-        "hrm_deploy.puzzle_emb": config.puzzle_emb.value,
-        "hrm_deploy.config": json.dumps(cfg.to_dict(), sort_keys=True),
-    }
-    onnx.helper.set_model_props(graph, meta)
+    write_graph_metadata(
+        graph, cfg, mode=config.mode, steps=steps, max_batch=config.max_batch, puzzle_emb=config.puzzle_emb.value
+    )
 
     if source_file is not None and sha256_file(source_file) != source_sha256:
         raise ArtifactError(f"{source_file} changed while it was being exported; export it again")

@@ -9,7 +9,9 @@ by default (``HaltMode.OFF``). A rule decides after each segment which rows stop
   reads which from the artifact's model config;
 * ``threshold:X``: ``sigmoid(q_halt) > X``;
 * ``budget:P``: a threshold calibrated on held-out data so that at most P points of exact
-  accuracy are lost (:func:`calibrate_budget`), stored in the artifact's manifest.
+  accuracy are lost (:func:`calibrate_threshold` on per-step outputs; running the artifact for
+  them is :func:`hrm_deploy.halting_report.calibrate_budget`, beside verify), stored in the
+  artifact's manifest.
 
 ``min_steps`` / ``max_steps`` bound every rule; the last step always halts. A halted row keeps
 the outputs of its halting step, which are exactly what running it alone to that step gives:
@@ -17,39 +19,32 @@ rows never interact inside a segment, and a new row starts from the initial stat
 step graph's per-row ``reset`` input.
 
 Shapes: B rows, S = seq_len, V = vocab, T = steps. Carries are opaque to the driver (a tuple
-of batch-first arrays or tensors); a :class:`StepFunction` knows how to make and slice them.
+of batch-first arrays or tensors); a :class:`~hrm_deploy.contract.StepFunction` (each backend
+brings its own) knows how to make and slice them. This room imports no backend.
 
 The room: :mod:`~hrm_deploy.halting.rules` (the rules), :mod:`~hrm_deploy.halting.scheduler` (the
-host driver and continuous batching), :mod:`~hrm_deploy.halting.budget` (budget calibration),
-:mod:`~hrm_deploy.halting.store` (where calibrations are kept), :mod:`~hrm_deploy.halting.report`
-(verify and bench reports).
+host driver and continuous batching), :mod:`~hrm_deploy.halting.budget` (thresholds from per-step
+outputs), :mod:`~hrm_deploy.halting.store` (where calibrations are kept). The verify and bench
+reports and running an artifact for a budget live in :mod:`hrm_deploy.halting_report`.
 """
 
-from hrm_deploy.contract import HaltFn
-from hrm_deploy.halting.budget import accuracy_vs_steps, calibrate_budget, calibrate_threshold, exact_at, rule_summary
-from hrm_deploy.halting.report import evaluate_halting, halting_markdown, plot_curve, prepare_rules
+from hrm_deploy.contract import HaltFn, StepFunction
+from hrm_deploy.halting.budget import accuracy_vs_steps, calibrate_threshold, exact_at, rule_summary
 from hrm_deploy.halting.rules import HaltMode, HaltRule, halts_on_q_halt_alone, resolve_rule, simulate_steps
-from hrm_deploy.halting.scheduler import OrtStep, StepFunction, TorchStep, drive, run_continuous
+from hrm_deploy.halting.scheduler import drive, run_continuous
 from hrm_deploy.halting.store import calibration_cache, stored_budget_threshold
 
 __all__ = [
     "HaltFn",
     "HaltMode",
     "HaltRule",
-    "OrtStep",
     "StepFunction",
-    "TorchStep",
     "accuracy_vs_steps",
-    "calibrate_budget",
     "calibrate_threshold",
     "calibration_cache",
     "drive",
-    "evaluate_halting",
     "exact_at",
-    "halting_markdown",
     "halts_on_q_halt_alone",
-    "plot_curve",
-    "prepare_rules",
     "resolve_rule",
     "rule_summary",
     "run_continuous",

@@ -1,17 +1,13 @@
-"""Budget calibration: the ``sigmoid(q_halt)`` threshold that loses at most P points of exact
-accuracy on held-out data, and the accuracy-vs-steps curves it is read from."""
+"""Budget thresholds from outputs: the ``sigmoid(q_halt)`` threshold that loses at most P points of
+exact accuracy on per-step outputs, and the accuracy-vs-steps curves it is read from. Running an
+artifact to get those outputs (:func:`hrm_deploy.halting_report.calibrate_budget`) sits beside
+verify: this room imports no backend."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 
-from hrm_deploy.errors import ConfigError
 from hrm_deploy.halting.rules import HaltMode, HaltRule, simulate_steps
-from hrm_deploy.halting.store import budget_key, calibration_cache, stored_budgets
 from hrm_deploy.metrics import row_scores
 
 
@@ -92,84 +88,3 @@ def calibrate_threshold(
             }
     assert best is not None  # the never-halt candidate loses nothing
     return best
-
-
-def calibrate_budget(
-    artifact: str,
-    data: str,
-    budget_points: float,
-    *,
-    samples: int | None = 512,
-    split: str = "train",
-    min_steps: int = 1,
-    max_steps: int | None = None,
-    batch: int = 64,
-    **runner_options: Any,
-) -> dict[str, Any]:
-    """Calibrate ``budget:P`` for ``artifact`` on held-out examples of ``data`` (default: the
-    dataset's train split, so verify's test split stays unseen) and store the threshold in the
-    artifact's manifest under ``halting.budgets``. Returns the stored entry."""
-    from hrm_deploy.backends import open_runner
-    from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.io import write_json
-    from hrm_deploy.manifest import check_artifact, manifest_path, read_manifest, update_manifest
-    from hrm_deploy.runtime.infer import infer_all
-
-    judged = (check_artifact(artifact) or {}).get("sha256") if Path(artifact).is_file() else None
-    examples = load_examples(data, samples, split=split if (_has_split(data, split)) else "test")
-    if examples.labels is None:
-        raise ConfigError(f"budget calibration needs labelled examples; {data} has none")
-    runner = open_runner(artifact, **runner_options)
-    runner.activate()
-    try:
-        out = infer_all(runner, examples, batch)
-    finally:
-        runner.close()
-    if "q_continue_logits" not in out or "step_predictions" not in out:
-        raise ConfigError(
-            f"{artifact} does not expose per-step outputs; budget calibration needs a step graph, "
-            "an unrolled graph exported with --step-predictions, an engine or a checkpoint"
-        )
-    rule = HaltRule(HaltMode.BUDGET, None, budget_points, min_steps, max_steps)
-    entry = {
-        **calibrate_threshold(
-            out["q_halt_logits"],
-            out["q_continue_logits"],
-            out["step_predictions"],
-            examples.labels,
-            budget_points,
-            min_steps,
-            max_steps,
-        ),
-        "budget_points": budget_points,
-        "min_steps": min_steps,
-        "max_steps": max_steps,
-        "data": examples.source,
-        "split": split,
-        "examples": len(examples),
-    }
-    path = manifest_path(artifact)
-    if path.is_file() and os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
-        # our artifact: the threshold travels with it, only if the manifest still describes the
-        # bytes we calibrated
-        halting = dict(read_manifest(artifact).get("halting", {}))
-        halting["budgets"] = {**halting.get("budgets", {}), budget_key(rule): entry}
-        update_manifest(artifact, expect_sha256=judged, halting=halting)
-        return entry
-    # a checkpoint, the bundled model or a read-only artifact: the user cache, keyed by sha256
-    cached = calibration_cache(artifact)
-    budgets = {**stored_budgets(artifact), budget_key(rule): entry}
-    try:
-        write_json(cached, {"artifact": str(artifact), "budgets": budgets})
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot store the calibrated threshold in {cached} ({exc.strerror}); set HRM_DEPLOY_CACHE "
-            "to a writable folder"
-        ) from None
-    return entry
-
-
-def _has_split(data: str, split: str) -> bool:
-    from pathlib import Path
-
-    return (Path(data) / split / "dataset.json").is_file()

@@ -140,12 +140,12 @@ def halts_on_q_halt_alone(artifact: str | Path) -> bool:
     from hrm_deploy.artifacts import find_reference, is_checkpoint
     from hrm_deploy.manifest import manifest_path, read_manifest
     from hrm_deploy.model.checkpoint import read_checkpoint
-    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.families import config_from_dict
 
     if manifest_path(artifact).is_file():
         model = (read_manifest(artifact).get("config") or {}).get("model")
         if isinstance(model, dict):
-            return HRMConfig.from_dict(model).halts_on_q_halt_alone
+            return config_from_dict(model).halts_on_q_halt_alone
     if Path(artifact).suffix == ".onnx":  # our exports record the model config in the graph too
         import onnx
 
@@ -156,7 +156,7 @@ def halts_on_q_halt_alone(artifact: str | Path) -> bool:
         except ArtifactError:  # not one of our exports: its manifest chain is the last source
             recorded = None
         if isinstance(recorded, dict) and recorded:
-            return HRMConfig.from_dict(recorded).halts_on_q_halt_alone
+            return config_from_dict(recorded).halts_on_q_halt_alone
     try:
         checkpoint = Path(artifact) if is_checkpoint(artifact) else find_reference(Path(artifact))
     except ArtifactError:

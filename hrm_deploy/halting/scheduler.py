@@ -1,102 +1,18 @@
-"""The host-side step driver and continuous batching over any :class:`StepFunction` (one ACT
-segment per call: the ONNX Runtime step graph, the PyTorch reference's single segment).
+"""The host-side step driver and continuous batching over any step function (one ACT segment per
+call, :class:`hrm_deploy.contract.StepFunction`): each backend brings its own (the ONNX Runtime step
+graph in :mod:`hrm_deploy.backends.ort.step`, the PyTorch reference's single segment in
+:mod:`hrm_deploy.backends.reference`); this module imports none of them.
 
 Shapes: B rows, S = seq_len, V = vocab, T = steps. Carries are opaque to the driver (a tuple
 of batch-first arrays or tensors); a :class:`StepFunction` knows how to make and slice them."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 import numpy as np
 
-from hrm_deploy.contract import CARRY, FEEDS, RESET, STEP_OUTPUTS, HaltFn
+from hrm_deploy.contract import HaltFn, StepFunction
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.halting.rules import HaltRule
-
-
-# --------------------------------------------------------------------------------- the step protocol
-class StepFunction(Protocol):
-    """One ACT segment per call. ``steps`` is the model's ``halt_max_steps``."""
-
-    steps: int
-
-    def initial_carry(self, batch: int) -> Any: ...
-
-    def take(self, carry: Any, rows: np.ndarray) -> Any:
-        """The carry of ``rows`` (int64 indices) only, in that order."""
-        ...
-
-    def __call__(
-        self, inputs: np.ndarray, puzzle_ids: np.ndarray, carry: Any, reset: np.ndarray
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
-        """(inputs int32 [B,S], puzzle_ids int32 [B], carry, reset bool [B]) -> (carry,
-        logits float32 [B,S,V], q_halt [B], q_continue [B]); rows with reset start afresh."""
-        ...
-
-
-class OrtStep:
-    """The exported single-step graph on an ONNX Runtime session; carry = (z_H, z_L) float32."""
-
-    def __init__(self, session: Any, steps: int):
-        self.session, self.steps = session, steps
-        dims = next(i.shape for i in session.get_inputs() if i.name == CARRY[0])
-        self._state = (int(dims[1]), int(dims[2]))
-
-    def initial_carry(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
-        return (np.zeros((batch, *self._state), np.float32), np.zeros((batch, *self._state), np.float32))
-
-    def take(self, carry: Any, rows: np.ndarray) -> Any:
-        return tuple(c[rows] for c in carry)
-
-    def __call__(self, inputs, puzzle_ids, carry, reset):
-        feeds = dict(zip(FEEDS, (inputs.astype(np.int32), puzzle_ids.astype(np.int32))))
-        z_H, z_L, logits, q_halt, q_continue = self.session.run(
-            list(STEP_OUTPUTS), {**feeds, **dict(zip(CARRY, carry)), RESET: reset.astype(bool)}
-        )
-        return (z_H, z_L), logits, q_halt, q_continue
-
-
-class TorchStep:
-    """The PyTorch reference's one segment (``export.unroll.single_step``); the carry stays
-    on the module's device as torch tensors, outputs come back as numpy."""
-
-    def __init__(self, model: Any, device: Any = "cpu", steps: int | None = None):
-        import torch
-
-        from hrm_deploy.export.unroll import single_step
-
-        self.torch, self.device = torch, torch.device(device)
-        self.module = single_step(model).to(self.device)
-        core = self.module.step.core
-        self.steps = int(steps or core.config.halt_max_steps)
-        self._state = (core.config.total_seq_len, core.config.hidden_size)
-        self._dtype = next(self.module.parameters()).dtype
-
-    def initial_carry(self, batch: int) -> Any:
-        z = self.torch.zeros((batch, *self._state), dtype=self._dtype, device=self.device)
-        return (z, z.clone())
-
-    def take(self, carry: Any, rows: np.ndarray) -> Any:
-        index = self.torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
-        return tuple(c.index_select(0, index) for c in carry)
-
-    def __call__(self, inputs, puzzle_ids, carry, reset):
-        torch = self.torch
-        with torch.inference_mode():
-
-            def to(a: np.ndarray):
-                return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
-
-            z_H, z_L, logits, q_halt, q_continue = self.module(
-                to(inputs.astype(np.int32)), to(puzzle_ids.astype(np.int32)), carry[0], carry[1], to(reset.astype(bool))
-            )
-            return (
-                (z_H, z_L),
-                logits.float().cpu().numpy(),
-                q_halt.float().cpu().numpy(),
-                q_continue.float().cpu().numpy(),
-            )
 
 
 # --------------------------------------------------------------------------------- the driver

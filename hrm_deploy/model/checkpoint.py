@@ -19,7 +19,7 @@ from typing import Any
 from hrm_deploy.errors import CheckpointError, ConfigError
 from hrm_deploy.metrics import current_names
 from hrm_deploy.model.config import HRMConfig
-from hrm_deploy.model.families import FAMILIES, ModelFamily, detect_family, family_of
+from hrm_deploy.model.families import ModelFamily, config_from_dict, detect_family, family_of
 from hrm_deploy.model.upstream_writer import upstream_state_dict, write_upstream_run
 
 __all__ = ["load_checkpoint", "read_checkpoint", "save_checkpoint", "upstream_state_dict", "write_upstream_run"]
@@ -34,10 +34,6 @@ DATASET_FIELDS = ("seq_len", "vocab_size", "num_puzzle_identifiers")
 # Provenance records of metrics; older checkpoints (the bundled presets among them) use the
 # trainer's old metric names, read under the current ones.
 METRIC_RECORDS = ("metrics", "act_report")
-# Architecture fields the weights cannot tell and a config file (or a flag) must: never defaulted
-# for an upstream checkpoint, since a wrong value gives a silently different model (HRM's; each
-# family lists its own in the registry).
-NOT_IN_WEIGHTS = FAMILIES["hrm"].required_fields
 FLAGS = {
     "num_heads": "--num-heads",
     "H_cycles": "--h-cycles",
@@ -135,8 +131,9 @@ def _find_dataset_json(data_path: str, ckpt_dir: Path) -> Path | None:
 
 
 def _infer_from_weights(state: dict[str, Any], family: ModelFamily) -> dict[str, Any]:
-    """Sizes the weight shapes determine (HRM's seq_len only for learned positions; the prefix +
-    token width ``_total_seq_len`` for learned positions and TRM's mlp_t)."""
+    """Sizes the weight shapes determine: the ones every family shares here, the rest from the
+    family's ``infer_fields`` (e.g. HRM's seq_len for learned positions, TRM's mlp_t); the prefix +
+    token width ``_total_seq_len`` for learned positions and mlp-t token mixing."""
     found: dict[str, Any] = {}
     emb = state.get("embed_tokens.embedding_weight")
     if emb is not None:
@@ -154,19 +151,10 @@ def _infer_from_weights(state: dict[str, Any], family: ModelFamily) -> dict[str,
     else:
         found["puzzle_emb_ndim"] = 0
     # Positions inside the model (prefix + tokens): learned positions and TRM's mlp_t have that width.
-    mlp_t = state.get("L_level.layers.0.mlp_t.gate_up_proj.weight")
     if "embed_pos.embedding_weight" in state:
         found["pos_encodings"] = "learned"
         found["_total_seq_len"] = int(state["embed_pos.embedding_weight"].shape[0])
-    elif family.name == "hrm":
-        found["pos_encodings"] = "rope"  # HRM has no other position encoding without weights
-    if family.name == "trm":
-        found["mlp_t"] = mlp_t is not None
-        if mlp_t is not None:
-            found["_total_seq_len"] = int(mlp_t.shape[1])
-            found["_mlp_t_intermediate_size"] = int(mlp_t.shape[0]) // 2
-    if "_total_seq_len" in found and family.name == "hrm" and "hidden_size" in found:
-        found["seq_len"] = found["_total_seq_len"] - (-(found["puzzle_emb_ndim"] // -found["hidden_size"]))
+    family.infer_fields(state, found)  # what only this family's weights tell
     if gate_up is not None:
         found["_intermediate_size"] = int(gate_up.shape[0]) // 2
     return found
@@ -254,10 +242,31 @@ def _upstream_config(
     # Upstream computes in bf16; we load for float32 export unless the caller asks otherwise.
     fields["forward_dtype"] = overrides.get("forward_dtype", "float32")
 
+    _require_fields(path, fields, hidden, family, train_cfg, arch)
+    intermediate = hidden.get("_intermediate_size")
+    if intermediate is not None and fields.get("expansion") is None:
+        # upstream sizes the MLP as round(expansion * D * 2/3) up to a multiple of 256: this inverts it exactly
+        fields["expansion"] = intermediate * 3 / (2 * fields["hidden_size"])
+    family.derive_fields(fields, hidden)
+    config = family.config_class.from_dict({**fields, "family": family.name})
+    _check_widths(path, config, hidden, cfg_file.name)
+    return config
+
+
+def _require_fields(
+    path: Path,
+    fields: dict[str, Any],
+    hidden: dict[str, Any],
+    family: ModelFamily,
+    train_cfg: dict[str, Any],
+    arch: dict[str, Any],
+) -> None:
+    """One clear error for a field neither the weights, the config, the dataset nor a flag gave:
+    the sizes (seq_len, vocab_size) and the family's required architecture fields."""
+    cfg_file = path.parent / "all_config.yaml"
     missing = [k for k in ("seq_len", "vocab_size") if k not in fields]
     if missing:
-        data_key = "data_paths" if family.name == "trm" else "data_path"
-        where = f"{cfg_file.parent}/all_config.yaml's {data_key}" if train_cfg else "all_config.yaml (absent)"
+        where = f"{cfg_file.parent}/all_config.yaml's {family.data_key}" if train_cfg else "all_config.yaml (absent)"
         options = " ".join(f"{FLAGS[k]} N" for k in missing)
         raise ConfigError(
             f"{path} ({family.title}): cannot determine {', '.join(missing)}: no dataset.json found via {where} and the weights "
@@ -283,17 +292,6 @@ def _upstream_config(
             f"{path} ({family.title}): {where} and {', '.join(absent)} cannot be read from the weights; copy upstream's "
             f"all_config.yaml next to it or {options} (never guessed: a wrong value is a different model)"
         )
-    intermediate = hidden.get("_intermediate_size")
-    if intermediate is not None and fields.get("expansion") is None:
-        # upstream sizes the MLP as round(expansion * D * 2/3) up to a multiple of 256: this inverts it exactly
-        fields["expansion"] = intermediate * 3 / (2 * fields["hidden_size"])
-    if family.name == "trm" and "_total_seq_len" in hidden:
-        prefix = hidden["_total_seq_len"] - int(fields["seq_len"])
-        if fields.get("puzzle_emb_len") is None:
-            fields["puzzle_emb_len"] = prefix
-    config = family.config_class.from_dict({**fields, "family": family.name})
-    _check_widths(path, config, hidden, cfg_file.name)
-    return config
 
 
 def _check_widths(path: Path, config: HRMConfig, hidden: dict[str, Any], cfg_name: str) -> None:
@@ -330,7 +328,7 @@ def read_checkpoint(path: str | os.PathLike, **overrides: Any) -> CheckpointCont
     if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
         try:
             cfg_fields, recorded = reconcile_overrides(obj["model_config"], overrides, file)
-            config = HRMConfig.from_dict(cfg_fields)
+            config = config_from_dict(cfg_fields)
             state = obj["model_state"]
         except KeyError as exc:
             raise CheckpointError(f"{file}: hrm-deploy checkpoint lacks {exc}; the file is damaged") from None

@@ -148,12 +148,14 @@ class HRMConfig:
     def from_dict(cls, data: Mapping[str, Any], *, strict: bool = False) -> HRMConfig:
         """Build from a mapping; unknown keys (upstream's ``name``, ``loss``...) are ignored
         unless ``strict``. Numbers given as strings or floats are coerced where exact.
-        A ``family`` key names the model family; its config class builds the result."""
+        A ``family`` key must name this class's family: a stored config of any family is read by
+        :func:`hrm_deploy.model.families.config_from_dict`, which picks the class."""
         family = data.get("family", HRMConfig.family)
         if family != cls.family:
-            from hrm_deploy.model.families import family_named
-
-            return family_named(str(family)).config_class.from_dict(data, strict=strict)
+            raise ConfigError(
+                f"this config is of model family {family!r}, not {cls.family!r}; read it with "
+                "hrm_deploy.model.families.config_from_dict"
+            )
         data = {k: v for k, v in data.items() if k != "family"}
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(known))

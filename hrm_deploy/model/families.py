@@ -32,6 +32,13 @@ class ModelFamily:
     ``required_fields``: arch fields the weights cannot tell, never defaulted when loading.
     ``default_mode``: the export/engine mode used when none is asked for (``step`` where the
     unroll would repeat a deep recursion ``halt_max_steps`` times in one graph).
+
+    What the checkpoint loader (:mod:`hrm_deploy.model.checkpoint`) asks of a family, which it
+    never names: ``infer_fields(state, found)`` adds the config fields only this family's weights
+    tell to ``found`` (the shared sizes are already there; ``_``-prefixed keys are widths the loader
+    checks but does not store, e.g. ``_total_seq_len``: prefix + tokens); ``derive_fields(fields,
+    hidden)`` fills fields that follow from the others and those widths; ``data_key`` is the key
+    of ``all_config.yaml`` naming its datasets (for messages).
     """
 
     name: str
@@ -44,6 +51,9 @@ class ModelFamily:
     required_fields: tuple[str, ...]
     describe: Callable[[Any], dict[str, Any]]
     default_mode: str
+    infer_fields: Callable[[dict[str, Any], dict[str, Any]], None]
+    derive_fields: Callable[[dict[str, Any], dict[str, Any]], None]
+    data_key: str
 
     def act_class(self) -> Any:
         module, _, cls = self.act_path.partition(":")
@@ -57,6 +67,34 @@ def _hrm_layout(keys: Iterable[str]) -> bool:
 def _trm_layout(keys: Iterable[str]) -> bool:
     keys = list(keys)
     return not _hrm_layout(keys) and any(k.startswith("L_level.") for k in keys)
+
+
+def _hrm_infer(state: dict[str, Any], found: dict[str, Any]) -> None:
+    """HRM: RoPE unless the weights hold learned positions (it has no other encoding with no
+    weights); with learned positions, seq_len is their width less the puzzle prefix."""
+    if "_total_seq_len" not in found:
+        found["pos_encodings"] = "rope"
+    elif "hidden_size" in found:
+        found["seq_len"] = found["_total_seq_len"] - (-(found["puzzle_emb_ndim"] // -found["hidden_size"]))
+
+
+def _hrm_derive(fields: dict[str, Any], hidden: dict[str, Any]) -> None:
+    """HRM's puzzle prefix follows from puzzle_emb_ndim (nothing to derive here)."""
+
+
+def _trm_infer(state: dict[str, Any], found: dict[str, Any]) -> None:
+    """TRM: mlp_t from its weights, whose width is the prefix + token positions."""
+    mlp_t = state.get("L_level.layers.0.mlp_t.gate_up_proj.weight")
+    found["mlp_t"] = mlp_t is not None
+    if mlp_t is not None:
+        found["_total_seq_len"] = int(mlp_t.shape[1])
+        found["_mlp_t_intermediate_size"] = int(mlp_t.shape[0]) // 2
+
+
+def _trm_derive(fields: dict[str, Any], hidden: dict[str, Any]) -> None:
+    """TRM: the puzzle prefix length is the position width less seq_len, unless given."""
+    if "_total_seq_len" in hidden and fields.get("puzzle_emb_len") is None:
+        fields["puzzle_emb_len"] = hidden["_total_seq_len"] - int(fields["seq_len"])
 
 
 def _hrm_describe(cfg: HRMConfig) -> dict[str, Any]:
@@ -108,6 +146,9 @@ FAMILIES: dict[str, ModelFamily] = {
         required_fields=_REQUIRED,
         describe=_hrm_describe,
         default_mode="unrolled",
+        infer_fields=_hrm_infer,
+        derive_fields=_hrm_derive,
+        data_key="data_path",
     ),
     "trm": ModelFamily(
         name="trm",
@@ -127,6 +168,9 @@ FAMILIES: dict[str, ModelFamily] = {
         # T*(n+1) passes of the network per ACT step (21 at upstream's 3 x 6): an unroll of 16 steps
         # inlines 336 network passes, so one segment with the carry in and out is the default.
         default_mode="step",
+        infer_fields=_trm_infer,
+        derive_fields=_trm_derive,
+        data_key="data_paths",
     ),
 }
 
@@ -162,9 +206,10 @@ def detect_family(keys: Iterable[str], arch_name: str | None, source: str) -> Mo
             f"{source}: state-dict keys {sample} match no known model family ({', '.join(FAMILIES)}): "
             "neither H_level.* (HRM) nor L_level.* (TRM) weights"
         )
-    family = by_layout[0]
+    named = family_for_arch_name(arch_name) if arch_name else None
+    # several layouts can match (a family built on another's networks): arch.name decides then
+    family = named if named in by_layout else by_layout[0]
     if arch_name:
-        named = family_for_arch_name(arch_name)
         if named is None and family.name != "hrm":
             raise CheckpointError(
                 f"{source}: all_config.yaml names arch {arch_name!r}, which no family claims; "
@@ -176,6 +221,13 @@ def detect_family(keys: Iterable[str], arch_name: str | None, source: str) -> Mo
                 f"as {family.title}; the config belongs to another run: copy the right all_config.yaml"
             )
     return family
+
+
+def config_from_dict(data: dict[str, Any], *, strict: bool = False) -> HRMConfig:
+    """A stored config (a manifest's, a graph's, a checkpoint's) as its family's config class: the
+    ``family`` key names the family (HRM when absent)."""
+    family = family_named(str(data.get("family", HRMConfig.family)))
+    return family.config_class.from_dict(data, strict=strict)
 
 
 def describe(config: HRMConfig) -> dict[str, Any]:

@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.errors import ArtifactError, ConfigError, require
+from hrm_deploy.export.metadata import set_graph_precision
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
-from hrm_deploy.precision.int8 import QuantConfig, QuantPlan, _cache_readable, calibration_key, quantize_int8
+from hrm_deploy.precision.calibrate import QuantConfig, _cache_readable, calibration_key
+from hrm_deploy.precision.registry import PRECISIONS, PrecisionEntry, converted, load
 from hrm_deploy.progress import Stages
-
-PRECISIONS = ("fp16", "bf16", "int8", "fp8", "nvfp4")
-QDQ_PRECISIONS = ("int8", "fp8", "nvfp4")  # calibrated Q/DQ graphs (one range cache serves all)
 
 
 @dataclass(frozen=True)
@@ -35,13 +34,18 @@ class PrecisionConfig:
     cache_dir: str = "calib"
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(PRECISIONS)}")
-        if self.precision in QDQ_PRECISIONS and not self.calib_data:
+        if self.precision not in converted():
+            raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(converted())}")
+        if self.entry.calibrated and not self.calib_data:
             raise ConfigError(
                 f"{self.precision.upper()} needs calibration data: pass --calib-data DATASET_DIR or a .npz of inputs "
                 "(hrm-deploy never invents scales)"
             )
+
+    @property
+    def entry(self) -> PrecisionEntry:
+        """This precision's row in the precision table."""
+        return PRECISIONS[self.precision]
 
 
 @dataclass
@@ -59,93 +63,64 @@ def _load(path: Path):
         raise ArtifactError(f"{path} is not a readable ONNX file ({type(exc).__name__}); re-export it") from None
 
 
-def _set_precision_metadata(model, precision: str) -> None:
-    for prop in model.metadata_props:
-        if prop.key == "hrm_deploy.precision":
-            prop.value = precision
-
-
-def _quantizer(precision: str):
-    """The Q/DQ graph writer of ``precision`` (same signature for INT8, FP8 and NVFP4)."""
-    if precision == "fp8":
-        from hrm_deploy.precision.fp8 import quantize_fp8
-
-        return quantize_fp8
-    if precision == "nvfp4":
-        from hrm_deploy.precision.nvfp4 import quantize_nvfp4
-
-        return quantize_nvfp4
-    return quantize_int8
-
-
-def _holdout_accuracy(path: str, examples, meta) -> float:
-    """Exact accuracy in points on ONNX Runtime CPU (an NVFP4 graph through its CPU simulation)."""
-    from hrm_deploy.precision.accuracy import onnx_accuracy
-    from hrm_deploy.precision.nvfp4 import cpu_runnable
-
-    with cpu_runnable(path) as runnable:
-        return 100.0 * onnx_accuracy(runnable, examples)["exact_accuracy"]
-
-
-def _sensitivity_fallback(
-    fp32: Path,
-    out_tmp: Path,
-    examples,
-    holdout,
-    config: PrecisionConfig,
-    cache: Path,
-    meta,
-    plan: QuantPlan,
-    stages: Stages,
-) -> dict[str, Any]:
-    """Keep whole layers (all unrolled copies of one weight) in float, most harmful first,
-    until the Q/DQ graph loses at most the budget on the holdout. Sensitivity of a layer = accuracy lost
-    when only that layer is quantized (ranges come from the cache: no recalibration)."""
+def _write_cast(model, config: PrecisionConfig, tmp: Path, stages: Stages) -> dict[str, Any]:
+    """A float graph with float32 islands (the row's cast writer), saved to ``tmp``."""
     import onnx
 
-    from hrm_deploy.precision.int8 import keep_sensitive_float
+    with stages.stage(f"converting to {config.precision} (float32 islands: norms, softmax, sigmoid)"):
+        converted_model, kept = load(config.entry.writer or "")(model, config.precision, config.keep_io_types)
+        set_graph_precision(converted_model, config.precision)
+        onnx.save(converted_model, str(tmp))
+    return {"float32_nodes": len(kept)}
 
-    budget = float(config.accuracy_budget or 0.0)
-    base = _holdout_accuracy(str(fp32), holdout, meta)
-    current = _holdout_accuracy(str(out_tmp), holdout, meta)
-    measured_key = f"{config.precision}_exact"
-    quantize = _quantizer(config.precision)
-    report: dict[str, Any] = {"fp32_exact": base, measured_key: current, "budget_points": budget, "kept_float": []}
-    if base - current <= budget:
-        return report
-    model = onnx.load(str(fp32))
-    by_weight: dict[str, list[str]] = {}
-    for node in model.graph.node:
-        if node.name in plan.quantize:
-            by_weight.setdefault(node.input[1], []).append(node.name)
-    del model
-    probe = out_tmp.with_name(out_tmp.name + ".probe.onnx")
 
-    def measure(exclude: tuple[str, ...]) -> float:
-        quantize(
-            str(fp32), str(probe), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
-        )
-        return _holdout_accuracy(str(probe), holdout, meta)
+def _write_qdq(src: Path, src_sha256: str, meta, config: PrecisionConfig, tmp: Path, stages: Stages, quiet: bool):
+    """A calibrated Q/DQ graph: ranges measured into the cache (the row's calibration, skipped when
+    the cache holds them), the row's writer, then the accuracy-budget fallback when one is asked."""
+    import onnx
 
-    with stages.stage(f"sensitivity of {len(by_weight)} layers"):
-        chosen = keep_sensitive_float(
-            by_weight,
-            measure,
-            severity=lambda exact: base - exact,
-            within=lambda exact: base - exact <= budget,
-            refuse=lambda exact: (
-                f"{config.precision.upper()} cannot meet the {budget} point budget even with one layer quantized; "
-                "use --fp16 or a larger --accuracy-budget"
-            ),
-            whole=current,
-        )
-    exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    final = quantize(
-        str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
+    from hrm_deploy.data.examples import load_examples
+
+    entry = config.entry
+    examples = load_examples(str(config.calib_data), config.quant.samples)
+    key = calibration_key(
+        src_sha256, config.quant.method, examples.sha256, len(examples), f"{meta['mode']}{meta['steps']}"
     )
-    probe.unlink(missing_ok=True)
-    report.update({measured_key: chosen.measured}, kept_float=chosen.kept_float, layer_loss_points=chosen.sensitivity)
-    report["quantized_nodes"] = len(final.quantize)  # in the published graph (the layers kept float are out)
+    cache = Path(config.cache_dir) / f"{key}.json"
+    cached = cache.is_file() and _cache_readable(cache)
+    label = (
+        "reusing cached calibration"
+        if cached
+        else f"calibrating {config.precision.upper()} ({config.quant.method}, {len(examples)} examples, all {meta['steps']} ACT steps)"
+    )
+    with stages.stage(label):
+        load(entry.calibration or "")(str(src), examples, config.quant, cache, meta["mode"], meta["steps"], quiet=quiet)
+        plan = load(entry.writer or "")(
+            str(src), str(tmp), examples, config.quant, cache, meta["mode"], meta["steps"], quiet=quiet
+        )
+    report: dict[str, Any] = {
+        "calibration": {
+            "key": key,
+            "cache": str(cache),
+            "reused": cached,
+            "method": config.quant.method,
+            "samples": len(examples),
+            "data": examples.source,
+            "data_sha256": examples.sha256,
+        },
+        "quantized_nodes": len(plan.quantize),
+        "excluded": plan.excluded,
+    }
+    if config.accuracy_budget is not None:
+        from hrm_deploy.precision.fallback import sensitivity_fallback
+
+        holdout = load_examples(str(config.calib_data), config.holdout_samples, split="test")
+        report["accuracy_budget"] = sensitivity_fallback(src, tmp, examples, holdout, config, cache, meta, plan, stages)
+        # the published graph's count (layers kept in float are no longer quantized)
+        report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(plan.quantize))
+    quantized = onnx.load(str(tmp))
+    set_graph_precision(quantized, config.precision)
+    onnx.save(quantized, str(tmp))
     return report
 
 
@@ -167,59 +142,13 @@ def make_precision_graph(
     stem = src.name[: -len(".onnx")] if src.name.endswith(".onnx") else src.stem
     target = Path(out) if out else src.with_name(f"{stem}.{config.precision}.onnx")
     stages = Stages(quiet)
-    report: dict[str, Any] = {}
-    onnx = require("onnx", "onnx", "Precision conversion")
     with staging_dir(target.parent if str(target.parent) else Path("."), "stage") as staging:
         tmp = staging / target.name
-        if config.precision in ("fp16", "bf16"):
-            from hrm_deploy.precision.fp16 import convert_half
-
-            with stages.stage(f"converting to {config.precision} (float32 islands: norms, softmax, sigmoid)"):
-                converted, kept = convert_half(model, config.precision, config.keep_io_types)
-                _set_precision_metadata(converted, config.precision)
-                onnx.save(converted, str(tmp))
-            report["float32_nodes"] = len(kept)
+        if config.entry.calibrated:
+            del model  # the Q/DQ writers load the graph themselves
+            report = _write_qdq(src, src_sha256, meta, config, tmp, stages, quiet)
         else:
-            from hrm_deploy.data.examples import load_examples
-
-            examples = load_examples(str(config.calib_data), config.quant.samples)
-            key = calibration_key(
-                src_sha256, config.quant.method, examples.sha256, len(examples), f"{meta['mode']}{meta['steps']}"
-            )
-            cache = Path(config.cache_dir) / f"{key}.json"
-            cached = cache.is_file() and _cache_readable(cache)
-            label = (
-                "reusing cached calibration"
-                if cached
-                else f"calibrating {config.precision.upper()} ({config.quant.method}, {len(examples)} examples, all {meta['steps']} ACT steps)"
-            )
-            with stages.stage(label):
-                plan = _quantizer(config.precision)(
-                    str(src), str(tmp), examples, config.quant, cache, meta["mode"], meta["steps"], quiet=quiet
-                )
-            report.update(
-                calibration={
-                    "key": key,
-                    "cache": str(cache),
-                    "reused": cached,
-                    "method": config.quant.method,
-                    "samples": len(examples),
-                    "data": examples.source,
-                    "data_sha256": examples.sha256,
-                },
-                quantized_nodes=len(plan.quantize),
-                excluded=plan.excluded,
-            )
-            if config.accuracy_budget is not None:
-                holdout = load_examples(str(config.calib_data), config.holdout_samples, split="test")
-                report["accuracy_budget"] = _sensitivity_fallback(
-                    src, tmp, examples, holdout, config, cache, meta, plan, stages
-                )
-                # the published graph's count (layers kept in float are no longer quantized)
-                report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(plan.quantize))
-            quantized = onnx.load(str(tmp))
-            _set_precision_metadata(quantized, config.precision)
-            onnx.save(quantized, str(tmp))
+            report = _write_cast(model, config, tmp, stages)
         # artifact + manifest as one unit (manifest renamed last, sha256 of the staged bytes)
         manifest = publish_artifact(
             tmp,

@@ -9,8 +9,8 @@ What the graph holds (what TensorRT / TensorRT-RTX read as FP8 GEMMs on compute 
 - everything else float32: the nodes the INT8 plan keeps in float (norms, softmax, residual
   adds, embeddings, lm_head, q_head) are never touched.
 
-The planning (:func:`~hrm_deploy.precision.int8.plan_nodes`), calibration and cache are the
-INT8 path's (:func:`~hrm_deploy.precision.int8.ensure_calibration`). ONNX Runtime's static
+The planning (:func:`~hrm_deploy.precision.calibrate.plan_nodes`), calibration and cache are the
+INT8 path's (:func:`~hrm_deploy.precision.calibrate.ensure_calibration`). ONNX Runtime's static
 quantizer is not used here: its FP8 mode is a QDQ variant with its own calibration path, and
 our graph rewrite is a few dozen lines. Float8 Q/DQ needs opset 19: the graph's default-domain
 opset is raised to 19 (the operators that changed from 18 to 19 only gained float8 types).
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
-from hrm_deploy.errors import DataError
-from hrm_deploy.precision.int8 import QuantPlan, quantize_qdq
+from hrm_deploy.errors import DataError, InternalError
+from hrm_deploy.precision.calibrate import QuantPlan, quantize_qdq
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,8 @@ def raise_opset(model, version: int = FP8_OPSET, ir_version: int = 9) -> None:
 
 def write_fp8_qdq(model, plan: QuantPlan, scales: dict[str, float]) -> None:
     """Rewrite ``model`` in place: FP8 weights (per channel) and FP8 Q/DQ on the activation input
-    of every node in ``plan.quantize``."""
+    of every node in ``plan.quantize``. (One pass over the nodes, long on purpose: the maps of
+    tensors already quantized are shared by the activation and the weight halves.)"""
     from onnx import TensorProto, helper, numpy_helper
 
     from hrm_deploy.export.graph import topological_sort
@@ -109,7 +110,7 @@ def write_fp8_qdq(model, plan: QuantPlan, scales: dict[str, float]) -> None:
             continue
         x, w = node.input[0], node.input[1]
         if x not in scales:
-            raise RuntimeError(f"no calibrated range for {x!r}: the calibration cache does not match the graph")
+            raise InternalError(f"no calibrated range for {x!r}: the calibration cache does not match the graph")
         if x not in activations:
             base = f"{x}/fp8"
             scale = f"{base}/scale"

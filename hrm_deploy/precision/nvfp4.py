@@ -16,7 +16,7 @@ GEMMs on it. The graph is what NVIDIA's Model Optimizer (ModelOpt) exports for N
   block scales are computed at run time (TensorRT's DynamicQuantize layer); only the per-tensor
   scale ``amax / (6 * 448)`` is calibrated, with amax from the INT8 calibration cache.
 - opset 23 (FLOAT4E2M1 and blocked DequantizeLinear); everything else stays float32, with the same
-  float islands as INT8/FP8 (:func:`~hrm_deploy.precision.int8.plan_nodes`).
+  float islands as INT8/FP8 (:func:`~hrm_deploy.precision.calibrate.plan_nodes`).
 
 ONNX Runtime has no FP4 kernels: :func:`simulate_on_cpu` turns the graph into one it runs with the
 same numerics (the stored FP4 weights dequantized in numpy, each dynamic quantization written as
@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError
+from hrm_deploy.errors import ConfigError, InternalError
 from hrm_deploy.onnx_runtime import holds_fp4
+from hrm_deploy.precision.calibrate import QuantPlan, quantize_qdq
 from hrm_deploy.precision.fp8 import E4M3_MAX, activation_amax, raise_opset
-from hrm_deploy.precision.int8 import QuantPlan, quantize_qdq
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,8 @@ def _as_nk(node, weight: np.ndarray) -> tuple[np.ndarray, bool]:
 def write_nvfp4_qdq(model, plan: QuantPlan, amax: dict[str, float]) -> None:
     """Rewrite ``model`` in place: NVFP4 weights and dynamic NVFP4 activations on every node in
     ``plan.quantize`` that FP4 can take (the others move to ``plan.excluded``); ``amax``: the
-    calibrated max |x| of each activation."""
+    calibrated max |x| of each activation. (One pass over the nodes, long on purpose: the maps of
+    tensors already quantized are shared by the activation and the weight halves.)"""
     from onnx import TensorProto, helper, numpy_helper
 
     from hrm_deploy.export.graph import topological_sort
@@ -185,7 +186,7 @@ def write_nvfp4_qdq(model, plan: QuantPlan, amax: dict[str, float]) -> None:
             continue
         x, w = node.input[0], node.input[1]
         if x not in amax:
-            raise RuntimeError(f"no calibrated range for {x!r}: the calibration cache does not match the graph")
+            raise InternalError(f"no calibrated range for {x!r}: the calibration cache does not match the graph")
         if x not in activations:
             base = f"{x}/nvfp4"
             graph.initializer.append(numpy_helper.from_array(np.array(tensor_scale(amax[x])), f"{base}/tensor_scale"))

@@ -42,9 +42,9 @@ class Contract:
 
 def _kind(path: Path) -> str:
     """The artifact kind from the backend table (:data:`hrm_deploy.registry.BACKENDS`)."""
-    from hrm_deploy.artifacts import runner_name
+    from hrm_deploy.registry import artifact_kind
 
-    return {"ort": "onnx", "trt": "engine", "torch_engine": "pt2"}.get(runner_name(path), "checkpoint")
+    return artifact_kind(path)
 
 
 def _pt2_contract(path: Path) -> Contract:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.contract import CARRY, STEP_INPUTS, STEP_OUTPUTS
-from hrm_deploy.errors import ArtifactError, ConfigError
+from hrm_deploy.errors import ArtifactError, ConfigError, InternalError
 from hrm_deploy.io import staging_dir
 from hrm_deploy.serve.contract import TRITON_TYPES, Contract, read_contract
 
@@ -128,7 +128,7 @@ def check_config_text(text: str, where: str) -> None:
     try:
         text_format.Parse(text, model_config_pb2.ModelConfig())
     except text_format.ParseError as exc:  # a bug in this module, not the user's
-        raise RuntimeError(f"generated {where} does not parse as a Triton ModelConfig: {exc}") from exc
+        raise InternalError(f"generated {where} does not parse as a Triton ModelConfig: {exc}") from exc
 
 
 def _write_model(folder: Path, config_text: str, files: dict[str, Path | str], manifest: Path | None) -> None:

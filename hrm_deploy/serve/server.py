@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError, DependencyError, require
+from hrm_deploy.errors import ConfigError, require
 from hrm_deploy.serve.front import Front, Limits
 from hrm_deploy.serve.wire import (
     RequestError as RequestError,  # re-exported (the proxy patch matches its name)
@@ -166,13 +166,8 @@ def halt_function(halt: str) -> Callable[..., Any] | None:
     The rules live in ``hrm_deploy.halting`` (imported only when a rule is asked for)."""
     if halt == "off":
         return None
-    try:
-        from hrm_deploy.halting import HaltRule  # type: ignore[import-not-found]
-    except ImportError:
-        raise DependencyError(
-            f"--halt {halt}: early halting is not available in this hrm-deploy "
-            "(hrm_deploy.halting is missing); use --halt off"
-        ) from None
+    from hrm_deploy.halting import HaltRule
+
     return HaltRule.parse(halt).should_halt
 
 
@@ -290,7 +285,9 @@ def _private_port() -> int:
 
 
 def _runner_options(config: ServeConfig) -> dict[str, Any]:
-    return {"provider": config.provider} if config.provider and config.artifact.suffix == ".onnx" else {}
+    from hrm_deploy.registry import runner_options
+
+    return runner_options(config.artifact, provider=config.provider)
 
 
 def inflight_step(runner: Any, manifest: dict[str, Any] | None, config: ServeConfig, halt: Any) -> Any | None:

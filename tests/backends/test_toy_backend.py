@@ -40,19 +40,23 @@ class ToyRunner(Runner):
         self.inner.close()
 
 
-def build_toy(source, config, out, quiet):
-    """The toy builder: an 'engine' that names its checkpoint in its manifest."""
+def build_toy(request):
+    """The toy build: an 'engine' that names its checkpoint in its manifest."""
     from hrm_deploy.engines.result import EngineResult
 
+    out, source = request.out, request.ready
     write_manifest(out.write_bytes(b"toy engine") and out, stage="engine", config={}, parent=source, precision="fp32")
     return EngineResult(out, out.with_name(out.name + ".manifest.json"), source)
 
 
 def test_a_toy_backend_is_one_package_and_one_row(trained_tiny, tmp_path, monkeypatch):
     module = types.ModuleType("toy_backend")
-    module.ToyRunner, module.build_toy = ToyRunner, build_toy
+    from hrm_deploy.engines.request import GraphInput, SimpleBuilder
+
+    # the toy builder takes what was given (here a checkpoint), through the one Builder protocol
+    module.ToyRunner, module.BUILDER = ToyRunner, SimpleBuilder(build_toy, GraphInput.SOURCE)
     monkeypatch.setitem(sys.modules, "toy_backend", module)
-    row = registry.BackendEntry("toy", "toy_backend:ToyRunner", (".toy",), "toy_backend:build_toy", ("toy",))
+    row = registry.BackendEntry("toy", "toy_backend:ToyRunner", (".toy",), "toy_backend:BUILDER", ("toy",))
     monkeypatch.setitem(registry.BACKENDS, "toy", row)
 
     from hrm_deploy.engines.build import EngineConfig, build_engine
@@ -72,3 +76,14 @@ def test_a_toy_backend_is_one_package_and_one_row(trained_tiny, tmp_path, monkey
     with runner:
         out = runner.infer({"inputs": np.full((2, 81), 2), "puzzle_identifiers": np.zeros(2, np.int64)})
     assert out["logits"].shape == (2, 81, 11) and runner.calls == 1
+
+
+def test_runner_options_come_from_the_row_not_the_suffix(monkeypatch, tmp_path):
+    """A stage offers its options (--provider, --threads); each backend's row says which it takes."""
+    row = registry.BackendEntry("toy", "toy_backend:ToyRunner", (".toy",), options=("color",))
+    monkeypatch.setitem(registry.BACKENDS, "toy", row)
+    offered = {"provider": "cuda", "threads": None, "color": "red"}
+    assert registry.runner_options(tmp_path / "m.onnx", **offered) == {"provider": "cuda"}
+    assert registry.runner_options(tmp_path / "m.toy", **offered) == {"color": "red"}
+    assert registry.runner_options(tmp_path / "m.engine", **offered) == {}
+    assert registry.runner_options(tmp_path / "step_100", **offered) == {}  # a checkpoint

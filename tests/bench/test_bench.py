@@ -189,7 +189,7 @@ def test_measure_reports_gpu_phases_when_the_runner_has_them(tiny_onnx):
     from hrm_deploy.data.examples import load_examples
 
     class FakeGpuRunner:
-        name, precision, steps = "trt", "fp16", 1
+        name, precision, steps = "tensorrt", "fp16", 1
 
         def activate(self):
             self.calls = 0

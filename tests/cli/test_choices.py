@@ -17,23 +17,16 @@ runner = CliRunner()
 def _library_choices() -> dict[type, set[str]]:
     from hrm_deploy.backends.ort.builder.int8 import RECIPES
     from hrm_deploy.bench.run import BENCH_TARGETS
-    from hrm_deploy.engines.build import ENGINE_PRECISIONS
-    from hrm_deploy.engines.targets import TARGETS
     from hrm_deploy.export.onnx_export import MODES
     from hrm_deploy.onnx_runtime import PROVIDERS
-    from hrm_deploy.precision.int8 import METHODS
+    from hrm_deploy.precision.calibrate import METHODS
     from hrm_deploy.puzzle_table import Placement
-    from hrm_deploy.registry import BACKENDS
     from hrm_deploy.train.loop import OPTIMIZERS
     from hrm_deploy.train.presets import PRESETS
     from hrm_deploy.train.sinks import SINKS
 
     return {
-        choices.Precision: set(ENGINE_PRECISIONS),
-        choices.Target: set(TARGETS),
         choices.CpuInt8Recipe: set(RECIPES),
-        # the table's builders, less the cpu target's (it takes no --backend)
-        choices.Backend: {name for entry in BACKENDS.values() for name in entry.builds_for} - {"onnxruntime"},
         choices.CalibMethod: set(METHODS),
         choices.ExportMode: set(MODES),
         choices.PuzzleEmb: {p.value for p in Placement},
@@ -45,7 +38,7 @@ def _library_choices() -> dict[type, set[str]]:
     }
 
 
-def test_every_choice_enum_matches_the_library():
+def test_every_hand_kept_choice_enum_matches_the_library():
     for enum, accepted in _library_choices().items():
         assert {member.value for member in enum} == accepted, enum.__name__
 
@@ -82,9 +75,7 @@ def test_build_engine_help_lists_the_choices():
 
 @pytest.fixture
 def built(monkeypatch):
-    """build-engine with the library's builds (TensorRT/torch, and the cpu target's) replaced:
-    the EngineConfig each call passes."""
-    from hrm_deploy.backends.ort.builder import target as cpu_target
+    """build-engine with the library's build stage replaced: the EngineConfig each call passes."""
     from hrm_deploy.engines import build
 
     seen: list = []
@@ -94,7 +85,6 @@ def built(monkeypatch):
         return build.EngineResult(Path("m.engine"), Path("m.engine.manifest.json"), Path("m.onnx"), {})
 
     monkeypatch.setattr(build, "build_engine", fake_build)
-    monkeypatch.setattr(cpu_target, "build_for_cpu", fake_build)
 
     def run(*args: str):
         result = runner.invoke(app, ["build-engine", "m.onnx", *args])
@@ -147,17 +137,19 @@ def test_an_invalid_choice_is_named_with_the_valid_ones(args, option):
     assert f"'{option}'" in line and "is not one of" in line, result.output
 
 
-def test_the_library_builds_the_cpu_target_like_the_cli(monkeypatch):
+def test_the_library_builds_the_cpu_target_like_the_cli(monkeypatch, tiny_onnx):
     """build_engine(EngineConfig(target="cpu", ...)) takes the cpu target's own path (static INT8 by
-    default, options it cannot honour refused), not a dynamic-INT8 shortcut."""
+    default, options it cannot honour refused), not a dynamic-INT8 shortcut: its builder gets the
+    FP32 export, not a precision graph."""
     from hrm_deploy.backends.ort.builder import target as cpu_target
     from hrm_deploy.engines import build
     from hrm_deploy.errors import ConfigError
 
     calls = []
-    monkeypatch.setattr(cpu_target, "build_for_cpu", lambda *a, **k: calls.append((a, k)) or "built")
-    assert build.build_engine("m.onnx", build.EngineConfig(precision="int8", target="cpu")) == "built"
-    ((args, kwargs),) = calls
-    assert args[1].cpu_int8 is None and args[1].cpu_accuracy_check  # recipe None: static, checked
+    monkeypatch.setattr(cpu_target, "build_for_cpu", lambda request: calls.append(request) or "built")
+    assert build.build_engine(tiny_onnx.unrolled, build.EngineConfig(precision="int8", target="cpu")) == "built"
+    (request,) = calls
+    assert request.config.cpu_int8 is None and request.config.cpu_accuracy_check  # recipe None: static, checked
+    assert request.ready == tiny_onnx.unrolled and request.backend == "ort"
     with pytest.raises(ConfigError, match="--cpu-int8 dynamic is an option of --target cpu"):
         build.EngineConfig(precision="int8", cpu_int8="dynamic")

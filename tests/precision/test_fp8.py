@@ -7,9 +7,9 @@ from onnx import TensorProto
 
 from hrm_deploy.data.examples import load_examples
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.precision.calibrate import QuantConfig
 from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
 from hrm_deploy.precision.fp8 import E4M3_MAX, fp8_weight, per_step_agreement
-from hrm_deploy.precision.int8 import QuantConfig
 
 
 def _fp8(onnx_path, data, tmp_path, **kw):

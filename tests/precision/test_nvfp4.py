@@ -6,8 +6,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.precision.calibrate import QuantConfig
 from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
-from hrm_deploy.precision.int8 import QuantConfig
 from hrm_deploy.precision.nvfp4 import (
     DYNAMIC_QUANTIZE,
     dequantize_weight,
@@ -274,7 +274,8 @@ def test_an_nvfp4_engine_must_show_fp4_tensors_where_a_gpu_inspects_it():
 def test_verify_judges_nvfp4_by_its_own_bounds():
     """An NVFP4 engine within a 1-point budget (as measured on the bundled model) passes verify; plain
     NVFP4 of that model does not; neither would under FP32's bounds, which verify used before."""
-    from hrm_deploy.verify import THRESHOLDS, judge
+    from hrm_deploy.precision.registry import PRECISIONS
+    from hrm_deploy.verify import judge
 
     def report(argmax, logits_rel, q_rel, q_sign, drop):
         return {
@@ -285,9 +286,9 @@ def test_verify_judges_nvfp4_by_its_own_bounds():
         }
 
     within_budget, plain = report(0.997, 0.53, 0.80, 0.955, 2.0), report(0.991, 0.87, 1.03, 0.851, 16.2)
-    assert judge(within_budget, THRESHOLDS["nvfp4"]) == []
-    assert len(judge(plain, THRESHOLDS["nvfp4"])) == 4
-    assert judge(within_budget, THRESHOLDS["fp32"])
+    assert judge(within_budget, PRECISIONS["nvfp4"].thresholds) == []
+    assert len(judge(plain, PRECISIONS["nvfp4"].thresholds)) == 4
+    assert judge(within_budget, PRECISIONS["fp32"].thresholds)
 
 
 def test_gemms_fp4_cannot_take_stay_float_and_say_why():
@@ -295,7 +296,7 @@ def test_gemms_fp4_cannot_take_stay_float_and_say_why():
     a graph with nothing left for FP4 is refused in one line."""
     from onnx import numpy_helper
 
-    from hrm_deploy.precision.int8 import QuantPlan
+    from hrm_deploy.precision.calibrate import QuantPlan
     from hrm_deploy.precision.nvfp4 import write_nvfp4_qdq
 
     def graph(k: int, rank: int):

@@ -62,7 +62,8 @@ def test_verify_refuses_bad_samples_before_any_work(tiny_onnx):
 
 
 def test_logits_far_off_fail_even_when_argmax_agrees():
-    from hrm_deploy.verify import THRESHOLDS, compare, judge
+    from hrm_deploy.precision.registry import PRECISIONS
+    from hrm_deploy.verify import compare, judge
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(8, 81, 11)).astype(np.float32)
@@ -71,11 +72,13 @@ def test_logits_far_off_fail_even_when_argmax_agrees():
     scaled = {"logits": logits * 2.03, "q_halt_logits": q}  # relative error ~1.03, same argmax everywhere
     report = compare(reference, scaled, None)
     assert report["logits"]["argmax_agreement"] == 1.0 and report["logits"]["max_rel"] > 1.0
-    assert any("logits relative error" in f for f in judge(report, THRESHOLDS["fp32"]))
+    assert any("logits relative error" in f for f in judge(report, PRECISIONS["fp32"].thresholds))
     shifted_q = {"logits": logits, "q_halt_logits": q + np.sign(q) * 5}  # same sign, far off
     report = compare(reference, shifted_q, None)
-    assert any("q_halt relative error" in f for f in judge(report, THRESHOLDS["fp16"]))
-    assert not judge(compare(reference, {"logits": logits + 1e-5, "q_halt_logits": q}, None), THRESHOLDS["fp32"])
+    assert any("q_halt relative error" in f for f in judge(report, PRECISIONS["fp16"].thresholds))
+    assert not judge(
+        compare(reference, {"logits": logits + 1e-5, "q_halt_logits": q}, None), PRECISIONS["fp32"].thresholds
+    )
 
 
 @pytest.mark.parametrize(

@@ -225,15 +225,17 @@ def test_halting_rows_keep_their_output_of_the_halting_step(tmp_path):
 def test_the_backend_table_is_the_one_source(tmp_path):
     from hrm_deploy.artifacts import is_checkpoint, runner_name
     from hrm_deploy.backends import builder, runner_class
+    from hrm_deploy.engines.request import GraphInput
     from hrm_deploy.registry import BACKENDS, engine_suffixes
 
-    assert runner_name("a.onnx") == "ort" and runner_name("a.plan") == "trt" and runner_name("a.pt2") == "torch_engine"
+    assert runner_name("a.onnx") == "ort" and runner_name("a.plan") == "tensorrt" and runner_name("a.pt2") == "torch"
     assert is_checkpoint("step_100") and is_checkpoint("model.pt")
     assert sorted(engine_suffixes()) == [".engine", ".onnx", ".plan", ".pt2"]
-    for name, entry in BACKENDS.items():
-        assert runner_class(name).name == name
+    for name, entry in BACKENDS.items():  # one name per backend: its package, its runner, its builder
+        assert runner_class(name).name == name and entry.runner.startswith(f"hrm_deploy.backends.{name}")
+        assert not entry.builds_for or entry.builds_for[0] == name
         for backend in entry.builds_for:
-            assert callable(builder(backend))
+            assert callable(builder(backend).build) and builder(backend).takes in GraphInput
     with pytest.raises(ConfigError, match="no builder"):
         builder("nope")
     with pytest.raises(ConfigError, match="unknown"):

@@ -91,13 +91,14 @@ class OrtRunner(Runner):
             names = ["logits", "q_halt_logits", "q_continue_logits"] + (["step_predictions"] if self._per_step else [])
             out = dict(zip(names, self._session.run(names, feeds)))
             return {**out, "steps_used": np.full(batch, self.steps, np.int32)}
-        from hrm_deploy.halting import OrtStep, drive
+        from hrm_deploy.backends.ort.step import OrtStep
+        from hrm_deploy.halting import drive
 
         return drive(OrtStep(self._session, self.steps), feeds["inputs"], feeds["puzzle_identifiers"], halt)
 
     def step_function(self):
-        """The step graph as a :class:`hrm_deploy.halting.StepFunction` (continuous batching)."""
-        from hrm_deploy.halting import OrtStep
+        """The step graph as a :class:`hrm_deploy.contract.StepFunction` (continuous batching)."""
+        from hrm_deploy.backends.ort.step import OrtStep
 
         if self.mode != "step":
             from hrm_deploy.errors import ConfigError

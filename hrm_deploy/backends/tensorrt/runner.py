@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class TrtRunner(LoopRunner):
     """TensorRT / TensorRT-RTX engines (options: see :class:`~hrm_deploy.runtime.base.LoopRunner`)."""
 
-    name = "trt"
+    name = "tensorrt"
 
     def _activate(self) -> None:
         from hrm_deploy.backends.tensorrt.adapter import TrtAdapter

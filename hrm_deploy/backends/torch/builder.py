@@ -312,3 +312,17 @@ def build_from_config(
         tf32=bool(getattr(config, "tf32", False)),
     )
     return build_torch_engine(source or newest_export(), torch_config, out, quiet=quiet)
+
+
+def _build(request: Any) -> Any:
+    return build_from_config(request.ready, request.config, request.out, request.quiet)
+
+
+def _builder() -> Any:
+    """The backend table's builder: it compiles the model itself, from the export or checkpoint given."""
+    from hrm_deploy.engines.request import GraphInput, SimpleBuilder
+
+    return SimpleBuilder(_build, GraphInput.SOURCE)
+
+
+BUILDER = _builder()

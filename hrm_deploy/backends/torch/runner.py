@@ -105,7 +105,7 @@ class TorchEngineRunner(LoopRunner):
     """PyTorch (AOTInductor) engines; CPU engines use torch CPU memory (options: see
     :class:`~hrm_deploy.runtime.base.LoopRunner`)."""
 
-    name = "torch_engine"
+    name = "torch"
     default_mode = "step"
 
     def __init__(self, path: str | Path, **options: Any):

@@ -9,7 +9,6 @@ import pytest
 from hrm_deploy.backends import open_runner
 from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
 from hrm_deploy.backends.ort.builder.static import Holdout, Quality
-from hrm_deploy.backends.ort.builder.target import build_for_cpu
 from hrm_deploy.data.examples import load_examples
 from hrm_deploy.engines.build import EngineConfig
 from hrm_deploy.errors import ConfigError
@@ -134,8 +133,8 @@ def test_calibration_data_defaults_to_the_checkpoints_provenance(tiny_onnx, tmp_
 
     asked = []
 
-    def default_data(artifact, flag):
-        asked.append((str(artifact), flag))
+    def default_data(artifact, flag, splits=None):
+        asked.append((str(artifact), flag, splits))
         return provenance.DataChoice(tiny_onnx.data, f"no {flag} given: using the checkpoint's own dataset")
 
     monkeypatch.setattr(provenance, "default_data", default_data)
@@ -144,18 +143,21 @@ def test_calibration_data_defaults_to_the_checkpoints_provenance(tiny_onnx, tmp_
     )
     built = build_cpu(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx")
     recipe = json.loads(built.manifest.read_text())["recipe"]
-    assert asked == [(str(tiny_onnx.unrolled), "--calib-data")] and "no --calib-data given" in capsys.readouterr().err
+    assert asked == [(str(tiny_onnx.unrolled), "--calib-data", {"train": 16})] and "no --calib-data given" in capsys.readouterr().err
     assert recipe["calibration"]["data"] == tiny_onnx.data and recipe["calibration"]["samples"] == 16
     assert recipe["accuracy"] == {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
 
 
-def test_options_the_cpu_target_cannot_honour_are_refused(tiny_onnx, tmp_path):
+def test_options_the_cpu_target_cannot_honour_are_refused():
+    """Refused once, by the build stage's options (EngineConfig), before any builder runs."""
     with pytest.raises(ConfigError, match="--backend torch does not build for --target cpu"):
-        build_for_cpu(tiny_onnx.unrolled, EngineConfig("fp32", target="cpu", backend="torch"))
+        EngineConfig("fp32", target="cpu", backend="torch")
     with pytest.raises(ConfigError, match="--max-batch, --opt-level: TensorRT build options"):
-        build_for_cpu(tiny_onnx.unrolled, EngineConfig("int8", target="cpu", max_batch=8, optimization_level=2))
+        EngineConfig("int8", target="cpu", max_batch=8, optimization_level=2)
+    with pytest.raises(ConfigError, match="--timing-cache: TensorRT build option"):
+        EngineConfig("fp32", target="cpu", timing_cache="t.cache")
     with pytest.raises(ConfigError, match="add --int8"):
-        build_for_cpu(tiny_onnx.unrolled, EngineConfig("fp32", target="cpu", cpu_int8="static"))
+        EngineConfig("fp32", target="cpu", cpu_int8="static")
     with pytest.raises(ConfigError, match="--calib-data, --accuracy-budget: only the static INT8 recipe"):
         CpuBuildConfig("int8", int8_recipe="dynamic", calib_data="d", accuracy_budget=1.0)
     with pytest.raises(ConfigError, match="--calib-method: only the static"):

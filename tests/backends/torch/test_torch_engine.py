@@ -67,7 +67,7 @@ def test_step_engine_on_cpu_answers_like_the_reference(torch_engines):
     feeds = _examples(torch_engines.data).feeds(0, 40)
     ref = _reference(torch_engines.checkpoint, feeds, steps=3)
     with open_runner(torch_engines.step, steps=3) as runner:  # the loop runs 3 ACT steps of the 1-step preset
-        assert runner.name == "torch_engine" and runner.memory.kind == "torch-cpu"
+        assert runner.name == "torch" and runner.memory.kind == "torch-cpu"
         out = runner.infer(feeds)
         again = runner.infer(feeds)
         assert runner.loop.plans[64].graph is None  # no CUDA graphs on the CPU
@@ -114,7 +114,7 @@ def test_unrolled_engine_from_the_onnx_export_and_verify_end_to_end(torch_engine
         open_runner(torch_engines.unrolled, steps=4).activate()
     report = verify(torch_engines.unrolled, torch_engines.data, samples=64)
     assert report["passed"], report["failures"]
-    assert report["runner"] == "torch_engine" and report["logits"]["argmax_agreement"] == 1.0
+    assert report["runner"] == "torch" and report["logits"]["argmax_agreement"] == 1.0
     assert report["per_step_disagreement"] == [0.0]
 
 
@@ -164,7 +164,7 @@ def test_bench_measures_a_torch_engine_on_cpu(torch_engines, tmp_path):
         ),
     )
     row = report["rows"][0]
-    assert row["status"] == "ok" and row["runner"] == "torch_engine", row
+    assert row["status"] == "ok" and row["runner"] == "torch", row
     assert set(row["batches"]["8"]["phases_median_ms"]) == {"h2d_ms", "compute_ms", "d2h_ms"}
     assert row["accuracy"] == report["rows"][1]["accuracy"]  # same answers as the reference row
 
@@ -265,7 +265,7 @@ def test_gpu_bench_end_to_end(cuda_engine, trained_tiny, tmp_path):
         ),
     )
     row = report["rows"][0]
-    assert row["status"] == "ok" and row["runner"] == "torch_engine", row
+    assert row["status"] == "ok" and row["runner"] == "torch", row
     assert row["batches"]["64"]["phases_median_ms"]["compute_ms"] > 0
 
 

@@ -62,7 +62,7 @@ class CpuBuildConfig:
     fuse: bool = True  # attention + RMSNorm into ORT's fused CPU kernels (fusion.py)
     int8_recipe: str = "static"  # int8.py: RECIPES
     calib_data: str | None = None  # None: the checkpoint's own dataset, from its provenance
-    calib_method: str = "minmax"  # precision.int8.QuantConfig's measured defaults
+    calib_method: str = "minmax"  # precision.calibrate.QuantConfig's measured defaults
     calib_samples: int = 128
     accuracy_budget: float | None = None  # exact-accuracy points; None: DEFAULT_BUDGET_POINTS
     check_accuracy: bool = True  # static: measure against FP32 on held-out puzzles, fall back to FP32 layers
@@ -132,7 +132,7 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
 
     from hrm_deploy.backends.ort.builder.fusion import FUSION_TOLERANCE, check_rewrites, fuse_for_cpu
     from hrm_deploy.backends.ort.builder.static import sink_quantize
-    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.families import config_from_dict
 
     unfused = onnx.load(str(path))
     sink_quantize(unfused)  # static INT8: the attention output's Q back below its head merge (exact)
@@ -140,7 +140,7 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
         return {"skipped": f"graph of {unfused.ByteSize() / 2**30:.1f} GiB, over the 2 GiB protobuf limit: not fused"}
     fused = onnx.ModelProto()
     fused.CopyFrom(unfused)
-    model_config = HRMConfig.from_dict(meta["config"])
+    model_config = config_from_dict(meta["config"])
     report, rewrites = fuse_for_cpu(fused, model_config.hidden_size)
     # One puzzle of random tokens; a step graph gets its first step (reset, zero carry).
     rng = np.random.default_rng(0)
@@ -294,7 +294,8 @@ def _within_budget(
 def build_cpu(
     onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None, quiet: bool = False
 ) -> CpuBuildResult:
-    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export."""
+    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export. (Long on
+    purpose: one staging folder holds the graph from calibration to the published manifest.)"""
     onnx = require("onnx", "onnx", "The cpu target")
     ort = require("onnxruntime", "onnx", "The cpu target")
     from hrm_deploy.export.metadata import graph_metadata

@@ -1,6 +1,6 @@
 """INT8 recipes of the ``cpu`` target: weight MatMuls quantized so that ONNX Runtime's CPU runs
 them as integer GEMMs. Which weights are quantized follows the TensorRT recipe's plan
-(:func:`hrm_deploy.precision.int8.plan_nodes`: ``lm_head`` and ``q_head`` stay float).
+(:func:`hrm_deploy.precision.calibrate.plan_nodes`: ``lm_head`` and ``q_head`` stay float).
 
 * ``static`` (the default; :mod:`hrm_deploy.backends.ort.builder.static`): activation scales fixed at
   build time by calibration, so answers do not depend on the batch; measured against FP32 and
@@ -54,7 +54,7 @@ def quantize_weights(
     written to ``out``; returns the quantized node names."""
     import onnx
 
-    from hrm_deploy.precision.int8 import QuantConfig, plan_nodes
+    from hrm_deploy.precision.calibrate import QuantConfig, plan_nodes
 
     model = onnx.load(src)
     plan = plan_nodes(model, QuantConfig(exclude_patterns=exclude_patterns))

@@ -10,7 +10,7 @@
   dataset's ``test`` split): exact accuracy and argmax agreement. Outside the budget (default:
   at most 1 point of exact accuracy lost and >= 98 % argmax agreement), the most sensitive
   weights stay FP32, greedy by measured sensitivity
-  (:func:`hrm_deploy.precision.int8.keep_sensitive_float`, the TensorRT path's fallback); when
+  (:func:`hrm_deploy.precision.fallback.keep_sensitive_float`, the TensorRT path's fallback); when
   no mix meets the budget the build is refused with the numbers.
 """
 
@@ -91,9 +91,9 @@ def holdout_size(meta: dict[str, Any], most: int) -> int:
     """Held-out puzzles for a model: as many as :data:`HOLDOUT_FLOPS` of FP32 work allow (at
     least :data:`MIN_HOLDOUT`, at most ``most``). Fixed by the model's shape, not by a clock, so
     one build gives the same engine on an idle or a busy machine."""
-    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.families import config_from_dict
 
-    config = HRMConfig.from_dict(meta["config"])
+    config = config_from_dict(meta["config"])
     d, inter = config.hidden_size, config.intermediate_size
     per_token_block = 2 * (4 * d * d + 3 * d * inter)  # qkv + o, gate_up + down: multiply-adds x 2
     flops = per_token_block * config.total_seq_len * config.blocks_per_step * int(meta["steps"])
@@ -137,7 +137,7 @@ def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, q
     """Calibration examples (``config.calib_data``, default: the checkpoint's own dataset from
     its provenance, announced) and the cache file of their ranges, keyed as the precision stage keys them."""
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.precision.int8 import _cache_readable, calibration_key
+    from hrm_deploy.precision.calibrate import _cache_readable, calibration_key
 
     data = config.calib_data
     if not data:
@@ -168,7 +168,8 @@ def quantize_static(
     src: Path, out: Path, calib: Calibration, meta: dict[str, Any], config: Any, exclude: tuple[str, ...] = ()
 ) -> list[str]:
     """U8S8 Q/DQ graph of ``src`` at ``out`` (``exclude``: node names kept FP32); returns the quantized nodes."""
-    from hrm_deploy.precision.int8 import QuantConfig, quantize_int8
+    from hrm_deploy.precision.calibrate import QuantConfig
+    from hrm_deploy.precision.int8 import quantize_int8
 
     quant = QuantConfig(
         method=config.calib_method, samples=config.calib_samples, exclude_patterns=config.exclude_patterns
@@ -227,7 +228,8 @@ def fit_budget(
     kept weights, their node names and every weight's sensitivity; refuses when no mix fits."""
     import onnx
 
-    from hrm_deploy.precision.int8 import QuantConfig, keep_sensitive_float, plan_nodes
+    from hrm_deploy.precision.calibrate import QuantConfig, plan_nodes
+    from hrm_deploy.precision.fallback import keep_sensitive_float
 
     budget = config.budget
     model = onnx.load(str(src), load_external_data=False)

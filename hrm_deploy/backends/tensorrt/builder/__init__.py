@@ -1,6 +1,6 @@
 """Building TensorRT / TensorRT-RTX engines.
 
-- :mod:`.engine`: ``build_tensorrt`` (precision ONNX -> engine + manifest + layers.json);
+- :mod:`.engine`: ``BUILDER``, the backend table's builder (precision ONNX -> engine + manifest + layers.json);
 - :mod:`.worker`: the build itself, in a child process (reports its phases);
 - :mod:`.options`: the timing-cache file and the equivalent ``trtexec`` / ``tensorrt_rtx`` line;
 - :mod:`.cost`: what an unrolled build costs, and when it needs ``--allow-unrolled``;

@@ -1,9 +1,11 @@
 """The TensorRT / TensorRT-RTX build: precision ONNX -> serialized engine + manifest + layers.json.
 
-An FP32 graph asked for a lower precision first goes through
-:func:`hrm_deploy.precision.convert.make_precision_graph` (INT8 / FP8: calibration, and it says
-so). The build runs in a child process (:mod:`.worker`); the engine is written atomically and only
-when the requested precision is visibly in the network (:mod:`.layers`).
+:data:`BUILDER` is the backend table's builder (:class:`hrm_deploy.engines.request.Builder`): it
+refuses a missing TensorRT or a GPU too old for the precision before any work, asks for the
+single-step graph when an unroll's build would be over budget (:mod:`.cost`), and builds the
+precision graph the build stage made. The build runs in a child process (:mod:`.worker`); the
+engine is written atomically and only when the requested precision is visibly in the network
+(:mod:`.layers`).
 """
 
 from __future__ import annotations
@@ -15,24 +17,23 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from hrm_deploy.backends.tensorrt.api import load_backend
 from hrm_deploy.backends.tensorrt.builder.cost import check_unrolled_build, compute_nodes, unrolled_over_budget
 from hrm_deploy.backends.tensorrt.builder.layers import precision_verdict
 from hrm_deploy.backends.tensorrt.builder.options import reproduce_command, timing_cache_path
-from hrm_deploy.engines.result import EngineResult, newest_export, recorded_data_fields
-from hrm_deploy.engines.targets import TargetProfile, get_target, target_architectures
+from hrm_deploy.engines.request import BuildRequest, GraphInput, StepInstead
+from hrm_deploy.engines.result import EngineResult
+from hrm_deploy.engines.targets import TargetProfile, target_architectures
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
 from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
-from hrm_deploy.manifest import check_artifact, manifest_path, publish_artifact, read_verified
+from hrm_deploy.manifest import publish_artifact, read_verified
+from hrm_deploy.precision.registry import PRECISIONS
 from hrm_deploy.progress import Stages
 from hrm_deploy.system import gpu_identity
-
-if TYPE_CHECKING:
-    from hrm_deploy.engines.build import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,21 @@ class _Graph(NamedTuple):
     dims: dict[str, list[Any]]  # input name -> dims, None for dynamic
     nodes: int
     compute_nodes: int  # without Cast and Q/DQ: what the build cost scales with (engines.cost)
+
+
+@dataclass
+class _Job:
+    """One TensorRT build: the request, the verified graph bytes and what the build needs of them."""
+
+    request: BuildRequest
+    graph: Path
+    onnx_bytes: bytes  # the graph's bytes, sha256-checked against its manifest
+    graph_manifest: dict[str, Any] | None
+    meta: dict[str, Any]  # the graph's hrm_deploy metadata
+    spec: dict[str, Any]  # the worker's build spec (and the local facts, see _spec)
+    backend: Any
+    target_path: Path
+    stages: Stages
 
 
 def _graph_info(path: Path, data: bytes | None = None) -> _Graph:
@@ -87,65 +103,6 @@ def _check_memory_budget(target: TargetProfile, nodes: int, onnx_bytes: int) -> 
     return estimate
 
 
-def _step_graph(unrolled: Path, meta: dict[str, Any], cost: Any, quiet: bool) -> Path:
-    """The single-step graph of the checkpoint ``unrolled`` was exported from (its manifest's parent),
-    exported beside it with the same opset and batch limit; an existing one of that checkpoint is reused."""
-    from hrm_deploy.artifacts import find_reference
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-    from hrm_deploy.manifest import read_manifest, resolve_parent
-
-    checkpoint = find_reference(unrolled)
-    step = unrolled.with_name(unrolled.name.removesuffix(".onnx") + ".step.onnx")
-    say = (lambda msg: None) if quiet else log.info
-    say(
-        f"{unrolled.name} is a {meta.get('steps', '?')}-step unrolled graph whose TensorRT build would take "
-        f"{cost.describe()}: building its single-step graph instead, run by the device loop "
-        "(--allow-unrolled builds the unroll)"
-    )
-    if step.is_file() and manifest_path(step).is_file():
-        recorded = read_manifest(step) or {}
-        parent = resolve_parent(step, recorded)
-        if parent is not None and parent.resolve() == checkpoint.resolve() and recorded.get("mode") == "step":
-            check_artifact(step)
-            return step
-    exported = (read_manifest(unrolled) or {}).get("config", {}).get("export", {})
-    export = ExportConfig(
-        mode="step", opset=int(exported.get("opset", 18)), max_batch=int(exported.get("max_batch", 64))
-    )
-    return export_onnx(checkpoint, step, export, quiet=quiet, **recorded_data_fields(unrolled)).path
-
-
-def _precision_source(onnx_path: Path, meta: dict[str, Any], config: EngineConfig, quiet: bool) -> Path:
-    have = meta.get("precision", "fp32")
-    if have == config.precision:
-        return onnx_path
-    if have != "fp32":
-        raise ConfigError(f"{onnx_path} is a {have} graph but {config.precision} was asked for; pass the FP32 export")
-    from hrm_deploy.precision.convert import QDQ_PRECISIONS, PrecisionConfig, make_precision_graph
-    from hrm_deploy.precision.int8 import QuantConfig
-
-    if not quiet:
-        what = "calibrating and quantizing" if config.precision in QDQ_PRECISIONS else "converting"
-        log.info(f"{onnx_path.name} is FP32: {what} it to {config.precision} first")
-    if config.precision in QDQ_PRECISIONS and not config.calib_data:
-        from dataclasses import replace
-
-        from hrm_deploy.provenance import default_data
-
-        choice = default_data(onnx_path, "--calib-data")
-        log.info(choice.message)
-        config = replace(config, calib_data=str(choice.path))
-    quant = QuantConfig(method=config.calib_method, samples=config.calib_samples)
-    result = make_precision_graph(
-        onnx_path,
-        PrecisionConfig(
-            config.precision, calib_data=config.calib_data, quant=quant, accuracy_budget=config.accuracy_budget
-        ),
-        quiet=quiet,
-    )
-    return result.path
-
-
 def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
     """Fail when the requested precision is not visible in the network or the built engine.
 
@@ -157,15 +114,12 @@ def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
     """
     network = build.get("network", {})
     dtypes = network.get("output_dtypes", {})
+    entry = PRECISIONS.get(precision)  # what the network must show, from the precision table
     missing = None
-    if precision == "fp16" and not dtypes.get("HALF"):
-        missing = "no layer computes in FP16"
-    elif precision == "bf16" and not dtypes.get("BF16"):
-        missing = "no layer computes in BF16"
-    elif precision in ("int8", "fp8", "nvfp4") and not network.get("qdq_layers"):
+    if entry is not None and entry.calibrated and not network.get("qdq_layers"):
         missing = "no Q/DQ layers"
-    elif precision == "nvfp4" and not dtypes.get("FP4"):
-        missing = "no FP4 tensor in the network"
+    elif entry is not None and entry.network_dtype and not dtypes.get(entry.network_dtype):
+        missing = f"no layer computes in {precision.upper()} (no {entry.network_dtype} tensor in the network)"
     inspection = build.setdefault("engine_inspection", {})
     verdict = "not_inspected"
     if not missing and inspection.get("available"):
@@ -251,147 +205,173 @@ def _for_tensorrt(onnx_bytes: bytes, graph_manifest: dict[str, Any] | None, rewr
     return model.SerializeToString() if count else onnx_bytes
 
 
-def build_tensorrt(
-    onnx_path: str | os.PathLike | None, config: EngineConfig, out: str | os.PathLike | None = None, quiet: bool = False
-) -> EngineResult:
-    """Build a TensorRT / TensorRT-RTX engine for ``config.target`` from ``onnx_path`` (default:
-    the newest export); the ``tensorrt`` and ``tensorrt-rtx`` rows of the backend registry."""
-    target = get_target(config.target)
-    backend_name = config.backend or target.backends[0]
-    if backend_name not in target.backends:
-        raise ConfigError(f"target {target.name} builds with {' or '.join(target.backends)}, not {backend_name}")
-    backend = load_backend(backend_name)  # fail before any conversion work when the backend is missing
-    backend.compute_capability(config.compute_capability or target.compute_capability)  # validate early
-    machine = gpu_identity()
-    # before any conversion work: a precision the target's GPUs cannot run is refused in one line
-    architectures = target_architectures(
-        target, config.precision, config.compute_capability, machine.get("compute_capability")
-    )
-    stages = Stages(quiet)
-    src = Path(onnx_path) if onnx_path else newest_export()
-    if not src.is_file():
-        raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first")
-    check_artifact(src)  # before any conversion: the FP32 export is what its manifest says
-    given = _graph_info(src)
-    # before calibration or conversion: an unrolled graph whose build is over budget is replaced by
-    # its single-step graph (same checkpoint), unless the unrolled build was asked for
-    step_instead = None
-    over = unrolled_over_budget(given.meta, given.compute_nodes, config.precision)
-    if over is not None and not config.allow_unrolled:
-        step_instead = {"unrolled_graph": str(src), "unrolled_estimate": over.to_dict()}
-        src = _step_graph(src, given.meta, over, quiet)
-        given = _graph_info(src)
-    unrolled_cost = check_unrolled_build(
-        given.meta, given.compute_nodes, config.precision, config.allow_unrolled, src.name
-    )
-    if unrolled_cost is not None and not quiet:
-        log.info(f"building the unrolled graph as asked (--allow-unrolled): {unrolled_cost.describe()}")
-    graph = _precision_source(src, given.meta, config, quiet) if config.precision != "fp32" else src
-    # Everything below uses these bytes, whose sha256 matched the manifest: a concurrent export
-    # replacing the file cannot slip in between the check, the shapes and the build.
-    onnx_bytes, graph_manifest = read_verified(graph)
-    onnx_sha256 = sha256_bytes(onnx_bytes)
-    meta, dims, nodes, _ = _graph_info(graph, onnx_bytes)
-    estimate = _check_memory_budget(target, nodes, len(onnx_bytes))
+class TensorRTBuilder:
+    """Builds TensorRT and TensorRT-RTX engines (``build-engine --backend tensorrt|tensorrt-rtx``)
+    from the precision graph the build stage made."""
+
+    takes = GraphInput.PRECISION
+
+    def preflight(self, request: BuildRequest) -> BuildRequest:
+        """Before any conversion work: the flavour fits the target and is installed, and the
+        target's GPUs run the precision (the architectures and this machine go to ``facts``)."""
+        config, target = request.config, request.target
+        if request.backend not in target.backends:
+            raise ConfigError(f"target {target.name} builds with {' or '.join(target.backends)}, not {request.backend}")
+        backend = load_backend(request.backend)
+        backend.compute_capability(config.compute_capability or target.compute_capability)  # validate early
+        machine = gpu_identity()
+        architectures = target_architectures(
+            target, config.precision, config.compute_capability, machine.get("compute_capability")
+        )
+        return replace(request, facts={**request.facts, "machine": machine, "architectures": architectures})
+
+    def step_instead(self, graph: Path, request: BuildRequest) -> StepInstead | None:
+        """The single-step graph when ``graph`` is an unroll whose build is over budget and
+        ``--allow-unrolled`` was not given (:mod:`.cost`)."""
+        given = _graph_info(graph)
+        over = unrolled_over_budget(given.meta, given.compute_nodes, request.config.precision)
+        if over is None or request.config.allow_unrolled:
+            return None
+        why = (
+            f"{graph.name} is a {given.meta.get('steps', '?')}-step unrolled graph whose TensorRT build would take "
+            f"{over.describe()}: building its single-step graph instead, run by the device loop "
+            "(--allow-unrolled builds the unroll)"
+        )
+        return StepInstead(why, {"unrolled_graph": str(graph), "unrolled_estimate": over.to_dict()})
+
+    def build(self, request: BuildRequest) -> EngineResult:
+        """The engine of ``request.ready`` (the precision graph), its manifest and layers.json."""
+        config, target, graph = request.config, request.target, request.ready
+        # Everything below uses these bytes, whose sha256 matched the manifest: a concurrent export
+        # replacing the file cannot slip in between the check, the shapes and the build.
+        onnx_bytes, graph_manifest = read_verified(graph)
+        meta, dims, nodes, compute = _graph_info(graph, onnx_bytes)
+        unrolled_cost = check_unrolled_build(meta, compute, config.precision, config.allow_unrolled, graph.name)
+        if unrolled_cost is not None and not request.quiet:
+            log.info(f"building the unrolled graph as asked (--allow-unrolled): {unrolled_cost.describe()}")
+        backend = load_backend(request.backend)
+        spec = {**_spec(request, backend, dims, len(onnx_bytes), nodes), "onnx_sha256": sha256_bytes(onnx_bytes)}
+        stem = graph.name[: -len(".onnx")]
+        out = request.out or Path("engines") / f"{stem}.{target.name}.{backend.name}.engine"
+        target_path = check_output_path(out)
+        job = _Job(request, graph, onnx_bytes, graph_manifest, meta, spec, backend, target_path, Stages(request.quiet))
+        with staging_dir(target_path.parent, "build") as work:
+            staged, build = _build_in_child(job, work)
+            _check_precision_took(config.precision, build)
+            facts = {**request.facts, "unrolled_opt_in": unrolled_cost.to_dict() if unrolled_cost else None}
+            manifest = _publish(job, staged, build, facts)
+        return EngineResult(target_path, manifest, graph, build)
+
+
+def _spec(request: BuildRequest, backend: Any, dims: dict[str, list[Any]], onnx_bytes: int, nodes: int) -> dict:
+    """The worker's build spec: the batch profile, workspace, optimization level, compute
+    capability and timing cache, each from the options or the target's profile."""
+    config, target = request.config, request.target
+    estimate = _check_memory_budget(target, nodes, onnx_bytes)
     lo = config.min_batch or target.min_batch
     hi = config.max_batch or target.max_batch
     opt = config.opt_batch or min(max(target.opt_batch, lo), hi)
     if not lo <= opt <= hi:
         raise ConfigError(f"batch profile needs min <= opt <= max, got {lo}/{opt}/{hi}")
-    spec: dict[str, Any] = {
+    machine = request.facts.get("machine", {})
+    return {
         "backend": backend.name,
-        "onnx": str(graph.resolve()),
+        "version": backend.version,
         "shapes": _shapes(dims, lo, opt, hi),
         "workspace_mib": config.workspace_mib or target.workspace_mib,
         "optimization_level": config.optimization_level
         if config.optimization_level is not None
         else target.builder_optimization_level,
         "compute_capability": config.compute_capability or target.compute_capability,
-    }
-    spec["timing_cache"] = (
-        str(timing_cache_path(config.timing_cache, backend, machine))
+        "timing_cache": str(timing_cache_path(config.timing_cache, backend, machine))
         if config.timing_cache and backend.supports_timing_cache()
-        else None
+        else None,
+        "estimated_build_mib": estimate,
+        "nodes": nodes,
+    }
+
+
+def _build_in_child(job: _Job, work: Path) -> tuple[Path, dict[str, Any]]:
+    """Stage the parsed copy of the graph in ``work``, run the worker on it; returns the staged
+    engine and the worker's build report (``spec`` gets the staged paths and the graph rewrites)."""
+    graph, spec, request = job.graph, job.spec, job.request
+    spec["rewrites"] = {}
+    built_from = work / graph.name
+    built_from.write_bytes(_for_tensorrt(job.onnx_bytes, job.graph_manifest, spec["rewrites"]))
+    for companion in (job.graph_manifest or {}).get("companions", {}) or {}:
+        os.symlink(graph.resolve().with_name(companion), work / companion)  # checked by read_verified
+    staged = work / job.target_path.name
+    spec_file, result_file = work / "spec.json", work / "result.json"
+    spec.update(
+        onnx=str(built_from.resolve()), out=str(staged), result=str(result_file), layers_out=str(work / "layers.json")
     )
-    rewrites: dict[str, Any] = {}
-    stem = graph.name[: -len(".onnx")]
-    target_path = check_output_path(
-        Path(out) if out else Path("engines") / f"{stem}.{target.name}.{backend.name}.engine"
-    )
-    with staging_dir(target_path.parent, "build") as work:
-        built_from = work / graph.name
-        built_from.write_bytes(_for_tensorrt(onnx_bytes, graph_manifest, rewrites))
-        for companion in (graph_manifest or {}).get("companions", {}) or {}:
-            os.symlink(graph.resolve().with_name(companion), work / companion)  # checked by read_verified
-        staged = work / target_path.name
-        spec_file, result_file = work / "spec.json", work / "result.json"
-        spec.update(
-            onnx=str(built_from.resolve()),
-            out=str(staged),
-            result=str(result_file),
-            layers_out=str(work / "layers.json"),
-        )
-        if spec["timing_cache"]:
-            Path(spec["timing_cache"]).parent.mkdir(parents=True, exist_ok=True)
-        with stages.stage(
-            f"building {config.precision} engine with {backend.name} {backend.version} "
-            f"for {target.name} ({nodes} ONNX nodes, in a child process)"
-        ) as status:
-            child = _run_worker(spec, spec_file, status)
-        build = json.loads(result_file.read_text()) if result_file.is_file() else {}
-        if child.returncode != 0:
-            if build.get("parser_errors"):
-                raise EngineError(
-                    f"{backend.name} could not parse {graph.name}:\n  " + "\n  ".join(build["parser_errors"])
-                )
-            tail = "\n".join((child.stderr or child.stdout).strip().splitlines()[-8:])
-            raise EngineError(f"{backend.name} failed to build {graph.name} (exit {child.returncode}):\n{tail}")
-        _check_precision_took(config.precision, build)
-        layers_file = layers_path(target_path)
-        have_layers = Path(spec["layers_out"]).is_file()
-        command = reproduce_command(
+    if spec["timing_cache"]:
+        Path(spec["timing_cache"]).parent.mkdir(parents=True, exist_ok=True)
+    backend = spec["backend"]
+    local = ("version", "rewrites", "estimated_build_mib", "nodes", "onnx_sha256")  # not the worker's
+    worker_spec = {k: v for k, v in spec.items() if k not in local}
+    with job.stages.stage(
+        f"building {request.config.precision} engine with {backend} {spec['version']} "
+        f"for {request.target.name} ({spec['nodes']} ONNX nodes, in a child process)"
+    ) as status:
+        child = _run_worker(worker_spec, spec_file, status)
+    build = json.loads(result_file.read_text()) if result_file.is_file() else {}
+    if child.returncode != 0:
+        if build.get("parser_errors"):
+            raise EngineError(f"{backend} could not parse {graph.name}:\n  " + "\n  ".join(build["parser_errors"]))
+        tail = "\n".join((child.stderr or child.stdout).strip().splitlines()[-8:])
+        raise EngineError(f"{backend} failed to build {graph.name} (exit {child.returncode}):\n{tail}")
+    return staged, build
+
+
+def _publish(job: _Job, staged: Path, build: dict[str, Any], facts: dict[str, Any]) -> Path:
+    """Engine + layers.json + manifest as one unit: layers.json renamed in before the engine, a
+    previous build's layers (describing another engine) removed. Returns the manifest path."""
+    config, spec, target_path, backend = job.request.config, job.spec, job.target_path, job.backend
+    layers_file = layers_path(target_path)
+    have_layers = Path(spec["layers_out"]).is_file()
+    recipe = (job.graph_manifest or {}).get("report", {})
+    return publish_artifact(
+        staged,
+        target_path,
+        stage="engine",
+        parent=job.graph,
+        parent_sha256=spec["onnx_sha256"],
+        config=asdict(config),
+        sidecars=[(Path(spec["layers_out"]), layers_file)] if have_layers else [],
+        remove=[] if have_layers else [layers_file],
+        backend={"name": backend.name, "version": backend.version},
+        target=asdict(job.request.target),
+        compute_capability=spec["compute_capability"],
+        architectures=facts.get("architectures"),
+        build_machine=facts.get("machine"),
+        precision=config.precision,
+        recipe=recipe,
+        calibration_key=recipe.get("calibration", {}).get("key"),
+        mode=job.meta["mode"],
+        steps=job.meta["steps"],
+        profile_shapes=spec["shapes"],
+        workspace_mib=spec["workspace_mib"],
+        onnx_sha256=spec["onnx_sha256"],
+        graph_rewrites=spec["rewrites"],  # applied to the parsed copy only (bit-exact, see _for_tensorrt)
+        build=build,
+        estimated_build_mib=spec["estimated_build_mib"],
+        unrolled_opt_in=facts.get("unrolled_opt_in"),
+        step_instead_of_unrolled=facts.get("step_instead_of_unrolled"),
+        timings=job.stages.timings,
+        trtexec_command=reproduce_command(
             backend,
-            onnx=graph,
+            onnx=job.graph,
             engine=target_path,
             shapes=spec["shapes"],
             workspace_mib=spec["workspace_mib"],
             optimization_level=spec["optimization_level"],
             compute_capability=spec["compute_capability"],
             timing_cache=spec["timing_cache"],
-        )
-        recipe = (graph_manifest or {}).get("report", {})
-        # engine + layers.json + manifest as one unit: layers.json renamed in before the engine,
-        # a previous build's layers (describing another engine) removed
-        manifest = publish_artifact(
-            staged,
-            target_path,
-            stage="engine",
-            parent=graph,
-            parent_sha256=onnx_sha256,
-            config=asdict(config),
-            sidecars=[(Path(spec["layers_out"]), layers_file)] if have_layers else [],
-            remove=[] if have_layers else [layers_file],
-            backend={"name": backend.name, "version": backend.version},
-            target=asdict(target),
-            compute_capability=spec["compute_capability"],
-            architectures=architectures,
-            build_machine=machine,
-            precision=config.precision,
-            recipe=recipe,
-            calibration_key=recipe.get("calibration", {}).get("key"),
-            mode=meta["mode"],
-            steps=meta["steps"],
-            profile_shapes=spec["shapes"],
-            workspace_mib=spec["workspace_mib"],
-            onnx_sha256=onnx_sha256,
-            graph_rewrites=rewrites,  # applied to the parsed copy only (bit-exact, see _for_tensorrt)
-            build=build,
-            estimated_build_mib=estimate,
-            unrolled_opt_in=unrolled_cost.to_dict() if unrolled_cost else None,
-            step_instead_of_unrolled=step_instead,
-            timings=stages.timings,
-            trtexec_command=command,
-            layers_json=layers_file.name if have_layers else None,
-            timing_cache=spec["timing_cache"],
-        )
-    return EngineResult(target_path, manifest, graph, build)
+        ),
+        layers_json=layers_file.name if have_layers else None,
+        timing_cache=spec["timing_cache"],
+    )
+
+
+BUILDER = TensorRTBuilder()

@@ -26,8 +26,7 @@ import json
 import re
 from typing import Any
 
-# requested engine precision -> the normalized dtype the inspector must show somewhere
-EVIDENCE = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8", "nvfp4": "fp4"}
+from hrm_deploy.precision.registry import PRECISIONS
 
 # order matters: BFloat16 before Float, FP4 and FP8 before the rest
 _DTYPE_PATTERNS = [
@@ -129,7 +128,8 @@ def precision_verdict(precision: str, summary: dict[str, Any]) -> tuple[str, str
     "fp32" (refuse) only when every layer is detailed, none is fused, the tensors show their
     data types and none shows the requested one.
     """
-    want = EVIDENCE.get(precision)
+    # the normalized dtype the inspector must show somewhere, from the precision table
+    want = PRECISIONS[precision].engine_dtype if precision in PRECISIONS else None
     if want is None:
         return "took", f"{precision} needs no reduced-precision evidence"
     detail = summary.get("detail")

@@ -1,9 +1,12 @@
-"""Halting in verify and bench: every rule evaluated on a runner's outputs, the report, its
-markdown and the accuracy-vs-steps plot; ``--halt`` texts prepared (budgets calibrated)."""
+"""Halting in verify, bench and solve: every rule evaluated on a runner's outputs, the report, its
+markdown and the accuracy-vs-steps plot; ``--halt`` texts prepared, a ``budget:P`` threshold
+calibrated by running the artifact (:func:`calibrate_budget`). It opens runners, so it sits beside
+verify, above the backends; :mod:`hrm_deploy.halting` holds the rules and the scheduler."""
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +14,9 @@ import numpy as np
 
 from hrm_deploy.contract import HaltFn
 from hrm_deploy.errors import ConfigError
-from hrm_deploy.halting.budget import accuracy_vs_steps, calibrate_budget, exact_at, rule_summary
+from hrm_deploy.halting.budget import accuracy_vs_steps, calibrate_threshold, exact_at, rule_summary
 from hrm_deploy.halting.rules import HaltMode, HaltRule, resolve_rule, simulate_steps
+from hrm_deploy.halting.store import budget_key, calibration_cache, stored_budgets
 from hrm_deploy.metrics import solved_rows
 
 log = logging.getLogger(__name__)
@@ -172,3 +176,91 @@ def prepare_rules(
             rule = rule.with_threshold(entry["threshold"])
         rules.append(rule)
     return rules
+
+
+def calibrate_budget(
+    artifact: str,
+    data: str,
+    budget_points: float,
+    *,
+    samples: int | None = 512,
+    split: str = "train",
+    min_steps: int = 1,
+    max_steps: int | None = None,
+    batch: int = 64,
+    **runner_options: Any,
+) -> dict[str, Any]:
+    """Calibrate ``budget:P`` for ``artifact`` on held-out examples of ``data`` (default: the
+    dataset's train split, so verify's test split stays unseen) and store the threshold in the
+    artifact's manifest under ``halting.budgets``. Returns the stored entry."""
+    from hrm_deploy.backends import open_runner
+    from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.manifest import check_artifact
+    from hrm_deploy.runtime.infer import infer_all
+
+    judged = (check_artifact(artifact) or {}).get("sha256") if Path(artifact).is_file() else None
+    examples = load_examples(data, samples, split=split if (_has_split(data, split)) else "test")
+    if examples.labels is None:
+        raise ConfigError(f"budget calibration needs labelled examples; {data} has none")
+    runner = open_runner(artifact, **runner_options)
+    runner.activate()
+    try:
+        out = infer_all(runner, examples, batch)
+    finally:
+        runner.close()
+    if "q_continue_logits" not in out or "step_predictions" not in out:
+        raise ConfigError(
+            f"{artifact} does not expose per-step outputs; budget calibration needs a step graph, "
+            "an unrolled graph exported with --step-predictions, an engine or a checkpoint"
+        )
+    rule = HaltRule(HaltMode.BUDGET, None, budget_points, min_steps, max_steps)
+    entry = {
+        **calibrate_threshold(
+            out["q_halt_logits"],
+            out["q_continue_logits"],
+            out["step_predictions"],
+            examples.labels,
+            budget_points,
+            min_steps,
+            max_steps,
+        ),
+        "budget_points": budget_points,
+        "min_steps": min_steps,
+        "max_steps": max_steps,
+        "data": examples.source,
+        "split": split,
+        "examples": len(examples),
+    }
+    _store_budget(artifact, rule, entry, judged)
+    return entry
+
+
+def _store_budget(artifact: str, rule: HaltRule, entry: dict[str, Any], judged: str | None) -> None:
+    """Keep a calibrated threshold: in the artifact's manifest when it is ours and writable (only
+    while the manifest still describes the bytes ``judged``), else in the user cache by sha256."""
+    from hrm_deploy.io import write_json
+    from hrm_deploy.manifest import manifest_path, read_manifest, update_manifest
+
+    path = manifest_path(artifact)
+    if path.is_file() and os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
+        # our artifact: the threshold travels with it
+        halting = dict(read_manifest(artifact).get("halting", {}))
+        halting["budgets"] = {**halting.get("budgets", {}), budget_key(rule): entry}
+        update_manifest(artifact, expect_sha256=judged, halting=halting)
+        return
+    # a checkpoint, the bundled model or a read-only artifact: the user cache, keyed by sha256
+    cached = calibration_cache(artifact)
+    budgets = {**stored_budgets(artifact), budget_key(rule): entry}
+    try:
+        write_json(cached, {"artifact": str(artifact), "budgets": budgets})
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot store the calibrated threshold in {cached} ({exc.strerror}); set HRM_DEPLOY_CACHE "
+            "to a writable folder"
+        ) from None
+
+
+def _has_split(data: str, split: str) -> bool:
+    from pathlib import Path
+
+    return (Path(data) / split / "dataset.json").is_file()

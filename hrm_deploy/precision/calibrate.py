@@ -1,0 +1,320 @@
+"""Calibration: the activation ranges every Q/DQ precision (INT8, FP8, NVFP4) reads, and their cache.
+
+Which nodes get Q/DQ (:func:`plan_nodes`, TensorRT's convention: the inputs of MatMul/Gemm with a
+weight; norms, softmax, residual adds, embeddings and the heads lm_head, q_head stay float), the
+ranges of those inputs measured on real examples, and ONNX Runtime's calibration cache holding them
+(one cache, keyed by :func:`calibration_key`, serves every Q/DQ precision and every exclusion).
+
+Calibration runs the model through all ACT steps: the unrolled graph contains every step
+(each step's MatMul is its own node, with its own activation range); a single-step graph is
+driven segment by segment, its carry read from the same run that reads the ranges, so one
+range covers every step. Ranges are reduced inside the graph on ONNX Runtime, on CUDA when
+this onnxruntime has it (:func:`calibration_provider`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import io
+import logging
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hrm_deploy.data.examples import Examples
+from hrm_deploy.errors import ConfigError
+from hrm_deploy.onnx_runtime import ort_session, step_once, zero_carry
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("entropy", "minmax", "percentile")
+DEFAULT_EXCLUDE_PATTERNS = ("*lm_head*", "*q_head*")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How to quantize. ``exclude_patterns`` are fnmatch patterns on node names."""
+
+    # Defaults from benchmarks/results/calib_size.json and calib_overhead.json: on the bundled
+    # model no method or K in 32..512 is reliably better (0.2-1.4 points off FP32, within the
+    # noise of 2,000 puzzles); minmax costs a few % over plain inference (entropy/percentile
+    # histograms ~200 %), and K=128 calibrates the Sudoku-size step graph in ~3 minutes on 2 cores.
+    method: str = "minmax"
+    samples: int = 128
+    batch: int = 32
+    exclude_op_types: tuple[str, ...] = ()
+    exclude_patterns: tuple[str, ...] = DEFAULT_EXCLUDE_PATTERNS
+    percentile: float = 99.999
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"calibration method {self.method!r} unknown; use one of {', '.join(METHODS)}")
+        if self.samples < 1 or self.batch < 1:
+            raise ConfigError("calibration samples and batch must be >= 1")
+
+
+@dataclass
+class QuantPlan:
+    """Which nodes get Q/DQ and which were left in float, and why."""
+
+    quantize: list[str] = field(default_factory=list)
+    excluded: dict[str, str] = field(default_factory=dict)
+
+
+def plan_nodes(model, config: QuantConfig, extra_exclude: tuple[str, ...] = ()) -> QuantPlan:
+    """MatMul/Gemm nodes whose second input is a weight initializer, minus exclusions."""
+    initializers = {i.name for i in model.graph.initializer}
+    plan = QuantPlan()
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        if len(node.input) < 2 or node.input[1] not in initializers:
+            plan.excluded[node.name] = "no weight input (activation x activation)"
+        elif node.op_type in config.exclude_op_types:
+            plan.excluded[node.name] = f"op type {node.op_type} excluded"
+        elif any(fnmatch.fnmatch(node.name, p) for p in config.exclude_patterns + extra_exclude):
+            plan.excluded[node.name] = "name pattern excluded (kept in float)"
+        else:
+            plan.quantize.append(node.name)
+    if not plan.quantize:
+        raise ConfigError("no MatMul/Gemm with a weight is left to quantize; loosen --exclude")
+    return plan
+
+
+RANGES_OUTPUT = "hrm_deploy_calib/absmax"  # minmax: one vector, max |x| of every calibrated tensor
+
+
+def calibration_provider() -> str:
+    """The ONNX Runtime provider calibration runs on: ``cuda`` when this onnxruntime offers it
+    (the GPU build; CPU takes what CUDA does not run), ``cpu`` otherwise."""
+    import onnxruntime as ort
+
+    return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+
+
+def _runs(examples: Examples, batch: int, mode: str, steps: int) -> int:
+    """Session runs of one calibration pass: one per batch, times ``steps`` for a single-step graph."""
+    return -(-len(examples) // batch) * (steps if mode == "step" else 1)
+
+
+def _drive(session, fetch: list[str], examples: Examples, batch: int, mode: str, steps: int) -> Iterator[list]:
+    """Run the examples through ``session`` batch by batch, yielding the ``fetch`` outputs of each
+    run. A single-step graph runs ``steps`` times per batch from a zero carry (``reset`` on the
+    first step, as the host loop does) and reads its next carry from the same run, so ranges
+    cost one pass over the data, not a float pass plus a collecting pass."""
+    for start in range(0, len(examples), batch):
+        feeds = examples.feeds(start, start + batch)
+        if mode != "step":
+            yield session.run(fetch, feeds)
+            continue
+        n = len(feeds["inputs"])
+        carry = zero_carry(session, n)
+        for step in range(steps):
+            carry, _, values = step_once(session, feeds, carry, np.full((n,), step == 0), fetch)
+            yield values
+
+
+def _with_range_outputs(model, tensors: list[str], method: str) -> list[str]:
+    """Add what calibration reads to ``model`` (in place); returns the output names to fetch.
+
+    minmax: Abs -> ReduceMax per tensor inside the graph (ORT's threads, no activation copied
+    out), the scalars concatenated into one vector output, so a run returns one small array
+    instead of hundreds. entropy/percentile need the values: each tensor becomes an output."""
+    from onnx import TensorProto, helper
+
+    if method != "minmax":
+        present = {o.name for o in model.graph.output}
+        for name in tensors:
+            if name not in present:
+                model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+        return list(tensors)
+    flat = f"{RANGES_OUTPUT}/shape_1"
+    model.graph.initializer.append(helper.make_tensor(flat, TensorProto.INT64, [1], [1]))
+    peaks = []
+    for i, name in enumerate(tensors):
+        base = f"{RANGES_OUTPUT}/{i}"
+        model.graph.node.extend(
+            [
+                helper.make_node("Abs", [name], [f"{base}/abs"], name=f"{base}/Abs"),
+                helper.make_node("ReduceMax", [f"{base}/abs"], [f"{base}/max"], name=f"{base}/ReduceMax", keepdims=1),
+                helper.make_node("Reshape", [f"{base}/max", flat], [f"{base}/peak"], name=f"{base}/Reshape"),
+            ]
+        )
+        peaks.append(f"{base}/peak")
+    model.graph.node.append(helper.make_node("Concat", peaks, [RANGES_OUTPUT], name=f"{RANGES_OUTPUT}/Concat", axis=0))
+    model.graph.output.append(helper.make_tensor_value_info(RANGES_OUTPUT, TensorProto.FLOAT, [len(tensors)]))
+    return [RANGES_OUTPUT]
+
+
+def _range_session(fp32_path: str, tensors: list[str], method: str):
+    """One ONNX Runtime session over the FP32 graph plus the range outputs of ``tensors``, on
+    :func:`calibration_provider`. Returns (session, output names to fetch per run)."""
+    import onnx
+
+    model = onnx.load(fp32_path)
+    fetch = _with_range_outputs(model, tensors, method)
+    serialized = model.SerializeToString()
+    del model  # one copy of the weights at a time besides the session's
+    # ORT's default order runs the reductions late and keeps every calibrated activation alive
+    # until then (4x the plain peak memory on the bundled unroll, GBs on a 16-step Sudoku unroll,
+    # and runs up to 1.5x slower); the priority-based order runs each one as soon as it can.
+    # A GPU provider that cannot load falls back to CPU: the ranges are the same, only slower.
+    session = ort_session(serialized, provider=calibration_provider(), allow_fallback=True, priority_order=True)
+    from hrm_deploy.puzzle_table import rows_session
+
+    return rows_session(session, fp32_path), fetch  # an external-table graph: rows gathered per batch
+
+
+def calibration_key(onnx_sha: str, method: str, data_sha: str, samples: int, mode_steps: str) -> str:
+    raw = f"{onnx_sha[:16]}-{method}-{data_sha[:16]}-k{samples}-{mode_steps}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+def _progress(total: int, label: str, quiet: bool):
+    """Calibration progress with ETA: a bar on a terminal, a line every few seconds in logs."""
+    from hrm_deploy.progress import progress
+
+    return progress(total, label, quiet, unit="batches")
+
+
+class _Ranges:
+    """Ranges accumulated run by run: a running max |x| per tensor for minmax, ORT's
+    HistogramCollector for entropy/percentile. ``add`` takes one run's fetched outputs."""
+
+    def __init__(self, tensors: list[str], config: QuantConfig):
+        from onnxruntime.quantization.calibrate import HistogramCollector
+
+        self.tensors, self.method = tensors, config.method
+        self.peaks = np.zeros(len(tensors), np.float32)
+        self.collector = None
+        if config.method != "minmax":
+            self.collector = HistogramCollector(
+                method=config.method,
+                symmetric=True,
+                num_bins=128,
+                num_quantized_bins=128,
+                percentile=config.percentile,
+                scenario="same",
+            )
+
+    def add(self, values: list) -> None:
+        if self.collector is None:
+            np.maximum(self.peaks, values[0], out=self.peaks)  # values[0]: max |x| of this run, per tensor
+        else:
+            with contextlib.redirect_stdout(io.StringIO()):  # ORT's collector prints per batch
+                self.collector.collect({name: [value] for name, value in zip(self.tensors, values)})
+
+    def tensors_data(self):
+        """The ranges as ORT's ``TensorsData`` (what its calibration cache holds)."""
+        from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
+
+        if self.collector is None:
+            ranges = {n: (np.array(-p, np.float32), np.array(p, np.float32)) for n, p in zip(self.tensors, self.peaks)}
+            return TensorsData(CalibrationMethod.MinMax, ranges)
+        method = CalibrationMethod.Entropy if self.method == "entropy" else CalibrationMethod.Percentile
+        with contextlib.redirect_stdout(io.StringIO()):
+            return TensorsData(method, self.collector.compute_collection_result())
+
+
+def _calibrate(
+    fp32_path: str,
+    tensors: list[str],
+    examples: Examples,
+    config: QuantConfig,
+    mode: str,
+    steps: int,
+    cache_file: Path,
+    on_feed: Callable[[], None] | None,
+) -> None:
+    """Ranges of the MatMul activation inputs only, written as ORT's calibration cache.
+
+    ORT's own calibrators first add ReduceMin/Max (or output) nodes for every tensor and rebuild
+    a value-info map per tensor: quadratic in graph size, hours on a 16-step Sudoku unroll. Here
+    only the tensors that get Q/DQ are read (:func:`_range_session`), in one pass over the data
+    (:func:`_drive`), and reduced run by run (:class:`_Ranges`)."""
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    from hrm_deploy.io import atomic_path
+
+    session, fetch = _range_session(fp32_path, tensors, config.method)
+    ranges = _Ranges(tensors, config)
+    for values in _drive(session, fetch, examples, config.batch, mode, steps):
+        ranges.add(values)
+        if on_feed:
+            on_feed()
+    del session
+    with atomic_path(cache_file) as tmp:  # a killed calibration leaves no half-written cache
+        save_tensors_data(ranges.tensors_data(), str(tmp))
+
+
+def _cache_readable(cache_file: Path) -> bool:
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    try:
+        load_tensors_data(str(cache_file))
+    except Exception:  # noqa: BLE001 - JSON, key and type errors of a damaged file
+        return False
+    return True
+
+
+def ensure_calibration(
+    fp32_path: str,
+    examples: Examples,
+    config: QuantConfig,
+    cache_file: Path,
+    mode: str,
+    steps: int,
+    extra_exclude: tuple[str, ...] = (),
+    quiet: bool = True,
+) -> QuantPlan:
+    """The plan of ``fp32_path`` under ``config``, with the activation ranges of every weight
+    MatMul/Gemm input in ``cache_file`` (read when it is there and readable, else calibrated on
+    ``examples`` and written there). Every Q/DQ format (INT8, FP8) reads the same cache."""
+    import onnx
+
+    model = onnx.load(fp32_path)
+    plan = plan_nodes(model, config, extra_exclude)
+    by_name = {n.name: n for n in model.graph.node}
+    # Calibrate every weight MatMul's input (not only this plan's), so one cache serves any exclusion.
+    all_weighted = plan_nodes(model, QuantConfig(method=config.method, exclude_patterns=()))
+    tensors = sorted({by_name[n].input[0] for n in all_weighted.quantize})
+    del model, by_name
+    if cache_file.is_file() and not _cache_readable(cache_file):
+        cache_file.unlink()  # derived data: a damaged cache is recomputed, never used
+    if not cache_file.is_file():
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        total = _runs(examples, config.batch, mode, steps)
+        with _progress(total, "calibrating", quiet) as on_feed:
+            _calibrate(fp32_path, tensors, examples, config, mode, steps, cache_file, on_feed)
+    return plan
+
+
+def quantize_qdq(
+    write: Callable[[Any, QuantPlan, Path], None],
+    label: str,
+    fp32_path: str,
+    out_path: str,
+    examples: Examples,
+    config: QuantConfig,
+    cache_file: Path,
+    mode: str,
+    steps: int,
+    extra_exclude: tuple[str, ...] = (),
+    quiet: bool = True,
+) -> QuantPlan:
+    """A Q/DQ graph whose format ``write(model, plan, cache_file)`` writes into the loaded FP32
+    graph (FP8, NVFP4): ranges from ``cache_file`` when it exists (the key INT8 uses), else
+    calibrated on ``examples`` and cached; the graph saved to ``out_path``."""
+    import onnx
+
+    plan = ensure_calibration(fp32_path, examples, config, cache_file, mode, steps, extra_exclude, quiet)
+    model = onnx.load(fp32_path)
+    write(model, plan, cache_file)
+    onnx.save(model, out_path)
+    logger.info("%s: %d MatMul/Gemm nodes quantized, %d kept in float", label, len(plan.quantize), len(plan.excluded))
+    return plan

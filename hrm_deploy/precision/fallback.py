@@ -1,0 +1,131 @@
+"""The accuracy-budget fallback every Q/DQ path shares: keep the most harmful layers in float
+until a measured loss fits the budget."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from hrm_deploy.errors import ConfigError
+from hrm_deploy.precision.calibrate import QuantPlan
+from hrm_deploy.precision.registry import get_precision, load
+from hrm_deploy.progress import Stages
+
+if TYPE_CHECKING:
+    from hrm_deploy.precision.convert import PrecisionConfig
+
+M = TypeVar("M")  # one measurement of a quantized graph (e.g. exact accuracy)
+
+
+@dataclass
+class Fallback(Generic[M]):
+    """What :func:`keep_sensitive_float` chose: the groups kept in float (most harmful first),
+    each group's measured sensitivity, and the measurement of the chosen mix."""
+
+    kept_float: list[str]
+    sensitivity: dict[str, float]
+    measured: M
+
+
+def keep_sensitive_float(
+    groups: dict[str, list[str]],
+    measure: Callable[[tuple[str, ...]], M],
+    severity: Callable[[M], float],
+    within: Callable[[M], bool],
+    refuse: Callable[[M], str],
+    whole: M,
+) -> Fallback[M]:
+    """Greedy float fallback shared by the INT8 paths: keep whole groups of quantized nodes
+    (e.g. all unrolled copies of one weight) in float, most harmful first, until ``within``.
+
+    ``measure(excluded)`` quantizes every planned node except ``excluded`` and measures the
+    result; ``whole`` is the measurement with nothing excluded (already outside the budget).
+    Sensitivity of a group = ``severity`` of the graph where only that group is quantized.
+    Raises ConfigError(``refuse(last measurement)``) when only one group would be left quantized
+    and the budget still does not hold."""
+    everything = [n for nodes in groups.values() for n in nodes]
+    sensitivity: dict[str, float] = {}
+    for name, nodes in groups.items():
+        others = tuple(n for n in everything if n not in nodes)
+        sensitivity[name] = severity(measure(others) if others else whole)
+    kept: list[str] = []
+    measured = whole
+    for name in sorted(sensitivity, key=lambda g: sensitivity[g], reverse=True):
+        kept.append(name)
+        if len(kept) == len(groups):
+            raise ConfigError(refuse(measured))
+        measured = measure(tuple(n for g in kept for n in groups[g]))
+        if within(measured):
+            break
+    return Fallback(kept, sensitivity, measured)
+
+
+def _holdout_accuracy(path: str, examples, meta) -> float:
+    """Exact accuracy in points on ONNX Runtime CPU (an NVFP4 graph through its CPU simulation)."""
+    from hrm_deploy.precision.accuracy import onnx_accuracy
+    from hrm_deploy.precision.nvfp4 import cpu_runnable
+
+    with cpu_runnable(path) as runnable:
+        return 100.0 * onnx_accuracy(runnable, examples)["exact_accuracy"]
+
+
+def sensitivity_fallback(
+    fp32: Path,
+    out_tmp: Path,
+    examples,
+    holdout,
+    config: PrecisionConfig,
+    cache: Path,
+    meta,
+    plan: QuantPlan,
+    stages: Stages,
+) -> dict[str, Any]:
+    """Keep whole layers (all unrolled copies of one weight) in float, most harmful first,
+    until the Q/DQ graph loses at most the budget on the holdout. Sensitivity of a layer = accuracy lost
+    when only that layer is quantized (ranges come from the cache: no recalibration)."""
+    import onnx
+
+    budget = float(config.accuracy_budget or 0.0)
+    base = _holdout_accuracy(str(fp32), holdout, meta)
+    current = _holdout_accuracy(str(out_tmp), holdout, meta)
+    measured_key = f"{config.precision}_exact"
+    quantize = load(get_precision(config.precision).writer or "")
+    report: dict[str, Any] = {"fp32_exact": base, measured_key: current, "budget_points": budget, "kept_float": []}
+    if base - current <= budget:
+        return report
+    model = onnx.load(str(fp32))
+    by_weight: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if node.name in plan.quantize:
+            by_weight.setdefault(node.input[1], []).append(node.name)
+    del model
+    probe = out_tmp.with_name(out_tmp.name + ".probe.onnx")
+
+    def measure(exclude: tuple[str, ...]) -> float:
+        quantize(
+            str(fp32), str(probe), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
+        )
+        return _holdout_accuracy(str(probe), holdout, meta)
+
+    with stages.stage(f"sensitivity of {len(by_weight)} layers"):
+        chosen = keep_sensitive_float(
+            by_weight,
+            measure,
+            severity=lambda exact: base - exact,
+            within=lambda exact: base - exact <= budget,
+            refuse=lambda exact: (
+                f"{config.precision.upper()} cannot meet the {budget} point budget even with one layer quantized; "
+                "use --fp16 or a larger --accuracy-budget"
+            ),
+            whole=current,
+        )
+    exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
+    final = quantize(
+        str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
+    )
+    probe.unlink(missing_ok=True)
+    report.update({measured_key: chosen.measured}, kept_float=chosen.kept_float, layer_loss_points=chosen.sensitivity)
+    report["quantized_nodes"] = len(final.quantize)  # in the published graph (the layers kept float are out)
+    return report

@@ -1,0 +1,106 @@
+"""Calibration: the activation ranges every Q/DQ precision reads, measured in one pass over the data
+on the chosen ONNX Runtime provider."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+from hrm_deploy.data.examples import load_examples
+from hrm_deploy.precision.calibrate import QuantConfig
+
+
+def _weighted_inputs(path):
+    from hrm_deploy.precision.calibrate import plan_nodes
+
+    model = onnx.load(str(path))
+    by_name = {n.name: n for n in model.graph.node}
+    return sorted({by_name[n].input[0] for n in plan_nodes(model, QuantConfig(exclude_patterns=())).quantize})
+
+
+def _reference_peaks(path, tensors, examples, steps):
+    """max |x| of every tensor, read as plain graph outputs (the step graph driven by hand)."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in tensors)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = examples.feeds(0, len(examples))
+    if "z_H" not in {i.name for i in session.get_inputs()}:
+        return dict(zip(tensors, (np.abs(v).max() for v in session.run(tensors, feeds))))
+    peaks = dict.fromkeys(tensors, 0.0)
+    z_H = z_L = np.zeros((len(examples), *session.get_inputs()[2].shape[1:]), np.float32)
+    for step in range(steps):
+        z_H, z_L, *values = session.run(
+            ["z_H_out", "z_L_out", *tensors],
+            {**feeds, "z_H": z_H, "z_L": z_L, "reset": np.full(len(examples), step == 0)},
+        )
+        peaks = {t: max(peaks[t], float(np.abs(v).max())) for t, v in zip(tensors, values)}
+    return peaks
+
+
+@pytest.mark.parametrize("graph", ["unrolled", "step"])
+def test_minmax_ranges_are_each_tensors_peak_in_one_pass(tiny_onnx, tmp_path, monkeypatch, graph):
+    """The in-graph reductions (one vector output) give each tensor its own max |x| over every
+    batch and step; a single-step graph reads its carry from the collecting run itself: one
+    session, one run per batch and step (no separate float pass)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    from hrm_deploy.precision.calibrate import _calibrate
+
+    path, steps = getattr(tiny_onnx, graph), 3
+    tensors = _weighted_inputs(path)
+    examples = load_examples(tiny_onnx.data, 8)
+    sessions, runs = [], []
+
+    class Counting(ort.InferenceSession):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            sessions.append(self)
+
+        def run(self, *args, **kwargs):
+            runs.append(self)
+            return super().run(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", Counting)
+    cache = tmp_path / "ranges.json"
+    _calibrate(str(path), tensors, examples, QuantConfig(samples=8, batch=4), graph, steps, cache, None)
+    assert len(sessions) == 1 and len(runs) == 2 * (steps if graph == "step" else 1)
+    monkeypatch.undo()
+    ranges = load_tensors_data(str(cache))
+    expected = _reference_peaks(path, tensors, examples, steps)
+    assert len(tensors) > 3
+    for name in tensors:
+        low, high = (float(v) for v in ranges[name].range_value)
+        assert low == -high and high == pytest.approx(expected[name], rel=1e-5), name
+
+
+def test_calibration_runs_on_cuda_when_onnxruntime_has_it(monkeypatch):
+    import onnxruntime as ort
+
+    from hrm_deploy.precision.calibrate import calibration_provider
+
+    gpu_build = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: gpu_build)
+    assert calibration_provider() == "cuda"
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["AzureExecutionProvider", "CPUExecutionProvider"])
+    assert calibration_provider() == "cpu"
+
+
+def test_the_calibration_session_is_created_on_the_chosen_providers(tiny_onnx, monkeypatch):
+    import onnxruntime as ort
+
+    import hrm_deploy.precision.calibrate as int8
+
+    asked = []
+
+    class Recording(ort.InferenceSession):
+        def __init__(self, model, options=None, providers=None, **kwargs):
+            asked.append(providers)
+            super().__init__(model, options, providers=["CPUExecutionProvider"], **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", Recording)
+    monkeypatch.setattr(int8, "calibration_provider", lambda: "cuda")
+    session, fetch = int8._range_session(str(tiny_onnx.step), _weighted_inputs(tiny_onnx.step), "minmax")
+    assert asked == [["CUDAExecutionProvider", "CPUExecutionProvider"]] and fetch == [int8.RANGES_OUTPUT]
