@@ -197,9 +197,10 @@ class InflightScheduler:
             if not ticket.done.is_set() and ticket.deadline is not None and now > ticket.deadline:
                 ticket.cancel()
                 ticket._fail(504, f"the request timed out after {now - ticket.arrived:.1f} s")
-        if any(t.cancelled for t, _ in self._queue):
-            self._queue = deque(item for item in self._queue if not item[0].cancelled)
-        keep = [i for i, (t, _) in enumerate(self._owner) if not t.cancelled]
+        # cancelled, or failed (a step error): the rest of such a request is not worth running
+        if any(t.cancelled or t.error for t, _ in self._queue):
+            self._queue = deque(item for item in self._queue if not (item[0].cancelled or item[0].error))
+        keep = [i for i, (t, _) in enumerate(self._owner) if not (t.cancelled or t.error)]
         if len(keep) < len(self._owner):
             rows = np.asarray(keep, np.int64)
             self._carry = self.step_fn.take(self._carry, rows) if keep else None
