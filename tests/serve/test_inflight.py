@@ -136,12 +136,14 @@ def test_the_loop_survives_a_failing_step():
                 raise RuntimeError("boom")
             return super().__call__(inputs, puzzle_ids, carry, reset)
 
-    sched = InflightScheduler(Failing(), halt_positive, slots=4, queue_limit=16)
+    step = Failing()
+    sched = InflightScheduler(step, halt_positive, slots=1, queue_limit=16)
     try:
-        bad = sched.submit(*_request([5]))
+        bad = sched.submit(*_request([5, 3]))
         assert bad.wait(10) and bad.status == 500 and "boom" in (bad.error or "")
         good = sched.submit(*_request([2]))
         assert good.wait(10) and good.error is None and good.steps_used.tolist() == [2]
+        assert step.tokens == [[2], [2]]  # the failed request's queued puzzle never ran
     finally:
         sched.stop(1)
 
