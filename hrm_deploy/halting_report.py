@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.contract import HaltFn
-from hrm_deploy.errors import ConfigError
+from hrm_deploy.errors import ConfigError, MachineError
 from hrm_deploy.halting.budget import accuracy_vs_steps, calibrate_threshold, exact_at, rule_summary
 from hrm_deploy.halting.rules import HaltMode, HaltRule, resolve_rule, simulate_steps
-from hrm_deploy.halting.store import budget_key, calibration_cache, stored_budgets
+from hrm_deploy.halting.store import budget_key, calibration_cache, seal_budget, stored_budgets
 from hrm_deploy.metrics import solved_rows
 
 log = logging.getLogger(__name__)
@@ -250,13 +250,13 @@ def _store_budget(artifact: str, rule: HaltRule, entry: dict[str, Any], judged: 
         return
     # a checkpoint, the bundled model or a read-only artifact: the user cache, keyed by sha256
     cached = calibration_cache(artifact)
-    budgets = {**stored_budgets(artifact), budget_key(rule): entry}
+    budgets = {**stored_budgets(artifact), budget_key(rule): seal_budget(entry, artifact)}
     try:
         write_json(cached, {"artifact": str(artifact), "budgets": budgets})
-    except OSError as exc:
+    except (OSError, MachineError) as exc:
         raise ConfigError(
-            f"cannot store the calibrated threshold in {cached} ({exc.strerror}); set HRM_DEPLOY_CACHE "
-            "to a writable folder"
+            f"cannot store the calibrated threshold in {cached} ({getattr(exc, 'strerror', None) or exc}); set "
+            "HRM_DEPLOY_CACHE to a writable folder"
         ) from None
 
 

@@ -373,4 +373,17 @@ def mlp_costs_five_points(monkeypatch):
         ]
         return 100.0 - 5.0 * len(harmful)
 
+    def fake_against_fp32(fp32, candidate, holdout):  # the precision stage's first and last measurement
+        exact = fake_accuracy(candidate, holdout, None)
+        return {
+            "fp32_exact_pct": 100.0,
+            "exact_pct": exact,
+            "loss_points": 100.0 - exact,
+            "argmax_agreement_pct": 100.0,
+            "holdout_puzzles": len(holdout),
+        }
+
+    import hrm_deploy.precision.accuracy as accuracy
+
     monkeypatch.setattr(fallback, "_holdout_accuracy", fake_accuracy)
+    monkeypatch.setattr(accuracy, "against_fp32", fake_against_fp32)

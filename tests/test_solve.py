@@ -125,6 +125,7 @@ def test_solve_multi_step_checkpoint_with_halting(tiny_model, tmp_path):
     assert result.exit_code == 2 and "--calib-data" in result.output
 
 
+@pytest.mark.slow
 def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("HRM_DEPLOY_CACHE", str(tmp_path / "cache"))
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
@@ -143,6 +144,23 @@ def test_solve_budget_calibrates_once_and_stores_it(tiny_model, tmp_path, monkey
     assert list(stored) == ["2|min1|max0"] and stored["2|min1|max0"]["loss_points"] <= 2.0
     again = solve(PUZZLE, ckpt, "budget:2")  # the stored threshold, no data needed
     assert 1 <= again[0].steps_used <= 4
+    # a threshold edited in the cache (halt at once) or made non-numeric is not trusted: one warning,
+    # calibrated again from --calib-data (without it: the one-line error naming the flag)
+    import json
+
+    from hrm_deploy.halting.store import calibration_cache
+
+    cache = calibration_cache(ckpt)
+    for bad in (-1e9, "abc"):
+        data_json = json.loads(cache.read_text())
+        data_json["budgets"]["2|min1|max0"]["threshold"] = bad
+        cache.write_text(json.dumps(data_json))
+        assert stored_budgets(str(ckpt)) == {}
+        result = runner.invoke(app, ["solve", PUZZLE, str(ckpt), "--halt", "budget:2"])
+        assert result.exit_code == 2 and "--calib-data" in result.output and "Traceback" not in result.output
+        assert "calibrating again" in result.output
+    result = runner.invoke(app, ["solve", PUZZLE, str(ckpt), "--halt", "budget:2", "--calib-data", str(data), "--json"])
+    assert result.exit_code == 0 and stored_budgets(str(ckpt))["2|min1|max0"] == stored["2|min1|max0"]
 
 
 def test_solve_url_asks_the_server_client(monkeypatch):

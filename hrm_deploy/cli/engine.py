@@ -56,8 +56,8 @@ def build_engine(
     accuracy_budget: Annotated[
         float | None,
         typer.Option(
-            help="INT8, FP8, NVFP4: exact-accuracy points the graph may lose on the holdout; harmful layers stay "
-            "float until it holds (cpu target, static INT8: default 1, and >= 98 % argmax agreement with FP32)."
+            help="INT8, FP8, NVFP4: exact-accuracy points the graph may lose against FP32 on held-out puzzles "
+            "(default 1, and >= 98 % argmax agreement); harmful layers stay float until it holds."
         ),
     ] = None,
     target: Annotated[
@@ -104,8 +104,8 @@ def build_engine(
         bool,
         typer.Option(
             "--no-accuracy-check",
-            help="cpu target, static INT8: skip the comparison with FP32 on held-out puzzles (e.g. random "
-            "weights, whose argmax any rounding changes); the manifest says it was not measured.",
+            help="INT8, FP8, NVFP4 (cpu target: static INT8): skip the comparison with FP32 on held-out puzzles "
+            "(e.g. random weights, whose argmax any rounding changes); the manifest says it was not measured.",
         ),
     ] = False,
     no_fuse: Annotated[
@@ -181,7 +181,7 @@ def build_engine(
         threads=threads,
         fuse=not no_fuse,
         cpu_int8=cpu_int8.value if cpu_int8 else None,  # refused off the cpu target (EngineConfig)
-        cpu_accuracy_check=not no_accuracy_check,
+        accuracy_check=not no_accuracy_check,
         allow_unrolled=allow_unrolled,
         tf32=tf32,
     )

@@ -68,7 +68,7 @@ class EngineConfig:
     threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
     fuse: bool = True  # cpu target: attention and RMSNorm into ORT's fused CPU kernels
     cpu_int8: str | None = None  # cpu target: INT8 recipe (backends/ort/builder/int8.py; None: static)
-    cpu_accuracy_check: bool = True  # cpu target: static INT8 compared with FP32 on held-out data
+    accuracy_check: bool = True  # INT8, FP8, NVFP4 (every target): compared with FP32 on held-out puzzles
     allow_unrolled: bool = False  # TensorRT: build an unrolled graph whose estimated cost is over budget (backends/tensorrt/builder/cost.py)
     device: str = "auto"  # torch backend: compile for "cuda", "cpu" or "auto" (cuda when torch sees a GPU)
     tf32: bool = False  # torch backend: float32 CUDA matmuls may use TF32 (default: exact float32); recorded
@@ -80,14 +80,8 @@ class EngineConfig:
         self._check_ranges()
         if self.target == "cpu":
             self._check_cpu()
-        elif not self.fuse or self.cpu_int8 is not None or not self.cpu_accuracy_check:
-            given = (
-                "--no-fuse"
-                if not self.fuse
-                else f"--cpu-int8 {self.cpu_int8}"
-                if self.cpu_int8
-                else "--no-accuracy-check"
-            )
+        elif not self.fuse or self.cpu_int8 is not None:
+            given = "--no-fuse" if not self.fuse else f"--cpu-int8 {self.cpu_int8}"
             raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
         if self.cpu_int8 is not None and self.precision != "int8":
             raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
@@ -222,11 +216,16 @@ def _precision_graph(onnx_path: Path, config: EngineConfig, quiet: bool) -> Path
     if calibrated and not config.calib_data:
         from hrm_deploy.provenance import default_data
 
-        choice = default_data(onnx_path, "--calib-data")
+        # the calibration samples; the holdout of the accuracy check from the test split
+        choice = default_data(onnx_path, "--calib-data", {"train": config.calib_samples, "test": None})
         log.info(choice.message)
         config = replace(config, calib_data=str(choice.path))
     quant = QuantConfig(method=config.calib_method, samples=config.calib_samples)
     precision = PrecisionConfig(
-        config.precision, calib_data=config.calib_data, quant=quant, accuracy_budget=config.accuracy_budget
+        config.precision,
+        calib_data=config.calib_data,
+        quant=quant,
+        accuracy_budget=config.accuracy_budget,
+        accuracy_check=config.accuracy_check,
     )
     return make_precision_graph(onnx_path, precision, quiet=quiet).path

@@ -23,23 +23,83 @@ def calibration_cache(artifact: str | Path) -> Path:
     return cache_dir("halting", f"{sha256_file(artifact)}.json")
 
 
-def stored_budgets(artifact: str) -> dict[str, Any]:
-    """The budgets calibrated for ``artifact``: its manifest's, then the user cache's."""
+BUDGET_SCHEMA = 1
+
+
+def _checksum(entry: dict[str, Any], artifact_sha256: str) -> str:
+    import hashlib
     import json
 
+    body = {k: v for k, v in entry.items() if k != "checksum"}
+    text = json.dumps({"artifact": artifact_sha256, **body}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def seal_budget(entry: dict[str, Any], artifact: str | Path) -> dict[str, Any]:
+    """``entry`` with its schema and a checksum over it and the artifact's sha256: the user-cache
+    copy of a calibrated threshold is used only while both still match."""
+    from hrm_deploy.io import sha256_file
+
+    body = {**{k: v for k, v in entry.items() if k != "checksum"}, "schema": BUDGET_SCHEMA}
+    return {**body, "checksum": _checksum(body, sha256_file(artifact))}
+
+
+def budget_problem(entry: Any, artifact_sha256: str | None = None) -> str | None:
+    """Why a stored budget entry cannot be used (one phrase), or None: not an object, a threshold
+    that is not a finite number, or (with ``artifact_sha256``, for the user cache) a schema or
+    checksum that does not match."""
+    import math
+
+    if not isinstance(entry, dict):
+        return "is not an object"
+    try:
+        threshold = float(entry["threshold"])
+    except (KeyError, TypeError, ValueError):
+        return f"has no numeric threshold (got {str(entry.get('threshold'))[:20]!r})"
+    if not math.isfinite(threshold):
+        return f"has a threshold that is not finite ({threshold})"
+    if artifact_sha256 is not None:
+        if entry.get("schema") != BUDGET_SCHEMA:
+            return f"is of another schema (this version writes {BUDGET_SCHEMA})"
+        if entry.get("checksum") != _checksum(entry, artifact_sha256):
+            return "does not match its checksum (edited or damaged)"
+    return None
+
+
+def stored_budgets(artifact: str) -> dict[str, Any]:
+    """The budgets calibrated for ``artifact``: its manifest's (sealed with the manifest), then the
+    user cache's (each entry checked against its checksum). An entry that cannot be trusted is left
+    out with a one-line warning, so the threshold is calibrated again."""
+    import json
+    import logging
+
+    from hrm_deploy.io import sha256_file
     from hrm_deploy.manifest import manifest_path, read_manifest
 
+    log = logging.getLogger(__name__)
     budgets: dict[str, Any] = {}
+    found: list[tuple[str, dict[str, Any], str | None]] = []
     if Path(artifact).is_file():
         cached = calibration_cache(artifact)
         if cached.is_file():
             try:
                 data = json.loads(cached.read_text())
-                budgets.update(data.get("budgets", {}) if isinstance(data, dict) else {})
+                entries = data.get("budgets", {}) if isinstance(data, dict) else {}
             except (OSError, ValueError):
-                pass  # a damaged cache entry is recomputed, not used
+                entries = {}  # a damaged cache file is recomputed, not used
+                log.warning("halting calibration cache %s is not readable JSON: calibrating again", cached)
+            found.append((str(cached), entries if isinstance(entries, dict) else {}, sha256_file(artifact)))
     if manifest_path(artifact).is_file():
-        budgets.update(read_manifest(artifact).get("halting", {}).get("budgets", {}))
+        found.append(
+            (str(manifest_path(artifact)), read_manifest(artifact).get("halting", {}).get("budgets", {}), None)
+        )
+    for where, entries, sha in found:
+        for key, entry in entries.items():
+            problem = budget_problem(entry, sha)
+            if problem:
+                log.warning("halting calibration %s in %s %s: calibrating again", key, where, problem)
+            else:
+                budgets[key] = entry
     return budgets
 
 

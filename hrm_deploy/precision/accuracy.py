@@ -11,9 +11,85 @@ import numpy as np
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.metrics import accuracy
 
+# The default accuracy check of every quantized build (INT8, FP8, NVFP4; the cpu target's own too):
+DEFAULT_BUDGET_POINTS = 1.0  # exact-accuracy points a quantized graph may lose on the holdout
+MIN_AGREEMENT_PCT = 98.0  # argmax agreement with FP32 over every output cell of the holdout
+# The holdout: as many puzzles as HOLDOUT_FLOPS of FP32 work, between MIN_HOLDOUT and
+# HOLDOUT_SAMPLES. On the bundled model 128 puzzles measured minmax static INT8 0.8 points
+# *above* FP32 where 1,000 measured it 1.5 below: one puzzle is 0.1 point of 1,000, 0.8 of 128.
+# 1e13 FLOPs is ~1 minute of FP32 on 2 cores: the bundled model gets 1,000 puzzles, a
+# Sudoku-size (hidden 512, 16 ACT steps) model the minimum, 64 (the manifest says how many).
+HOLDOUT_SAMPLES = 1000
+HOLDOUT_FLOPS = 1e13
+MIN_HOLDOUT = 64
+
+
+def holdout_size(meta: dict, most: int = HOLDOUT_SAMPLES) -> int:
+    """Held-out puzzles for a model: as many as :data:`HOLDOUT_FLOPS` of FP32 work allow (at
+    least :data:`MIN_HOLDOUT`, at most ``most``). Fixed by the model's shape, not by a clock, so
+    one build gives the same engine on an idle or a busy machine."""
+    from hrm_deploy.model.families import config_from_dict
+
+    config = config_from_dict(meta["config"])
+    d, inter = config.hidden_size, config.intermediate_size
+    per_token_block = 2 * (4 * d * d + 3 * d * inter)  # qkv + o, gate_up + down: multiply-adds x 2
+    flops = per_token_block * config.total_seq_len * config.blocks_per_step * int(meta["steps"])
+    return max(MIN_HOLDOUT, min(most, int(HOLDOUT_FLOPS // max(flops, 1))))
+
+
+def holdout_examples(data: str, calibration: Examples, count: int) -> Examples:
+    """``count`` held-out puzzles: a dataset folder's ``test`` split; from a ``.npz`` (one set), the
+    examples calibration did not use (one line when none is left)."""
+    from pathlib import Path
+
+    from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.errors import DataError
+
+    if not Path(data).is_file():
+        return load_examples(data, count, split="test")
+    everything = load_examples(data, None)
+    seen = {row.tobytes() for row in calibration.inputs}
+    keep = np.array([i for i, row in enumerate(everything.inputs) if row.tobytes() not in seen][:count], np.int64)
+    if not len(keep):
+        raise DataError(
+            f"{data}: calibration used every example, none is left to measure the quantized graph on; pass a "
+            "dataset folder (its test split is the holdout), a larger .npz, a smaller --calib-samples, or "
+            "--no-accuracy-check"
+        )
+    labels = everything.labels[keep] if everything.labels is not None else None
+    return Examples(everything.inputs[keep], everything.puzzle_identifiers[keep], labels, str(data), "")
+
+
+def against_fp32(fp32: str, candidate: str, holdout: Examples) -> dict[str, float | int | None]:
+    """The quantized graph ``candidate`` against its FP32 graph on ``holdout`` (ONNX Runtime CPU; an
+    NVFP4 graph through its CPU simulation): argmax agreement over every output cell, exact
+    accuracy of both (None without labels) and the points lost."""
+    from hrm_deploy.precision.nvfp4 import cpu_runnable
+
+    reference = onnx_logits(fp32, holdout)
+    with cpu_runnable(candidate) as runnable:
+        logits = onnx_logits(runnable, holdout)
+    agreement = 100.0 * float((logits.argmax(-1) == reference.argmax(-1)).mean())
+    base = exact = None
+    if holdout.labels is not None:
+        base = 100.0 * accuracy(reference, holdout.labels)["exact_accuracy"]
+        exact = 100.0 * accuracy(logits, holdout.labels)["exact_accuracy"]
+    return {
+        "fp32_exact_pct": base,
+        "exact_pct": exact,
+        "loss_points": round(base - exact, 4) if base is not None and exact is not None else None,
+        "argmax_agreement_pct": round(agreement, 4),
+        "holdout_puzzles": len(holdout),
+    }
+
 
 def onnx_accuracy(path: str, examples: Examples, batch: int = 64) -> dict[str, float]:
-    """Accuracy of an ONNX graph (either mode) on ONNX Runtime CPU: an unrolled graph in one call
+    """Accuracy of an ONNX graph (either mode) on ONNX Runtime CPU (see :func:`onnx_logits`)."""
+    return accuracy(onnx_logits(path, examples, batch), examples.labels)
+
+
+def onnx_logits(path: str, examples: Examples, batch: int = 64) -> np.ndarray:
+    """Final logits of an ONNX graph (either mode) on ONNX Runtime CPU: an unrolled graph in one call
     per batch, a single-step graph driven through all its ACT steps."""
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.manifest import check_artifact
@@ -31,4 +107,4 @@ def onnx_accuracy(path: str, examples: Examples, batch: int = 64) -> dict[str, f
             logits.append(run_stepwise(session, feeds, None, int(meta["steps"]))["logits"])
         else:
             logits.append(session.run(["logits"], feeds)[0])
-    return accuracy(np.concatenate(logits).astype(np.float32), examples.labels)
+    return np.concatenate(logits).astype(np.float32)

@@ -250,16 +250,57 @@ def _calibrate(
     del session
     with atomic_path(cache_file) as tmp:  # a killed calibration leaves no half-written cache
         save_tensors_data(ranges.tensors_data(), str(tmp))
+    _write_seal(cache_file, len(tensors))
+
+
+# The calibration cache is ORT's own JSON (``save_tensors_data``); beside it, ``<entry>.seal``
+# records the schema, the entry's sha256 and its tensor count. An entry without a matching seal
+# (edited, damaged, written by another version) is never used: it is measured again.
+CACHE_SCHEMA = 1
+
+
+def _seal_path(cache_file: Path) -> Path:
+    return cache_file.with_name(cache_file.name + ".seal")
+
+
+def _write_seal(cache_file: Path, tensors: int) -> None:
+    from hrm_deploy.io import sha256_file, write_json
+
+    write_json(_seal_path(cache_file), {"schema": CACHE_SCHEMA, "sha256": sha256_file(cache_file), "tensors": tensors})
+
+
+def cache_problem(cache_file: Path) -> str | None:
+    """Why the cache entry cannot be trusted (one phrase), or None: its seal is missing or of another
+    schema, its bytes differ from the sealed sha256, or a range is not finite or not ordered."""
+    import json
+
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    from hrm_deploy.io import sha256_file
+
+    try:
+        seal = json.loads(_seal_path(cache_file).read_text())
+    except (OSError, ValueError):
+        return "has no seal (written by another version, or its seal was lost)"
+    if not isinstance(seal, dict) or seal.get("schema") != CACHE_SCHEMA:
+        return f"has a seal of another schema (this version writes {CACHE_SCHEMA})"
+    if seal.get("sha256") != sha256_file(cache_file):
+        return "does not match its seal (edited or damaged)"
+    try:
+        data = load_tensors_data(str(cache_file)).data
+    except Exception:  # noqa: BLE001 - JSON, key and type errors of a damaged file
+        return "is not readable as ONNX Runtime's calibration data"
+    for name, entry in data.items():
+        low, high = (np.asarray(v, np.float64) for v in entry.range_value)
+        if not (np.isfinite(low).all() and np.isfinite(high).all() and (low <= high).all()):
+            return f"holds a range of {name} that is not finite or not ordered"
+    if len(data) != seal.get("tensors"):
+        return f"holds {len(data)} ranges where its seal says {seal.get('tensors')}"
+    return None
 
 
 def _cache_readable(cache_file: Path) -> bool:
-    from onnxruntime.quantization.calibrate import load_tensors_data
-
-    try:
-        load_tensors_data(str(cache_file))
-    except Exception:  # noqa: BLE001 - JSON, key and type errors of a damaged file
-        return False
-    return True
+    return cache_file.is_file() and cache_problem(cache_file) is None
 
 
 def ensure_calibration(
@@ -284,8 +325,11 @@ def ensure_calibration(
     all_weighted = plan_nodes(model, QuantConfig(method=config.method, exclude_patterns=()))
     tensors = sorted({by_name[n].input[0] for n in all_weighted.quantize})
     del model, by_name
-    if cache_file.is_file() and not _cache_readable(cache_file):
-        cache_file.unlink()  # derived data: a damaged cache is recomputed, never used
+    problem = cache_problem(cache_file) if cache_file.is_file() else None
+    if problem:  # derived data: an untrusted entry is measured again, never used
+        logger.warning("calibration cache %s %s: calibrating again", cache_file, problem)
+        cache_file.unlink()
+        _seal_path(cache_file).unlink(missing_ok=True)
     if not cache_file.is_file():
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         total = _runs(examples, config.batch, mode, steps)

@@ -23,14 +23,18 @@ from hrm_deploy.progress import Stages
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    """What graph to make. ``accuracy_budget`` is in points of exact accuracy (1.0 = 1 %)."""
+    """What graph to make. A calibrated (quantized) graph is measured against FP32 on held-out
+    puzzles by default (``accuracy_check``); ``accuracy_budget`` is the exact-accuracy points it may
+    lose (None: 1 point), harmful layers staying float until it holds; ``holdout_samples`` None
+    sizes the holdout by the model's cost (:func:`hrm_deploy.precision.accuracy.holdout_size`)."""
 
     precision: str
     calib_data: str | None = None
     quant: QuantConfig = QuantConfig()
     keep_io_types: bool = True
     accuracy_budget: float | None = None
-    holdout_samples: int = 256
+    accuracy_check: bool = True
+    holdout_samples: int | None = None
     cache_dir: str = "calib"
 
     def __post_init__(self) -> None:
@@ -111,17 +115,68 @@ def _write_qdq(src: Path, src_sha256: str, meta, config: PrecisionConfig, tmp: P
         "quantized_nodes": len(plan.quantize),
         "excluded": plan.excluded,
     }
-    if config.accuracy_budget is not None:
-        from hrm_deploy.precision.fallback import sensitivity_fallback
-
-        holdout = load_examples(str(config.calib_data), config.holdout_samples, split="test")
-        report["accuracy_budget"] = sensitivity_fallback(src, tmp, examples, holdout, config, cache, meta, plan, stages)
-        # the published graph's count (layers kept in float are no longer quantized)
-        report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(plan.quantize))
+    report["accuracy"] = _check_accuracy(src, tmp, examples, meta, config, cache, plan, stages, report)
     quantized = onnx.load(str(tmp))
     set_graph_precision(quantized, config.precision)
     onnx.save(quantized, str(tmp))
     return report
+
+
+def _check_accuracy(src: Path, tmp: Path, examples, meta, config: PrecisionConfig, cache, plan, stages, report):
+    """The quantized graph against FP32 on held-out puzzles, by default: one line (argmax agreement,
+    exact-accuracy delta) and the manifest's ``accuracy`` record. Over the budget, the most harmful
+    layers stay float until it holds (:func:`hrm_deploy.precision.fallback.sensitivity_fallback`),
+    or the build stops saying it could not."""
+    import logging
+    from dataclasses import replace
+
+    from hrm_deploy.precision.accuracy import (
+        DEFAULT_BUDGET_POINTS,
+        MIN_AGREEMENT_PCT,
+        against_fp32,
+        holdout_examples,
+        holdout_size,
+    )
+
+    if not config.accuracy_check:
+        return {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
+    budget = DEFAULT_BUDGET_POINTS if config.accuracy_budget is None else config.accuracy_budget
+    count = config.holdout_samples or holdout_size(meta)
+    holdout = holdout_examples(str(config.calib_data), examples, count)
+    with stages.stage(f"measuring {config.precision.upper()} against FP32 on {len(holdout)} held-out puzzles"):
+        first = quality = against_fp32(str(src), str(tmp), holdout)
+
+    def outside(q) -> bool:
+        lost = q["loss_points"] or 0.0
+        return lost > budget or q["argmax_agreement_pct"] < MIN_AGREEMENT_PCT
+
+    if outside(quality):
+        from hrm_deploy.precision.fallback import sensitivity_fallback
+
+        budgeted = replace(config, accuracy_budget=budget)
+        report["accuracy_budget"] = sensitivity_fallback(
+            src, tmp, examples, holdout, budgeted, cache, meta, plan, stages
+        )
+        # the published graph's count (layers kept in float are no longer quantized)
+        report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(plan.quantize))
+        with stages.stage("measuring the budgeted graph against FP32"):
+            quality = against_fp32(str(src), str(tmp), holdout)
+    lost = "" if quality["loss_points"] is None else f", exact {quality['loss_points']:+.2f} points lost"
+    logging.getLogger(__name__).info(
+        "%s vs FP32 on %d held-out puzzles: argmax agreement %.2f %%%s (budget %g points%s)",
+        config.precision.upper(),
+        quality["holdout_puzzles"],
+        quality["argmax_agreement_pct"],
+        lost.replace("+-", "-"),
+        budget,
+        "; sensitive layers kept float" if quality is not first else "",
+    )
+    return {
+        "checked": True,
+        "budget_points": budget,
+        **quality,
+        **({"before_fallback": first} if quality is not first else {}),
+    }
 
 
 def make_precision_graph(

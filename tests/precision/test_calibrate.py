@@ -1,6 +1,8 @@
 """Calibration: the activation ranges every Q/DQ precision reads, measured in one pass over the data
 on the chosen ONNX Runtime provider."""
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -104,3 +106,52 @@ def test_the_calibration_session_is_created_on_the_chosen_providers(tiny_onnx, m
     monkeypatch.setattr(int8, "calibration_provider", lambda: "cuda")
     session, fetch = int8._range_session(str(tiny_onnx.step), _weighted_inputs(tiny_onnx.step), "minmax")
     assert asked == [["CUDAExecutionProvider", "CPUExecutionProvider"]] and fetch == [int8.RANGES_OUTPUT]
+
+
+def test_a_tampered_or_damaged_cache_entry_is_measured_again(tiny_onnx, tmp_path, caplog):
+    """Scaled ranges in a calib/ entry once made an INT8 graph that solved nothing, announced only as
+    'cached calibration': an entry that does not match its seal, or holds a non-finite range even
+    when resealed, is calibrated again with a one-line warning, and the graph equals a clean build's."""
+    import json
+    import logging
+
+    from hrm_deploy.io import sha256_file
+    from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+
+    def build(name):
+        cfg = PrecisionConfig(
+            "int8",
+            calib_data=tiny_onnx.data,
+            cache_dir=str(tmp_path / "calib"),
+            quant=QuantConfig(samples=16),
+            accuracy_check=False,
+        )
+        return make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / f"{name}.int8.onnx", quiet=True)
+
+    clean = build("clean")
+    cache = Path(clean.report["calibration"]["cache"])
+    seal = cache.with_name(cache.name + ".seal")
+    assert seal.is_file() and json.loads(seal.read_text())["sha256"] == sha256_file(cache)
+    good = cache.read_text()
+
+    def edit(text: str, value) -> str:  # every range of ORT's JSON replaced by value(range)
+        data = json.loads(text)
+        for entry in data["data"].values():
+            for side in ("lowest", "highest"):
+                entry[side]["data"] = value(entry[side]["data"])
+        return json.dumps(data)
+
+    for damage, needle in (
+        (lambda text: edit(text, lambda x: x * 1000.0), "does not match its seal"),
+        (lambda text: edit(text, lambda x: float("nan")), "not finite"),
+    ):
+        cache.write_text(damage(good))
+        if needle == "not finite":  # resealed by hand: the ranges themselves are still checked
+            seal.write_text(json.dumps({**json.loads(seal.read_text()), "sha256": sha256_file(cache)}))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hrm_deploy.precision.calibrate"):
+            again = build("again")
+        assert not again.report["calibration"]["reused"]
+        assert any(needle in r.getMessage() and "calibrating again" in r.getMessage() for r in caplog.records)
+        assert again.path.read_bytes() == clean.path.read_bytes()
+        assert cache.read_text() == good

@@ -13,6 +13,7 @@ from hrm_deploy.precision.fp8 import E4M3_MAX, fp8_weight, per_step_agreement
 
 
 def _fp8(onnx_path, data, tmp_path, **kw):
+    kw.setdefault("accuracy_check", "accuracy_budget" in kw)  # the graph's form; the check has its own tests
     cfg = PrecisionConfig("fp8", calib_data=data, cache_dir=str(tmp_path / "calib"), **kw)
     return make_precision_graph(onnx_path, cfg, out=tmp_path / "m.fp8.onnx", quiet=True)
 

@@ -132,3 +132,33 @@ def test_step_and_unrolled_precision_graphs_give_the_same_answers(tiny_onnx, hel
         runner.activate()
         answers.append(predict(runner, heldout).argmax(-1))
     assert (answers[0] == answers[1]).mean() >= 0.9999
+
+
+def test_every_quantized_graph_is_measured_against_fp32_by_default(tiny_onnx, tmp_path, caplog):
+    """No default is silently worse: the INT8 graph's argmax agreement and exact-accuracy delta on
+    held-out puzzles are printed in one line and recorded; --no-accuracy-check says it was skipped."""
+    import logging
+
+    quant = QuantConfig(samples=32)
+    cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, quant=quant, cache_dir=str(tmp_path / "calib"))
+    with caplog.at_level(logging.INFO, logger="hrm_deploy.precision.convert"):
+        result = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "m.int8.onnx", quiet=True)
+    accuracy = result.report["accuracy"]
+    assert accuracy["checked"] and accuracy["budget_points"] == 1.0 and accuracy["holdout_puzzles"] == 200
+    assert accuracy["argmax_agreement_pct"] >= 98.0 and accuracy["loss_points"] <= 1.0
+    lines = [r.getMessage() for r in caplog.records if "vs FP32 on 200 held-out puzzles" in r.getMessage()]
+    assert len(lines) == 1 and "argmax agreement" in lines[0] and "points lost" in lines[0]
+    manifest = json.loads((tmp_path / "m.int8.onnx.manifest.json").read_text())
+    assert manifest["report"]["accuracy"] == accuracy
+    skipped = PrecisionConfig(
+        "int8", calib_data=tiny_onnx.data, quant=quant, cache_dir=str(tmp_path / "calib"), accuracy_check=False
+    )
+    off = make_precision_graph(tiny_onnx.unrolled, skipped, out=tmp_path / "off.int8.onnx", quiet=True)
+    assert off.report["accuracy"] == {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
+
+
+def test_the_build_stage_passes_the_check_to_every_target():
+    from hrm_deploy.engines.build import EngineConfig
+
+    assert EngineConfig("int8", target="desktop").accuracy_check
+    assert not EngineConfig("int8", target="jetson-orin-8gb", accuracy_check=False).accuracy_check

@@ -143,7 +143,10 @@ def test_calibration_data_defaults_to_the_checkpoints_provenance(tiny_onnx, tmp_
     )
     built = build_cpu(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx")
     recipe = json.loads(built.manifest.read_text())["recipe"]
-    assert asked == [(str(tiny_onnx.unrolled), "--calib-data", {"train": 16})] and "no --calib-data given" in capsys.readouterr().err
+    assert (
+        asked == [(str(tiny_onnx.unrolled), "--calib-data", {"train": 16})]
+        and "no --calib-data given" in capsys.readouterr().err
+    )
     assert recipe["calibration"]["data"] == tiny_onnx.data and recipe["calibration"]["samples"] == 16
     assert recipe["accuracy"] == {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
 

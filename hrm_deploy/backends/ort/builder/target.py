@@ -12,7 +12,7 @@ from hrm_deploy.engines.request import BuildRequest, GraphInput, SimpleBuilder
 
 def build_for_cpu(request: BuildRequest) -> Any:
     """The build stage's options (an ``EngineConfig``) on the cpu target: ``config.cpu_int8`` is
-    the INT8 recipe asked for (None: ``static``); ``config.cpu_accuracy_check`` False skips static
+    the INT8 recipe asked for (None: ``static``); ``config.accuracy_check`` False skips static
     INT8's comparison with FP32. Returns the ``EngineResult``."""
     from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.engines.result import EngineResult
@@ -27,7 +27,7 @@ def build_for_cpu(request: BuildRequest) -> Any:
         calib_method=config.calib_method,
         calib_samples=config.calib_samples,
         accuracy_budget=config.accuracy_budget,
-        check_accuracy=config.cpu_accuracy_check,
+        check_accuracy=config.accuracy_check,
     )
     built = build_cpu(request.ready, cpu, request.out, request.quiet)
     return EngineResult(built.path, built.manifest, built.source_onnx, built.build)
