@@ -62,7 +62,8 @@ def _stop_clean(proc: ServeProcess) -> None:
 
 @pytest.fixture(scope="module")
 def server(small_step, tmp_path_factory):
-    proc = _started(small_step, tmp_path_factory.mktemp("serve") / "serve.log", "--max-batch", "8")
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    proc = _started(small_step, log, "--max-batch", "8", "--queue-limit", "1024")
     try:
         yield proc
     finally:
@@ -194,12 +195,19 @@ def test_client_disconnect_and_timeout_leave_the_loop(server, reference):
 
     tokens, ids, ref = reference
     before = gauges(server)
-    with ThreadPoolExecutor(8) as pool:  # fill the 8 slots and the queue with 8-puzzle requests
+    with ThreadPoolExecutor(64) as pool:  # 512 puzzles ahead in the queue: hundreds of steps
         load = [
-            pool.submit(infer_remote, server.url, {"inputs": tokens[a : a + 8], "puzzle_identifiers": ids[a : a + 8]})
-            for a in range(0, 56, 8)
+            pool.submit(
+                infer_remote,
+                server.url,
+                {"inputs": tokens[a : a + 8], "puzzle_identifiers": ids[a : a + 8]},
+                timeout_s=300,
+            )
+            for a in [8 * (k % 7) for k in range(64)]
         ]
-        time.sleep(0.05)
+        deadline = time.monotonic() + 10  # wait until most of them are queued (>= 96 step calls ahead)
+        while gauges(server)["queue_puzzles"] < 128 and time.monotonic() < deadline:
+            time.sleep(0.01)
         body = _json_request(tokens[:8], ids[:8])
         sock = socket.create_connection(("127.0.0.1", server.http), timeout=10)
         sock.sendall(b"POST /v2/models/hrm/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
@@ -215,7 +223,7 @@ def test_client_disconnect_and_timeout_leave_the_loop(server, reference):
             client.infer("hrm", inputs, timeout=1)  # 1 microsecond: the loop drops it at the next step
         client.close()
         for f in load:
-            assert f.result(timeout=120)["answer"].shape == (8, 81)
+            assert f.result(timeout=300)["answer"].shape == (8, 81)
     deadline = time.monotonic() + 10
     while gauges(server)["clients_gone_total"] == before["clients_gone_total"] and time.monotonic() < deadline:
         time.sleep(0.1)
