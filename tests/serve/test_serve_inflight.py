@@ -295,3 +295,25 @@ def test_sigterm_under_load_is_clean(small_step, reference, tmp_path):
     finally:
         if proc.proc.poll() is None:
             proc.kill()
+
+
+def test_grpc_requests_go_through_the_same_loop(server, reference):
+    """gRPC reaches tritonserver (not the front); its bound function feeds the same ACT loop."""
+    import tritonclient.grpc as grpcclient
+
+    tokens, ids, ref = reference
+    before = gauges(server)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+    try:
+        inputs = [
+            grpcclient.InferInput("inputs", [5, 81], "INT32"),
+            grpcclient.InferInput("puzzle_identifiers", [5, 1], "INT32"),
+        ]
+        inputs[0].set_data_from_numpy(tokens[10:15])
+        inputs[1].set_data_from_numpy(ids[10:15].reshape(-1, 1))
+        result = client.infer("hrm", inputs, client_timeout=60)
+    finally:
+        client.close()
+    assert np.array_equal(result.as_numpy("answer"), ref["logits"][10:15].argmax(-1))
+    assert np.array_equal(result.as_numpy("steps").reshape(-1), ref["steps_used"][10:15])
+    assert gauges(server)["puzzles_answered_total"] - before["puzzles_answered_total"] == 5
