@@ -266,3 +266,19 @@ def test_which_batching_serves_which_artifact(caplog):
     check_queue_limit(32, 32)
     with pytest.raises(ConfigError, match="--queue-limit 4: give at least the max batch"):
         check_queue_limit(4, 8)
+
+
+def test_a_line_per_period_under_load(monkeypatch, caplog):
+    from hrm_deploy.serve import inflight
+
+    monkeypatch.setattr(inflight, "LOG_EVERY_S", 0.0)  # every step boundary instead of every minute
+    sched = InflightScheduler(CountingStep(), halt_positive, slots=2, queue_limit=16)
+    try:
+        with caplog.at_level("INFO", logger="hrm_deploy.serve.inflight"):
+            ticket = sched.submit(*_request([2, 3]))
+            assert ticket.wait(10)
+            sched.stop(1)
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("in-flight:")]
+        assert lines and "puzzles/s" in lines[-1] and "steps per answer" in lines[-1], lines
+    finally:
+        sched.stop(0)
