@@ -304,11 +304,11 @@ def plot(results: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
     for ax, (name, res) in zip(axes[0], results.items()):
-        for mode, style in (("inflight", "-o"), ("dynamic", "--s")):
+        for mode, color, marker in (("inflight", "C0", "o"), ("dynamic", "C3", "s")):
             curve = res["modes"][mode]["open_loop"]
             x = [p["offered_per_s"] for p in curve]
-            ax.plot(x, [p["p50_ms"] for p in curve], style, label=f"{mode} p50")
-            ax.plot(x, [p["p99_ms"] for p in curve], style, alpha=0.5, label=f"{mode} p99")
+            ax.plot(x, [p["p50_ms"] for p in curve], "-", marker=marker, color=color, label=f"{mode} p50")
+            ax.plot(x, [p["p99_ms"] for p in curve], ":", marker=marker, color=color, alpha=0.6, label=f"{mode} p99")
         ax.set(title=f"{name} ({res['halt']})", xlabel="offered load (puzzles/s, Poisson)", ylabel="latency (ms)")
         ax.set_yscale("log")
         ax.legend()
