@@ -296,7 +296,7 @@ def run_model(name: str, args, work: Path) -> dict:
     return result
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path, smoke: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -312,6 +312,8 @@ def plot(results: dict, path: Path) -> None:
         ax.set(title=f"{name} ({res['halt']})", xlabel="offered load (puzzles/s, Poisson)", ylabel="latency (ms)")
         ax.set_yscale("log")
         ax.legend()
+    if smoke:
+        fig.suptitle("smoke run (3 s points): proves the script, not a measurement")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -337,7 +339,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.with_suffix(".png")
-    plot(results, png)
+    plot(results, png, args.smoke)
     report = {
         "what": "hrm-deploy serve, in-flight vs dynamic batching, early halting on, HTTP, one puzzle per request",
         "smoke": args.smoke,
