@@ -1,14 +1,29 @@
-"""Served vs in-process throughput and latency of the bundled sudoku-tiny model (ONNX, CPU).
+"""In-flight vs dynamic batching of ``hrm-deploy serve`` under load, with early halting on.
 
-    python benchmarks/serve_load.py [--requests 256] [--clients 1,8,32] [--max-batch 32]
+    python benchmarks/serve_load.py [--models bundled,sudoku-size] [--clients 1,8,32,128]
+        [--duration 20] [--max-batch 32] [--rates 0.25,0.5,0.75,0.9,1.1] [--smoke]
 
-Starts ``hrm-deploy serve`` (PyTriton's tritonserver, dynamic batching) on free loopback ports
-and drives it with C concurrent closed-loop clients (threads, one persistent HTTP connection
-each, one puzzle per request) for C in --clients; then, in the same run with the server idle,
-the in-process ONNX Runtime runner on batches of C puzzles (the largest batch C single-puzzle
-clients can give Triton). Throughput is puzzles/s; latency per request (served) or per batch
-call (in-process), p50/p99. The batch sizes Triton formed come from its Prometheus metrics.
-Run it in the serve venv (README, Serving). Writes benchmarks/results/serve_load.json.
+Models (step graphs, ONNX Runtime CPU unless --provider says otherwise):
+
+- ``bundled``: the bundled sudoku-small checkpoint (8 ACT steps), ``--halt q``;
+- ``sudoku-size``: the Sudoku-size architecture (hidden 512, 4 H + 4 L layers, 2 x 2 cycles,
+  16 ACT steps; ``benchmarks/sudoku_size.py``) with random weights and a random Q head, halting at
+  ``threshold:X`` with X the 90th percentile of sigmoid(q_halt) over all steps of 32 puzzles, so
+  the step count varies from puzzle to puzzle (its distribution is in the results).
+
+For each model and each mode (``--batching inflight`` and ``--batching dynamic``), one server
+(free loopback ports) is started, warmed up, and driven by
+
+1. closed-loop HTTP clients (threads with one persistent ``tritonclient`` connection each, one
+   puzzle per request, for ``--duration`` seconds) at each count in ``--clients``: puzzles/s,
+   p50/p99 and the worst latency;
+2. an open-loop Poisson arrival process at fixed rates (``--rates`` x the best closed-loop
+   puzzles/s of the two modes at the largest client count): p50/p99 latency from each request's
+   scheduled arrival, achieved puzzles/s, refused (HTTP 503) requests.
+
+Writes ``benchmarks/results/serve_load.json`` and ``serve_load.png`` (latency vs offered load, both
+modes). ``--smoke``: 3 s per point, bundled model only unless --models is given (proves the script
+runs; not a measurement). Run it in the serve venv (README, Serving) on an idle machine.
 """
 
 from __future__ import annotations
@@ -26,9 +41,12 @@ import tempfile
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def free_ports(n: int) -> list[int]:
@@ -41,187 +59,306 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def metrics(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {
-        k: float(re.search(rf'^{k}{{model="hrm".*}} (\S+)$', text, re.MULTILINE).group(1))
-        for k in ("nv_inference_request_success", "nv_inference_exec_count")
-    }
-
-
-def stats(latencies: list[float], wall: float, puzzles: int) -> dict[str, float]:
-    lat = np.asarray(latencies) * 1e3
-    return {
-        "puzzles_per_s": puzzles / wall,
-        "p50_ms": float(np.percentile(lat, 50)),
-        "p99_ms": float(np.percentile(lat, 99)),
-        "wall_s": wall,
-        "puzzles": puzzles,
-    }
-
-
-def served(port: int, metrics_port: int, tokens: np.ndarray, ids: np.ndarray, clients: int, requests: int) -> dict:
-    import tritonclient.http as httpclient
-
-    per_client = max(1, requests // clients)
-    latencies: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(clients + 1)
-
-    def run(c: int) -> None:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=60)
-        mine = []
-        barrier.wait()
-        for j in range(per_client):
-            i = (c * per_client + j) % len(tokens)
-            inputs = [
-                httpclient.InferInput("inputs", [1, tokens.shape[1]], "INT32"),
-                httpclient.InferInput("puzzle_identifiers", [1, 1], "INT32"),
-            ]
-            inputs[0].set_data_from_numpy(tokens[i : i + 1])
-            inputs[1].set_data_from_numpy(ids[i : i + 1].reshape(1, 1))
-            t0 = time.perf_counter()
-            try:
-                client.infer("hrm", inputs, outputs=[httpclient.InferRequestedOutput("answer")])
-            except Exception as exc:  # noqa: BLE001 - counted and reported
-                errors.append(str(exc)[:200])
-            mine.append(time.perf_counter() - t0)
-        client.close()
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=run, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    before = metrics(metrics_port)
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    after = metrics(metrics_port)
-    out = stats(latencies, wall, clients * per_client)
-    execs = after["nv_inference_exec_count"] - before["nv_inference_exec_count"]
-    out["mean_batch_formed"] = (after["nv_inference_request_success"] - before["nv_inference_request_success"]) / max(
-        execs, 1
-    )
-    out["errors"] = len(errors)
-    return out
-
-
-def in_process(runner, tokens: np.ndarray, ids: np.ndarray, batch: int, requests: int) -> dict:
-    calls = max(1, requests // batch)
-    latencies = []
-    start = time.perf_counter()
-    for k in range(calls):
-        i = (k * batch) % (len(tokens) - batch + 1)
-        t0 = time.perf_counter()
-        runner.infer({"inputs": tokens[i : i + batch], "puzzle_identifiers": ids[i : i + batch]})
-        latencies.append(time.perf_counter() - t0)
-    return stats(latencies, time.perf_counter() - start, calls * batch)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=256, help="puzzles per measurement")
-    parser.add_argument("--clients", default="1,8,32")
-    parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--out", default="benchmarks/results/serve_load.json")
-    args = parser.parse_args()
-    client_counts = [int(c) for c in args.clients.split(",")]
-
-    from hrm_deploy.backends import open_runner
+# ------------------------------------------------------------------------------------ models
+def bundled(work: Path) -> tuple[Path, str, np.ndarray]:
     from hrm_deploy.cli.common import bundled_checkpoint
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.train.presets import preset
 
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        onnx = export_onnx(bundled_checkpoint(), work / "sudoku-tiny.onnx", ExportConfig(parity=False), quiet=True).path
-        split = generate_sudoku(SudokuSpec(train=0, test=256, blanks=preset("sudoku-tiny")["data"]["blanks"], seed=7))[
-            "test"
+    onnx = export_onnx(
+        bundled_checkpoint("sudoku-small"),
+        work / "bundled.step.onnx",
+        ExportConfig(mode="step", parity=False),
+        quiet=True,
+    ).path
+    spec = preset("sudoku-small")["data"]
+    split = generate_sudoku(SudokuSpec(**{**spec, "train": 0, "test": 512, "augment": 0, "seed": 7}))["test"]
+    return Path(onnx), "q", np.ascontiguousarray(split.inputs, dtype=np.int32)
+
+
+def sudoku_size(work: Path) -> tuple[Path, str, np.ndarray]:
+    import torch
+    from sudoku_size import sudoku_size_model
+
+    from hrm_deploy.backends import open_runner
+    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.model.checkpoint import save_checkpoint
+
+    model = sudoku_size_model(seed=0).eval()
+    with torch.no_grad(), torch.random.fork_rng():  # upstream inits the Q head to zero: no halting spread
+        torch.manual_seed(1)
+        model.inner.q_head.weight.normal_(0, 0.05)
+    ckpt = save_checkpoint(work / "sudoku-size.pt", model)
+    onnx = export_onnx(str(ckpt), work / "sudoku-size.step.onnx", ExportConfig(mode="step", parity=False), quiet=True)
+    split = generate_sudoku(SudokuSpec(train=0, test=512, blanks=(40, 50), seed=7))["test"]
+    tokens = np.ascontiguousarray(split.inputs, dtype=np.int32)
+    with open_runner(onnx.path) as runner:  # all 16 steps of 32 puzzles: where to cut sigmoid(q_halt)
+        q = runner.infer({"inputs": tokens[:32], "puzzle_identifiers": np.zeros(32, np.int32)})["q_halt_logits"]
+    x = float(np.percentile(1 / (1 + np.exp(-q)), 90))
+    return Path(onnx.path), f"threshold:{x:.6f}", tokens
+
+
+MODELS = {"bundled": bundled, "sudoku-size": sudoku_size}
+
+
+# ------------------------------------------------------------------------------------ server
+class Server:
+    def __init__(self, artifact: Path, halt: str, batching: str, max_batch: int, log: Path, provider: str | None):
+        self.http, grpc, metrics = free_ports(3)
+        cmd = [sys.executable, "-m", "hrm_deploy", "serve", str(artifact), "--halt", halt, "--batching", batching]
+        cmd += ["--http-port", str(self.http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+        cmd += ["--max-batch", str(max_batch), "--queue-limit", str(max(8 * max_batch, 1024))]
+        cmd += ["--provider", provider] if provider else []
+        self.log = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        import tritonclient.http as httpclient
+
+        deadline = time.monotonic() + 300
+        while True:
+            with contextlib.suppress(Exception):  # not up yet
+                if httpclient.InferenceServerClient(f"127.0.0.1:{self.http}").is_model_ready("hrm"):
+                    return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"server did not start:\n{log.read_text()[-2000:]}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=120)
+
+
+class Clients:
+    """One tritonclient HTTP connection per thread; ``call(i)`` sends puzzle i, returns (ok, steps)."""
+
+    def __init__(self, port: int, tokens: np.ndarray):
+        self.port, self.tokens, self.local = port, tokens, threading.local()
+
+    def call(self, i: int) -> tuple[bool, int]:
+        import tritonclient.http as httpclient
+
+        if not hasattr(self.local, "client"):
+            self.local.client = httpclient.InferenceServerClient(f"127.0.0.1:{self.port}", network_timeout=600)
+        row = self.tokens[i % len(self.tokens)][None]
+        inputs = [
+            httpclient.InferInput("inputs", list(row.shape), "INT32"),
+            httpclient.InferInput("puzzle_identifiers", [1, 1], "INT32"),
         ]
-        tokens = np.ascontiguousarray(split.inputs, dtype=np.int32)
-        ids = np.zeros(len(tokens), np.int32)
-
-        http, grpc, mport = free_ports(3)
-        log = (work / "serve.log").open("w")
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "hrm_deploy",
-                "serve",
-                str(onnx),
-                "--http-port",
-                str(http),
-                "--grpc-port",
-                str(grpc),
-                "--metrics-port",
-                str(mport),
-                "--max-batch",
-                str(args.max_batch),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        inputs[0].set_data_from_numpy(row)
+        inputs[1].set_data_from_numpy(np.zeros((1, 1), np.int32))
+        wanted = [httpclient.InferRequestedOutput(n) for n in ("answer", "steps")]
         try:
-            import tritonclient.http as httpclient
+            result = self.local.client.infer("hrm", inputs, outputs=wanted)
+        except Exception:  # noqa: BLE001 - counted (503 refusals under overload, errors)
+            return False, 0
+        return True, int(result.as_numpy("steps").reshape(-1)[0])
 
-            deadline = time.monotonic() + 180
-            while True:
-                with contextlib.suppress(Exception):  # not up yet
-                    if httpclient.InferenceServerClient(f"127.0.0.1:{http}").is_model_ready("hrm"):
-                        break
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"server did not start:\n{(work / 'serve.log').read_text()[-2000:]}")
-                time.sleep(0.5)
-            served(http, mport, tokens, ids, 8, 64)  # warm-up
-            results_served = {c: served(http, mport, tokens, ids, c, args.requests) for c in client_counts}
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
-        runner = open_runner(onnx)
-        runner.activate()
-        in_process(runner, tokens, ids, 8, 64)  # warm-up
-        results_local = {c: in_process(runner, tokens, ids, c, args.requests) for c in client_counts}
-        runner.close()
 
-    rows = {}
-    for c in client_counts:
-        s, p = results_served[c], results_local[c]
-        rows[str(c)] = {
-            "served": s,
-            "in_process_same_batch": p,
-            "served_over_in_process": s["puzzles_per_s"] / p["puzzles_per_s"],
-        }
+def summary(latencies: list[float], wall: float, done: int, failed: int, steps: list[int]) -> dict:
+    lat = np.asarray(latencies or [np.nan]) * 1e3
+    return {
+        "puzzles_per_s": done / wall,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "worst_ms": float(np.max(lat)),
+        "answered": done,
+        "failed": failed,
+        "mean_steps": float(np.mean(steps)) if steps else None,
+        "wall_s": wall,
+    }
+
+
+def closed_loop(clients: Clients, n: int, duration: float) -> dict:
+    latencies: list[float] = []
+    steps: list[int] = []
+    failed = [0]
+    lock = threading.Lock()
+    start = time.perf_counter()
+    end = start + duration
+
+    def run(c: int) -> None:
+        i = c * 997
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            ok, used = clients.call(i)
+            with lock:
+                if ok:
+                    latencies.append(time.perf_counter() - t0)
+                    steps.append(used)
+                else:
+                    failed[0] += 1
+            i += 1
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return summary(latencies, time.perf_counter() - start, len(latencies), failed[0], steps)
+
+
+def open_loop(clients: Clients, rate: float, duration: float, seed: int = 0) -> dict:
+    """Poisson arrivals at ``rate`` puzzles/s for ``duration`` s; latency from the scheduled arrival."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, int(rate * duration * 1.5) + 10))
+    arrivals = arrivals[arrivals < duration]
+    latencies: list[float] = []
+    steps: list[int] = []
+    failed = [0]
+    lock = threading.Lock()
+    start = time.perf_counter()
+
+    def one(k: int) -> None:
+        ok, used = clients.call(k)
+        with lock:
+            if ok:
+                latencies.append(time.perf_counter() - (start + arrivals[k]))
+                steps.append(used)
+            else:
+                failed[0] += 1
+
+    with ThreadPoolExecutor(512) as pool:
+        for k, at in enumerate(arrivals):
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            pool.submit(one, k)
+    out = summary(latencies, time.perf_counter() - start, len(latencies), failed[0], steps)
+    out["offered_per_s"] = rate
+    return out
+
+
+def gauges(port: int) -> dict[str, float]:
+    with contextlib.suppress(Exception):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        return {m[1]: float(m[2]) for m in re.finditer(r'^hrm_inflight_(\w+)\{model="hrm"\} (\S+)$', text, re.M)}
+    return {}
+
+
+# ------------------------------------------------------------------------------------ the run
+def measure_mode(artifact, halt, tokens, mode, args, work) -> dict:
+    server = Server(artifact, halt, mode, args.max_batch, work / f"{artifact.stem}.{mode}.log", args.provider)
+    try:
+        clients = Clients(server.http, tokens)
+        closed_loop(clients, min(8, max(args.clients)), min(3.0, args.duration))  # warm-up
+        rows = {}
+        for n in args.clients:
+            before = gauges(server.http)
+            rows[str(n)] = closed_loop(clients, n, args.duration)
+            after = gauges(server.http)
+            if after:  # in-flight: mean busy slots per step call over this point
+                answered = after["puzzles_answered_total"] - before["puzzles_answered_total"]
+                calls = after["step_calls_total"] - before["step_calls_total"]
+                rows[str(n)]["rows_per_step"] = answered * (rows[str(n)]["mean_steps"] or 0) / max(calls, 1)
+            print(f"  {mode:8s} {n:>4} clients: {fmt(rows[str(n)])}", flush=True)
+        return {"closed_loop": rows, "gauges": gauges(server.http), "server": server, "clients": clients}
+    except BaseException:
+        server.stop()
+        raise
+
+
+def fmt(r: dict) -> str:
+    return (
+        f"{r['puzzles_per_s']:8.1f} puzzles/s  p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms  "
+        f"worst {r['worst_ms']:8.1f} ms  failed {r['failed']}"
+    )
+
+
+def run_model(name: str, args, work: Path) -> dict:
+    artifact, halt, tokens = MODELS[name](work)
+    print(f"{name}: {artifact.name}, --halt {halt}", flush=True)
+    modes = {m: measure_mode(artifact, halt, tokens, m, args, work) for m in ("inflight", "dynamic")}
+    top = str(max(args.clients))
+    peak = max(m["closed_loop"][top]["puzzles_per_s"] for m in modes.values())
+    result: dict = {"artifact": artifact.name, "halt": halt, "modes": {}}
+    try:
+        for mode, m in modes.items():  # the open loop, both servers still up (one busy at a time)
+            curve = []
+            for fraction in args.rates:
+                curve.append(open_loop(m["clients"], peak * fraction, args.duration))
+                print(f"  {mode:8s} open loop {peak * fraction:7.1f}/s offered: {fmt(curve[-1])}", flush=True)
+            result["modes"][mode] = {
+                "closed_loop": m["closed_loop"],
+                "open_loop": curve,
+                "inflight_gauges": m["gauges"],
+            }
+    finally:
+        for m in modes.values():
+            m["server"].stop()
+    c = {mode: result["modes"][mode]["closed_loop"] for mode in modes}
+    if "32" in c["inflight"]:
+        result["speedup_at_32_clients"] = c["inflight"]["32"]["puzzles_per_s"] / c["dynamic"]["32"]["puzzles_per_s"]
+        result["p99_ratio_at_32_clients"] = c["inflight"]["32"]["p99_ms"] / c["dynamic"]["32"]["p99_ms"]
+    return result
+
+
+def plot(results: dict, path: Path, smoke: bool = False) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for ax, (name, res) in zip(axes[0], results.items()):
+        for mode, color, marker in (("inflight", "C0", "o"), ("dynamic", "C3", "s")):
+            curve = res["modes"][mode]["open_loop"]
+            x = [p["offered_per_s"] for p in curve]
+            ax.plot(x, [p["p50_ms"] for p in curve], "-", marker=marker, color=color, label=f"{mode} p50")
+            ax.plot(x, [p["p99_ms"] for p in curve], ":", marker=marker, color=color, alpha=0.6, label=f"{mode} p99")
+        ax.set(title=f"{name} ({res['halt']})", xlabel="offered load (puzzles/s, Poisson)", ylabel="latency (ms)")
+        ax.set_yscale("log")
+        ax.legend()
+    if smoke:
+        fig.suptitle("smoke run (3 s points): proves the script, not a measurement")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=None, help="bundled,sudoku-size (default both; --smoke: bundled)")
+    parser.add_argument("--clients", default="1,8,32,128")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per measurement point")
+    parser.add_argument("--rates", default="0.25,0.5,0.75,0.9,1.1", help="open loop: fractions of the peak")
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--provider", default=None, help="ONNX Runtime provider (cpu, cuda)")
+    parser.add_argument("--smoke", action="store_true", help="3 s per point: proves the script runs")
+    parser.add_argument("--out", default="benchmarks/results/serve_load.json")
+    args = parser.parse_args()
+    args.clients = [int(c) for c in args.clients.split(",")]
+    args.rates = [float(r) for r in args.rates.split(",")]
+    if args.smoke:
+        args.duration = 3.0
+    names = (args.models or ("bundled" if args.smoke else "bundled,sudoku-size")).split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {name: run_model(name, args, Path(tmp)) for name in names}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = out.with_suffix(".png")
+    plot(results, png, args.smoke)
     report = {
-        "model": "bundled sudoku-tiny, ONNX FP32 (unrolled), ONNX Runtime CPU",
-        "server": f"hrm-deploy serve (PyTriton tritonserver, dynamic batching, max batch {args.max_batch}, "
-        "queue delay 2000 us), HTTP, clients = threads in this process with persistent connections",
-        "goal": "served >= 0.8 x in-process puzzles/s at 32 clients",
-        "goal_met": rows[str(client_counts[-1])]["served_over_in_process"] >= 0.8,
-        "clients": rows,
+        "what": "hrm-deploy serve, in-flight vs dynamic batching, early halting on, HTTP, one puzzle per request",
+        "smoke": args.smoke,
+        "duration_s_per_point": args.duration,
+        "max_batch": args.max_batch,
+        "provider": args.provider or "cpu",
+        "clients": "threads in this process, one persistent tritonclient HTTP connection each",
+        "goal": "in-flight >= 1.3x dynamic puzzles/s at 32 clients, p99 no worse",
+        "models": results,
+        "plot": png.name,
         "host": {
             "cpus": os.cpu_count(),
             "processor": platform.processor(),
             "python": platform.python_version(),
             "loadavg_at_end": os.getloadavg(),
-            "nproc_busy_note": "other helpers and a training job share these 2 cores",
         },
-        "note": "2-core CPU shared with other jobs (nice'd); compare ratios within this run only",
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    for c, r in rows.items():
-        print(
-            f"{c:>3} clients: served {r['served']['puzzles_per_s']:8.1f}/s p50 {r['served']['p50_ms']:6.1f} ms "
-            f"p99 {r['served']['p99_ms']:6.1f} ms (batch {r['served']['mean_batch_formed']:.1f}) | in-process "
-            f"{r['in_process_same_batch']['puzzles_per_s']:8.1f}/s | ratio {r['served_over_in_process']:.2f}"
-        )
+    print(f"wrote {out} and {png}")
 
 
 if __name__ == "__main__":

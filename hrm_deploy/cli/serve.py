@@ -11,6 +11,7 @@ from hrm_deploy.cli import app
 from hrm_deploy.cli.choices import Provider, TrtAccelerator
 from hrm_deploy.cli.common import user_errors
 from hrm_deploy.serve.repo import DEFAULT_QUEUE_DELAY_US, Device, OnnxBackend
+from hrm_deploy.serve.server import Batching
 
 
 @app.command()
@@ -35,6 +36,17 @@ def serve(
     provider: Annotated[
         Provider | None, typer.Option(help="ONNX Runtime provider for ONNX artifacts (default: cpu).")
     ] = None,
+    batching: Annotated[
+        Batching,
+        typer.Option(
+            help="inflight: one ACT loop, requests join/leave at step boundaries (default for step graphs "
+            "with --halt); dynamic: Triton's batcher, each batch runs to its end."
+        ),
+    ] = Batching.auto,
+    queue_limit: Annotated[
+        int | None,
+        typer.Option(help="In-flight: puzzles that may wait for a slot before HTTP 503 (default 8 x max batch)."),
+    ] = None,
 ) -> None:
     """Serve an artifact on PyTriton's Triton Inference Server until Ctrl-C / SIGTERM."""
     from hrm_deploy.serve.server import ServeConfig, main_ready_line, serve as run_server
@@ -52,6 +64,8 @@ def serve(
             model_name=model_name,
             queue_delay_us=queue_delay_us,
             provider=provider.value if provider else None,
+            batching=batching,
+            queue_limit=queue_limit,
         ),
         ready=main_ready_line,
     )

@@ -14,6 +14,10 @@ puts this front on the user's port. Per request it:
   HTTP 400 with Triton's error body ``{"error": "..."}`` naming the problem;
 - forwards everything else unchanged (health, metadata, statistics) and streams Triton's answer back.
 
+With in-flight batching (:mod:`hrm_deploy.serve.endpoint`), checked inference requests for the
+served model are answered by the front itself (each request alone, through the ACT loop), and
+``GET /metrics`` on this port gives the loop's gauges.
+
 Memory per request is bounded by the body limit, which follows from the model's largest batch.
 """
 
@@ -26,7 +30,7 @@ import re
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +42,25 @@ _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer"
 
 
 class Refused(Exception):
-    """A request the front answers itself: HTTP ``status`` and one line."""
+    """A request the front answers itself: HTTP ``status``, one line and extra headers (``Retry-After``)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers or {}
+
+
+class LocalInference(Protocol):
+    """Answers inference requests in the front itself (in-flight batching, :mod:`hrm_deploy.serve.endpoint`)."""
+
+    def answer(
+        self, request: dict[str, Any], body: bytes, header_length: int | None, connection: Any
+    ) -> tuple[int, bytes, dict[str, str]] | None:
+        """(status, body, headers) of the response; None when the client has gone (nothing to write)."""
+        ...
+
+    def metrics(self) -> str:
+        """Prometheus text of the front's own gauges."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -63,8 +81,8 @@ class Limits:
         return _HEADER_SLACK + elements * _BYTES_PER_ELEMENT
 
 
-def check_infer_request(body: bytes, header_length: int | None, limits: Limits) -> None:
-    """Raise :class:`Refused` (400) unless ``body`` is an inference request the model can take."""
+def check_infer_request(body: bytes, header_length: int | None, limits: Limits) -> dict[str, Any]:
+    """The request's JSON header; :class:`Refused` (400) unless ``body`` is an inference request the model can take."""
     if header_length is not None and not 0 < header_length <= len(body):
         raise Refused(400, f"Inference-Header-Content-Length {header_length} does not fit the body ({len(body)} bytes)")
     head, binary = (body[:header_length], len(body) - header_length) if header_length else (body, 0)
@@ -92,6 +110,7 @@ def check_infer_request(body: bytes, header_length: int | None, limits: Limits) 
         name = out.get("name") if isinstance(out, dict) else None
         if limits.outputs and name not in limits.outputs:
             raise Refused(400, f"output {name!r} is unknown; ask for some of {list(limits.outputs)}")
+    return request
 
 
 def _check_shape(name: str, item: dict[str, Any], row: int, max_batch: int) -> int:
@@ -144,12 +163,17 @@ def _count(data: Any) -> int:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    wbufsize = -1  # buffered: a response's head and body leave in one write (flushed after each request)
     server: _FrontServer
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.debug("front: " + format, *args)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        local = self.server.local
+        if local is not None and self.path.split("?", 1)[0] == "/metrics":
+            self._reply(200, local.metrics().encode(), {"Content-Type": "text/plain; version=0.0.4"})
+            return
         self._forward(b"")
 
     def do_POST(self) -> None:  # noqa: N802
@@ -161,10 +185,18 @@ class _Handler(BaseHTTPRequestHandler):
                 length = int(header) if header is not None and header.isdigit() else None
                 if header is not None and length is None:
                     raise Refused(400, f"Inference-Header-Content-Length {header!r} is not a byte count")
-                check_infer_request(body, length, self.server.limits)
+                request = check_infer_request(body, length, self.server.limits)
+                local = self.server.local
+                if local is not None and match.group("name") == self.server.limits.model_name:
+                    reply = local.answer(request, body, length, self.connection)
+                    if reply is None:  # the client went away: nobody to answer
+                        self.close_connection = True
+                    else:
+                        self._reply(*reply)
+                    return
         except Refused as refused:
             log.info("refused a request: %s", refused)
-            self._answer(refused.status, {"error": str(refused)})
+            self._answer(refused.status, {"error": str(refused)}, refused.headers)
             return
         self._forward(body)
 
@@ -185,10 +217,13 @@ class _Handler(BaseHTTPRequestHandler):
             )
         return self.rfile.read(int(length))
 
-    def _answer(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
+    def _answer(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        self._reply(status, json.dumps(payload).encode(), {"Content-Type": "application/json", **(headers or {})})
+
+    def _reply(self, status: int, data: bytes, headers: dict[str, str]) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        for key, value in headers.items():
+            self.send_header(key, value)
         self.send_header("Content-Length", str(len(data)))
         if self.close_connection:
             self.send_header("Connection", "close")
@@ -221,17 +256,27 @@ class _FrontServer(ThreadingHTTPServer):
     limits: Limits
     backend_port: int
     timeout_s: float
+    local: LocalInference | None
 
 
 class Front:
     """The checking front on ``host:port`` for a tritonserver HTTP endpoint on 127.0.0.1:``backend_port``."""
 
-    def __init__(self, host: str, port: int, backend_port: int, limits: Limits, timeout_s: float = 600.0):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        backend_port: int,
+        limits: Limits,
+        timeout_s: float = 600.0,
+        local: LocalInference | None = None,
+    ):
         import socket
 
         _FrontServer.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.server = _FrontServer((host, port), _Handler)
         self.server.limits, self.server.backend_port, self.server.timeout_s = limits, backend_port, timeout_s
+        self.server.local = local  # in-flight batching: inference answered here, not by Triton
         self.thread = threading.Thread(target=self.server.serve_forever, name="hrm-deploy-front", daemon=True)
 
     def __enter__(self) -> Front:

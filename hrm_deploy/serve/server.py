@@ -1,5 +1,11 @@
 """``hrm-deploy serve``: one artifact behind PyTriton's bundled Triton Inference Server.
 
+Two batching modes (:class:`Batching`). **In-flight** (the default for step artifacts with a halt
+rule): one ACT loop (:mod:`hrm_deploy.serve.inflight`) that requests join and leave at step
+boundaries; the checking front answers HTTP inference itself, each request alone
+(:mod:`hrm_deploy.serve.endpoint`), and Triton serves health, metadata, metrics and gRPC.
+**Dynamic** (unrolled graphs, engines, ``--halt off``, ``--batching dynamic``), described below:
+
 Triton's dynamic batcher gathers single-puzzle requests into batches; the bound inference
 function validates each request, runs our runner (:func:`hrm_deploy.backends.open_runner`) once
 on the whole batch and splits the answers. Per request (batch dimension ``B`` added by Triton):
@@ -29,13 +35,19 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError, HRMDeployError, require
+from hrm_deploy.errors import ConfigError, require
 from hrm_deploy.serve.front import Front, Limits
+from hrm_deploy.serve.wire import (
+    RequestError as RequestError,  # re-exported (the proxy patch matches its name)
+    check_requests,
+    split_outputs,
+)
 
 LOOPBACK_NAMES = ("localhost",)
 MODEL_NAME = "hrm"
@@ -45,8 +57,17 @@ MAX_QUEUE_DELAY_US = 1_000_000
 OUTPUTS = ("answer", "logits", "q_halt_logits", "steps", "act_steps")
 
 
-class RequestError(HRMDeployError):
-    """A request the model cannot answer (tokens out of vocabulary, empty, ...)."""
+class Batching(str, Enum):
+    """How concurrent requests share the model: ``inflight`` (one ACT loop, requests join and leave at
+    step boundaries), ``dynamic`` (Triton's batcher, each batch runs to its end), ``auto`` (in-flight
+    for step artifacts with a halt rule, dynamic otherwise)."""
+
+    auto = "auto"
+    inflight = "inflight"
+    dynamic = "dynamic"
+
+
+DRAIN_GRACE_S = 10.0  # SIGTERM: running puzzles get this long to finish
 
 
 @dataclass(frozen=True)
@@ -64,6 +85,8 @@ class ServeConfig:
     model_name: str = MODEL_NAME
     queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
     provider: str | None = None  # ORT provider for ONNX artifacts (cpu, cuda, tensorrt)
+    batching: Batching = Batching.auto
+    queue_limit: int | None = None  # in-flight: queued puzzles before HTTP 503 (default 8 x max batch)
 
 
 def is_loopback(host: str) -> bool:
@@ -128,6 +151,15 @@ def check_max_batch(requested: int | None, artifact_max: int, name: str) -> int:
     return max_batch
 
 
+def check_queue_limit(queue_limit: int | None, max_batch: int) -> None:
+    """In-flight: a queue smaller than the largest request would refuse that request forever."""
+    if queue_limit is not None and queue_limit < max_batch:
+        raise ConfigError(
+            f"--queue-limit {queue_limit}: give at least the max batch ({max_batch}) so that every "
+            "request the server takes fits in an empty queue"
+        )
+
+
 def halt_function(halt: str) -> Callable[..., Any] | None:
     """The runner's ``halt=`` callback for a ``--halt`` rule; None for "off" (all ACT steps).
 
@@ -160,64 +192,15 @@ class BatchInfer:
         self.act_steps = act_steps  # answered as the "act_steps" output when given
         self.batches: list[int] = []  # batch sizes run (kept short: for tests and the benchmark)
 
-    def _check(self, index: int, request: Any) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            tokens, ids = np.asarray(request["inputs"]), np.asarray(request["puzzle_identifiers"])
-        except KeyError as exc:
-            raise RequestError(
-                f"request {index}: missing input {exc}; send 'inputs' and 'puzzle_identifiers'"
-            ) from None
-        if tokens.ndim != 2 or tokens.shape[1] != self.seq_len or tokens.shape[0] == 0:
-            raise RequestError(
-                f"request {index}: 'inputs' has shape {list(tokens.shape)}; send int32 [B, {self.seq_len}] with B >= 1"
-            )
-        ids = ids.reshape(len(ids), -1)[:, 0] if ids.ndim == 2 else ids
-        if ids.shape != (tokens.shape[0],):
-            raise RequestError(
-                f"request {index}: 'puzzle_identifiers' has shape {list(ids.shape)}; send int32 "
-                f"[B, 1] with the same B as 'inputs' ({tokens.shape[0]})"
-            )
-        if tokens.dtype != np.int32 or ids.dtype != np.int32:
-            raise RequestError(f"request {index}: inputs must be int32, got {tokens.dtype} / {ids.dtype}")
-        bad = (tokens < 0) | (tokens >= self.vocab_size)
-        if bad.any():
-            where = np.argwhere(bad)[0]
-            raise RequestError(
-                f"request {index}: token {int(tokens[tuple(where)])} at position {int(where[1])} is "
-                f"outside the vocabulary 0..{self.vocab_size - 1}; encode puzzles as the model's data"
-            )
-        if ((ids < 0) | (ids >= self.num_puzzle_identifiers)).any():
-            raise RequestError(
-                f"request {index}: puzzle identifier {int(ids.max())} is outside 0..{self.num_puzzle_identifiers - 1}"
-            )
-        return tokens, ids
-
     def __call__(self, requests: list[Any]) -> list[dict[str, np.ndarray]]:
-        checked = [self._check(i, r) for i, r in enumerate(requests)]
-        sizes = [t.shape[0] for t, _ in checked]
+        checked = check_requests(requests, self.seq_len, self.vocab_size, self.num_puzzle_identifiers)
         feeds = {
             "inputs": np.concatenate([t for t, _ in checked]),
             "puzzle_identifiers": np.concatenate([p for _, p in checked]),
         }
         out = self.runner.infer(feeds) if self.halt is None else self.runner.infer(feeds, halt=self.halt)
         self.batches = (self.batches + [len(feeds["inputs"])])[-1000:]
-        logits = np.asarray(out["logits"], np.float32)
-        q_halt = np.asarray(out["q_halt_logits"], np.float32).reshape(len(logits), -1)
-        used = out.get("steps_used", out.get("steps"))
-        if used is not None:  # a halting runner says how many steps each puzzle ran
-            steps = np.asarray(used, np.int32).reshape(-1, 1)
-        else:
-            steps = np.full((len(logits), 1), q_halt.shape[1], np.int32)
-        answer = logits.argmax(-1).astype(np.int32)
-        responses, start = [], 0
-        for n in sizes:
-            sl = slice(start, start + n)
-            response = {"answer": answer[sl], "logits": logits[sl], "q_halt_logits": q_halt[sl], "steps": steps[sl]}
-            if self.act_steps is not None:
-                response["act_steps"] = np.full((n, 1), self.act_steps, np.int32)
-            responses.append(response)
-            start += n
-        return responses
+        return split_outputs(out, [t.shape[0] for t, _ in checked], self.act_steps)
 
 
 # PyTriton's proxy model (copied into the model store, run by Triton's Python backend) turns any
@@ -307,14 +290,99 @@ def _runner_options(config: ServeConfig) -> dict[str, Any]:
     return runner_options(config.artifact, provider=config.provider)
 
 
+def inflight_step(runner: Any, manifest: dict[str, Any] | None, config: ServeConfig, halt: Any) -> Any | None:
+    """The step function in-flight batching drives, or None for dynamic batching.
+
+    ``auto`` picks in-flight for a runner with a host step function (ONNX step graphs, checkpoints)
+    and a halt rule, and says in one log line why not otherwise; ``inflight`` asked for explicitly
+    refuses (one line) what it cannot serve."""
+    from hrm_deploy.serve.inflight import batch_independent
+
+    if config.batching is Batching.dynamic or (config.batching is Batching.auto and halt is None):
+        return None
+    why = batch_independent(manifest)
+    step_function = getattr(runner, "step_function", None)
+    if why is None and step_function is None:
+        why = (
+            f"the {runner.name} runner has no host step function (engines run whole batches in their device loop); "
+            "serve the ONNX step graph for in-flight batching"
+        )
+    step_fn = None
+    if why is None and step_function is not None:
+        try:
+            step_fn = step_function()
+        except ConfigError as exc:
+            why = str(exc)
+    if why is not None:
+        if config.batching is Batching.inflight:
+            raise ConfigError(f"--batching inflight: {why}")
+        logging.getLogger(__name__).info("dynamic batching: %s", why)
+    return step_fn
+
+
+def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_batch: int) -> tuple[Any, Any]:
+    """(the function bound into Triton, the front's in-flight endpoint or None), warmed up."""
+    from hrm_deploy.serve.endpoint import InflightEndpoint, InflightInfer, ModelShape
+
+    zeros = {"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}
+    step_fn = inflight_step(runner, contract.manifest, config, halt)
+    infer: Any
+    if step_fn is None:
+        infer = BatchInfer(
+            runner,
+            seq_len=contract.seq_len,
+            vocab_size=contract.vocab_size,
+            num_puzzle_identifiers=contract.num_puzzle_identifiers,
+            halt=halt,
+            act_steps=contract.steps,
+        )
+        # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
+        # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
+        infer([zeros])
+        return infer, None
+    from hrm_deploy.serve.inflight import InflightScheduler
+
+    queue_limit = config.queue_limit or 8 * max_batch
+    scheduler = InflightScheduler(step_fn, halt, max_batch, queue_limit)
+    shape = ModelShape(
+        config.model_name, contract.seq_len, contract.vocab_size, contract.num_puzzle_identifiers, step_fn.steps
+    )
+    infer = InflightInfer(scheduler, shape)
+    try:
+        infer([zeros])  # warm-up through the loop
+    except BaseException:
+        scheduler.stop(0)
+        raise
+    return infer, InflightEndpoint(scheduler, shape)
+
+
+def _tensors(contract: Any) -> dict[str, Any]:
+    from pytriton.model_config import Tensor
+
+    return {
+        "inputs": [
+            Tensor(name="inputs", dtype=np.int32, shape=(contract.seq_len,)),
+            Tensor(name="puzzle_identifiers", dtype=np.int32, shape=(1,)),
+        ],
+        "outputs": [
+            Tensor(name="answer", dtype=np.int32, shape=(contract.seq_len,)),
+            Tensor(name="logits", dtype=np.float32, shape=(contract.seq_len, contract.vocab_size)),
+            Tensor(name="q_halt_logits", dtype=np.float32, shape=(-1,)),
+            Tensor(name="steps", dtype=np.int32, shape=(1,)),
+            Tensor(name="act_steps", dtype=np.int32, shape=(1,)),
+        ],
+    }
+
+
 def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) -> int:
     """Serve ``config.artifact`` until SIGINT/SIGTERM (or Triton dies); returns an exit code.
 
-    Blocks. ``ready`` is called with a one-line description once the server answers."""
+    Blocks. ``ready`` is called with a one-line description once the server answers. On SIGTERM
+    the in-flight loop answers what it finishes within :data:`DRAIN_GRACE_S` and fails the rest."""
     check_bind(config)
     halt = halt_function(config.halt)
     pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.model_config import DynamicBatcher, ModelConfig
 
     from hrm_deploy.backends import open_runner
     from hrm_deploy.serve.contract import read_contract
@@ -322,19 +390,15 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     check_ports_free(config)
     contract = read_contract(config.artifact)
     max_batch = check_max_batch(config.max_batch, contract.max_batch, config.artifact.name)
+    check_queue_limit(config.queue_limit, max_batch)
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
-    infer = BatchInfer(
-        runner,
-        seq_len=contract.seq_len,
-        vocab_size=contract.vocab_size,
-        num_puzzle_identifiers=contract.num_puzzle_identifiers,
-        halt=halt,
-        act_steps=contract.steps,
-    )
-    # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
-    # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
-    infer([{"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}])
+    endpoint = None
+    try:
+        infer, endpoint = _inference(config, runner, contract, halt, max_batch)
+    except BaseException:
+        runner.close()
+        raise
     # tritonserver's HTTP endpoint is private (loopback, a free port); the user's port is the front's,
     # which checks every request against the model before Triton allocates anything (front.py).
     backend_http_port = _private_port()
@@ -366,32 +430,26 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     try:
         with contextlib.ExitStack() as stack:
             triton = stack.enter_context(pytriton_triton.Triton(config=triton_config))
+            batcher = DynamicBatcher(max_queue_delay_microseconds=0 if endpoint else config.queue_delay_us)
             triton.bind(
                 model_name=config.model_name,
                 infer_func=infer,
-                inputs=[
-                    Tensor(name="inputs", dtype=np.int32, shape=(contract.seq_len,)),
-                    Tensor(name="puzzle_identifiers", dtype=np.int32, shape=(1,)),
-                ],
-                outputs=[
-                    Tensor(name="answer", dtype=np.int32, shape=(contract.seq_len,)),
-                    Tensor(name="logits", dtype=np.float32, shape=(contract.seq_len, contract.vocab_size)),
-                    Tensor(name="q_halt_logits", dtype=np.float32, shape=(-1,)),
-                    Tensor(name="steps", dtype=np.int32, shape=(1,)),
-                    Tensor(name="act_steps", dtype=np.int32, shape=(1,)),
-                ],
-                config=ModelConfig(
-                    max_batch_size=max_batch, batcher=DynamicBatcher(max_queue_delay_microseconds=config.queue_delay_us)
-                ),
+                **_tensors(contract),
+                config=ModelConfig(max_batch_size=max_batch, batcher=batcher),
                 strict=True,
             )
             triton.connect()  # starts tritonserver, loads the model, waits until it is ready
-            stack.enter_context(Front(config.host, config.http_port, backend_http_port, limits))
+            stack.enter_context(Front(config.host, config.http_port, backend_http_port, limits, local=endpoint))
+            if endpoint is not None:  # runs before the front closes: answers go out first
+                stack.callback(endpoint.drain, DRAIN_GRACE_S)
             if ready is not None:
+                mode = (
+                    f"in-flight batching, {max_batch} slots" if endpoint else f"dynamic batching, max batch {max_batch}"
+                )
                 ready(
-                    f"serving {config.artifact.name} as model '{config.model_name}' ({runner.name}, "
-                    f"max batch {max_batch}) on http://{config.host}:{config.http_port} "
-                    f"grpc {config.host}:{config.grpc_port} metrics :{config.metrics_port}"
+                    f"serving {config.artifact.name} as model '{config.model_name}' ({runner.name}, {mode}) on "
+                    f"http://{config.host}:{config.http_port} grpc {config.host}:{config.grpc_port} "
+                    f"metrics :{config.metrics_port}"
                 )
             try:
                 triton.serve()  # returns on KeyboardInterrupt (after stopping) or when Triton dies
@@ -402,6 +460,8 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     except KeyboardInterrupt:
         pass  # interrupted while starting: the context manager has stopped what was started
     finally:
+        if endpoint is not None:
+            endpoint.scheduler.stop(0)  # the loop is done with the runner before it closes
         runner.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
