@@ -290,10 +290,10 @@ def scaling(prep: dict[str, Any], threads: int, calib: int, rounds: int, quick: 
         by_batch, by_steps = {}, {}
         for b in batches:
             with open_runner(info["path"], threads=threads, steps=result["batch_steps"]) as r:
-                by_batch[b] = statistics.median(time_rounds({row: r}, feeds_of[b], rounds, 0.0)[row])
+                by_batch[b] = statistics.median(time_rounds({row: r}, feeds_of[b], rounds, 0.5)[row])
         for k in steps_list:
             with open_runner(info["path"], threads=threads, steps=k) as r:
-                by_steps[k] = statistics.median(time_rounds({row: r}, feeds_of[1], rounds, 0.0)[row])
+                by_steps[k] = statistics.median(time_rounds({row: r}, feeds_of[1], rounds, 0.5)[row])
         result["batch"][row] = {str(b): round(v, 2) for b, v in by_batch.items()}
         result["steps"][row] = {str(k): round(v, 2) for k, v in by_steps.items()}
         print("scaling", row, result["batch"][row], result["steps"][row], flush=True)
