@@ -105,6 +105,9 @@ def test_accuracy_budget_keeps_the_most_sensitive_layers_fp32(tiny_onnx, tmp_pat
         1.5,
     ]
     assert _float_weights_lost(built.path, mlp) == 1  # the engine is the mix the manifest describes
+    weights, search = len(record["sensitivity"]), record["fallback"]
+    assert search["probes"] == weights + search["bisection_probes"]  # one ranking probe per weight
+    assert 1 <= search["bisection_probes"] <= (weights - 1).bit_length()  # bisection, not one per weight kept
 
 
 @pytest.mark.slow

@@ -282,7 +282,7 @@ def _within_budget(
     if not whole.within(config.budget):
         probe = tmp.with_name(tmp.name + ".probe.onnx")
         with stages.stage(f"outside the budget ({whole.describe()}): keeping the most sensitive layers FP32"):
-            kept, exclude, sensitivity = fit_budget(src, calib, meta, config, whole, check, probe)
+            kept, exclude, sensitivity, search = fit_budget(src, calib, meta, config, whole, check, probe)
         build.update(_make_graph(src, tmp, meta, config, stages, calib, exclude))
         with stages.stage(f"measuring the mix ({len(kept)} layers FP32) against FP32"):
             quality = check.measure(tmp)
@@ -292,7 +292,7 @@ def _within_budget(
                 f"budget (<= {config.budget} points, >= {MIN_AGREEMENT_PCT:.0f} % agreement); build --fp32, or pass "
                 "a larger --accuracy-budget"
             )
-        record.update(kept_float=kept, kept_float_nodes=len(exclude), sensitivity=sensitivity)
+        record.update(kept_float=kept, kept_float_nodes=len(exclude), sensitivity=sensitivity, fallback=search)
     record["measured"] = quality.as_dict()
     return record
 

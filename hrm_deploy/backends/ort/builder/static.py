@@ -239,13 +239,13 @@ def fit_budget(
     whole: Quality,
     check: Holdout,
     probe: Path,
-) -> tuple[list[dict[str, Any]], tuple[str, ...], list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], tuple[str, ...], list[dict[str, Any]], dict[str, Any]]:
     """The weights to keep FP32 so that INT8 is within ``config`` 's budget: each weight ranked
     by sensitivity (points of exact accuracy lost + points of argmax agreement lost with only
     that weight INT8) on a quarter of the holdout, then the fewest most sensitive ones found by
     bisection on the whole holdout (:mod:`hrm_deploy.backends.ort.builder.fallback`: one
-    quantization, every probe a graph edit). Returns the kept weights, their node names and
-    every weight's sensitivity; refuses when no mix fits."""
+    quantization, every probe a graph edit). Returns the kept weights, their node names, every
+    weight's sensitivity and how the search ran (probes, holdout sizes); refuses when no mix fits."""
     import onnx
 
     from hrm_deploy.backends.ort.builder.fallback import bisect_fallback, float_probe
@@ -294,7 +294,13 @@ def fit_budget(
     kept = [{"weight": w, "node": by_weight[w][0], "nodes": len(by_weight[w])} for w in chosen.kept_float]
     ranked = sorted(chosen.sensitivity.items(), key=lambda kv: -kv[1])
     sensitivity_rows = [{"weight": w, "node": by_weight[w][0], "sensitivity": round(s, 4)} for w, s in ranked]
-    return kept, exclude, sensitivity_rows
+    search = {
+        "method": "rank on a quarter of the holdout, bisect on all of it",
+        "probes": chosen.probes,
+        "ranking_puzzles": len(ranking.examples),
+        "bisection_probes": chosen.probes - len(by_weight),
+    }
+    return kept, exclude, sensitivity_rows, search
 
 
 def sink_quantize(model: Any) -> int:
