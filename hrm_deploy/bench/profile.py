@@ -297,6 +297,9 @@ def profile(artifacts: list[str | Path], config: ProfileConfig, reference: str |
     paths = [Path(a) for a in artifacts] + ([Path(reference)] if reference else [])
     if not paths:
         raise ConfigError("nothing to profile: give an ONNX graph, an engine, a checkpoint or a trtexec JSON")
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise ArtifactError(f"{', '.join(missing)} not found; give existing graphs, engines, checkpoints or JSONs")
     out = Path(config.out_dir)
     for name in ("profile.json", "profile.md", "profile.png"):
         check_output_path(out / name)

@@ -194,6 +194,8 @@ def test_profile_config_and_empty_input_refused(tmp_path):
         ProfileConfig(calls=0)
     with pytest.raises(ConfigError, match="nothing to profile"):
         profile([], ProfileConfig(out_dir=str(tmp_path)))
+    with pytest.raises(ArtifactError, match="missing.onnx not found"):
+        profile([tmp_path / "missing.onnx"], ProfileConfig(out_dir=str(tmp_path)))
 
 
 def test_profile_command_on_a_trtexec_json_writes_table_json_and_chart(tmp_path):
