@@ -182,7 +182,7 @@ def test_cli_refuses_cpu_options_elsewhere_and_the_backend_on_cpu(tiny_onnx):
     runner = CliRunner()
     for args, message in (
         (["--fp16", "--cpu-int8", "dynamic"], "--cpu-int8 dynamic is an option of --target cpu"),
-        (["--int8", "--no-accuracy-check"], "--no-accuracy-check is an option of --target cpu"),
+        (["--fp16", "--no-fuse"], "--no-fuse is an option of --target cpu"),
         (["--target", "cpu", "--backend", "tensorrt"], "--backend tensorrt does not build for --target cpu"),
         (["--target", "cpu", "--max-batch", "8"], "--max-batch: TensorRT build option"),
     ):
