@@ -241,15 +241,9 @@ def test_bench_profile_writes_the_profile_beside_the_report(tiny_onnx, trained_t
     from hrm_deploy.bench.run import BenchConfig, bench
 
     out = tmp_path / "bench"
+    timing = {"batches": (2,), "iters": 2, "warmup": 1, "accuracy_samples": 8}
     config = BenchConfig(
-        data=tiny_onnx.data,
-        batches=(2,),
-        iters=2,
-        warmup=1,
-        accuracy_samples=8,
-        reference=trained_tiny.checkpoint,
-        out_dir=str(out),
-        profile=True,
+        data=tiny_onnx.data, reference=trained_tiny.checkpoint, out_dir=str(out), profile=True, **timing
     )
     report = bench([str(tiny_onnx.unrolled)], config, quiet=True)
     assert report["profile"] == str(out / "profile.json") and (out / "report.json").is_file()
