@@ -1,7 +1,7 @@
 """Where the CPU engine's time goes, what each INT8 recipe and session setting buys, and how time
 grows with the batch and the ACT steps: one command, one run per model, rows interleaved.
 
-    nice python benchmarks/cpu_profile.py --machine-state idle            # both models, ~25 min
+    nice python benchmarks/cpu_profile.py --machine-state idle            # both models, est. 30-45 min
     python benchmarks/cpu_profile.py --machine-state shared --quick       # fewer rounds and rows
 
 Models: ``bundled`` (the trained ``sudoku-small``, 8 ACT steps: accuracy on held-out puzzles)
