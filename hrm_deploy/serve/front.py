@@ -169,7 +169,19 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.debug("front: " + format, *args)
 
+    def _stopping(self) -> bool:
+        """After SIGTERM/SIGINT nothing new is taken: 503 (health included, so a balancer moves on)."""
+        if not self.server.stopping:
+            return False
+        self.close_connection = True
+        self._answer(
+            503, {"error": "the server is stopping; send the request to another instance"}, {"Retry-After": "5"}
+        )
+        return True
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self._stopping():
+            return
         local = self.server.local
         if local is not None and self.path.split("?", 1)[0] == "/metrics":
             self._reply(200, local.metrics().encode(), {"Content-Type": "text/plain; version=0.0.4"})
@@ -177,6 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._forward(b"")
 
     def do_POST(self) -> None:  # noqa: N802
+        if self._stopping():
+            return
         try:
             body = self._read_body()
             match = _INFER_PATH.match(self.path.split("?", 1)[0])
@@ -253,6 +267,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _FrontServer(ThreadingHTTPServer):
     daemon_threads = True
+    stopping = False
     limits: Limits
     backend_port: int
     timeout_s: float
@@ -282,6 +297,10 @@ class Front:
     def __enter__(self) -> Front:
         self.thread.start()
         return self
+
+    def stop_accepting(self) -> None:
+        """From now on every new request is answered 503 (safe to call from a signal handler)."""
+        self.server.stopping = True
 
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()

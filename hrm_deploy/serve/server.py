@@ -415,9 +415,12 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     )
     # SIGTERM behaves as Ctrl-C: PyTriton's serve() stops tritonserver and its stubs on KeyboardInterrupt.
     previous, signalled = {}, []
+    fronts: list[Front] = []
 
     def on_signal(signum: int, frame: Any) -> None:
         signalled.append(signum)
+        for front in fronts:  # no new request is taken while Triton stops
+            front.stop_accepting()
         raise KeyboardInterrupt(f"signal {signum}")
 
     if threading.current_thread() is threading.main_thread():
@@ -439,7 +442,9 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
                 strict=True,
             )
             triton.connect()  # starts tritonserver, loads the model, waits until it is ready
-            stack.enter_context(Front(config.host, config.http_port, backend_http_port, limits, local=endpoint))
+            fronts.append(
+                stack.enter_context(Front(config.host, config.http_port, backend_http_port, limits, local=endpoint))
+            )
             if endpoint is not None:  # runs before the front closes: answers go out first
                 stack.callback(endpoint.drain, DRAIN_GRACE_S)
             if ready is not None:
