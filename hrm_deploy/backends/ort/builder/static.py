@@ -27,18 +27,17 @@ import numpy as np
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import DataError
 
+# the budget and the holdout's size are every quantized build's (the precision stage's accuracy check)
+from hrm_deploy.precision.accuracy import (  # noqa: F401 - re-exported for the cpu builder and its tests
+    DEFAULT_BUDGET_POINTS,
+    HOLDOUT_SAMPLES,
+    MIN_AGREEMENT_PCT,
+    MIN_HOLDOUT,
+    holdout_size,
+)
+
 log = logging.getLogger(__name__)
 
-DEFAULT_BUDGET_POINTS = 1.0  # exact-accuracy points INT8 may lose on the holdout
-MIN_AGREEMENT_PCT = 98.0  # argmax agreement with FP32 over every output cell of the holdout
-# The holdout: as many puzzles as HOLDOUT_FLOPS of FP32 work, between MIN_HOLDOUT and
-# HOLDOUT_SAMPLES. On the bundled model 128 puzzles measured minmax static INT8 0.8 points
-# *above* FP32 where 1,000 measured it 1.5 below: one puzzle is 0.1 point of 1,000, 0.8 of 128.
-# 1e13 FLOPs is ~1 minute of FP32 on 2 cores: the bundled model gets 1,000 puzzles, a
-# Sudoku-size (hidden 512, 16 ACT steps) model the minimum, 64 (the manifest says how many).
-HOLDOUT_SAMPLES = 1000
-HOLDOUT_FLOPS = 1e13
-MIN_HOLDOUT = 64
 HOLDOUT_BATCH = 32
 
 
@@ -86,19 +85,6 @@ def _logits(path: str | Path, examples: Examples, threads: int | None, table_of:
         return predict(runner, examples, batch=HOLDOUT_BATCH)
     finally:
         runner.close()
-
-
-def holdout_size(meta: dict[str, Any], most: int) -> int:
-    """Held-out puzzles for a model: as many as :data:`HOLDOUT_FLOPS` of FP32 work allow (at
-    least :data:`MIN_HOLDOUT`, at most ``most``). Fixed by the model's shape, not by a clock, so
-    one build gives the same engine on an idle or a busy machine."""
-    from hrm_deploy.model.families import config_from_dict
-
-    config = config_from_dict(meta["config"])
-    d, inter = config.hidden_size, config.intermediate_size
-    per_token_block = 2 * (4 * d * d + 3 * d * inter)  # qkv + o, gate_up + down: multiply-adds x 2
-    flops = per_token_block * config.total_seq_len * config.blocks_per_step * int(meta["steps"])
-    return max(MIN_HOLDOUT, min(most, int(HOLDOUT_FLOPS // max(flops, 1))))
 
 
 class Holdout:
