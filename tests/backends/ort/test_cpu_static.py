@@ -133,7 +133,7 @@ def test_no_mix_within_the_budget_is_refused_with_the_numbers(tiny_onnx, tmp_pat
     assert any("percentile" in p.name and "k32" in p.name for p in (tmp_path / "calib").iterdir())
 
 
-def test_calibration_data_defaults_to_the_checkpoints_provenance(tiny_onnx, tmp_path, monkeypatch, capsys):
+def test_calibration_data_defaults_to_the_checkpoints_provenance(tiny_onnx, tmp_path, monkeypatch, capsys, cli_logs):
     from hrm_deploy import provenance
 
     asked = []
