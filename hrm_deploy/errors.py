@@ -47,21 +47,20 @@ class ArtifactError(HRMDeployError):
 
 def install_hint(extra: str) -> str:
     """The pip command that adds ``extra`` to *this* installation: ``pip install -e 'DIR[extra]'``
-    for an editable install from a source checkout (where ``'hrm-deploy[extra]'`` would fetch the
-    package from the index instead), else ``pip install 'hrm-deploy[extra]'``."""
-    import json
+    when hrm-deploy runs from a source checkout (its ``pyproject.toml`` beside the package, where
+    ``'hrm-deploy[extra]'`` would fetch the package from the index instead), else
+    ``pip install 'hrm-deploy[extra]'``."""
     import shlex
-    from importlib import metadata
-    from urllib.parse import unquote, urlparse
+    from pathlib import Path
 
+    root = Path(__file__).resolve().parent.parent
+    project = root / "pyproject.toml"
     try:
-        raw = metadata.distribution("hrm-deploy").read_text("direct_url.json")
-        origin = json.loads(raw) if raw else {}
-    except (metadata.PackageNotFoundError, ValueError):
-        origin = {}
-    url = origin.get("url", "") if isinstance(origin, dict) else ""
-    if url.startswith("file://") and (origin.get("dir_info") or {}).get("editable"):
-        return f"pip install -e {shlex.quote(unquote(urlparse(url).path) + f'[{extra}]')}"
+        ours = project.is_file() and 'name = "hrm-deploy"' in project.read_text()
+    except OSError:
+        ours = False
+    if ours:
+        return f"pip install -e {shlex.quote(f'{root}[{extra}]')}"
     return f"pip install 'hrm-deploy[{extra}]'"
 
 

