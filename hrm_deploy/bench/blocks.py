@@ -49,14 +49,14 @@ _RULES: tuple[tuple[re.Pattern[str], Block], ...] = tuple(
     for pattern, block in (
         (r"^\(runner\)$", Block.HOST_RUNNER),  # work a runner does outside the model (input/output copies)
         (r"(?i)reformat|copynode|\bcopy\b", Block.REFORMAT),
-        (r"/qkv_proj(_\d+)?\b", Block.QKV),
-        (r"/o_proj(_\d+)?\b", Block.O_PROJ),
+        (r"(^|/)qkv_proj(_\d+)?\b", Block.QKV),
+        (r"(^|/)o_proj(_\d+)?\b", Block.O_PROJ),
         (r"/self_attn(_\d+)?/|/self_attn$|rotary|attention", Block.ATTENTION),
-        (r"/mlp(_\d+)?\b", Block.MLP),
-        (r"/lm_head(_\d+)?\b", Block.LM_HEAD),
-        (r"/q_head(_\d+)?\b", Block.Q_HEAD),
+        (r"(^|/)mlp(_\d+)?\b", Block.MLP),
+        (r"(^|/)lm_head(_\d+)?\b", Block.LM_HEAD),
+        (r"(^|/)q_head(_\d+)?\b", Block.Q_HEAD),
         (r"/layers\.\d+(_\d+)?(/|$)", Block.NORM),
-        (r"^embed|/embed_tokens\b|/puzzle_emb\b|/embed_init\b", Block.EMBEDDING),
+        (r"^embed|(^|/)embed_tokens\b|(^|/)puzzle_emb\b|/embed_init\b", Block.EMBEDDING),
         (
             r"(^|/)(step\d*|[HL]_level|output|reset|q_halt|q_continue)(/|_|$)|^/?(Add|Gather|Slice|Concat|Squeeze|Unsqueeze)",
             Block.CARRY,

@@ -228,7 +228,9 @@ def test_profile_ort_graph_and_reference_end_to_end(tiny_onnx, trained_tiny, tmp
         blocks = {r["block"] for r in prof["rows"]}
         assert {Block.QKV.value, Block.ATTENTION.value, Block.MLP.value, Block.EMBEDDING.value} <= blocks, prof
         other = sum(r["share"] for r in prof["rows"] if r["block"] == Block.OTHER.value)
-        assert other < 0.02, prof["rows"]
+        assert other < 0.02, [
+            (prof["artifact"], prof.get("other_names"), r) for r in prof["rows"] if r["block"] == "other"
+        ]
     assert result["profiles"][2]["artifact"] == str(trained_tiny.checkpoint)
     assert "module scopes" in result["profiles"][2]["profiler"]
     assert (
@@ -258,3 +260,12 @@ def test_a_compiled_engines_unseen_time_is_its_own_row():
     seen = [Layer("aten::copy_", "aten::copy_", 1.0)]
     rows = Profile("m.pt2", "torch", "fp32", "torch", 1, 1, 1, seen, wall_ms=10.0, gap=Block.COMPILED).rows()
     assert {r["block"]: r["ms_per_call"] for r in rows} == {Block.OTHER.value: 1.0, Block.COMPILED.value: 9.0}
+
+
+def test_top_level_modules_of_the_core_have_their_block():
+    """The reference's scopes of the core's own children carry no path in front of them (``lm_head``,
+    ``q_head``, ``puzzle_emb``): they are the heads and the embedding, never "other"."""
+    from hrm_deploy.bench.blocks import Block, classify
+
+    assert classify("lm_head") == Block.LM_HEAD and classify("q_head") == Block.Q_HEAD
+    assert classify("puzzle_emb") == Block.EMBEDDING and classify("embed_tokens") == Block.EMBEDDING
