@@ -420,6 +420,7 @@ def _post(server, body: bytes, headers: dict[str, str] | None = None, path: str 
         return reply.status, text
 
 
+@pytest.mark.slow
 @live
 def test_hostile_requests_are_refused_and_the_server_lives(server, reference):
     """Each request below used to abort tritonserver (a huge declared shape: std::bad_alloc), get
