@@ -30,14 +30,16 @@ _STAGE_RE = re.compile(r"^\.(?:" + "|".join(re.escape(k) for k in STAGING_KINDS)
 _LEGACY_RE = re.compile(r"^(?:\.export-check-[^/]+|\..+\.tmp)$")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (this process included). A process of another
+    user, or one the kernel will not tell about, counts as alive: its files are kept."""
     if pid == os.getpid():
         return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # exists, owned by someone else
+    except OSError:  # PermissionError: exists, owned by someone else
         return True
     return True
 
@@ -59,7 +61,7 @@ def clean_debris(folder: str | os.PathLike) -> list[Path]:
             continue
         m = _TMP_RE.match(name) or _STAGE_RE.match(name)
         if m:
-            stale = not _pid_alive(int(m.group("pid")))
+            stale = not pid_alive(int(m.group("pid")))
         elif _LEGACY_RE.match(name):
             try:
                 stale = now - entry.lstat().st_mtime > LEGACY_DEBRIS_AGE_S
@@ -258,6 +260,12 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def json_sha256(data: Any) -> str:
+    """sha256 of ``data``'s canonical JSON (sorted keys, no spaces; other types as ``str``): the
+    seal of a manifest, the checksum of a cache entry."""
+    return sha256_bytes(json.dumps(data, sort_keys=True, default=str, separators=(",", ":")).encode())
 
 
 def cache_dir(*parts: str) -> Path:

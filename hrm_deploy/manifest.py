@@ -33,7 +33,7 @@ from typing import Any
 
 from hrm_deploy import __version__
 from hrm_deploy.errors import ArtifactError
-from hrm_deploy.io import same_file, sha256_bytes, sha256_file, write_text
+from hrm_deploy.io import json_sha256, same_file, sha256_bytes, sha256_file, write_text
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_VERSION = 1
@@ -50,8 +50,7 @@ def _sealed(data: dict[str, Any]) -> dict[str, Any]:
     writers seal, so a field edited by hand (a precision, a step count, a halting threshold) no
     longer matches and the manifest is refused instead of trusted."""
     body = {k: v for k, v in data.items() if k != SEAL_KEY}
-    text = json.dumps(body, sort_keys=True, default=str, separators=(",", ":"))
-    return {**body, SEAL_KEY: sha256_bytes(text.encode())}
+    return {**body, SEAL_KEY: json_sha256(body)}
 
 
 def manifest_text(data: dict[str, Any]) -> str:

@@ -143,25 +143,20 @@ def holds_fp4(model: Any) -> bool:
 
 
 def _write_fault(path: Path) -> Exception:
-    """The machine fault behind a failed write of ``path`` (ORT reports only "serialization failed")."""
+    """The machine fault behind a failed write of ``path`` (ORT reports only "serialization failed"):
+    a read-only or foreign folder (raised by :func:`hrm_deploy.io.check_writable`), a full disk, or
+    else one line that still blames the write, never the input graph."""
     import errno
     import shutil
 
-    from hrm_deploy.errors import machine_fault
+    from hrm_deploy.errors import ArtifactError, machine_fault
+    from hrm_deploy.io import check_writable
 
+    check_writable(path)
     folder = path.parent if path.parent.exists() else Path(".")
     if shutil.disk_usage(folder).free < (1 << 20) + (path.stat().st_size if path.exists() else 0):
-        code = errno.ENOSPC
-    elif not os.access(folder, os.W_OK):
-        code = errno.EROFS if os.statvfs(folder).f_flag & os.ST_RDONLY else errno.EACCES
-    else:
-        code = errno.EIO
-    fault = machine_fault(OSError(code, os.strerror(code), str(path)))
-    if fault is None:
-        from hrm_deploy.errors import ArtifactError
-
-        return ArtifactError(f"{path}: ONNX Runtime could not write the optimized graph; check the folder and its disk")
-    return fault
+        return machine_fault(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))) or OSError(errno.ENOSPC)
+    return ArtifactError(f"{path}: ONNX Runtime could not write the optimized graph; check the folder and its disk")
 
 
 def ort_session(

@@ -15,7 +15,7 @@ from typing import Any
 
 from hrm_deploy.errors import ArtifactError
 from hrm_deploy.io import check_output_path, staging_dir
-from hrm_deploy.manifest import check_replaceable, manifest_path, publish_artifact, read_manifest
+from hrm_deploy.manifest import check_replaceable, publish_artifact
 
 PathLike = str | os.PathLike
 
@@ -90,18 +90,6 @@ def publish_output(
             pairs.append((tmp, Path(final)))
         publish_artifact(staged, out, stage=stage, config=dict(config or {}), companions=pairs, **fields)
     return out
-
-
-def is_ours(path: PathLike) -> bool:
-    """True when ``path`` has a manifest of ours (an output a previous run wrote)."""
-    path = Path(path)
-    if not manifest_path(path).is_file():
-        return False
-    try:
-        read_manifest(path)
-    except ArtifactError:
-        return False
-    return True
 
 
 def _write(path: Path, content: str | bytes) -> None:

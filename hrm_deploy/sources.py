@@ -225,6 +225,15 @@ def resolve_checkpoint(spec: str | os.PathLike) -> Path:
     return resolve_checkpoint_path(spec)
 
 
+def resolve_artifact(spec: str | os.PathLike | None) -> Path | None:
+    """An artifact argument, before any work: a Hub source or a run folder becomes its checkpoint
+    file (:func:`resolve_checkpoint`); any other path (a checkpoint file, an ONNX graph, an engine)
+    is returned as given; ``None`` (the command's default) passes through."""
+    if spec is None:
+        return None
+    return resolve_checkpoint(spec) if is_hub(spec) or Path(spec).is_dir() else Path(spec)
+
+
 def resolve_optional_checkpoint(spec: str | os.PathLike | None) -> Path | None:
     """:func:`resolve_checkpoint`, passing ``None`` (a command's "from the manifests" default) through."""
     return None if spec is None else resolve_checkpoint(spec)
@@ -320,6 +329,7 @@ __all__ = [
     "is_hub",
     "offline",
     "parse_hub",
+    "resolve_artifact",
     "resolve_checkpoint",
     "resolve_checkpoint_path",
     "resolve_data",

@@ -147,13 +147,12 @@ def build_engine(
     from hrm_deploy.artifacts import is_checkpoint
     from hrm_deploy.data.benchmarks import prepare_dataset
     from hrm_deploy.engines.build import EngineConfig, build_engine as build
-    from hrm_deploy.sources import is_hub, resolve_checkpoint
+    from hrm_deploy.sources import resolve_artifact
     from hrm_deploy.system import check_threads
 
     check_threads(threads)
     # before any work: a run folder -> its newest step file, hf:... -> the cached snapshot's file
-    if onnx is not None and (is_hub(onnx) or onnx.is_dir()):
-        onnx = resolve_checkpoint(onnx)
+    onnx = resolve_artifact(onnx)
     if onnx is not None and str(backend) != "torch" and onnx.is_file() and is_checkpoint(onnx):
         raise ConfigError(
             f"{onnx} is a checkpoint; {'the cpu target' if str(target) == 'cpu' else 'TensorRT'} builds from an "

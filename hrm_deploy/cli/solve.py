@@ -56,10 +56,9 @@ def solve(
     """Solve your own puzzles with a trained model and check the answers."""
     from hrm_deploy.registry import runner_options
     from hrm_deploy.solve import SolveInterrupted, format_solutions, solve as run_solve
-    from hrm_deploy.sources import is_hub, resolve_checkpoint
+    from hrm_deploy.sources import resolve_artifact
 
-    if artifact is not None and (is_hub(artifact) or artifact.is_dir()):  # before any work
-        artifact = resolve_checkpoint(artifact)
+    artifact = resolve_artifact(artifact)  # before any work: run folders and hf:... -> their checkpoint file
     options: dict[str, Any] = runner_options(artifact, provider=provider.value) if artifact is not None else {}
     partial = None
     if out is not None:  # before any work: never over an input, never over a user's file

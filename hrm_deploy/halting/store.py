@@ -27,12 +27,9 @@ BUDGET_SCHEMA = 1
 
 
 def _checksum(entry: dict[str, Any], artifact_sha256: str) -> str:
-    import hashlib
-    import json
+    from hrm_deploy.io import json_sha256
 
-    body = {k: v for k, v in entry.items() if k != "checksum"}
-    text = json.dumps({"artifact": artifact_sha256, **body}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json_sha256({"artifact": artifact_sha256, **{k: v for k, v in entry.items() if k != "checksum"}})
 
 
 def seal_budget(entry: dict[str, Any], artifact: str | Path) -> dict[str, Any]:

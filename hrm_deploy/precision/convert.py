@@ -7,6 +7,7 @@ and with an accuracy budget keeps the most harmful layers in float until the bud
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ from hrm_deploy.manifest import check_artifact, publish_artifact
 from hrm_deploy.precision.calibrate import QuantConfig, _cache_readable, calibration_key
 from hrm_deploy.precision.registry import PRECISIONS, PrecisionEntry, converted, load
 from hrm_deploy.progress import Stages
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,6 @@ def _check_accuracy(src: Path, tmp: Path, examples, meta, config: PrecisionConfi
     exact-accuracy delta) and the manifest's ``accuracy`` record. Over the budget, the most harmful
     layers stay float until it holds (:func:`hrm_deploy.precision.fallback.sensitivity_fallback`),
     or the build stops saying it could not."""
-    import logging
     from dataclasses import replace
 
     from hrm_deploy.precision.accuracy import (
@@ -162,7 +164,7 @@ def _check_accuracy(src: Path, tmp: Path, examples, meta, config: PrecisionConfi
         with stages.stage("measuring the budgeted graph against FP32"):
             quality = against_fp32(str(src), str(tmp), holdout)
     lost = "" if quality["loss_points"] is None else f", exact {quality['loss_points']:+.2f} points lost"
-    logging.getLogger(__name__).info(
+    log.info(
         "%s vs FP32 on %d held-out puzzles: argmax agreement %.2f %%%s (budget %g points%s)",
         config.precision.upper(),
         quality["holdout_puzzles"],

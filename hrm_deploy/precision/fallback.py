@@ -1,5 +1,8 @@
 """The accuracy-budget fallback every Q/DQ path shares: keep the most harmful layers in float
-until a measured loss fits the budget."""
+until a measured loss fits the budget. Two searches over the same groups (all unrolled copies of one
+weight, :func:`weight_groups`): :func:`keep_sensitive_float` (greedy, one layer at a time: the
+precision stage) and :func:`bisect_fallback` (rank once, then bisect: the cpu target's static INT8,
+whose probes are cheap graph edits)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ if TYPE_CHECKING:
     from hrm_deploy.precision.convert import PrecisionConfig
 
 M = TypeVar("M")  # one measurement of a quantized graph (e.g. exact accuracy)
+Q = TypeVar("Q")  # one measurement of a probe graph (bisect_fallback)
 
 
 @dataclass
@@ -62,6 +66,58 @@ def keep_sensitive_float(
     return Fallback(kept, sensitivity, measured)
 
 
+def weight_groups(model: Any, quantized: set[str] | list[str]) -> dict[str, list[str]]:
+    """The quantized MatMul/Gemm nodes of ``model`` grouped by the weight they read (input 1): the
+    unit the fallbacks keep in float, every unrolled copy of one layer together."""
+    names = set(quantized)
+    groups: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if node.name in names:
+            groups.setdefault(node.input[1], []).append(node.name)
+    return groups
+
+
+@dataclass
+class Choice(Generic[Q]):
+    """What :func:`bisect_fallback` chose: the weights kept FP32 (most sensitive first), every
+    weight's sensitivity (ranking holdout), the chosen mix's measurement and the probes run."""
+
+    kept_float: list[str]
+    sensitivity: dict[str, float]
+    measured: Q
+    probes: int
+
+
+def bisect_fallback(
+    groups: list[str],
+    rank: Callable[[str], float],
+    measure: Callable[[list[str]], Q],
+    within: Callable[[Q], bool],
+    refuse: Callable[[Q | None], str],
+) -> Choice[Q]:
+    """The fewest most-sensitive ``groups`` to keep FP32: ``rank(group)`` = its sensitivity
+    (higher = more harmful INT8), ``measure(kept)`` = the graph with ``kept`` FP32, ``within``
+    the budget test. Bisects k in 1..len-1 (all FP32 is no INT8 graph); raises ConfigError
+    (``refuse(last measurement)``) when even len-1 groups kept FP32 is outside the budget."""
+    sensitivity = {g: rank(g) for g in groups}
+    order = sorted(groups, key=lambda g: -sensitivity[g])
+    probes = len(groups)
+    low, high = 1, len(groups) - 1  # the answer is in [low, high], if any
+    best: tuple[int, Q] | None = None
+    last: Q | None = None
+    while low <= high:
+        k = (low + high) // 2
+        last = measure(order[:k])
+        probes += 1
+        if within(last):
+            best, high = (k, last), k - 1
+        else:
+            low = k + 1
+    if best is None:
+        raise ConfigError(refuse(last))
+    return Choice(order[: best[0]], sensitivity, best[1], probes)
+
+
 def _holdout_accuracy(path: str, examples, meta) -> float:
     """Exact accuracy in points on ONNX Runtime CPU (an NVFP4 graph through its CPU simulation)."""
     from hrm_deploy.precision.accuracy import onnx_accuracy
@@ -95,12 +151,7 @@ def sensitivity_fallback(
     report: dict[str, Any] = {"fp32_exact": base, measured_key: current, "budget_points": budget, "kept_float": []}
     if base - current <= budget:
         return report
-    model = onnx.load(str(fp32))
-    by_weight: dict[str, list[str]] = {}
-    for node in model.graph.node:
-        if node.name in plan.quantize:
-            by_weight.setdefault(node.input[1], []).append(node.name)
-    del model
+    by_weight = weight_groups(onnx.load(str(fp32)), plan.quantize)
     probe = out_tmp.with_name(out_tmp.name + ".probe.onnx")
 
     def measure(exclude: tuple[str, ...]) -> float:

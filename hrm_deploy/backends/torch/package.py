@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hrm_deploy.io import pid_alive
+
 log = logging.getLogger(__name__)
 
 ROOT_PREFIX = "hrm-deploy-aoti-"
@@ -44,16 +46,6 @@ def _host() -> str:
     return "".join(c if c.isalnum() or c in "._" else "_" for c in socket.gethostname())[:64] or "host"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # exists (another user's process) or cannot tell: keep its folder
-    return True
-
-
 def sweep_stale(root: Path | None = None) -> list[Path]:
     """Remove the extraction folders of processes on this host that no longer run; returns them.
     Folders of other hosts (a shared temp folder) and of live processes are kept."""
@@ -68,7 +60,7 @@ def sweep_stale(root: Path | None = None) -> list[Path]:
         name_host, _, pid = entry.name.rpartition("-")
         if name_host != host or not pid.isdigit() or not entry.is_dir(follow_symlinks=False):
             continue
-        if int(pid) != os.getpid() and not _alive(int(pid)):
+        if not pid_alive(int(pid)):
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))
     if removed:

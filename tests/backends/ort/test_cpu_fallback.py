@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm_deploy.backends.ort.builder.fallback import bisect_fallback, float_probe
+from hrm_deploy.backends.ort.builder.fallback import float_probe
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.precision.fallback import bisect_fallback
 
 
 def _two_matmuls(tmp_path):

@@ -9,22 +9,19 @@ search takes up to 2 x (weights) of them, more than 8 minutes. Here:
   restored): a graph edit of seconds, the same graph the quantizer would write without them;
 * **ranking on a quarter of the holdout**: each weight's sensitivity (exact-accuracy points
   plus agreement points lost with only that weight INT8) only has to order the weights;
-* **bisection** over that ranking: the smallest number of most sensitive weights kept FP32 that
-  is within the budget on the whole holdout, in log2(weights) probes instead of up to all of them
-  (sensitivity assumed to add up: keeping one more weight FP32 never makes it worse).
+* **bisection** over that ranking (:func:`hrm_deploy.precision.fallback.bisect_fallback`): the
+  smallest number of most sensitive weights kept FP32 that is within the budget on the whole
+  holdout, in log2(weights) probes instead of up to all of them.
+
+This module holds the ONNX Runtime side: the probe graph, edited from ORT's Q/DQ output.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from hrm_deploy.errors import ConfigError
 from hrm_deploy.precision.int8 import drop_unread_qdq
-
-Q = TypeVar("Q")  # one measurement of a probe graph
 
 
 def float_probe(qdq: Any, weights: dict[str, Any], exclude: set[str]) -> Any:
@@ -65,44 +62,3 @@ def float_probe(qdq: Any, weights: dict[str, Any], exclude: set[str]) -> Any:
 def weight_name(quantized: str) -> str:
     """The FP32 weight behind ORT's quantized initializer name (``W_quantized`` -> ``W``)."""
     return quantized.removesuffix("_quantized")
-
-
-@dataclass
-class Choice(Generic[Q]):
-    """What :func:`bisect_fallback` chose: the weights kept FP32 (most sensitive first), every
-    weight's sensitivity (ranking holdout), the chosen mix's measurement and the probes run."""
-
-    kept_float: list[str]
-    sensitivity: dict[str, float]
-    measured: Q
-    probes: int
-
-
-def bisect_fallback(
-    groups: list[str],
-    rank: Callable[[str], float],
-    measure: Callable[[list[str]], Q],
-    within: Callable[[Q], bool],
-    refuse: Callable[[Q | None], str],
-) -> Choice[Q]:
-    """The fewest most-sensitive ``groups`` to keep FP32: ``rank(group)`` = its sensitivity
-    (higher = more harmful INT8), ``measure(kept)`` = the graph with ``kept`` FP32, ``within``
-    the budget test. Bisects k in 1..len-1 (all FP32 is no INT8 graph); raises ConfigError
-    (``refuse(last measurement)``) when even len-1 groups kept FP32 is outside the budget."""
-    sensitivity = {g: rank(g) for g in groups}
-    order = sorted(groups, key=lambda g: -sensitivity[g])
-    probes = len(groups)
-    low, high = 1, len(groups) - 1  # the answer is in [low, high], if any
-    best: tuple[int, Q] | None = None
-    last: Q | None = None
-    while low <= high:
-        k = (low + high) // 2
-        last = measure(order[:k])
-        probes += 1
-        if within(last):
-            best, high = (k, last), k - 1
-        else:
-            low = k + 1
-    if best is None:
-        raise ConfigError(refuse(last))
-    return Choice(order[: best[0]], sensitivity, best[1], probes)

@@ -229,21 +229,18 @@ def fit_budget(
     """The weights to keep FP32 so that INT8 is within ``config`` 's budget: each weight ranked
     by sensitivity (points of exact accuracy lost + points of argmax agreement lost with only
     that weight INT8) on a quarter of the holdout, then the fewest most sensitive ones found by
-    bisection on the whole holdout (:mod:`hrm_deploy.backends.ort.builder.fallback`: one
+    bisection on the whole holdout (:func:`hrm_deploy.precision.fallback.bisect_fallback`; one
     quantization, every probe a graph edit). Returns the kept weights, their node names, every
     weight's sensitivity and how the search ran (probes, holdout sizes); refuses when no mix fits."""
     import onnx
 
-    from hrm_deploy.backends.ort.builder.fallback import bisect_fallback, float_probe
+    from hrm_deploy.backends.ort.builder.fallback import float_probe
     from hrm_deploy.precision.calibrate import QuantConfig, plan_nodes
+    from hrm_deploy.precision.fallback import bisect_fallback, weight_groups
 
     budget = config.budget
     model = onnx.load(str(src))
-    quantized = set(plan_nodes(model, QuantConfig(exclude_patterns=config.exclude_patterns)).quantize)
-    by_weight: dict[str, list[str]] = {}
-    for node in model.graph.node:
-        if node.name in quantized:
-            by_weight.setdefault(node.input[1], []).append(node.name)
+    by_weight = weight_groups(model, plan_nodes(model, QuantConfig(exclude_patterns=config.exclude_patterns)).quantize)
     weights = {t.name: t for t in model.graph.initializer if t.name in by_weight}
     del model
     quantize_static(src, probe, calib, meta, config)  # once: every probe is this graph, edited
