@@ -437,7 +437,8 @@ def table(report: dict[str, Any]) -> str:
             for b in batches
         ]
         cells += [f"{stats[str(b)]['puzzles_per_s']:.1f}" if str(b) in stats else "-" for b in batches]
-        cells += [f"{stats[str(b)].get('speedup_vs_reference', 0):.2f}x" if str(b) in stats else "-" for b in batches]
+        ratios = [stats.get(str(b), {}).get("speedup_vs_reference") for b in batches]  # none without a reference
+        cells += [f"{r:.2f}x" if r is not None else "-" for r in ratios]
         lines.append("| " + " | ".join(cells) + " |")
     skipped = [f"- {Path(r['artifact']).name}: {r['status']}" for r in report["rows"] if r["status"] != "ok"]
     skipped += [f"- warning: {w}" for w in report.get("warnings", [])]
