@@ -194,6 +194,7 @@ class LoopRunner(Runner):
         self.loop: Any = None
         self.memory: Any = None
         self.puzzle_table: PuzzleTable | None = None
+        self._step_fn: Any = None  # the step function, made on first use (step_function)
 
     def activate(self) -> Self:
         super().activate()
@@ -210,6 +211,19 @@ class LoopRunner(Runner):
         self.runtime_settings["loop"] = self.loop.path  # the same dict bench holds: a capture failure shows
         return out
 
+    def step_function(self) -> Any:
+        """The step engine one ACT step per call (:class:`~hrm_deploy.runtime.device_step.DeviceStep`),
+        on a loop of its own beside the runner's: what in-flight serving and continuous batching drive."""
+        if self.loop is None:
+            raise EngineError("activate() the runner before asking for its step function")
+        if self._step_fn is None:
+            from hrm_deploy.runtime.device_loop import DeviceLoop
+            from hrm_deploy.runtime.device_step import DeviceStep
+
+            loop = DeviceLoop(self.loop.adapter, self.memory, self.steps, cuda_graph=False, step_predictions=False)
+            self._step_fn = DeviceStep(loop, self.puzzle_table)
+        return self._step_fn
+
     def _before_close(self) -> None:
         """Work to do while the loop still exists (e.g. saving a runtime cache)."""
 
@@ -218,6 +232,10 @@ class LoopRunner(Runner):
             if self.loop is not None:
                 self._before_close()  # e.g. a runtime-cache save: a failure there must not leak the loop
         finally:
+            step_fn = self._step_fn
+            if step_fn is not None:  # its own plans first: they share the memory below
+                step_fn.loop.close()
+            self._step_fn = None
             if self.loop is not None:
                 self.loop.close()
             self.loop = None

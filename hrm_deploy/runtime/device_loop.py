@@ -162,12 +162,17 @@ class DeviceLoop:
             raise EngineError(f"the engine could not infer the shape of {spec.name} ({shape}); input shapes unset")
         return self.memory.empty(shape, spec.dtype)
 
-    def plan(self, batch: int) -> _Plan:
+    def plan(self, batch: int, keep: _Plan | None = None) -> _Plan:
+        """The plan of ``batch`` rows (made on first use); the least recently used plans go
+        first when ``max_plans`` are held, never ``keep`` (a plan whose buffers still hold a carry)."""
         if batch in self.plans:
             self.plans.move_to_end(batch)
             return self.plans[batch]
         while len(self.plans) >= self.max_plans:
-            self._release(self.plans.popitem(last=False)[1])
+            oldest = next((b for b, p in self.plans.items() if p is not keep), None)
+            if oldest is None:
+                break
+            self._release(self.plans.pop(oldest))
         adapter, memory, specs = self.adapter, self.memory, self.adapter.tensors
         low, high = adapter.batch_range
         if not low <= batch <= high:

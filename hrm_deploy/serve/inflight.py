@@ -3,7 +3,8 @@
 With early halting, puzzles need different numbers of ACT steps. A server that runs each formed
 batch to its end makes the whole batch wait for its slowest puzzle while new requests queue. The
 :class:`InflightScheduler` instead keeps one loop over a step function
-(:class:`hrm_deploy.halting.StepFunction`: the ONNX step graph, a checkpoint's single segment) with
+(:class:`hrm_deploy.halting.StepFunction`: the ONNX step graph, a checkpoint's single segment, a
+TensorRT or PyTorch step engine through :mod:`hrm_deploy.runtime.device_step`) with
 up to ``slots`` rows. Request handlers put a request's puzzles on a bounded FIFO queue
 (:meth:`InflightScheduler.submit`); at every step boundary the scheduler thread
 
@@ -221,7 +222,8 @@ class InflightScheduler:
 
     def _join_rows(self, joining: list[tuple[Ticket, int]]) -> None:
         fresh = self.step_fn.initial_carry(len(joining))
-        self._carry = fresh if self._carry is None else _join(self._carry, fresh)
+        join = getattr(self.step_fn, "join", _join)  # a device carry joins without copying (reset rows)
+        self._carry = fresh if self._carry is None else join(self._carry, fresh)
         self._owner = self._owner + joining
         self._step_of = np.concatenate([self._step_of, np.ones(len(joining), np.int64)])
         self._reset = np.concatenate([self._reset, np.ones(len(joining), bool)])

@@ -4,7 +4,7 @@ Two batching modes (:class:`Batching`). **In-flight** (the default for step arti
 rule): one ACT loop (:mod:`hrm_deploy.serve.inflight`) that requests join and leave at step
 boundaries; the checking front answers HTTP inference itself, each request alone
 (:mod:`hrm_deploy.serve.endpoint`), and Triton serves health, metadata, metrics and gRPC.
-**Dynamic** (unrolled graphs, engines, ``--halt off``, ``--batching dynamic``), described below:
+**Dynamic** (unrolled graphs and engines, ``--halt off``, ``--batching dynamic``), described below:
 
 Triton's dynamic batcher gathers single-puzzle requests into batches; the bound inference
 function validates each request, runs our runner (:func:`hrm_deploy.backends.open_runner`) once
@@ -293,7 +293,7 @@ def _runner_options(config: ServeConfig) -> dict[str, Any]:
 def inflight_step(runner: Any, manifest: dict[str, Any] | None, config: ServeConfig, halt: Any) -> Any | None:
     """The step function in-flight batching drives, or None for dynamic batching.
 
-    ``auto`` picks in-flight for a runner with a host step function (ONNX step graphs, checkpoints)
+    ``auto`` picks in-flight for a runner with a step function (ONNX step graphs, step engines, checkpoints)
     and a halt rule, and says in one log line why not otherwise; ``inflight`` asked for explicitly
     refuses (one line) what it cannot serve."""
     from hrm_deploy.serve.inflight import batch_independent
@@ -304,8 +304,8 @@ def inflight_step(runner: Any, manifest: dict[str, Any] | None, config: ServeCon
     step_function = getattr(runner, "step_function", None)
     if why is None and step_function is None:
         why = (
-            f"the {runner.name} runner has no host step function (engines run whole batches in their device loop); "
-            "serve the ONNX step graph for in-flight batching"
+            f"the {runner.name} runner has no step function; serve a step artifact (an ONNX step graph, a step "
+            "engine or a checkpoint) for in-flight batching"
         )
     step_fn = None
     if why is None and step_function is not None:

@@ -317,3 +317,43 @@ def test_grpc_requests_go_through_the_same_loop(server, reference):
     assert np.array_equal(result.as_numpy("answer"), ref["logits"][10:15].argmax(-1))
     assert np.array_equal(result.as_numpy("steps").reshape(-1), ref["steps_used"][10:15])
     assert gauges(server)["puzzles_answered_total"] - before["puzzles_answered_total"] == 5
+
+
+@pytest.fixture(scope="module")
+def small_engine(trained_small, tmp_path_factory):
+    """The bundled model's PyTorch step engine for this CPU (AOTInductor)."""
+    from hrm_deploy.engines.build import EngineConfig, build_engine
+
+    folder = tmp_path_factory.mktemp("inflight_engine")
+    config = EngineConfig(precision="fp32", backend="torch", max_batch=16, device="cpu")
+    return build_engine(trained_small.checkpoint, config, folder / "small.step.pt2", quiet=True).path
+
+
+def test_a_step_engine_is_served_in_flight_like_the_runner(small_engine, reference, tmp_path):
+    """A `.pt2` step engine runs the loop one step per call (the device loop's per-row entry):
+    under 8 clients each request's answers and steps equal the engine's own runner on it."""
+    from hrm_deploy.backends import open_runner
+    from hrm_deploy.halting import HaltRule
+    from hrm_deploy.serve.client import infer_remote
+
+    tokens, ids, _ = reference
+    with open_runner(small_engine) as runner:
+        ref = runner.infer({"inputs": tokens, "puzzle_identifiers": ids}, halt=HaltRule.parse("q").should_halt)
+    proc = _started(small_engine, tmp_path / "serve.log", "--max-batch", "8")
+    try:
+        requests = [(a, min(a + 1 + a % 3, 64)) for a in range(0, 64, 2)]
+        with ThreadPoolExecutor(8) as pool:
+            futures = {
+                (a, b): pool.submit(
+                    infer_remote, proc.url, {"inputs": tokens[a:b], "puzzle_identifiers": ids[a:b]}, timeout_s=120
+                )
+                for a, b in requests
+            }
+            for (a, b), future in futures.items():
+                out = future.result(timeout=300)
+                assert np.array_equal(out["answer"], ref["logits"][a:b].argmax(-1)), a
+                assert np.array_equal(out["steps"], ref["steps_used"][a:b]), a
+                assert np.abs(out["logits"] - ref["logits"][a:b]).max() < 1e-4  # CPU kernels round by batch size
+        assert gauges(proc)["step_calls_total"] < sum(ref["steps_used"]), "puzzles never shared a step"
+    finally:
+        _stop_clean(proc)

@@ -11,47 +11,9 @@ import numpy as np
 import pytest
 
 from hrm_deploy.errors import ConfigError
+from tests.backends.torch.helpers import examples as _examples, reference as _reference
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
-
-
-@pytest.fixture(scope="session")
-def torch_engines(tiny_onnx, tmp_path_factory):
-    """AOTInductor engines of the trained fixture for this machine: the single step (from the
-    checkpoint) and the unroll (from the FP32 ONNX export, via its manifest's parent)."""
-    from types import SimpleNamespace
-
-    from hrm_deploy.artifacts import find_reference
-    from hrm_deploy.engines.build import EngineConfig, build_engine
-
-    folder = tmp_path_factory.mktemp("torch_engines")
-    checkpoint = find_reference(tiny_onnx.unrolled)
-    step = build_engine(
-        checkpoint,
-        EngineConfig(precision="fp32", backend="torch", max_batch=64, device="cpu"),
-        folder / "tiny.step.pt2",
-        quiet=True,
-    )
-    unrolled = build_engine(
-        tiny_onnx.unrolled,
-        EngineConfig(precision="fp32", backend="torch", max_batch=64, device="cpu"),
-        folder / "tiny.unrolled.pt2",
-        quiet=True,
-    )
-    return SimpleNamespace(step=step.path, unrolled=unrolled.path, checkpoint=checkpoint, data=tiny_onnx.data)
-
-
-def _examples(data, n=64):
-    from hrm_deploy.data.examples import load_examples
-
-    return load_examples(data, n, split="test")
-
-
-def _reference(checkpoint, feeds, steps):
-    from hrm_deploy.backends.reference import TorchRunner
-
-    with TorchRunner(checkpoint, steps=steps) as ref:
-        return ref.infer(feeds)
 
 
 @pytest.mark.slow
@@ -194,19 +156,6 @@ def test_cli_builds_a_torch_engine_with_fp32_by_default(trained_tiny, tmp_path, 
 
 
 # -- GPU: run wherever a CUDA GPU is available ------------------------------
-
-
-@pytest.fixture(scope="module")
-def cuda_engine(trained_tiny, tmp_path_factory):
-    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
-
-    folder = tmp_path_factory.mktemp("cuda_engine")
-    return build_torch_engine(
-        trained_tiny.checkpoint,
-        TorchEngineConfig(max_batch=256, device="cuda"),
-        folder / "tiny.step.cuda.pt2",
-        quiet=True,
-    ).path
 
 
 @pytest.mark.gpu

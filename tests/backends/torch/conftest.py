@@ -1,0 +1,46 @@
+"""Fixtures of the PyTorch engine tests: AOTInductor engines of the trained tiny model."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+
+
+@pytest.fixture(scope="session")
+def torch_engines(tiny_onnx, tmp_path_factory):
+    """AOTInductor engines of the trained fixture for this machine: the single step (from the
+    checkpoint) and the unroll (from the FP32 ONNX export, via its manifest's parent)."""
+    from types import SimpleNamespace
+
+    from hrm_deploy.artifacts import find_reference
+    from hrm_deploy.engines.build import EngineConfig, build_engine
+
+    folder = tmp_path_factory.mktemp("torch_engines")
+    checkpoint = find_reference(tiny_onnx.unrolled)
+    step = build_engine(
+        checkpoint,
+        EngineConfig(precision="fp32", backend="torch", max_batch=64, device="cpu"),
+        folder / "tiny.step.pt2",
+        quiet=True,
+    )
+    unrolled = build_engine(
+        tiny_onnx.unrolled,
+        EngineConfig(precision="fp32", backend="torch", max_batch=64, device="cpu"),
+        folder / "tiny.unrolled.pt2",
+        quiet=True,
+    )
+    return SimpleNamespace(step=step.path, unrolled=unrolled.path, checkpoint=checkpoint, data=tiny_onnx.data)
+
+
+@pytest.fixture(scope="module")
+def cuda_engine(trained_tiny, tmp_path_factory):
+    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
+
+    folder = tmp_path_factory.mktemp("cuda_engine")
+    return build_torch_engine(
+        trained_tiny.checkpoint,
+        TorchEngineConfig(max_batch=256, device="cuda"),
+        folder / "tiny.step.cuda.pt2",
+        quiet=True,
+    ).path
