@@ -289,7 +289,7 @@ def matrix(args: argparse.Namespace, pkg: Path, work: Path, left, only: list[str
         if v.kind in ("dlopen", "runner") and not info["so"]:
             say(f"{tag(v.name, {**base, **v.over})} skipped (no .so in the package)")
         else:
-            todo.append((v, {**base, **v.over}))
+            todo.append((v, {**base, **v.over, "name": v.name}))
 
     def line(v: Variant, spec: dict, runs: list, skipped: int, left_at: float, note: str) -> None:
         for fact in dict.fromkeys(f for r in runs for f in re.findall(r"^FACT (.+)$", r.out, re.M)):

@@ -298,9 +298,16 @@ def read_line(st: dict[str, str], runs: dict[str, list[Outcome]], table: list[Va
         fam = [v for v in table if v.base == base and st.get(v.name)]
         if st.get(base) == "dies" and fam:
             helped = [v for v in fam if st[v.name] == "ok"]
-            if helped:
+            if len(helped) == len(fam) >= 3:  # runner-import-dynamo as much as onnxruntime: no one culprit
                 says.append(
-                    f"{base} dies alone but loads after {', '.join(f'{v.what} ({v.name})' for v in helped)}"
+                    f"{base} dies alone but loads after every one of the {len(fam)} additions tried "
+                    f"({', '.join(v.name for v in fam)}) => not one module's doing: the process state in general "
+                    "(timing, heap layout, something any import initialises)"
+                )
+            elif helped:
+                names = [f"{v.what} ({v.name})" for v in helped] if len(helped) <= 3 else [v.name for v in helped]
+                says.append(
+                    f"{base} dies alone but loads after {', '.join(names)}"
                     f" => {'that avoids' if len(helped) == 1 else 'each of these avoids'} the crash"
                 )
                 singles = [
