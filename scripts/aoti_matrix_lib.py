@@ -345,5 +345,9 @@ def read_line(st: dict[str, str], runs: dict[str, list[Outcome]], table: list[Va
     if st.get("control-fresh") == "dies":
         says.append("control-fresh dies too => not this package (torch/driver/host)")
     if not says and st and all(s == "ok" for s in st.values()):
-        says.append("every variant that ran loaded => the crash did not reproduce here (try --repeat)")
+        most = max((len(r) for r in runs.values()), default=1)
+        says.append(
+            "every variant that ran loaded => the crash did not reproduce here"
+            + (" (try --repeat)" if most == 1 else f" (up to {most} runs each)")
+        )
     return "read: " + ("; ".join(says) if says else "no decisive contrast among the variants that ran")
