@@ -114,7 +114,10 @@ class DynamicBatcher:
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
-            feeds = {"inputs": np.stack([r["tokens"] for r in batch]), "puzzle_identifiers": np.zeros(len(batch), np.int32)}
+            feeds = {
+                "inputs": np.stack([r["tokens"] for r in batch]),
+                "puzzle_identifiers": np.zeros(len(batch), np.int32),
+            }
             try:
                 out = self.runner.infer(feeds, halt=self.halt)
             except Exception:  # noqa: BLE001 - every request of the batch fails, as in Triton
@@ -176,7 +179,9 @@ def check_answers(runner: Any, halt: Any, tokens: np.ndarray, kept: list[tuple[i
     """Each kept answer against ``runner.infer`` of its puzzle alone: argmax and steps exactly."""
     mismatches, worst = [], 0.0
     for index, logits, steps in kept:
-        alone = runner.infer({"inputs": tokens[index : index + 1], "puzzle_identifiers": np.zeros(1, np.int32)}, halt=halt)
+        alone = runner.infer(
+            {"inputs": tokens[index : index + 1], "puzzle_identifiers": np.zeros(1, np.int32)}, halt=halt
+        )
         ref_logits, ref_steps = np.asarray(alone["logits"][0], np.float32), int(alone["steps_used"][0])
         worst = max(worst, float(np.max(np.abs(logits - ref_logits))))
         differ = logits.argmax(-1) != ref_logits.argmax(-1)  # [S]

@@ -106,7 +106,10 @@ def test_a_graph_without_a_step_function_skips_inflight_in_one_line_and_still_me
     from hrm_deploy.train.presets import bundled_checkpoint
 
     graph = export_onnx(
-        bundled_checkpoint("sudoku-tiny"), tmp_path / "tiny.onnx", ExportConfig(mode="unrolled", parity=False), quiet=True
+        bundled_checkpoint("sudoku-tiny"),
+        tmp_path / "tiny.onnx",
+        ExportConfig(mode="unrolled", parity=False),
+        quiet=True,
     ).path
     report, stdout = _smoke(tmp_path, "--artifact", str(graph), "--halt", "off", "--clients", "2")
     assert "unrolled graph" in report["inflight_skipped"] and set(report["modes"]) == {"dynamic"}
