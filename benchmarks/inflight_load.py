@@ -18,7 +18,7 @@ closed-loop client threads that each send one puzzle at a time and wait for its 
 
 Per client count and mode: puzzles/s, p50/p99/worst latency (submit to answer), mean ACT steps per
 answer, rows per step call (inflight) or mean batch (dynamic), and the inflight/dynamic ratios.
-Both modes are warmed up first (first CUDA calls) and measured point by point, interleaved, on the
+Both modes are warmed up first (first CUDA calls, every batch size) and measured point by point, interleaved, on the
 same puzzles (the project's Sudoku generator, ``--seed``). Correctness: a sample of each mode's
 answers (``--check`` per point) is compared with ``runner.infer`` of that puzzle alone under the
 same halting rule: argmax and steps must be equal (mismatches are counted), the logits' largest
@@ -273,8 +273,8 @@ def fmt(r: dict) -> str:
 
 def measure(modes: dict[str, Mode], probes: dict[str, Any], args: argparse.Namespace, report: dict, out: Path):
     """Warm up each mode, then each client count, modes interleaved; ``report`` rewritten per point."""
-    for mode in modes.values():
-        closed_loop(mode.call, min(8, max(args.clients)), min(2.0, args.duration))
+    for mode in modes.values():  # every batch size up to the max batch once (first CUDA calls per shape)
+        closed_loop(mode.call, min(max(args.clients), args.max_batch), min(2.0, args.duration))
         mode.kept.clear()
     for n in args.clients:
         for name, mode in modes.items():
