@@ -48,6 +48,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from load_common import (  # noqa: E402 - after the path line
+    SUDOKU_SIZE_BLANKS,
+    bundled_puzzles,
+    closed_loop,
+    spread_threshold,
+    step_graph,
+    sudoku_puzzles,
+    sudoku_size_checkpoint,
+    summary,
+)
+
 
 def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
@@ -62,42 +73,17 @@ def free_ports(n: int) -> list[int]:
 # ------------------------------------------------------------------------------------ models
 def bundled(work: Path) -> tuple[Path, str, np.ndarray]:
     from hrm_deploy.cli.common import bundled_checkpoint
-    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-    from hrm_deploy.train.presets import preset
 
-    onnx = export_onnx(
-        bundled_checkpoint("sudoku-small"),
-        work / "bundled.step.onnx",
-        ExportConfig(mode="step", parity=False),
-        quiet=True,
-    ).path
-    spec = preset("sudoku-small")["data"]
-    split = generate_sudoku(SudokuSpec(**{**spec, "train": 0, "test": 512, "augment": 0, "seed": 7}))["test"]
-    return Path(onnx), "q", np.ascontiguousarray(split.inputs, dtype=np.int32)
+    return step_graph(bundled_checkpoint("sudoku-small"), work / "bundled.step.onnx"), "q", bundled_puzzles()
 
 
 def sudoku_size(work: Path) -> tuple[Path, str, np.ndarray]:
-    import torch
-    from sudoku_size import sudoku_size_model
-
     from hrm_deploy.backends import open_runner
-    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-    from hrm_deploy.model.checkpoint import save_checkpoint
 
-    model = sudoku_size_model(seed=0).eval()
-    with torch.no_grad(), torch.random.fork_rng():  # upstream inits the Q head to zero: no halting spread
-        torch.manual_seed(1)
-        model.inner.q_head.weight.normal_(0, 0.05)
-    ckpt = save_checkpoint(work / "sudoku-size.pt", model)
-    onnx = export_onnx(str(ckpt), work / "sudoku-size.step.onnx", ExportConfig(mode="step", parity=False), quiet=True)
-    split = generate_sudoku(SudokuSpec(train=0, test=512, blanks=(40, 50), seed=7))["test"]
-    tokens = np.ascontiguousarray(split.inputs, dtype=np.int32)
-    with open_runner(onnx.path) as runner:  # all 16 steps of 32 puzzles: where to cut sigmoid(q_halt)
-        q = runner.infer({"inputs": tokens[:32], "puzzle_identifiers": np.zeros(32, np.int32)})["q_halt_logits"]
-    x = float(np.percentile(1 / (1 + np.exp(-q)), 90))
-    return Path(onnx.path), f"threshold:{x:.6f}", tokens
+    onnx = step_graph(sudoku_size_checkpoint(work), work / "sudoku-size.step.onnx")
+    tokens = sudoku_puzzles(SUDOKU_SIZE_BLANKS)
+    with open_runner(onnx) as runner:  # all 16 steps of 32 puzzles: where to cut sigmoid(q_halt)
+        return onnx, spread_threshold(runner, tokens), tokens
 
 
 MODELS = {"bundled": bundled, "sudoku-size": sudoku_size}
@@ -158,49 +144,6 @@ class Clients:
         return True, int(result.as_numpy("steps").reshape(-1)[0])
 
 
-def summary(latencies: list[float], wall: float, done: int, failed: int, steps: list[int]) -> dict:
-    lat = np.asarray(latencies or [np.nan]) * 1e3
-    return {
-        "puzzles_per_s": done / wall,
-        "p50_ms": float(np.percentile(lat, 50)),
-        "p99_ms": float(np.percentile(lat, 99)),
-        "worst_ms": float(np.max(lat)),
-        "answered": done,
-        "failed": failed,
-        "mean_steps": float(np.mean(steps)) if steps else None,
-        "wall_s": wall,
-    }
-
-
-def closed_loop(clients: Clients, n: int, duration: float) -> dict:
-    latencies: list[float] = []
-    steps: list[int] = []
-    failed = [0]
-    lock = threading.Lock()
-    start = time.perf_counter()
-    end = start + duration
-
-    def run(c: int) -> None:
-        i = c * 997
-        while time.perf_counter() < end:
-            t0 = time.perf_counter()
-            ok, used = clients.call(i)
-            with lock:
-                if ok:
-                    latencies.append(time.perf_counter() - t0)
-                    steps.append(used)
-                else:
-                    failed[0] += 1
-            i += 1
-
-    threads = [threading.Thread(target=run, args=(c,)) for c in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return summary(latencies, time.perf_counter() - start, len(latencies), failed[0], steps)
-
-
 def open_loop(clients: Clients, rate: float, duration: float, seed: int = 0) -> dict:
     """Poisson arrivals at ``rate`` puzzles/s for ``duration`` s; latency from the scheduled arrival."""
     rng = np.random.default_rng(seed)
@@ -244,11 +187,11 @@ def measure_mode(artifact, halt, tokens, mode, args, work) -> dict:
     server = Server(artifact, halt, mode, args.max_batch, work / f"{artifact.stem}.{mode}.log", args.provider)
     try:
         clients = Clients(server.http, tokens)
-        closed_loop(clients, min(8, max(args.clients)), min(3.0, args.duration))  # warm-up
+        closed_loop(clients.call, min(8, max(args.clients)), min(3.0, args.duration))  # warm-up
         rows = {}
         for n in args.clients:
             before = gauges(server.http)
-            rows[str(n)] = closed_loop(clients, n, args.duration)
+            rows[str(n)] = closed_loop(clients.call, n, args.duration)
             after = gauges(server.http)
             if after:  # in-flight: mean busy slots per step call over this point
                 answered = after["puzzles_answered_total"] - before["puzzles_answered_total"]
