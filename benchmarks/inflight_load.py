@@ -196,6 +196,20 @@ def check_answers(runner: Any, halt: Any, tokens: np.ndarray, kept: list[tuple[i
 
 
 # ------------------------------------------------------------------------------------ setup
+def from_bundled(artifact: Path, bundled: Path) -> bool:
+    """Whether ``artifact`` is the bundled checkpoint or was made from it (its manifest's checkpoint
+    hash): then its puzzles are the bundled preset's, else Sudoku-size ones."""
+    from hrm_deploy.io import sha256_file
+    from hrm_deploy.manifest import manifest_path, read_manifest
+
+    if artifact.resolve() == bundled.resolve():
+        return True
+    if not manifest_path(artifact).is_file():
+        return False
+    source = (read_manifest(artifact).get("checkpoint") or {}).get("sha256")
+    return source is not None and source == sha256_file(bundled)
+
+
 def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, np.ndarray, str]:
     """(the artifact to run, its puzzles, what it is)."""
     from hrm_deploy.serve.contract import read_contract
@@ -205,7 +219,7 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, np.ndarray, str
         artifact, blanks, label = sudoku_size_checkpoint(work), SUDOKU_SIZE_BLANKS, "sudoku-size (random weights)"
     else:
         artifact = Path(args.artifact or bundled_checkpoint("sudoku-small"))
-        bundled = artifact.resolve() == Path(bundled_checkpoint("sudoku-small")).resolve()
+        bundled = from_bundled(artifact, Path(bundled_checkpoint("sudoku-small")))
         blanks = tuple(preset("sudoku-small")["data"]["blanks"]) if bundled else SUDOKU_SIZE_BLANKS
         label = "bundled sudoku-small" if bundled else artifact.name
     seq_len = read_contract(artifact).seq_len

@@ -160,15 +160,18 @@ def check_queue_limit(queue_limit: int | None, max_batch: int) -> None:
         )
 
 
-def halt_function(halt: str) -> Callable[..., Any] | None:
+def halt_function(halt: str, artifact: str | Path | None = None) -> Callable[..., Any] | None:
     """The runner's ``halt=`` callback for a ``--halt`` rule; None for "off" (all ACT steps).
+    ``q`` is the rule ``artifact``'s model was trained with (TRM: ``q_halt > 0``; HRM:
+    ``q_halt > q_continue``), as ``solve`` and ``verify`` use it.
 
     The rules live in ``hrm_deploy.halting`` (imported only when a rule is asked for)."""
     if halt == "off":
         return None
-    from hrm_deploy.halting import HaltRule
+    from hrm_deploy.halting import HaltRule, resolve_rule
 
-    return HaltRule.parse(halt).should_halt
+    rule = HaltRule.parse(halt)
+    return (resolve_rule(rule, str(artifact)) if artifact is not None else rule).should_halt
 
 
 class BatchInfer:
@@ -380,7 +383,7 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     Blocks. ``ready`` is called with a one-line description once the server answers. On SIGTERM
     the in-flight loop answers what it finishes within :data:`DRAIN_GRACE_S` and fails the rest."""
     check_bind(config)
-    halt = halt_function(config.halt)
+    halt = halt_function(config.halt, config.artifact)
     pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
     from pytriton.model_config import DynamicBatcher, ModelConfig
 

@@ -85,6 +85,11 @@ def test_q_rule_follows_the_checkpoint(trm_deploy, upstream_run):
     assert HaltRule.parse("q").should_halt(1, q_halt, q_continue).tolist() == [False, True, True]
     trm_rule = resolve_rule("q", str(trm_deploy.attention.step))
     assert trm_rule.should_halt(1, q_halt, q_continue).tolist() == [True, False, True]
+    # serve --halt q halts a TRM model on q_halt > 0 too, an HRM model on q_halt > q_continue
+    from hrm_deploy.serve.server import halt_function
+
+    assert halt_function("q", trm_deploy.attention.step)(1, q_halt, q_continue).tolist() == [True, False, True]
+    assert halt_function("q", upstream_run)(1, q_halt, q_continue).tolist() == [False, True, True]
 
 
 def test_solve_and_torch_reference_halting(trm_deploy):
