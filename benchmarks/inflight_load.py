@@ -287,7 +287,11 @@ def fmt(r: dict) -> str:
 
 def measure(modes: dict[str, Mode], probes: dict[str, Any], args: argparse.Namespace, report: dict, out: Path):
     """Warm up each mode, then each client count, modes interleaved; ``report`` rewritten per point."""
-    for mode in modes.values():  # every batch size up to the max batch once (first CUDA calls per shape)
+    for mode in modes.values():  # every bucket up to the max batch (first CUDA calls and compiles per shape)
+        clients = 1
+        while clients < min(max(args.clients), args.max_batch):
+            closed_loop(mode.call, clients, min(0.3, args.duration))
+            clients *= 2
         closed_loop(mode.call, min(max(args.clients), args.max_batch), min(2.0, args.duration))
         mode.kept.clear()
     for n in args.clients:

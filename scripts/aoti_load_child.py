@@ -76,6 +76,9 @@ def child(spec: dict) -> None:
         torch.cuda.set_device(idx)
         if spec.get("facts"):
             print(f"FACT gpu {name} sm {cap[0]}.{cap[1]} devices {torch.cuda.device_count()}", flush=True)
+    if spec.get("amx"):  # the permission onnxruntime's import (and torch's compiler) asks for; a no-op without AMX
+        _step("amx")
+        print(f"FACT amx tile data granted: {torch.cpu._init_amx()}", flush=True)
     if cuda and spec.get("cuda_op"):  # a primary context that has launched a kernel and synchronised
         _step("cuda-op")
         torch.ones(1, device=f"cuda:{idx}").sum().item()

@@ -29,6 +29,9 @@ ends is `skipped (budget)`. Variants:
                       (onnxruntime), onnx, cli, verify, reference (hrm_deploy.backends.reference)
   runner-import-inductor / runner-import-dynamo
                       runner-extracted after `import torch._inductor` / `import torch._dynamo`
+  runner-amx / api-amx
+                      runner-extracted / tool-api after torch.cpu._init_amx() (the AMX tile-data
+                      permission onnxruntime's import asks for; hrm-deploy's loader asks for it too)
   runner-cuda-ctx     runner-extracted after a real CUDA op (ones(1).sum().item() + synchronize):
                       a primary context that has run a kernel before the load
   api-import-M        tool-api after importing one module M of CLI_IMPORTS (M as above)

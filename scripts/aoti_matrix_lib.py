@@ -79,6 +79,11 @@ def variant_table(work: str) -> list[Variant]:
             "a CUDA kernel run (and synchronised) before the load",
         )
     )
+    amx = "AMX tile-data permission (torch.cpu._init_amx(), as onnxruntime's import and torch's compiler ask)"
+    v += [
+        Variant("runner-amx", {**runner, "amx": True}, "runner", "runner-extracted", amx),
+        Variant("api-amx", {**api, "amx": True}, "api", "tool-api", amx),
+    ]
     v += [
         Variant(f"api-import-{s}", {**api, "pre_imports": [m]}, "api", "tool-api", f"importing {m}")
         for s, m in SHORT.items()

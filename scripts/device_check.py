@@ -190,8 +190,14 @@ def load_check(engine: Path) -> dict | None:
     return json.loads(manifest.read_text()).get("load_check") if manifest.is_file() else None
 
 
+# the variants that decide the load crash (docs/gpu.md): without and with the AMX permission the
+# loader now asks for, and with onnxruntime imported (which asks for it too), two runs each, at once
+MATRIX_VARIANTS = "runner-extracted,runner-amx,runner-import-ort,tool-api,api-amx,hrm-runner,api-cli-imports"
+
+
 def matrix_stage(check: Check, engine: Path, tag: str, limit: float) -> dict:
     argv = [PY, "scripts/aoti_load_matrix.py", str(engine), "--budget", str(int(max(limit - 10, 30)))]
+    argv += ["--jobs", "8", "--repeat", "2", "--fast-first", "--only", MATRIX_VARIANTS]
     return check.stage(f"AOTInductor load matrix ({tag})", argv, limit, f"device_check_matrix_{tag}.log", 60.0)
 
 

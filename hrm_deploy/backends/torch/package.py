@@ -141,8 +141,30 @@ def load_aoti_package(torch: Any, path: Path, *, single_threaded: bool, device_i
             )
     if device_index >= 0 and "device_index" in params:
         kwargs["device_index"] = device_index
+    grant_amx(torch)
     with private_tmpdir():
         return load(str(path), **kwargs), capturable
+
+
+def grant_amx(torch: Any) -> bool:
+    """Ask Linux for the AMX tile-data permission (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, through
+    ``torch.cpu._init_amx``) before a package is loaded; True where it is granted, False where the
+    CPU has no AMX or torch cannot ask.
+
+    Inductor asks for it while it compiles (its AMX check), so the process that builds a package
+    has it; a fresh process does not. On an H100 host (Sapphire Rapids, packages compiled for
+    ``AVX512 AVX512_VNNI AMX_TILE``) creating the model container of a CUDA package died (SIGSEGV)
+    in every fresh process, and loaded in every one that had imported onnxruntime first, whose
+    import is the only one that asks for this permission (docs/gpu.md). The load probe checks the
+    result: where a load still dies, the engine's fallback runs as before."""
+    init = getattr(getattr(torch, "cpu", None), "_init_amx", None)
+    if init is None:
+        return False
+    try:
+        return bool(init())
+    except (RuntimeError, OSError) as exc:  # a kernel that refuses: the load goes on without it
+        log.debug("AMX tile-data permission not granted (%s)", exc)
+        return False
 
 
 def load_program(torch: Any, path: Path) -> Any:

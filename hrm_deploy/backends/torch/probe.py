@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 300.0  # a CUDA load in a fresh process: import torch, CUDA init, unzip, first run
 CACHE_FOLDER = "torch-load-probe"
+# what the loading process sets up before a load (package.load_aoti_package): part of the cache key,
+# so verdicts cached before a change of that setup are probed again
+LOAD_SETUP = "amx-permission"
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def cache_file(sha256: str, torch_version: str, device_label: str, spec: ProbeSp
     """The verdict's file in the user cache for this package, torch, device and load options."""
     from hrm_deploy.io import cache_dir
 
-    key = json.dumps([sha256, torch_version, device_label, spec.single_threaded, spec.tf32])
+    key = json.dumps([sha256, torch_version, device_label, spec.single_threaded, spec.tf32, LOAD_SETUP])
     return cache_dir(CACHE_FOLDER, f"{sha256[:16]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json")
 
 

@@ -250,3 +250,49 @@ def test_cli_refuses_tf32_for_a_cpu_engine(trained_tiny, tmp_path):
     )
     assert result.exit_code == 2 and "--tf32 applies to CUDA engines" in result.output, result.output
     assert not (tmp_path / "e.pt2").exists()
+
+
+def _has_amx() -> bool:
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_amx(), reason="this CPU has no AMX (amx_tile)")
+def test_a_load_asks_for_the_amx_permission_a_compiling_process_has():
+    """Loading a package grants the process AMX tile data first (arch_prctl ARCH_GET_XCOMP_PERM bit
+    18), as torch's compiler does while it builds one and onnxruntime's import does: a fresh
+    process without it died creating a CUDA package's container on an H100 host."""
+    code = (
+        "import ctypes, torch\n"
+        "from hrm_deploy.backends.torch.package import grant_amx\n"
+        "libc = ctypes.CDLL(None)\n"
+        "def tiles():\n"
+        "    mask = ctypes.c_uint64(0)\n"
+        "    assert libc.syscall(158, 0x1022, ctypes.byref(mask)) == 0\n"  # SYS_arch_prctl, ARCH_GET_XCOMP_PERM
+        "    return bool(mask.value >> 18 & 1)\n"
+        "before = tiles()\n"
+        "print(before, grant_amx(torch), tiles())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "True", "True"], out.stdout + out.stderr
+
+
+def test_every_load_asks_for_amx_first_and_old_verdicts_are_probed_again(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from hrm_deploy.backends.torch import package, probe
+
+    order = []
+    fake = SimpleNamespace(
+        cpu=SimpleNamespace(_init_amx=lambda: order.append("amx") or True),
+        _inductor=SimpleNamespace(aoti_load_package=lambda path, **kw: order.append("load") or "model"),
+    )
+    assert package.load_aoti_package(fake, tmp_path / "e.pt2", single_threaded=False, device_index=-1)[0] == "model"
+    assert order == ["amx", "load"]
+    assert package.grant_amx(SimpleNamespace()) is False  # a torch that cannot ask: the load goes on
+    spec = probe.ProbeSpec("e.pt2", "cuda", 0, True, False, [])
+    before = probe.cache_file("ab" * 32, "2.11", "cuda", spec)
+    monkeypatch.setattr(probe, "LOAD_SETUP", "other")
+    assert probe.cache_file("ab" * 32, "2.11", "cuda", spec) != before
