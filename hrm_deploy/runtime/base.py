@@ -221,7 +221,7 @@ class LoopRunner(Runner):
             from hrm_deploy.runtime.device_step import DeviceStep
 
             loop = DeviceLoop(self.loop.adapter, self.memory, self.steps, cuda_graph=False, step_predictions=False)
-            self._step_fn = DeviceStep(loop, self.puzzle_table)
+            self._step_fn = DeviceStep(loop, self.puzzle_table, cuda_graph=self.cuda_graph)
         return self._step_fn
 
     def _before_close(self) -> None:

@@ -79,8 +79,7 @@ class _Plan:
     stage: dict[str, np.ndarray]  # pinned host buffers by role
     events: list[Any]
     graph: Any = None
-    warm: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # a DeviceStep's per-step graphs
 
 
 class DeviceLoop:
@@ -241,6 +240,7 @@ class DeviceLoop:
         """Free one plan: its graph and contexts first (they use the scratch buffer), then events and buffers."""
         self.memory.synchronize()
         plan.graph = None
+        plan.extra.clear()  # per-step graphs of a DeviceStep
         plan.contexts.clear()
         plan.events.clear()
         for buffer in plan.device.values():

@@ -20,10 +20,14 @@ and how many rows are real. Shapes: B rows, P = the bucket (B <= P), S seq_len, 
 
 Per call the host uploads inputs [P,S], the puzzle feed [P] and reset [P], runs one execute and
 downloads q_halt / q_continue [P] and logits [P,S,V] (the last one widened to float32 on the host).
+Where the memory backend and the engine allow (torch CUDA memory, TensorRT), the execute of each
+(bucket, pair half) is captured once as a CUDA graph after an eager first run and replayed after,
+as the whole-batch loop captures its step loop; a failed capture warns once and stays eager.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +40,8 @@ from hrm_deploy.runtime.memory import to_float32
 
 if TYPE_CHECKING:
     from hrm_deploy.runtime.device_loop import _Plan
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,7 @@ class DeviceStep:
     """One ACT step of a step engine per call (see the module docstring). ``puzzle_table``: the
     host table of an engine built from an ``--puzzle-emb external`` export (ids -> rows)."""
 
-    def __init__(self, loop: DeviceLoop, puzzle_table: Any = None):
+    def __init__(self, loop: DeviceLoop, puzzle_table: Any = None, *, cuda_graph: bool = True):
         if loop.mode != "step":
             raise ConfigError(
                 "this engine is unrolled (it runs every ACT step in one call); export --mode step and build "
@@ -61,6 +67,8 @@ class DeviceStep:
         self.loop, self.memory, self.puzzle_table = loop, loop.memory, puzzle_table
         self.steps = loop.steps
         self.low, self.high = loop.adapter.batch_range
+        self.cuda_graph = cuda_graph and self.memory.supports_graphs
+        self.capture_error: str | None = None  # why a capture failed (then eager for good)
 
     # -- the carry ------------------------------------------------------------------------
     def initial_carry(self, batch: int) -> DeviceCarry:
@@ -141,8 +149,7 @@ class DeviceStep:
                 stage[name][rows:] = stage[name][rows - 1 : rows]  # padding: copies of the last row
                 memory.upload(device[name], stage[name])
             memory.upload(device[RESET], fresh)
-            self.loop.adapter.execute(plan.contexts[parity])  # reads the carry half `parity`, writes the other
-            self.loop.enqueued_steps += 1
+            self._execute(plan, parity)  # reads the carry half `parity`, writes the other
             for name in Q_LOGITS:
                 memory.download(stage[name], device[name])
             memory.download(stage["logits"], device["logits"])
@@ -150,3 +157,26 @@ class DeviceStep:
         q_halt, q_continue = (to_float32(stage[name][:rows], specs[name].dtype).copy() for name in Q_LOGITS)
         logits = to_float32(stage["logits"][:rows], specs["logits"].dtype).copy()
         return DeviceCarry(plan, 1 - parity, rows), logits, q_halt, q_continue
+
+    def _execute(self, plan: _Plan, parity: int) -> None:
+        """One step on ``plan``'s context ``parity``: replayed from its graph once captured (after an
+        eager first run, so this call's outputs exist either way); a failed capture warns once and
+        leaves every later step eager."""
+        graphs = plan.extra.setdefault("step_graphs", {})
+        if parity in graphs:
+            self.memory.replay(graphs[parity])
+            return
+        context = plan.contexts[parity]
+        self.loop.adapter.execute(context)
+        self.loop.enqueued_steps += 1
+        if not (self.cuda_graph and self.loop.adapter.capturable(context)):
+            return
+        try:
+            graphs[parity] = self.memory.capture(lambda: self.loop.adapter.execute(context))
+        except Exception as exc:  # noqa: BLE001 - backends raise many types; the reason is kept and shown
+            self.capture_error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+            self.cuda_graph = False
+            log.warning(
+                "CUDA graph capture of one ACT step failed (%s); stepping eagerly from now on", self.capture_error
+            )
+            self.memory.synchronize()

@@ -143,3 +143,40 @@ def test_more_rows_than_the_profile_is_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="at most that many slots"):
         step_fn(inputs, ids, step_fn.initial_carry(17), np.ones(17, bool))
     runner.close()
+
+
+def test_each_bucket_and_half_is_captured_once_then_replayed(tmp_path):
+    """After an eager first run per (bucket, pair half) the step replays its graph: the engine is
+    no longer enqueued, yet every step still runs and answers stay those of each puzzle alone."""
+    runner, s = open_engine(tmp_path, steps=6)
+    inputs, ids = puzzles(30, s, seed=11)
+    logits, steps = alone(runner, inputs, ids)
+    step_fn = runner.step_function()
+    run_continuous(step_fn, inputs[:4], ids[:4], 4, halt)  # warm: captures its buckets' halves
+    before = dict(fake_trt.CALLS)
+    out = run_continuous(step_fn, inputs, ids, 4, halt)
+    calls = {k: fake_trt.CALLS[k] - before.get(k, 0) for k in fake_trt.CALLS}
+    assert calls.get("executed", 0) > 0 and calls.get("execute_async_v3", 0) < calls["executed"]
+    assert all("step_graphs" in plan.extra for plan in step_fn.loop.plans.values())
+    np.testing.assert_array_equal(out["steps_used"], steps)
+    np.testing.assert_allclose(out["logits"], logits, rtol=0, atol=1e-6)
+    runner.close()
+
+
+def test_a_failed_step_capture_warns_once_and_steps_eagerly(tmp_path, monkeypatch, caplog):
+    runner, s = open_engine(tmp_path, steps=6)
+    inputs, ids = puzzles(20, s, seed=13)
+    logits, steps = alone(runner, inputs, ids)
+
+    def broken(work):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(runner.memory, "capture", broken)
+    step_fn = runner.step_function()
+    with caplog.at_level("WARNING"):
+        out = run_continuous(step_fn, inputs, ids, 5, halt)
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "capture of one ACT step failed" in caplog.records[0].message and not step_fn.cuda_graph
+    np.testing.assert_array_equal(out["steps_used"], steps)
+    np.testing.assert_allclose(out["logits"], logits, rtol=0, atol=1e-6)
+    runner.close()
