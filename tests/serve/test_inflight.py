@@ -245,7 +245,7 @@ def test_which_batching_serves_which_artifact(caplog):
         raise ConfigError("x.onnx is an unrolled graph; continuous batching needs the step graph")
 
     unrolled = SimpleNamespace(name="ort", step_function=unrolled_step)
-    engine = SimpleNamespace(name="tensorrt")  # no host step function
+    remote = SimpleNamespace(name="remote")  # no step function
     dynamic_int8 = {"recipe": {"int8": "dynamic"}}
 
     def config(batching: Batching) -> ServeConfig:
@@ -257,12 +257,12 @@ def test_which_batching_serves_which_artifact(caplog):
     assert inflight_step(with_step, None, inflight, None) is step
     assert inflight_step(with_step, None, dynamic, halt_positive) is None
     with caplog.at_level("INFO", logger="hrm_deploy.serve.server"):
-        for runner, manifest in ((unrolled, None), (engine, None), (with_step, dynamic_int8)):
+        for runner, manifest in ((unrolled, None), (remote, None), (with_step, dynamic_int8)):
             assert inflight_step(runner, manifest, auto, halt_positive) is None
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["dynamic batching"] * 3
     for runner, manifest, why in (
         (unrolled, None, "unrolled graph"),
-        (engine, None, "no host step function"),
+        (remote, None, "no step function"),
         (with_step, dynamic_int8, "dynamic-INT8"),
     ):
         with pytest.raises(ConfigError, match=f"--batching inflight: .*{why}"):
