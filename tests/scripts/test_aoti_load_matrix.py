@@ -99,6 +99,7 @@ def test_repeats_count_each_outcome_and_a_mixed_one_reads_non_deterministic(matr
     assert "avoids" not in read  # no import can be credited while the base itself is flaky
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_start_before_the_budget_ends_is_skipped(matrix):
     # runner variants are estimated at 14 s, API loads at 35 s: with 20 s only the runner starts
     _, lines, log = matrix({}, "--budget", "20", "--only", "tool-api,runner-extracted")
@@ -113,6 +114,7 @@ def test_a_run_that_cannot_start_before_the_budget_ends_is_skipped(matrix):
     assert not (log / "runner-import-ort-0.json").exists() and not (log / "runner-extracted-1.json").exists()
 
 
+@pytest.mark.slow
 def test_a_child_past_its_time_limit_is_killed_with_its_group(matrix):
     _, lines, log = matrix({"runner-extracted": "hang"}, "--timeout", "1", "--only", "runner-extracted")
     assert " timeout (1." in _line(lines, "runner-extracted") and "last step load)" in _line(lines, "runner-extracted")

@@ -259,6 +259,7 @@ def _has_amx() -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _has_amx(), reason="this CPU has no AMX (amx_tile)")
 def test_a_load_asks_for_the_amx_permission_a_compiling_process_has():
     """Loading a package grants the process AMX tile data first (arch_prctl ARCH_GET_XCOMP_PERM bit
