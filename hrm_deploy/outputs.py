@@ -74,10 +74,12 @@ def publish_output(
     stage: str,
     config: Mapping[str, Any] | None = None,
     companions: Mapping[PathLike, str | bytes] | None = None,
+    remove: Iterable[PathLike] = (),
     **fields: Any,
 ) -> Path:
     """Write ``out`` (and ``companions`` beside it) with one manifest, atomically: a kill leaves
-    the old files or the new ones. Call :func:`check_user_output` first, before the work."""
+    the old files or the new ones; ``remove``: companions of the last run that no longer apply.
+    Call :func:`check_user_output` first, before the work."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with staging_dir(out.parent, "stage") as stage_dir:
@@ -88,7 +90,15 @@ def publish_output(
             tmp = stage_dir / f"companion-{i}"
             _write(tmp, data)
             pairs.append((tmp, Path(final)))
-        publish_artifact(staged, out, stage=stage, config=dict(config or {}), companions=pairs, **fields)
+        publish_artifact(
+            staged,
+            out,
+            stage=stage,
+            config=dict(config or {}),
+            companions=pairs,
+            remove=[Path(r) for r in remove],
+            **fields,
+        )
     return out
 
 

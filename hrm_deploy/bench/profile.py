@@ -290,9 +290,10 @@ def profile(artifacts: list[str | Path], config: ProfileConfig, reference: str |
     """Profile ``artifacts`` (and the ``reference`` checkpoint, when given) at ``config.batch``;
     write profile.json, profile.md (per-block tables, and the first two side by side per ACT
     step) and profile.png under ``config.out_dir``. Returns what profile.json holds."""
+    from hrm_deploy.bench.files import PROFILE_FILES, ReportFolder
     from hrm_deploy.bench.run import _environment, resolve_data
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.io import check_output_path, write_json, write_text
+    from hrm_deploy.io import write_json, write_text
 
     paths = [Path(a) for a in artifacts] + ([Path(reference)] if reference else [])
     if not paths:
@@ -300,9 +301,8 @@ def profile(artifacts: list[str | Path], config: ProfileConfig, reference: str |
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise ArtifactError(f"{', '.join(missing)} not found; give existing graphs, engines, checkpoints or JSONs")
-    out = Path(config.out_dir)
-    for name in ("profile.json", "profile.md", "profile.png"):
-        check_output_path(out / name)
+    folder = ReportFolder(config.out_dir, PROFILE_FILES)
+    folder.check()  # before the work: no user's file there is replaced
     feeds: dict[str, np.ndarray] = {}
     if any(p.suffix != ".json" for p in paths):
         from dataclasses import replace
@@ -321,10 +321,11 @@ def profile(artifacts: list[str | Path], config: ProfileConfig, reference: str |
         result["comparison"] = compare(profiles[0], profiles[1])
         markdown += "\nPer ACT step, side by side:\n\n" + result["comparison"]
     markdown += f"\nMachine: {environment['cpu']}.\n"
-    write_json(out / "profile.json", result)
-    write_text(out / "profile.md", markdown)
-    if plot(profiles, out / "profile.png"):
-        result["plot"] = str(out / "profile.png")
+    with folder.writing(result["config"]) as stage:
+        if plot(profiles, stage / "profile.png"):
+            result["plot"] = str(folder.path("profile.png"))
+        write_text(stage / "profile.md", markdown)
+        write_json(stage / "profile.json", result)
     return result
 
 

@@ -21,12 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.bench.files import BENCH_FILES, ReportFolder
 from hrm_deploy.errors import ConfigError, RemoteError
-from hrm_deploy.io import check_output_path
 from hrm_deploy.manifest import check_artifact, manifest_path
 
 _HOST = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9._-]+$")
-REPORT_FILES = ("report.json", "report.md", "latency.png")  # all that is fetched back
 _SSH_OPTION = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:=| ).+$")
 
 
@@ -101,6 +100,8 @@ def bench_remote(
     from hrm_deploy.progress import Stages
 
     _check_host(host)
+    folder = ReportFolder(config.out_dir, BENCH_FILES)  # what is fetched back, under the artifact rule
+    folder.check()  # before the upload: no user's file in the output folder is replaced
     stages = Stages(quiet)
     paths = [Path(a) for a in artifacts] or _default_artifacts()
     if not paths:
@@ -166,16 +167,14 @@ def bench_remote(
                 )
             errors = [line for line in text.splitlines() if line.startswith("error:")]
             raise RemoteError(f"the bench on {host} failed: " + (errors[-1][7:] if errors else text.strip()[-300:]))
-        listing = [n for n in ssh.run(["ls", f"{remote_dir}/out"]).stdout.split() if n in REPORT_FILES]
-        out = Path(config.out_dir)
-        for name in REPORT_FILES:
-            check_output_path(out / name)
-        ssh.get([f"{remote_dir}/out/{name}" for name in listing], out)
+        listing = [n for n in ssh.run(["ls", f"{remote_dir}/out"]).stdout.split() if n in BENCH_FILES]
+        with folder.writing({"host": host, "artifacts": [str(p) for p in paths]}) as stage:
+            ssh.get([f"{remote_dir}/out/{name}" for name in listing], stage)
+            try:
+                report = json.loads((stage / "report.json").read_text())
+            except (OSError, ValueError):
+                raise RemoteError(f"the bench on {host} wrote no readable report.json") from None
     finally:
         ssh.run(["rm", "-rf", "--", remote_dir], check_reachable=False)
-    try:
-        report = json.loads((out / "report.json").read_text())
-    except (OSError, ValueError):
-        raise RemoteError(f"the bench on {host} wrote no readable report.json") from None
     report["remote_host"] = host
     return report

@@ -22,7 +22,7 @@ import numpy as np
 
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
-from hrm_deploy.io import check_output_path, write_json, write_text
+from hrm_deploy.io import write_json, write_text
 from hrm_deploy.registry import CHECKPOINT_RUNNER, runner_options
 
 log = logging.getLogger(__name__)
@@ -267,9 +267,13 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     paths = [Path(a) for a in artifacts] or _default_artifacts()
     if not paths and not config.include_reference:
         raise ConfigError("nothing to bench: pass artifacts or build engines first (hrm-deploy build-engine)")
-    out = Path(config.out_dir)
-    for name in ("report.json", "report.md", "latency.png"):
-        check_output_path(out / name)  # before the work: never write through a link out of the workspace
+    from hrm_deploy.bench.files import BENCH_FILES, PROFILE_FILES, ReportFolder
+
+    # before the work: no user's file there is replaced, nothing is written through a link
+    folder = ReportFolder(config.out_dir, BENCH_FILES)
+    folder.check()
+    if config.profile:
+        ReportFolder(config.out_dir, PROFILE_FILES).check()
     config = resolve_data(config, paths)
     assert config.data is not None
     examples = load_examples(config.data, config.accuracy_samples, split="test")
@@ -330,15 +334,16 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
         report["warnings"] = [
             "GPU clocks are not pinned (or could not be read): run sudo jetson_clocks for stable numbers"
         ]
-    write_json(out / "report.json", report)
-    write_text(out / "report.md", table(report))
-    plot = _plot(report, out / "latency.png")
-    if plot:
-        report["plot"] = str(plot)
-    if config.halt:
-        _halting_files(report, out)
-    if config.profile:
+    if config.profile:  # its own files (profile.json with its manifest), published first
         _profile(report, config)
+    with folder.writing(report["config"]) as stage:
+        markdown = table(report)
+        if _plot(report, stage / "latency.png"):
+            report["plot"] = str(folder.path("latency.png"))
+        if config.halt:
+            markdown += _halting_files(report, stage, folder)
+        write_text(stage / "report.md", markdown)
+        write_json(stage / "report.json", report)
     return report
 
 
@@ -379,17 +384,16 @@ def _halting(path: Path, runner, examples, config: BenchConfig) -> dict[str, Any
         runner.close()
 
 
-def _halting_files(report: dict[str, Any], out: Path) -> None:
+def _halting_files(report: dict[str, Any], stage: Path, folder: Any) -> str:
+    """halting.json (and halting.png) into ``stage``; returns the report's markdown about them."""
     from hrm_deploy.halting_report import halting_markdown, plot_curve
 
     rows = {Path(r["artifact"]).name: r["halting"] for r in report["rows"] if "halting" in r}
-    write_json(out / "halting.json", rows)
-    with (out / "report.md").open("a") as md:
-        for name, result in rows.items():
-            md.write(f"\nEarly halting, {name}:\n\n" + halting_markdown(result))
+    write_json(stage / "halting.json", rows)
     first = next((r for r in rows.values() if r.get("curve")), None)
-    if first is not None and plot_curve(first, out / "halting.png"):
-        report["halting_plot"] = str(out / "halting.png")
+    if first is not None and plot_curve(first, stage / "halting.png"):
+        report["halting_plot"] = str(folder.path("halting.png"))
+    return "".join(f"\nEarly halting, {name}:\n\n" + halting_markdown(result) for name, result in rows.items())
 
 
 def _add_ratios(rows: list[dict[str, Any]], reference: dict[str, Any]) -> None:

@@ -105,3 +105,47 @@ def test_solve_keeps_finished_answers_through_a_kill(tmp_path):
     result = runner.invoke(app, ["solve", str(puzzles), "-o", str(out), "--json"])
     assert result.exit_code == 0, result.output
     assert len(out.read_text().splitlines()) == 7 and not partial.exists()
+
+
+def test_bench_replaces_only_its_own_report_files(tiny_onnx, tmp_path):
+    """bench -o: a user's report.md there is refused before any work; a bench's own files are
+    replaced as one set, and a file the last run wrote that this one does not (halting.json) goes."""
+    from hrm_deploy.bench.run import BenchConfig, bench
+    from hrm_deploy.manifest import check_artifact
+
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "report.md").write_text("my notes")
+    config = BenchConfig(
+        data=tiny_onnx.data,
+        batches=(1,),
+        iters=1,
+        warmup=0,
+        accuracy_samples=4,
+        out_dir=str(out),
+        include_reference=False,
+    )
+    with pytest.raises(ArtifactError, match="did not write it"):
+        bench([str(tiny_onnx.step)], config, quiet=True)
+    assert (out / "report.md").read_text() == "my notes" and not (out / "report.json").exists()
+    (out / "report.md").unlink()
+    from dataclasses import replace
+
+    bench([str(tiny_onnx.step)], replace(config, halt=("q",)), quiet=True)
+    assert (out / "halting.json").is_file() and check_artifact(out / "report.json")
+    report = bench([str(tiny_onnx.step)], config, quiet=True)
+    assert not (out / "halting.json").exists() and "halting_plot" not in report
+    manifest = check_artifact(out / "report.json")  # the report, its manifest and companions agree
+    assert set(manifest["companions"]) <= {"report.md", "latency.png"} and "report.md" in manifest["companions"]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no staging debris
+
+
+def test_profile_never_replaces_a_users_profile(tiny_onnx, tmp_path):
+    from hrm_deploy.bench.profile import ProfileConfig, profile
+
+    out = tmp_path / "prof"
+    out.mkdir()
+    (out / "profile.json").write_text('{"mine": true}')
+    with pytest.raises(ArtifactError, match="replaces only its own"):
+        profile([str(tiny_onnx.step)], ProfileConfig(data=tiny_onnx.data, batch=1, out_dir=str(out)))
+    assert (out / "profile.json").read_text() == '{"mine": true}'
