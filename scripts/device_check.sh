@@ -8,13 +8,7 @@
 # built, verified and timed (kernel time vs launch gaps), pytest -m gpu, then what fits of TF32/bf16
 # accuracy, fp32, FP8/NVFP4. One line per check; device_check.json + .md under $OUT (or
 # benchmarks/results/), rewritten after every stage. Without a GPU it says so and exits 0.
-set -u
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "no CUDA GPU: nothing to check"
-  exit 0
-fi
+. "$(dirname "$0")/gpu_preamble.sh"
 missing=$("$PY" -c "
 import importlib.util as u
 need = {'numpy': 'numpy', 'typer': 'typer', 'rich': 'rich', 'yaml': 'pyyaml', 'pytest': 'pytest'}

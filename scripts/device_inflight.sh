@@ -9,13 +9,7 @@
 # on the Sudoku-size checkpoint on CUDA. Phase 2 (<= 150 s): the load matrix bisect on the built
 # engine (parallel children, repeats) while inflight_load.py measures that engine. At most 8 files
 # land in the output folder (the device machine returns no more).
-set -u
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "no CUDA GPU: nothing to check"
-  exit 0
-fi
+. "$(dirname "$0")/gpu_preamble.sh"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT_DIR=${OUT:-benchmarks/results/device_inflight}
 mkdir -p "$OUT_DIR"
@@ -44,7 +38,7 @@ say "$(tail -n 1 "$OUT_DIR/build.log")"
 if [ -f "$ENGINE" ]; then
   say "phase 2: load matrix bisect and the engine measured"
   timeout 140 "$PY" scripts/aoti_load_matrix.py "$ENGINE" --jobs 12 --repeat 3 --fast-first --budget 130 \
-    --timeout 110 --only runner-extracted,runner-cli-imports,runner-import-ort,runner-import-onnx,runner-import-cli,runner-import-verify,runner-import-reference,runner-import-inductor,runner-import-dynamo,runner-cuda-ctx,tool-api,api-cli-imports \
+    --timeout 110 --only runner-extracted,runner-amx,api-amx,runner-cli-imports,runner-import-ort,runner-import-onnx,runner-import-cli,runner-import-verify,runner-import-reference,runner-import-inductor,runner-import-dynamo,runner-cuda-ctx,tool-api,api-cli-imports \
     >"$OUT_DIR/matrix.log" 2>&1 &
   matrix=$!
   timeout 140 "$PY" benchmarks/inflight_load.py --artifact "$ENGINE" --device cuda --duration 5 \
