@@ -38,9 +38,11 @@ PUZZLE = "1756048394628931578937516429305172646249387157512069830891754262463895
 # One H100: a machine start plus a rerun must fit the 15-minute device budget.
 TOTAL_BUDGET_S = 420.0
 MIN_STAGE_S = 20.0
-# The load matrix runs by default until a GPU run has measured the cause of the fresh-process
-# load crash (docs/gpu.md); afterwards only when a CLI load fails, or with --diagnose.
-DIAGNOSE_BY_DEFAULT = True
+# The load matrix runs when the build's own load probe fails or a CLI load fails (or with
+# --diagnose): a run measured the cause of the fresh-process crash (docs/gpu.md), so a run where the
+# loader's fix holds spends its budget on the latency rows instead, and one where it does not
+# bisects again.
+DIAGNOSE_BY_DEFAULT = False
 
 
 def text(data: str | bytes | None) -> str:
