@@ -43,8 +43,8 @@ class ReportFolder:
     @contextlib.contextmanager
     def writing(self, config: dict[str, Any]) -> Iterator[Path]:
         """A staging folder in ``out`` to write the run's files into (the main one included); on a
-        normal exit they are published with one manifest, stale files of the last run removed."""
-        self.check()
+        normal exit they are published with one manifest (whose publication checks the main file once
+        more), stale files of the last run removed."""
         with staging_dir(self.out, "stage") as stage:
             yield stage
             written = {p.name: p for p in stage.iterdir() if p.is_file()}

@@ -220,8 +220,11 @@ class LoopRunner(Runner):
             from hrm_deploy.runtime.device_loop import DeviceLoop
             from hrm_deploy.runtime.device_step import DeviceStep
 
-            loop = DeviceLoop(self.loop.adapter, self.memory, self.steps, cuda_graph=False, step_predictions=False)
-            self._step_fn = DeviceStep(loop, self.puzzle_table, cuda_graph=self.cuda_graph)
+            # its own plans; its run() is never called, so cuda_graph only governs the per-step graphs
+            loop = DeviceLoop(
+                self.loop.adapter, self.memory, self.steps, cuda_graph=self.cuda_graph, step_predictions=False
+            )
+            self._step_fn = DeviceStep(loop, self.puzzle_table)
         return self._step_fn
 
     def _before_close(self) -> None:

@@ -317,24 +317,36 @@ class DeviceLoop:
             )
 
     # -- one call ------------------------------------------------------------------------------
-    def _capture(self, plan: _Plan) -> None:
-        """Capture the step loop of ``plan`` as a graph; on failure warn once, free the partial
-        graph and stay eager (the eager warm-up already produced this call's outputs)."""
-        before = self.enqueued_steps
+    def capture(self, work: Callable[[], None], what: str) -> Any:
+        """A graph of ``work`` (which the caller has just run eagerly, so its outputs exist), or None
+        when the capture fails: then warn once with the reason, stay eager for good, and run ``work``
+        again eagerly (nothing of a failed capture is trusted)."""
         try:
             self.memory.synchronize()
-            plan.graph = self.memory.capture(lambda: self._all_steps(plan))
+            return self.memory.capture(work)
         except Exception as exc:  # noqa: BLE001 - backends raise many types; the reason is kept and shown
-            plan.graph = None
             reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
             self.capture_error, self.cuda_graph = reason, False
-            log.warning("CUDA graph capture of the step loop failed (%s); running it eagerly from now on", reason)
+            log.warning("CUDA graph capture of %s failed (%s); running it eagerly from now on", what, reason)
             try:
                 self.memory.synchronize()
             finally:
-                self._all_steps(plan)  # the outputs again, eagerly: nothing of the capture is trusted
-            return
-        self.enqueued_steps = before  # captured, not run
+                work()
+            return None
+
+    def _capture(self, plan: _Plan) -> None:
+        """Capture the step loop of ``plan`` as its graph (see :meth:`capture`)."""
+        before = self.enqueued_steps
+        plan.graph = self.capture(lambda: self._all_steps(plan), "the step loop")
+        if plan.graph is not None:
+            self.enqueued_steps = before  # captured, not run
+
+    def stage_feeds(self, plan: _Plan, feeds: dict[str, np.ndarray], rows: int) -> None:
+        """``feeds`` ([rows, ...] each) into the plan's pinned host buffers, the rest of the bucket
+        padded with copies of the last row (uploading them is the caller's: it times the copy)."""
+        for name in self.feeds:
+            np.copyto(plan.stage[name][:rows], feeds[name], casting="unsafe")
+            plan.stage[name][rows:] = plan.stage[name][rows - 1 : rows]
 
     def run(
         self, feeds: dict[str, np.ndarray], halt: HaltFn | None = None
@@ -353,9 +365,7 @@ class DeviceLoop:
         memory.reset_peak()
         down = 0
         with memory.on_stream():
-            for name in self.feeds:
-                np.copyto(stage[name][:rows], feeds[name], casting="unsafe")
-                stage[name][rows:] = stage[name][rows - 1 : rows]  # padding: copies of the last row
+            self.stage_feeds(plan, feeds, rows)
             e_begin, e_uploaded, e_computed, e_done = plan.events
             memory.record(e_begin)
             for name in self.feeds:

@@ -27,7 +27,6 @@ as the whole-batch loop captures its step loop; a failed capture warns once and 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +40,6 @@ from hrm_deploy.runtime.memory import to_float32
 if TYPE_CHECKING:
     from hrm_deploy.runtime.device_loop import _Plan
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class DeviceCarry:
@@ -55,10 +52,11 @@ class DeviceCarry:
 
 
 class DeviceStep:
-    """One ACT step of a step engine per call (see the module docstring). ``puzzle_table``: the
-    host table of an engine built from an ``--puzzle-emb external`` export (ids -> rows)."""
+    """One ACT step of a step engine per call (see the module docstring), on ``loop``'s plans (its
+    ``cuda_graph`` says whether each bucket's step is captured). ``puzzle_table``: the host table of
+    an engine built from an ``--puzzle-emb external`` export (ids -> rows)."""
 
-    def __init__(self, loop: DeviceLoop, puzzle_table: Any = None, *, cuda_graph: bool = True):
+    def __init__(self, loop: DeviceLoop, puzzle_table: Any = None):
         if loop.mode != "step":
             raise ConfigError(
                 "this engine is unrolled (it runs every ACT step in one call); export --mode step and build "
@@ -67,8 +65,6 @@ class DeviceStep:
         self.loop, self.memory, self.puzzle_table = loop, loop.memory, puzzle_table
         self.steps = loop.steps
         self.low, self.high = loop.adapter.batch_range
-        self.cuda_graph = cuda_graph and self.memory.supports_graphs
-        self.capture_error: str | None = None  # why a capture failed (then eager for good)
 
     # -- the carry ------------------------------------------------------------------------
     def initial_carry(self, batch: int) -> DeviceCarry:
@@ -144,9 +140,8 @@ class DeviceStep:
         fresh[:rows] = np.asarray(reset, dtype=bool)
         fresh[rows:] = True  # padding rows never read a carry
         with memory.on_stream():
+            self.loop.stage_feeds(plan, feeds, rows)
             for name in self.loop.feeds:
-                np.copyto(stage[name][:rows], feeds[name], casting="unsafe")
-                stage[name][rows:] = stage[name][rows - 1 : rows]  # padding: copies of the last row
                 memory.upload(device[name], stage[name])
             memory.upload(device[RESET], fresh)
             self._execute(plan, parity)  # reads the carry half `parity`, writes the other
@@ -160,23 +155,21 @@ class DeviceStep:
 
     def _execute(self, plan: _Plan, parity: int) -> None:
         """One step on ``plan``'s context ``parity``: replayed from its graph once captured (after an
-        eager first run, so this call's outputs exist either way); a failed capture warns once and
-        leaves every later step eager."""
+        eager first run, so this call's outputs exist either way; a failed capture leaves every
+        later step eager, :meth:`DeviceLoop.capture`)."""
         graphs = plan.extra.setdefault("step_graphs", {})
         if parity in graphs:
             self.memory.replay(graphs[parity])
             return
-        context = plan.contexts[parity]
-        self.loop.adapter.execute(context)
-        self.loop.enqueued_steps += 1
-        if not (self.cuda_graph and self.loop.adapter.capturable(context)):
-            return
-        try:
-            graphs[parity] = self.memory.capture(lambda: self.loop.adapter.execute(context))
-        except Exception as exc:  # noqa: BLE001 - backends raise many types; the reason is kept and shown
-            self.capture_error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
-            self.cuda_graph = False
-            log.warning(
-                "CUDA graph capture of one ACT step failed (%s); stepping eagerly from now on", self.capture_error
-            )
-            self.memory.synchronize()
+        context, loop = plan.contexts[parity], self.loop
+        loop.adapter.execute(context)
+        loop.enqueued_steps += 1
+        if loop.cuda_graph and loop.adapter.capturable(context):
+            graph = loop.capture(lambda: loop.adapter.execute(context), "one ACT step")
+            if graph is not None:
+                graphs[parity] = graph
+
+    @property
+    def cuda_graph(self) -> bool:
+        """Whether steps are still captured (False for good after a failed capture)."""
+        return bool(self.loop.cuda_graph)
