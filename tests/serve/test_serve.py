@@ -208,7 +208,7 @@ def test_stop_mid_load_then_restart(tiny_onnx, reference, tmp_path):
     stop_clients = threading.Event()
 
     def client(c: int) -> None:
-        for j in range(200):  # bounded
+        for j in range(2000):  # bounded, and more than the clients can finish before the SIGTERM
             if stop_clients.is_set():
                 return
             i = (c * 7 + j) % len(tokens)
