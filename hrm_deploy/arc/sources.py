@@ -49,7 +49,7 @@ class LocalSource:
     """A checkpoint, ONNX graph or engine, run in this process by :func:`hrm_deploy.backends.open_runner`."""
 
     def __init__(self, artifact: Path, runner_options: dict[str, Any]):
-        from hrm_deploy.serve.contract import read_contract
+        from hrm_deploy.runtime.artifact import read_contract
 
         self.path, self.runner_options = artifact, runner_options
         self.contract = read_contract(artifact)

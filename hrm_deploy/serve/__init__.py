@@ -1,6 +1,6 @@
 """Serving HRM behind NVIDIA Triton Inference Server.
 
-- :mod:`hrm_deploy.serve.contract`: what an artifact takes and gives (sizes, I/O from its manifest);
+- :mod:`hrm_deploy.runtime.artifact`: what an artifact takes and gives (sizes, I/O from its manifest);
 - :mod:`hrm_deploy.serve.server`: ``hrm-deploy serve`` on PyTriton (our runner inside Triton's
   dynamic batcher);
 - :mod:`hrm_deploy.serve.repo`: ``hrm-deploy triton-repo``, a model repository for a stand-alone
