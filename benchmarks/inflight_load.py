@@ -264,7 +264,7 @@ def machine(device: str) -> dict[str, Any]:
     try:
         import torch
     except ImportError:  # an ONNX graph on ORT needs no torch
-        torch = None
+        torch = None  # type: ignore[assignment]
     cuda = torch is not None and device.startswith("cuda") and torch.cuda.is_available()
     return {
         "cpu": cpu_description(),
