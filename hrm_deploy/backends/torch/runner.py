@@ -214,6 +214,13 @@ class TorchEngineRunner(LoopRunner):
         label = f"cuda {self.memory.gpu_name}" if on_cuda else "cpu"
         return probe_load(spec, sha256=self.manifest["sha256"], torch_version=torch.__version__, device_label=label)
 
+    @property
+    def engine_path(self) -> str:
+        """What runs: ``engine`` (the AOTInductor package) or ``fallback (eager|torch.compile)``
+        (the exported program; where the build could not AOT-compile or the package cannot load here)."""
+        how = getattr(getattr(getattr(self.loop, "adapter", None), "fn", None), "path", None)
+        return "engine" if how is None else f"fallback ({how})"
+
     def _close(self) -> None:
         try:
             super()._close()

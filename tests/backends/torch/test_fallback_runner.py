@@ -198,4 +198,4 @@ def test_verify_of_a_package_whose_library_crashes_runs_the_fallback_eagerly_wit
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert time.perf_counter() - start < 120
     assert "SIGSEGV" in done.stderr and "running the exported program eagerly" in done.stderr
-    assert "20/20 examples" in done.stderr  # progress shown while it runs
+    assert "PASSED" in done.stdout  # the fallback's answers match the reference
