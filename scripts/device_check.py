@@ -45,6 +45,7 @@ from device_check_lib import (  # noqa: E402 - the scripts folder is not a packa
     Check,
     finish,
     load_check,
+    new_summary,
     path_ran,
     skipped,
     verify_summary,
@@ -177,15 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict = {
-        "what": "hrm-deploy GPU device check: Sudoku-size bf16 step engine (probe verdict, latency 1/64/1024 with "
-        "kernel/gap breakdown, verify), bf16/TF32 vs fp32, the load crash's cause where the probe died",
-        "gpu": torch.cuda.get_device_name(0),
-        "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
-        "torch": torch.__version__,
-        "budget_s": args.budget,
-        "checks": [],
-    }
+    what = (
+        "hrm-deploy GPU device check: Sudoku-size bf16 step engine (probe verdict, latency 1/64/1024 with "
+        "kernel/gap breakdown, verify), bf16/TF32 vs fp32, the load crash's cause where the probe died"
+    )
+    summary = new_summary(torch, what, args.budget)
     check = Check(out, args.budget, summary)
     check.write()
     with tempfile.TemporaryDirectory() as tmp:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import platform
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from device_check_lib import (  # noqa: E402 - the scripts folder is not a packa
     _tail,
     finish,
     load_check,
+    new_summary,
     path_ran,
     run_stage,
     skipped,
@@ -202,18 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         return serve_one(Path(args.serve_one))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict = {
-        "what": "hrm-deploy bundled-model GPU check: the user's path (build once, then verify, solve, bench, "
-        "serve from fresh processes), pytest -m gpu, TF32/bf16 engines, FP8/NVFP4 where TensorRT allows",
-        "gpu": torch.cuda.get_device_name(0),
-        "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "budget_s": args.budget,
-        "diagnose": args.diagnose,
-        "checks": [],
-    }
+    what = (
+        "hrm-deploy bundled-model GPU check: the user's path (build once, then verify, solve, bench, "
+        "serve from fresh processes), pytest -m gpu, TF32/bf16 engines, FP8/NVFP4 where TensorRT allows"
+    )
+    summary = new_summary(torch, what, args.budget, diagnose=args.diagnose)
     check = Check(out, args.budget, summary, STEM)
     check.write()
     with tempfile.TemporaryDirectory() as tmp:

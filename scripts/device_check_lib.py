@@ -214,3 +214,20 @@ def finish(check: Check, label: str) -> int:
         f"in {time.perf_counter() - check.started:.0f} s"
     )
     return 1 if failed else 0
+
+
+def new_summary(torch, what: str, budget: float, **extra) -> dict:
+    """The summary's head: what the check is, the GPU, torch, CUDA, Python, the budget."""
+    import platform
+
+    return {
+        "what": what,
+        "gpu": torch.cuda.get_device_name(0),
+        "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "budget_s": budget,
+        **extra,
+        "checks": [],
+    }

@@ -6,7 +6,6 @@ row ran; the GPU latency and precision benchmarks' CPU-testable parts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,22 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.device_check_helpers import ROOT, load as _load, load_check
 
 
 @pytest.fixture
 def check(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    module = _load("device_check", ROOT / "scripts" / "device_check.py")
-    module.lib = sys.modules["device_check_lib"]
-    return module
+    return load_check("device_check", monkeypatch)
 
 
 def test_without_a_gpu_the_check_says_so_in_one_line_and_exits_0(check, tmp_path, capsys):

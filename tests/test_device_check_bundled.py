@@ -3,30 +3,18 @@ stages faked, its order, its 7-minute budget and partial results."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.device_check_helpers import load_check
 
 
 @pytest.fixture
 def check(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    module = _load("device_check_bundled", ROOT / "scripts" / "device_check_bundled.py")
-    module.lib = sys.modules["device_check_lib"]
-    return module
+    return load_check("device_check_bundled", monkeypatch)
 
 
 @pytest.fixture

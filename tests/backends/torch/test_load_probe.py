@@ -27,12 +27,6 @@ SEGFAULT = (
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HRM_DEPLOY_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture
 def segfaulting_child(monkeypatch):
     from hrm_deploy.backends.torch import probe
 

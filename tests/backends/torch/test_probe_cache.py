@@ -18,12 +18,6 @@ OK_CHILD = "print('PROBE step loading the package'); print('PROBE facts {\"amx_g
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HRM_DEPLOY_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture
 def child(monkeypatch):
     """The probe's child replaced by ``child.code`` (a Python snippet); ``child.runs`` counts them."""
 
