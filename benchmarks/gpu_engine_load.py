@@ -12,7 +12,7 @@ Every row is a new process (median of ``--repeats``), so nothing is warm but wha
   ``solve`` or ``bench`` pay before their first inference;
 - ``verify-pt2`` / ``verify-onnx``: ``hrm-deploy verify`` of the engine and of the ONNX on the same
   puzzles (``--samples``), wall time; with ``--baseline-src`` also the engine's under an older
-  source tree (the "before" row).
+  source tree (the "before" row); ``--rows cold``: each with empty caches (a new machine).
 
     python benchmarks/gpu_engine_load.py engines/x.step.cpu.torch.pt2 --onnx export/x.step.onnx \\
         --samples 32 --out benchmarks/results/gpu_engine_load_cpu.json
@@ -102,17 +102,25 @@ def ready_row(engine: Path, probe_cached: bool, repeats: int) -> dict[str, Any]:
     return {"row": f"runner-ready ({what})", "seconds": round(statistics.median(times), 2), "runs": times}
 
 
-def verify_row(artifact: Path, samples: int, repeats: int, src: Path | None = None) -> dict[str, Any]:
-    """Wall seconds of ``hrm-deploy verify ARTIFACT --samples N`` (a fresh process each)."""
-    cmd = [sys.executable, "-m", "hrm_deploy", "verify", str(artifact), "--samples", str(samples)]
-    env = _env() if src is None else dict(os.environ, PYTHONPATH=str(src))
+def verify_row(
+    artifact: Path, args: argparse.Namespace, repeats: int, src: Path | None = None, cold: bool = False
+) -> dict[str, Any]:
+    """Wall seconds of ``hrm-deploy verify ARTIFACT --samples N`` (a fresh process each); ``cold``:
+    an empty Inductor cache and an empty hrm-deploy cache each time (a new machine or container:
+    the probe runs, ``--data`` and ``--against`` are given so no data is regenerated)."""
+    cmd = [sys.executable, "-m", "hrm_deploy", "verify", str(artifact), "--samples", str(args.samples)]
+    cmd += ["--data", str(args.data)] if args.data else []
+    cmd += ["--against", str(args.against)] if args.against else []
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        _run(cmd, env, 1200)
-        times.append(time.perf_counter() - start)
-    name = f"verify {artifact.suffix[1:]}" + (f" (source {src})" if src else "")
-    return {"row": name, "samples": samples, "seconds": round(statistics.median(times), 2), "runs": times}
+        with tempfile.TemporaryDirectory(prefix="cold-") as empty:
+            extra = {"TORCHINDUCTOR_CACHE_DIR": f"{empty}/inductor", "HRM_DEPLOY_CACHE": f"{empty}/hrm"} if cold else {}
+            env = _env(**extra) if src is None else dict(os.environ, PYTHONPATH=str(src), **extra)
+            start = time.perf_counter()
+            _run(cmd, env, 1200)
+            times.append(time.perf_counter() - start)
+    name = f"verify {artifact.suffix[1:]}" + (" (empty caches)" if cold else "") + (f" (source {src})" if src else "")
+    return {"row": name, "samples": args.samples, "seconds": round(statistics.median(times), 2), "runs": times}
 
 
 def machine() -> dict[str, Any]:
@@ -136,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline-src", type=Path, help="an older source tree: its verify of the engine too")
+    parser.add_argument("--data", type=Path, help="verify's --data (needed for --cold)")
+    parser.add_argument("--against", type=Path, help="verify's --against (needed for --cold)")
+    parser.add_argument("--rows", default="load,ready,verify", help="load, ready, verify, cold (comma list)")
     parser.add_argument("--skip-torch-wrapper", action="store_true", help="leave out torch's Python loader rows")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_engine_load_cpu.json")
     args = parser.parse_args(argv)
@@ -148,8 +159,9 @@ def main(argv: list[str] | None = None) -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 
+    rows = set(args.rows.split(","))
     warm = tempfile.mkdtemp(prefix="inductor-warm-")
-    if not args.skip_torch_wrapper:
+    if "load" in rows and not args.skip_torch_wrapper:
         add(load_row(args.engine, "torch-wrapper", True, args.repeats, warm))
         _run(
             [sys.executable, "-c", LOAD_CODE, str(args.engine), "torch-wrapper"],
@@ -157,18 +169,21 @@ def main(argv: list[str] | None = None) -> None:
             600,
         )
         add(load_row(args.engine, "torch-wrapper", False, args.repeats, warm))
-    add(load_row(args.engine, "hrm-deploy-loader", True, args.repeats, warm))
-    add(ready_row(args.engine, False, args.repeats))
-    _run([sys.executable, "-c", READY_CODE, str(args.engine), repr(time.time())], _env(), 900)  # caches the verdict
-    add(ready_row(args.engine, True, args.repeats))
-    if args.onnx:
-        verify_row(args.onnx, args.samples, 1)  # the puzzles regenerated into the cache, not timed
-        onnx = verify_row(args.onnx, args.samples, args.repeats)
+    if "load" in rows:
+        add(load_row(args.engine, "hrm-deploy-loader", True, args.repeats, warm))
+    if "ready" in rows:
+        add(ready_row(args.engine, False, args.repeats))
+        _run([sys.executable, "-c", READY_CODE, str(args.engine), repr(time.time())], _env(), 900)  # caches the verdict
+        add(ready_row(args.engine, True, args.repeats))
+    if args.onnx and rows & {"verify", "cold"}:
+        verify_row(args.onnx, args, 1)  # the puzzles regenerated into the cache, not timed
+        cold = "cold" in rows
+        onnx = verify_row(args.onnx, args, args.repeats, cold=cold)
         add(onnx)
-        pt2 = verify_row(args.engine, args.samples, args.repeats)
+        pt2 = verify_row(args.engine, args, args.repeats, cold=cold)
         add(pt2)
         if args.baseline_src:
-            add(verify_row(args.engine, args.samples, args.repeats, args.baseline_src))
+            add(verify_row(args.engine, args, args.repeats, args.baseline_src, cold=cold))
         result["verify_ratio_pt2_over_onnx"] = round(pt2["seconds"] / onnx["seconds"], 2)
         add({"row": "ratio", "verify_pt2_over_onnx": result["verify_ratio_pt2_over_onnx"]})
 
