@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_precision: no CUDA GPU visible to torch here (nothing measured)", file=sys.stderr)
         return 2
-    checkpoint = args.checkpoint or bundled_checkpoint()
+    checkpoint = Path(args.checkpoint or bundled_checkpoint())
     inputs, labels = puzzles(args.samples)
     report: dict[str, Any] = {
         "benchmark": "bf16 and TF32 vs exact fp32, PyTorch reference in process (eager, no compiles)",

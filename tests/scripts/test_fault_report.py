@@ -37,6 +37,7 @@ def test_the_cause_variants_each_add_one_thing_to_the_control(lib):
     assert extra[0].base == "runner-extracted" and "RTLD_GLOBAL" in extra[0].what
 
 
+@pytest.mark.slow
 def test_the_maps_diff_lists_the_libraries_onnxruntime_maps(lib):
     pytest.importorskip("onnxruntime")
     libraries = lib.ort_mapped_libraries()
