@@ -124,6 +124,9 @@ def main() -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 1024])
     parser.add_argument("--checkpoint", default=None, help="trained Sudoku checkpoint (default: random weights)")
     parser.add_argument("--no-compiled-reference", action="store_true", help="skip torch.compile reduce-overhead")
+    parser.add_argument(
+        "--no-reference", action="store_true", help="time the engines only (the references' rows are recorded)"
+    )
     parser.add_argument("--profile", action="store_true", help="kernel time vs gaps per ACT step (torch.profiler)")
     parser.add_argument("--save-checkpoint", default=None, help="save the random-weight model here and exit")
     parser.add_argument("--out", default="benchmarks/results/gpu_latency.json")
@@ -198,8 +201,9 @@ def _measure(args, ckpt: Path, engines: dict[str, Path], rows: list[dict], torch
     candidates = [
         (f"aoti_{mode}", lambda mode=mode: open_runner(engines[mode], step_predictions=False)) for mode in engines
     ]
-    candidates.append(("reference_eager", lambda: TorchRunner(ckpt, device="cuda")))
-    if not args.no_compiled_reference:
+    if not args.no_reference:
+        candidates.append(("reference_eager", lambda: TorchRunner(ckpt, device="cuda")))
+    if not (args.no_compiled_reference or args.no_reference):
         candidates.append(("reference_compiled", lambda: TorchRunner(ckpt, device="cuda", compile=True)))
     max_batch = max(args.batches)
     rng = np.random.default_rng(0)
@@ -211,6 +215,7 @@ def _measure(args, ckpt: Path, engines: dict[str, Path], rows: list[dict], torch
             rows.append(row)
         with make() as runner:
             row["steps"] = runner.steps
+            row["path"] = getattr(runner, "engine_path", "reference")  # the engine, or its fallback
             for batch in args.batches:
                 feeds = {k: v[:batch] for k, v in base.items()}
                 ms, phases = _median_ms(runner, feeds, args.iters, args.warmup, args.seconds, args.min_calls)

@@ -71,6 +71,13 @@ def bucket(batch: int, low: int, high: int) -> int:
     return max(low, min(size, high))
 
 
+def warm_sizes(low: int, high: int, max_batch: int | None = None) -> list[int]:
+    """Every plan size (bucket) that batches of 1..``max_batch`` rows (default ``high``) run at."""
+    top = min(high, max_batch or high)
+    sizes = {bucket(1 << k, low, high) for k in range(max(1, top).bit_length()) if 1 << k <= top}
+    return sorted(sizes | {bucket(top, low, high)})
+
+
 @dataclass
 class _Plan:
     batch: int
@@ -246,6 +253,8 @@ class DeviceLoop:
         for buffer in plan.device.values():
             self.memory.free(buffer)
         plan.device.clear()
+        for host in plan.stage.values():  # pinned host memory goes with its plan
+            self.memory.free_staging(host)
         plan.stage.clear()
 
     def close(self) -> None:

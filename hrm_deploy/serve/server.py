@@ -270,8 +270,11 @@ def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_b
         # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
         # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
         infer([zeros])
+        _warm_buckets(runner, max_batch)
         return infer, None
     from hrm_deploy.serve.inflight import InflightScheduler
+
+    _warm_buckets(step_fn, max_batch)  # before the scheduler's thread owns it
 
     queue_limit = config.queue_limit or 8 * max_batch
     scheduler = InflightScheduler(step_fn, halt, max_batch, queue_limit)
@@ -285,6 +288,15 @@ def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_b
         scheduler.stop(0)
         raise
     return infer, InflightEndpoint(scheduler, shape)
+
+
+def _warm_buckets(target: Any, max_batch: int) -> None:
+    """Every batch bucket a request can land in, run once before serving (engines: plans,
+    captures, a fallback's compiles), so no first request of a new size waits for them."""
+    warm_up = getattr(target, "warm_up", None)
+    if warm_up is not None:
+        sizes = warm_up(max_batch)
+        logging.getLogger(__name__).info("warmed up batch buckets %s", sizes)
 
 
 def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) -> int:

@@ -280,6 +280,8 @@ def _load_check(
         single_threaded=cuda,
         tf32=config.tf32 and cuda,
         io=io,
+        max_batch=config.max_batch,
+        capture=cuda,
     )
     label = f"cuda {torch.cuda.get_device_name(index)}" if cuda else "cpu"
     verdict = probe_load(spec, sha256=sha256_file(built), torch_version=torch.__version__, device_label=label)

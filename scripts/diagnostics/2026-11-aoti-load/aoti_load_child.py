@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The child side of scripts/aoti_load_matrix.py: one load variant in a fresh process.
+"""The child side of scripts/diagnostics/2026-11-aoti-load/aoti_load_matrix.py: one load variant in a fresh process.
 
-    python scripts/aoti_load_child.py SPEC_JSON
+    python scripts/diagnostics/2026-11-aoti-load/aoti_load_child.py SPEC_JSON
 
 The parent (standard library only) starts one of these per variant and reads its stdout:
 `STEP <name>` lines (import, import-<module>, cuda-init, cuda-op, warm, load, loaded, run-bN),
@@ -35,11 +35,23 @@ def _inputs(torch, io, batch, device):
     return xs
 
 
+def _xcomp_mask(ctypes) -> str:
+    """arch_prctl(ARCH_GET_XCOMP_PERM) as hex (bit 18: AMX tile data), or why it is unknown."""
+    try:
+        mask = ctypes.c_uint64(0)
+        if ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(mask)) != 0:  # SYS_arch_prctl on x86-64
+            return "unavailable"
+        return f"{mask.value:#x} (AMX tile data {'permitted' if mask.value >> 18 & 1 else 'not permitted'})"
+    except (OSError, AttributeError) as exc:
+        return f"unavailable ({exc})"
+
+
 def child(spec: dict) -> None:
     import ctypes
     import faulthandler
 
-    faulthandler.enable()
+    if not spec.get("fault_report"):  # with the preloaded fault report, it alone catches the signal
+        faulthandler.enable()
     _step("import")
     import torch
 
@@ -67,6 +79,12 @@ def child(spec: dict) -> None:
             __import__(module)
         except ImportError as exc:
             print(f"FACT pre-import {module} unavailable: {exc}", flush=True)
+    for library in spec.get("preload", []):  # one library onnxruntime's import maps, loaded alone
+        _step(f"preload-{os.path.basename(library)}")
+        ctypes.CDLL(library, mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
+    if spec.get("amx_first"):  # the permission asked before CUDA is initialised (hrm-deploy's order now)
+        _step("amx-first")
+        print(f"FACT amx tile data granted before CUDA: {torch.cpu._init_amx()}", flush=True)
     if cuda and spec["cuda"] == "tool":  # hrm_deploy: TorchMemory, then the runner's torch.cuda.init/set_device
         _step("cuda-init")
         d = torch.device("cuda", idx)
@@ -89,6 +107,7 @@ def child(spec: dict) -> None:
         f(torch.randn(256, device=f"cuda:{idx}"))
         torch.cuda.synchronize()
     method, run_fn = spec["method"], None
+    print(f"FACT xcomp permission mask right before the load: {_xcomp_mask(ctypes)}", flush=True)
     _step("load")
     if method == "api":
         model = torch._inductor.aoti_load_package(spec["pkg"], run_single_threaded=st, device_index=dev)
