@@ -112,6 +112,14 @@ class PuzzleTable:
         return out
 
 
+def given_table_error(artifact: str | Path) -> ArtifactError:
+    """The one line for a puzzle-embedding table given to an artifact that keeps its table inside."""
+    return ArtifactError(
+        f"{Path(artifact).name} keeps its puzzle-embedding table inside the graph, so it cannot take another "
+        "table (--puzzle-table): export the checkpoint with --puzzle-emb external, or export the adapted checkpoint"
+    )
+
+
 def write_table(path: str | Path, table: np.ndarray) -> PuzzleTable:
     """Save ``table`` [num_ids, dim] as float32 ``.npy`` at ``path``; returns it memory-mapped."""
     np.save(path, np.asarray(table, dtype=np.float32))

@@ -60,17 +60,24 @@ class LocalSource:
 
     def fingerprint(self) -> dict[str, Any]:
         stat = self.path.stat()
-        return {
+        found = {
             "artifact": str(self.path.resolve()),
             "artifact_size": stat.st_size,
             "artifact_mtime_ns": stat.st_mtime_ns,
         }
+        table = self.runner_options.get("puzzle_table")  # an adapted table: other rows, other answers
+        if table is not None:
+            where = Path(table.where)
+            found["puzzle_table"] = [str(where.resolve()), where.stat().st_size, where.stat().st_mtime_ns]
+        return found
 
     def check_ids(self, ids: np.ndarray, data: Path, num_in_dataset: int, inputs: np.ndarray) -> None:
-        if ids.size and int(ids.max()) >= self.contract.num_puzzle_identifiers:
+        table = self.runner_options.get("puzzle_table")
+        rows = table.rows if table is not None else self.contract.num_puzzle_identifiers
+        if ids.size and int(ids.max()) >= rows:
             raise DataError(
                 f"{data}: puzzle identifiers go up to {int(ids.max())} ({num_in_dataset} in the dataset) but "
-                f"{self.name}'s puzzle-embedding table has {self.contract.num_puzzle_identifiers} rows; use the "
+                f"{self.name}'s puzzle-embedding table has {rows} rows; use the "
                 "dataset the model was trained on (same task folders, seed and --num-aug)"
             )
 

@@ -43,6 +43,7 @@ def _root(
 def _register() -> None:
     # Command modules import only typer and light helpers at module level.
     from hrm_deploy.cli import (  # noqa: F401
+        adapt,
         arc,
         bench,
         data,

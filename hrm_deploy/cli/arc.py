@@ -85,6 +85,13 @@ def arc_eval(
         typer.Option(help="Task with several test inputs: fraction passed (TRM) or all must pass (HRM)."),
     ] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Discard saved predictions and run again.")] = False,
+    puzzle_table: Annotated[
+        Path | None,
+        typer.Option(
+            help="An `adapt` output folder (or its last.pt): feed its table to ARTIFACT, a graph or engine "
+            "exported with --puzzle-emb external from the base checkpoint (no rebuild)."
+        ),
+    ] = None,
     model_name: Annotated[str, typer.Option(help="With a server URL: the served model's name.")] = "hrm",
     timeout: Annotated[float, typer.Option(help="With a server URL: longest wait for one batch (seconds).")] = 300.0,
     quiet: Quiet = False,
@@ -114,7 +121,12 @@ def arc_eval(
         model_name=model_name,
         remote_timeout_s=timeout,
     )
-    report = run_arc_eval(artifact, data, output, against=against, config=config)  # a str: a path or a URL
+    options = {}
+    if puzzle_table is not None:  # checked against the artifact first: a wrong table is one line, not a wrong score
+        from hrm_deploy.arc.adapted_table import load_adapted_table
+
+        options["puzzle_table"] = load_adapted_table(artifact, puzzle_table)
+    report = run_arc_eval(artifact, data, output, against=against, config=config, **options)  # a path or a URL
     typer.echo(markdown(report).split("\n| task |")[0].rstrip())
     typer.echo(f"wrote {report['submission']}")
     if report.get("passed") is False:

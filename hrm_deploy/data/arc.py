@@ -81,7 +81,9 @@ class TaskRef:
             raise DataError(f"{self.path} is not a readable ARC task JSON file ({exc})") from None
 
 
-def _load_task(ref: TaskRef, max_grid: int) -> dict[str, list[Pair]]:
+def load_task(ref: TaskRef, max_grid: int) -> dict[str, list[Pair]]:
+    """``ref``'s train and test pairs as uint8 grids; each fault (not a task, an empty list, a grid that
+    is not one, colours > 9, larger than ``max_grid``) is one :class:`DataError` line."""
     data, path = ref.read(), ref.where
     if not isinstance(data, dict) or not isinstance(data.get("train"), list) or not isinstance(data.get("test"), list):
         raise DataError(f"{path}: an ARC task is an object with 'train' and 'test' lists of input/output pairs")
@@ -152,7 +154,7 @@ def _folder_subsets(root: Path) -> list[tuple[str, list[Path]]]:
     return subsets
 
 
-def _augment(
+def augment_task(
     name: str, task: dict[str, list[Pair]], num_aug: int, rng: np.random.RandomState
 ) -> list[tuple[str, dict[str, list[Pair]]]]:
     """The original and up to ``num_aug`` distinct augmented copies (upstream's retry loop)."""
@@ -178,7 +180,7 @@ def _augment(
     return group
 
 
-def _pack(
+def pack_arc_groups(
     groups: list[list[tuple[str, list[Pair]]]],
     ids: dict[str, int],
     side: int,
@@ -186,6 +188,8 @@ def _pack(
     rng: np.random.RandomState,
     num_ids: int,
 ) -> Split:
+    """Upstream's encoding of ``groups`` of named puzzles (pairs shifted at random in the canvas when
+    ``translate``, except one per puzzle) into a :class:`Split` with identifiers ``ids[name]``."""
     inputs, labels, puzzle_ids, puzzle_indices, group_indices = [], [], [], [0], [0]
     for group in groups:
         for name, pairs in group:
@@ -242,7 +246,7 @@ def build_arc(
         rng.shuffle(order)  # upstream shuffles the puzzle list (a fraction split of 1.0 for every subset)
         for index in order:
             ref = tasks[int(index)]
-            group = _augment(ref.name, _load_task(ref, spec.max_grid), spec.num_aug, rng)
+            group = augment_task(ref.name, load_task(ref, spec.max_grid), spec.num_aug, rng)
             test_dest = "test" if subset in spec.test_subsets or not subset else "train"
             groups["train"].append([(n, t["train"]) for n, t in group])
             if test_dest == "test":
@@ -263,7 +267,7 @@ def build_arc(
                 ids.setdefault(name, len(ids) + 1)  # 0 is <blank>
     identifiers = ["<blank>", *ids]
     splits = {
-        split: _pack(groups[split], ids, spec.max_grid, split == "train", rng, len(identifiers))
+        split: pack_arc_groups(groups[split], ids, spec.max_grid, split == "train", rng, len(identifiers))
         for split in ("train", "test")
     }
     if output:

@@ -33,7 +33,7 @@ import numpy as np
 
 from hrm_deploy.contract import FEEDS, PUZZLE_ROWS, HaltFn
 from hrm_deploy.errors import ConfigError, DataError, EngineError
-from hrm_deploy.puzzle_table import PuzzleTable, external_table
+from hrm_deploy.puzzle_table import PuzzleTable, external_table, given_table_error
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -180,6 +180,7 @@ class LoopRunner(Runner):
         memory: str = "auto",
         cuda_graph: bool = True,
         step_predictions: bool = True,
+        puzzle_table: PuzzleTable | None = None,
     ):
         from hrm_deploy.manifest import read_manifest
 
@@ -194,6 +195,7 @@ class LoopRunner(Runner):
         self.loop: Any = None
         self.memory: Any = None
         self.puzzle_table: PuzzleTable | None = None
+        self._given_table = puzzle_table  # an adapted table (`arc-eval --puzzle-table`), checked by the caller
         self._step_fn: Any = None  # the step function, made on first use (step_function)
 
     def activate(self) -> Self:
@@ -201,7 +203,9 @@ class LoopRunner(Runner):
         if self.loop is not None:
             self.runtime_settings.update(memory=self.memory.kind, loop=self.loop.path)
             if self.loop.feeds[1] == PUZZLE_ROWS:  # built from an export --puzzle-emb external
-                self.puzzle_table = external_table(self.path, self.manifest)
+                self.puzzle_table = self._given_table or external_table(self.path, self.manifest)
+            elif self._given_table is not None:
+                raise given_table_error(self.path)
         return self
 
     def _infer(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ import gc
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,17 @@ from hrm_deploy.train.sampler import EpochSampler, to_batch
 from hrm_deploy.train.sinks import MetricSinks
 from hrm_deploy.train.state import carry_from, seed_all, set_rng_state
 
-__all__ = ["EpochSampler", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "lr_at", "to_batch", "train"]
+__all__ = [
+    "EpochSampler",
+    "Start",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingDiverged",
+    "evaluate",
+    "lr_at",
+    "to_batch",
+    "train",
+]
 
 
 OPTIMIZERS = ("adam_atan2", "adamw")
@@ -268,7 +279,19 @@ class _Setup:
         return self.ema.copy_of(self.model) if self.ema is not None else self.model
 
 
-def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dist_info: Distributed) -> _Setup:
+@dataclass(frozen=True)
+class Start:
+    """Training from given weights (``arc.adapt``): ``model`` for a new run (on resume the checkpoint's),
+    ``frozen_weights``: only looked-up puzzle-embedding rows learn; ``should_stop(step)``: a time budget."""
+
+    model: HRMACT | None = None
+    frozen_weights: bool = False
+    should_stop: Callable[[int], bool] | None = None
+
+
+def _setup(
+    model_config: HRMConfig, config: TrainConfig, resume: str | None, dist_info: Distributed, start: Start
+) -> _Setup:
     """Build (or restore) model, optimizers, RNG state, step position and ACT carry."""
     position, carry_saved, contents = 0, None, None
     shadow: dict[str, torch.Tensor] | None = None  # EMA weights of a resumed run
@@ -289,8 +312,9 @@ def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dis
         position = int(contents.step or 0)
         carry_saved = contents.extra.get("carry")
     else:
-        model = build_model(model_config, seed=config.seed)
+        model = start.model if start.model is not None else build_model(model_config, seed=config.seed)
         seed_all(config.seed, dist_info.rank)
+    model.requires_grad_(not start.frozen_weights)  # frozen: no optimizer ever sees a gradient
     device = resolve_device(config.device, dist_info.local_rank)
     if device.type == "cuda" and config.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -309,7 +333,7 @@ def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dis
     if config.compile:
         model.inner.compile()  # in place: state-dict keys stay upstream's
     step_model: torch.nn.Module = model
-    if dist_info.world > 1:
+    if dist_info.world > 1 and not start.frozen_weights:  # frozen: no gradient to all-reduce
         from torch.nn.parallel import DistributedDataParallel
 
         step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -373,6 +397,7 @@ def train(
     resume: str | None = None,
     stop_after: int | None = None,
     progress: bool = True,
+    start: Start | None = None,
 ) -> TrainResult:
     """Train (or resume) and write ``<out_dir>/last.pt`` (+ ``step_N.pt`` every
     ``checkpoint_every``) and ``metrics.jsonl``. ``stop_after`` ends early (as if
@@ -380,7 +405,7 @@ def train(
 
     Under ``torchrun`` each rank trains its slice of every global batch in a
     DistributedDataParallel model (gradients all-reduced; the sparse puzzle-embedding
-    update gathers all ranks' rows, as upstream); rank 0 writes files."""
+    update gathers all ranks' rows, as upstream); rank 0 writes files. ``start``: see :class:`Start`."""
     if config.threads:
         torch.set_num_threads(config.threads)
     dist_info = init_distributed(config.device)
@@ -388,7 +413,7 @@ def train(
     if dist_info.main:
         check_out_dir(out, config.overwrite, resume)
     with run_lock(out) if dist_info.main else contextlib.nullcontext():  # one writer per run folder
-        return _train(model_config, config, resume, stop_after, progress, dist_info, rows, out)
+        return _train(model_config, config, resume, stop_after, progress, dist_info, rows, out, start or Start())
 
 
 def _train(
@@ -400,13 +425,14 @@ def _train(
     dist_info: Distributed,
     rows: int,
     out: Path,
+    start: Start,
 ) -> TrainResult:
     """The training loop of :func:`train`, run while the run folder's lock is held: data, model,
     then one visible step loop with its checkpoints, then the final evaluation."""
     train_split, test_split = _load_splits(model_config, config)
     sampler = EpochSampler(train_split, config.global_batch_size, config.seed)
     example_pids = train_split.example_puzzle_ids()
-    run = _setup(model_config, config, resume, dist_info)
+    run = _setup(model_config, config, resume, dist_info, start)
     model, optimizer, emb_opt, device, position, carry = (
         run.model,
         run.optimizer,
@@ -429,7 +455,8 @@ def _train(
     stop, ckpt = StopRequest(), Checkpointer(out, config, dist_info, model, optimizer, emb_opt, run.ema)
     try:
         stop.__enter__()
-        while position < end and not agree(stop.signal is not None, dist_info, device):
+        budget_over = start.should_stop or (lambda _: False)
+        while position < end and not agree(stop.signal is not None or budget_over(position), dist_info, device):
             t0 = time.perf_counter()
             idx = dist_info.my_rows(sampler.batch_at(position), rows)
             batch = to_batch(train_split, idx, train_split.metadata.ignore_label_id, example_pids, device)

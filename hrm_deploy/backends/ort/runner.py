@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.contract import HaltFn
+from hrm_deploy.contract import PUZZLE_ROWS, HaltFn
 from hrm_deploy.errors import ArtifactError, require
 from hrm_deploy.onnx_runtime import SessionTuning, holds_fp4, load_onnx, ort_session, provider_name
-from hrm_deploy.puzzle_table import rows_session
+from hrm_deploy.puzzle_table import PuzzleTable, RowsSession, given_table_error, rows_session
 from hrm_deploy.runtime.base import Runner
 
 
@@ -31,6 +31,7 @@ class OrtRunner(Runner):
         threads: int | None = None,
         steps: int | None = None,
         table_of: str | Path | None = None,
+        puzzle_table: PuzzleTable | None = None,
         tuning: SessionTuning | None = None,
         profile_prefix: str | Path | None = None,
     ):
@@ -38,6 +39,8 @@ class OrtRunner(Runner):
         self.path, self.provider, self.threads = Path(path), provider, threads
         # a graph staged by a builder (no manifest yet) of an external-table export: that export
         self.table_of = Path(table_of) if table_of is not None else None
+        # a table given by the caller (an adapted one, `arc-eval --puzzle-table`), checked by it
+        self.puzzle_table = puzzle_table
         self.requested_steps = steps
         # speed settings (spinning, arena, memory pattern) and ORT's per-node profiler (hrm_deploy.bench.profile)
         self.tuning, self.profile_prefix = tuning or SessionTuning(), profile_prefix
@@ -77,7 +80,12 @@ class OrtRunner(Runner):
             _explain_older_runtime(self.path, manifest, exc)
             raise
         # export --puzzle-emb external: the session gathers the rows of the ids it is fed
-        self._session = rows_session(self._session, self.table_of or self.path, None if self.table_of else manifest)
+        if self.puzzle_table is not None:
+            if not any(i.name == PUZZLE_ROWS for i in self._session.get_inputs()):
+                raise given_table_error(self.path)
+            self._session = RowsSession(self._session, self.puzzle_table)
+        else:
+            self._session = rows_session(self._session, self.table_of or self.path, None if self.table_of else manifest)
         options = self._session.get_session_options()
         self.runtime_settings = {
             "provider": self._session.get_providers()[0],
