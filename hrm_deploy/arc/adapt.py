@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.arc.adapt_data import NewTasks, build_new_tasks, check_new_names, task_refs, task_sha256
+from hrm_deploy.arc.choices import AdaptTrain
 from hrm_deploy.data.arc_grids import VOCAB_SIZE, grid_side
 from hrm_deploy.data.format import save_dataset
 from hrm_deploy.errors import ConfigError, DataError
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 RECORD = "adapt.json"  # the provenance record in the output folder
 CHECKPOINT = "last.pt"
 DATA = "data"
-TRAIN_CHOICES = ("embeddings", "all")
+TRAIN_CHOICES = tuple(choice.value for choice in AdaptTrain)
 TABLE_KEY = "puzzle_emb.weights"  # the core's state-dict key of the table [rows, puzzle_emb_ndim]
 
 
@@ -293,7 +294,7 @@ def adapt(
         start=hooks,
     )
     steps_done = int(result.metrics.get("step", 0))
-    ended = "interrupted" if result.interrupted else ("done" if steps_done >= config.steps else "time budget")
+    ended = "interrupted" if result.interrupted else ("done" if steps_done >= config.steps else "stopped early")
     record.update(
         status=ended,
         steps_done=steps_done,

@@ -10,3 +10,10 @@ class TaskScore(str, enum.Enum):
 
     FRACTION = "fraction"  # TRM's evaluators/arc.py: the fraction of its test inputs that pass
     ALL = "all"  # HRM's arc_eval.ipynb: 1 when every test input passes, else 0
+
+
+class AdaptTrain(str, enum.Enum):
+    """What ``adapt`` trains."""
+
+    EMBEDDINGS = "embeddings"  # only the new puzzle-embedding rows (every weight frozen)
+    ALL = "all"  # the new rows and every weight (the model changes: export it again)

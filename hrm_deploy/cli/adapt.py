@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from hrm_deploy.arc.choices import AdaptTrain
 from hrm_deploy.cli import app
 from hrm_deploy.cli.common import Quiet, user_errors
-
-
-class Trainable(str, enum.Enum):
-    EMBEDDINGS = "embeddings"
-    ALL = "all"
 
 
 @app.command()
@@ -30,8 +25,8 @@ def adapt(
         float | None, typer.Option(help="Budget in minutes of training (stops at whichever comes first).")
     ] = None,
     train: Annotated[
-        Trainable, typer.Option(help="embeddings: only the new rows change; all: fine-tune every weight too.")
-    ] = Trainable.EMBEDDINGS,
+        AdaptTrain, typer.Option(help="embeddings: only the new rows change; all: fine-tune every weight too.")
+    ] = AdaptTrain.EMBEDDINGS,
     num_aug: Annotated[int, typer.Option(help="Augmented copies per task, as `data arc` (upstream: 1000).")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the augmentations and the training.")] = 0,
     batch_size: Annotated[int | None, typer.Option(help="Copies per batch (default: up to 32).")] = None,
