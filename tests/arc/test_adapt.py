@@ -43,34 +43,6 @@ def _state(path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=False)["model_state"]
 
 
-@pytest.fixture
-def trm_run(tmp_path):
-    """(checkpoint, dataset, folder) of a random tiny TRM on the same self-made ARC dataset."""
-    from hrm_deploy.data.arc import ArcSpec, build_arc
-    from hrm_deploy.model.checkpoint import save_checkpoint
-    from hrm_deploy.model.config import TRMConfig
-    from hrm_deploy.model.hrm import build_model
-
-    data = tmp_path / "arc"
-    _, identifiers = build_arc(ArcSpec(str(make_tasks(tmp_path / "src")), num_aug=3, max_grid=SIDE), data)
-    config = TRMConfig(
-        seq_len=SIDE * SIDE,
-        vocab_size=12,
-        num_puzzle_identifiers=len(identifiers),
-        hidden_size=32,
-        num_heads=2,
-        L_layers=1,
-        H_cycles=2,
-        L_cycles=1,
-        halt_max_steps=2,
-        puzzle_emb_ndim=32,
-        puzzle_emb_len=2,
-        pos_encodings="rope",
-    )
-    checkpoint = save_checkpoint(tmp_path / "trm.pt", build_model(config, seed=0).eval())
-    return checkpoint, data, tmp_path
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["hrm", "trm"])
 def test_adapt_trains_only_the_new_rows(request, family):
