@@ -278,6 +278,8 @@ def adapt(
         record = _record(config, base, base_sha256, tasks, identifiers is not None)
         out.mkdir(parents=True, exist_ok=True)
         save_dataset(out / DATA, tasks.splits, tasks.identifiers)
+        if tasks.test_puzzles is not None:  # test inputs without an output: TRM's labels file scores them
+            write_json(out / DATA / "test_puzzles.json", tasks.test_puzzles)
         write_json(out / RECORD, record)
     deadline = time.monotonic() + 60 * config.minutes if config.minutes else None
     hooks = Start(

@@ -16,11 +16,13 @@ what differs is the layout, because only the new tasks' demonstrations may be le
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +42,9 @@ class NewTasks:
     identifiers: list[str]
     task_sha256: dict[str, str]
     base_rows: int
+    # TRM's test_puzzles.json ({task: {"test": [pairs]}}) when a test pair has no output: arc-eval
+    # then scores such a test input as not passed (and still answers it in submission.json)
+    test_puzzles: dict[str, Any] | None = None
 
     @property
     def new_rows(self) -> int:
@@ -72,6 +77,19 @@ def task_sha256(ref: TaskRef) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _open_test_outputs(ref: TaskRef) -> tuple[TaskRef, list[bool]]:
+    """``ref`` with a placeholder output for each test pair that has none (a task to answer, not to
+    score), and which test pairs had none; every other fault is left for ``load_task`` to name."""
+    data = ref.read()
+    if not isinstance(data, dict) or not isinstance(data.get("test"), list):
+        return ref, []
+    missing = [isinstance(pair, dict) and "input" in pair and "output" not in pair for pair in data["test"]]
+    if not any(missing):
+        return ref, missing
+    tests = [{**pair, "output": [[0]]} if lacks else pair for pair, lacks in zip(data["test"], missing)]
+    return TaskRef(ref.name, ref.where, data={**data, "test": tests}), missing
+
+
 def check_new_names(names: list[str], base_identifiers: list[str] | None, replace: bool) -> None:
     """Refuse a task the base already has rows for (by task name, any augmentation) unless ``replace``."""
     if base_identifiers is None or replace:
@@ -94,11 +112,14 @@ def build_new_tasks(
     if num_aug < 0:
         raise DataError(f"--num-aug {num_aug}: use 0 or more (upstream: 1000)")
     rng = np.random.RandomState(seed)
-    train_groups, test_groups = [], []
+    train_groups, test_groups, unlabelled, open_inputs = [], [], [], 0
     for ref in refs:
-        group = augment_task(ref.name, load_task(ref, side), num_aug, rng)
+        opened, missing = _open_test_outputs(ref)
+        group = augment_task(ref.name, load_task(opened, side), num_aug, rng)
         train_groups += [[(name, task["train"])] for name, task in group]  # one group per copy
         test_groups.append([(name, task["test"]) for name, task in group])
+        unlabelled += missing * len(group)  # the test split's rows: copy by copy, pair by pair
+        open_inputs += sum(missing)
     names = [name for group in train_groups for name, _ in group]
     ids = {name: base_rows + i for i, name in enumerate(names)}
     base = (
@@ -109,5 +130,17 @@ def build_new_tasks(
         "train": pack_arc_groups(train_groups, ids, side, True, rng, len(identifiers)),
         "test": pack_arc_groups(test_groups, ids, side, False, rng, len(identifiers)),
     }
+    test_puzzles = None
+    if any(unlabelled):  # no output to score against: every label token is the ignore label (PAD)
+        labels = np.array(splits["test"].labels)
+        labels[np.array(unlabelled)] = 0
+        splits["test"] = dataclasses.replace(splits["test"], labels=labels)
+        test_puzzles = {ref.name: {"test": ref.read()["test"]} for ref in refs}
+        log.warning(
+            "%d of %d test inputs have no output: arc-eval writes their answers to submission.json and "
+            "counts them as not passed (labels from the dataset's test_puzzles.json)",
+            open_inputs,
+            sum(len(group[0][1]) for group in test_groups),  # the original copy's test pairs, per task
+        )
     log.info("%d new tasks, %d puzzle identifiers from %d", len(refs), len(names), base_rows)
-    return NewTasks(splits, identifiers, {ref.name: task_sha256(ref) for ref in refs}, base_rows)
+    return NewTasks(splits, identifiers, {ref.name: task_sha256(ref) for ref in refs}, base_rows, test_puzzles)

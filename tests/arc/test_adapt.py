@@ -179,3 +179,28 @@ def test_replace_adapts_a_known_task(arc_run):
     rows = json.loads((data / "identifiers.json").read_text())
     identifiers = json.loads((result.data / "identifiers.json").read_text())
     assert identifiers[: len(rows)] == rows and "ev000000" in identifiers[len(rows) :]
+
+
+def test_a_test_input_without_output_is_answered_not_scored(tmp_path):
+    """A new task as a competition gives it (test inputs only): its rows are built, their labels are
+    all ignore tokens, and TRM's test_puzzles.json carries no label for it (arc-eval: not passed)."""
+    from hrm_deploy.arc.adapt_data import build_new_tasks, task_refs
+    from hrm_deploy.arc.score import labels_from_puzzles
+
+    tasks = new_tasks(tmp_path)
+    task = json.loads((tasks / "new1.json").read_text())
+    del task["test"][1]["output"]
+    (tasks / "new1.json").write_text(json.dumps(task))
+    built = build_new_tasks(task_refs([tasks]), 17, None, SIDE, 3, 0)
+    test = built.splits["test"]
+    unlabelled = ~np.asarray(test.labels).any(axis=1)
+    assert int(unlabelled.sum()) == 4  # new1's second test input, in all 4 copies
+    assert built.test_puzzles is not None
+    labels = labels_from_puzzles(built.test_puzzles)
+    assert [t.label is None for t in labels["new1"]] == [False, True]
+    assert built.identifiers[:17] == ["<blank>"] + [f"<base {i}>" for i in range(1, 17)]
+    # train pairs still need their outputs: one line
+    del task["train"][0]["output"]
+    (tasks / "new1.json").write_text(json.dumps(task))
+    with pytest.raises(DataError, match=r"new1.json train\[0\]: needs both 'input' and 'output'"):
+        build_new_tasks(task_refs([tasks]), 17, None, SIDE, 3, 0)
