@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,6 +249,8 @@ def adapt(
     from hrm_deploy.sources import resolve_checkpoint
     from hrm_deploy.train.loop import Start, train
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank would write the dataset and the record
+        raise ConfigError("adapt runs in one process (one GPU or the CPU); run it without torchrun")
     base = resolve_checkpoint(config.checkpoint)
     out, task_paths = Path(config.out), [Path(t) for t in config.tasks]
     _check_out(out, base, task_paths, resume)
@@ -257,6 +260,11 @@ def adapt(
     base_sha256 = sha256_file(base)
     if resume:
         record = read_record(out)
+        if not (out / CHECKPOINT).is_file():
+            raise ConfigError(
+                f"--resume: {out} has no {CHECKPOINT} yet (the run stopped before its first checkpoint); "
+                f"delete {out} and start again"
+            )
         tasks_now = {ref.name: task_sha256(ref) for ref in refs}
         if record["base"]["sha256"] != base_sha256 or record["tasks"] != tasks_now:
             raise ConfigError(

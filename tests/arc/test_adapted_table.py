@@ -32,6 +32,19 @@ def test_external_export_of_the_base_answers_the_adapted_tasks(arc_run):
     with pytest.raises(Exception, match="puzzle identifiers go up to 24 .* has 17 rows"):
         arc_eval(external.path, result.data, tmp / "plain.json", config=config)
 
+    # an engine built from the export takes the adapted table too (the cpu target: no TensorRT here)
+    from hrm_deploy.engines.build import EngineConfig, build_engine
+
+    engine = build_engine(external.path, EngineConfig(precision="fp32", target="cpu"), tmp / "ext.cpu.onnx", quiet=True)
+    by_engine = arc_eval(
+        engine.path,
+        result.data,
+        tmp / "eng.json",
+        config=config,
+        puzzle_table=load_adapted_table(engine.path, result.checkpoint),
+    )
+    assert by_engine["pass_at"] == want["pass_at"]
+
     # the checkpoint inside the folder names the same table
     assert load_adapted_table(external.path, result.checkpoint).rows == 25
 
