@@ -303,8 +303,11 @@ def adapt(
         progress=progress,
         start=hooks,
     )
-    steps_done = int(result.metrics.get("step", 0))
-    ended = "interrupted" if result.interrupted else ("done" if steps_done >= config.steps else "stopped early")
+    steps_done = int(result.metrics.get("step", record.get("steps_done", 0)))  # no step run: as recorded
+    if result.interrupted or steps_done >= config.steps:
+        ended = "interrupted" if result.interrupted else "done"
+    else:
+        ended = "time budget" if deadline is not None and time.monotonic() >= deadline else "stopped early"
     record.update(
         status=ended,
         steps_done=steps_done,

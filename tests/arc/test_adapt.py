@@ -204,3 +204,13 @@ def test_a_test_input_without_output_is_answered_not_scored(tmp_path):
     (tasks / "new1.json").write_text(json.dumps(task))
     with pytest.raises(DataError, match=r"new1.json train\[0\]: needs both 'input' and 'output'"):
         build_new_tasks(task_refs([tasks]), 17, None, SIDE, 3, 0)
+
+
+@pytest.mark.slow
+def test_a_minutes_budget_stops_the_run(arc_run):
+    checkpoint, _, tmp = arc_run
+    result = adapt(_config(checkpoint, new_tasks(tmp / "new"), tmp / "out", steps=10**6, minutes=1e-4), progress=False)
+    record = read_record(tmp / "out")
+    assert not result.interrupted and result.steps_done < 10**6
+    assert record["status"] == "time budget" and record["budget"] == {"steps": 10**6, "minutes": 1e-4}
+    assert (tmp / "out" / "last.pt").is_file()
