@@ -214,3 +214,19 @@ def test_a_minutes_budget_stops_the_run(arc_run):
     assert not result.interrupted and result.steps_done < 10**6
     assert record["status"] == "time budget" and record["budget"] == {"steps": 10**6, "minutes": 1e-4}
     assert (tmp / "out" / "last.pt").is_file()
+
+
+def test_the_recorded_dataset_names_the_base_rows(arc_run):
+    """A trainer checkpoint records its dataset: its identifiers.json is found without --base-data,
+    and a task it already has rows for is refused (one line) before anything is written."""
+    from hrm_deploy.model.checkpoint import load_checkpoint, save_checkpoint
+
+    checkpoint, data, tmp = arc_run
+    model, _ = load_checkpoint(checkpoint)
+    recorded = save_checkpoint(tmp / "run" / "last.pt", model, train_config={"data_path": str(data)})
+    known = data.parent / "src" / "evaluation"
+    with pytest.raises(
+        ConfigError, match=r"task ev000000 already has puzzle-embedding rows .*\(and 1 more\); pass --replace"
+    ):
+        adapt(_config(recorded, known, tmp / "out"), progress=False)
+    assert not (tmp / "out").exists()
