@@ -3,7 +3,9 @@
 Synthetic tasks small enough for a CPU: each task applies one rule (flip left-right, flip up-down,
 rotate 180 degrees or transpose) to random 3x3..5x5 grids of colours 0..9; its rule is not written
 anywhere, so the model must learn it into the task's puzzle-embedding row from the demonstrations.
-A base ``arc-tiny`` model is trained on ``--train-tasks`` tasks (``data arc``, canvas 6x6); other
+With ``--family colour`` a task instead replaces one colour by another (both drawn from 1..9) in
+3x3 grids. A base ``arc-tiny`` model is trained on ``--train-tasks`` tasks (``data arc``, canvas 6x6
+or 4x4); other
 tasks, held out of its training entirely, are then adapted (``--train embeddings``: only their new
 rows learn). "Before" is the same held-out dataset with the new rows as ``adapt`` initialises them
 (zeros: ``--puzzle-emb-lr 0``); "after" is the adapted table. Every stage is the command line,
@@ -31,19 +33,30 @@ import numpy as np
 RULES = {"fliplr": np.fliplr, "flipud": np.flipud, "rot180": lambda g: np.rot90(g, 2), "transpose": np.transpose}
 
 
-def write_tasks(folder: Path, prefix: str, count: int, rng: np.random.Generator, demos: int = 3) -> None:
-    """``count`` tasks named ``{prefix}{i:04d}``, rule i mod 4, ``demos`` train pairs and one test pair."""
+def _rule(family: str, i: int, rng: np.random.Generator):
+    """Task i's rule and its grid sides: a geometric one (i mod 4) on 3..5 squares, or replacing one
+    colour by another (both drawn from 1..9) on 3x3 grids that hold the replaced colour."""
+    if family == "geometry":
+        return RULES[list(RULES)[i % len(RULES)]], (3, 6), None
+    old, new = (int(c) for c in rng.choice(np.arange(1, 10), size=2, replace=False))
+    return (lambda g: np.where(g == old, new, g)), (3, 4), old
+
+
+def _pair(rule, sides: tuple[int, int], must: int | None, rng: np.random.Generator) -> dict:
+    side = int(rng.integers(*sides))
+    grid = rng.integers(0, 10, size=(side, side))
+    if must is not None:  # the replaced colour appears, so the answer shows the rule
+        grid[int(rng.integers(side)), int(rng.integers(side))] = must
+    return {"input": grid.tolist(), "output": np.ascontiguousarray(rule(grid)).tolist()}
+
+
+def write_tasks(folder: Path, prefix: str, count: int, rng: np.random.Generator, family: str, demos: int = 3) -> None:
+    """``count`` tasks named ``{prefix}{i:04d}`` of ``family``, ``demos`` train pairs and one test pair."""
     folder.mkdir(parents=True)
-    names = list(RULES)
     for i in range(count):
-        rule = RULES[names[i % len(names)]]
-
-        def pair() -> dict:
-            side = int(rng.integers(3, 6))
-            grid = rng.integers(0, 10, size=(side, side))
-            return {"input": grid.tolist(), "output": np.ascontiguousarray(rule(grid)).tolist()}
-
-        task = {"train": [pair() for _ in range(demos)], "test": [pair()]}
+        rule, sides, must = _rule(family, i, rng)
+        pairs = [_pair(rule, sides, must, rng) for _ in range(demos + 1)]
+        task = {"train": pairs[:demos], "test": pairs[demos:]}
         (folder / f"{prefix}{i:04d}.json").write_text(json.dumps(task))
 
 
@@ -72,16 +85,33 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=1500)
     parser.add_argument("--adapt-steps", type=int, default=300)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "arc_adapt_heldout.json")
+    parser.add_argument("--curve", default="10,30,100", help="Also adapt with these step budgets (comma-separated).")
+    parser.add_argument("--family", choices=("colour", "geometry"), default="colour", help="The tasks' rules.")
+    parser.add_argument("--out", type=Path, help="Default: benchmarks/results/arc_adapt_heldout_<family>.json.")
     args = parser.parse_args()
+    args.out = args.out or Path(__file__).parent / "results" / f"arc_adapt_heldout_{args.family}.json"
+    canvas = "6" if args.family == "geometry" else "4"
     work = args.work
     rng = np.random.default_rng(0)
-    write_tasks(work / "tasks" / "training", "tr", args.train_tasks, rng)
-    write_tasks(work / "tasks" / "evaluation", "ev", 4, rng)
-    write_tasks(work / "heldout", "ho", args.heldout_tasks, rng)
+    write_tasks(work / "tasks" / "training", "tr", args.train_tasks, rng, args.family)
+    write_tasks(work / "tasks" / "evaluation", "ev", 4, rng, args.family)
+    write_tasks(work / "heldout", "ho", args.heldout_tasks, rng, args.family)
     log: list[dict] = []
     w, aug, threads = str(work), str(args.num_aug), str(args.threads)
-    run(log, "data", "arc", "--source", f"{w}/tasks", "--max-grid", "6", "--num-aug", aug, "-o", f"{w}/base-data", "-q")
+    run(
+        log,
+        "data",
+        "arc",
+        "--source",
+        f"{w}/tasks",
+        "--max-grid",
+        canvas,
+        "--num-aug",
+        aug,
+        "-o",
+        f"{w}/base-data",
+        "-q",
+    )
     train = ["train", "--preset", "arc-tiny", "--data", f"{w}/base-data", "-o", f"{w}/base"]
     run(log, *train, "--steps", str(args.train_steps), "--batch-size", "16", "--threads", threads, "--device", "cpu")
     base = f"{w}/base/last.pt"
@@ -90,16 +120,63 @@ def main() -> None:
     run(log, *adapt, "-o", f"{w}/after", "--steps", str(args.adapt_steps))
     score = {}
     for name in ("before", "after"):
-        run(log, "arc-eval", f"{w}/{name}/last.pt", "--data", f"{w}/{name}/data", "-o", f"{w}/{name}.json", "--k", "1,2", "-q")
+        run(
+            log,
+            "arc-eval",
+            f"{w}/{name}/last.pt",
+            "--data",
+            f"{w}/{name}/data",
+            "-o",
+            f"{w}/{name}.json",
+            "--k",
+            "1,2",
+            "-q",
+        )
         score[name] = pass_at(work / f"{name}.report.json")
+    curve = {}
+    for steps in [int(n) for n in args.curve.split(",") if n.strip()]:
+        run(log, *adapt, "-o", f"{w}/after-{steps}", "--steps", str(steps))
+        name = f"after-{steps}"
+        run(
+            log,
+            "arc-eval",
+            f"{w}/{name}/last.pt",
+            "--data",
+            f"{w}/{name}/data",
+            "-o",
+            f"{w}/{name}.json",
+            "--k",
+            "1,2",
+            "-q",
+        )
+        curve[steps] = {**pass_at(work / f"{name}.report.json"), "seconds": log[-2]["seconds"]}
+    curve[args.adapt_steps] = {**score["after"], "seconds": log[3]["seconds"]}
     run(log, "arc-eval", base, "--data", f"{w}/base-data", "-o", f"{w}/base-eval.json", "--k", "1,2", "-q")
     run(log, "export", base, "--puzzle-emb", "external", "-o", f"{w}/base.onnx", "-q")
-    run(log, "arc-eval", f"{w}/base.onnx", "--data", f"{w}/after/data", "--puzzle-table", f"{w}/after", "-o", f"{w}/onnx.json", "--k", "1,2", "-q")
+    run(
+        log,
+        "arc-eval",
+        f"{w}/base.onnx",
+        "--data",
+        f"{w}/after/data",
+        "--puzzle-table",
+        f"{w}/after",
+        "-o",
+        f"{w}/onnx.json",
+        "--k",
+        "1,2",
+        "-q",
+    )
     same = (work / "onnx.json").read_text() == (work / "after.json").read_text()
     result = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "cores": os.cpu_count()},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": args.threads,
+            "cores": os.cpu_count(),
+        },
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "heldout_pass_at": score,
+        "heldout_pass_at_by_adapt_steps": {str(k): curve[k] for k in sorted(curve)},
         "base_own_evaluation_pass_at": pass_at(work / "base-eval.report.json"),
         "onnx_external_table_same_submission_as_adapted_checkpoint": same,
         "onnx_pass_at": pass_at(work / "onnx.report.json"),
