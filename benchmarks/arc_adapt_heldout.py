@@ -118,8 +118,9 @@ def main() -> None:
     adapt = ["adapt", base, "--tasks", f"{w}/heldout", "--num-aug", aug, "--device", "cpu", "--threads", threads, "-q"]
     run(log, *adapt, "-o", f"{w}/before", "--steps", "1", "--puzzle-emb-lr", "0")
     run(log, *adapt, "-o", f"{w}/after", "--steps", str(args.adapt_steps))
-    score = {}
-    for name in ("before", "after"):
+
+    def scored(name: str) -> dict[str, float]:
+        """pass@1 and pass@2 of adapt run ``name`` on its own held-out dataset."""
         run(
             log,
             "arc-eval",
@@ -132,24 +133,13 @@ def main() -> None:
             "1,2",
             "-q",
         )
-        score[name] = pass_at(work / f"{name}.report.json")
+        return pass_at(work / f"{name}.report.json")
+
+    score = {name: scored(name) for name in ("before", "after")}
     curve = {}
     for steps in [int(n) for n in args.curve.split(",") if n.strip()]:
         run(log, *adapt, "-o", f"{w}/after-{steps}", "--steps", str(steps))
-        name = f"after-{steps}"
-        run(
-            log,
-            "arc-eval",
-            f"{w}/{name}/last.pt",
-            "--data",
-            f"{w}/{name}/data",
-            "-o",
-            f"{w}/{name}.json",
-            "--k",
-            "1,2",
-            "-q",
-        )
-        curve[steps] = {**pass_at(work / f"{name}.report.json"), "seconds": log[-2]["seconds"]}
+        curve[steps] = {**scored(f"after-{steps}"), "seconds": log[-2]["seconds"]}
     curve[args.adapt_steps] = {**score["after"], "seconds": log[3]["seconds"]}
     run(log, "arc-eval", base, "--data", f"{w}/base-data", "-o", f"{w}/base-eval.json", "--k", "1,2", "-q")
     run(log, "export", base, "--puzzle-emb", "external", "-o", f"{w}/base.onnx", "-q")
