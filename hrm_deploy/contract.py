@@ -20,10 +20,10 @@ Step graph (one ACT segment, the carry in and out)::
 ``reset`` rows start from the model's initial carry (upstream's ``reset_carry``); the carry
 outputs are fed back as the next step's carry inputs.
 
-Loop graph (the ACT loop inside one call, halting rule fixed at export; n <= N steps run)::
+Loop graph (the ACT loop inside one call, halting rule fixed at export)::
 
     inputs [B, S] int, puzzle_identifiers [B] int
-      -> logits [B, S, V] (each row's halting step), q_halt_logits [B, n], q_continue_logits [B, n]
+      -> logits [B, S, V] (each row's halting step), q_halt_logits [B, N], q_continue_logits [B, N]
          (NaN after a row's halting step), steps_used [B] int32
 
 A graph exported with ``--puzzle-emb external`` takes ``puzzle_emb_rows`` float32 [B, E] (E the
@@ -101,11 +101,10 @@ def graph_io(
             *(TensorIO(name, False, "float32", (b,)) for name in Q_LOGITS),
         )
     if mode == "loop":
-        run = (b, "steps_run")  # as many columns as the batch ran steps (its last row's halting step)
         return (
             *feeds,
             logits,
-            *(TensorIO(name, False, "float32", run) for name in Q_LOGITS),
+            *(TensorIO(name, False, "float32", (b, steps)) for name in Q_LOGITS),
             TensorIO(STEPS_USED, False, "int32", (b,)),
         )
     if mode != "unrolled":

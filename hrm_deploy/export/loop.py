@@ -12,10 +12,10 @@ the last step always halts. A halted row is frozen by masks: its logits, step co
 stay those of its halting step, which is what the host loop (:func:`hrm_deploy.halting.drive`)
 returns. Rows never interact inside a segment, so a row's answer does not depend on its batch-mates.
 
-Graph (B batch, S seq_len, V vocab, n <= N steps actually run)::
+Graph (B batch, S seq_len, V vocab, N steps at most)::
 
     inputs [B, S] int32, puzzle_identifiers [B] int32
-      -> logits [B, S, V] (each row's halting step), q_halt_logits [B, n], q_continue_logits [B, n]
+      -> logits [B, S, V] (each row's halting step), q_halt_logits [B, N], q_continue_logits [B, N]
          (NaN after a row's halting step, as the host loop gives them), steps_used [B] int32
 
 Body of the ``Loop`` (carried: z_H, z_L, halted, steps_used, logits; scanned: q_halt, q_continue)::
@@ -223,8 +223,33 @@ def assemble_loop(
     )
     b.node("Identity", ["loop_out/logits"], ["logits"], "output/logits")
     b.node("Identity", [f"loop_out/{STEPS_USED}"], [STEPS_USED], f"output/{STEPS_USED}")
-    for key in ("q_halt", "q_continue"):  # scan outputs are [n, B]; the contract is [B, n]
-        b.node("Transpose", [f"loop_out/{key}"], [f"{key}_logits"], f"output/{key}_logits", perm=[1, 0])
+    # scan outputs are [n, B] for the n steps the batch ran: padded with NaN to [N, B] (a row's
+    # columns must not depend on its batch-mates), then [B, N] as in the other graphs
+    b.node("Shape", ["loop_out/q_halt"], ["loop_out/ran_shape"], "loop_out/Shape")
+    b.node(
+        "Slice",
+        ["loop_out/ran_shape", b.constant("const/zero_1", [0]), b.constant("const/one_1", [1])],
+        ["loop_out/ran"],
+        "loop_out/Slice_ran",
+    )
+    b.node("Sub", [b.constant("const/loop_steps_1", [steps]), "loop_out/ran"], ["loop_out/missing"], "loop_out/Sub")
+    zeros_2 = b.constant("const/zeros_2", [0, 0])
+    b.node(
+        "Concat",
+        [zeros_2, "loop_out/missing", b.constant("const/zero_1", [0])],
+        ["loop_out/pads"],
+        "loop_out/Concat_pads",
+        axis=0,
+    )
+    for key in ("q_halt", "q_continue"):
+        b.node(
+            "Pad",
+            [f"loop_out/{key}", "loop_out/pads", nan],
+            [f"loop_out/{key}_padded"],
+            f"loop_out/Pad_{key}",
+            mode="constant",
+        )
+        b.node("Transpose", [f"loop_out/{key}_padded"], [f"{key}_logits"], f"output/{key}_logits", perm=[1, 0])
 
     used = {i for n in b.nodes for i in n.input} | {i for n in body.nodes for i in n.input}
     graph = helper.make_graph(

@@ -113,9 +113,7 @@ class OrtRunner(Runner):
         return drive(OrtStep(self._session, self.steps), feeds["inputs"], feeds["puzzle_identifiers"], halt)
 
     def _infer_loop(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
-        """A loop graph halts by the rule fixed at its export (``halt_rule``); its q logits come back
-        [B, n] for the n steps the batch ran and are padded with NaN to the model's steps, as the
-        host loop gives them."""
+        """A loop graph halts by the rule fixed at its export (``halt_rule``)."""
         if halt is not None:
             from hrm_deploy.errors import ConfigError
 
@@ -124,13 +122,7 @@ class OrtRunner(Runner):
                 "run it without --halt, or export --mode loop --halt RULE / --mode step for another rule"
             )
         names = ["logits", "q_halt_logits", "q_continue_logits", "steps_used"]
-        out = dict(zip(names, self._session.run(names, feeds)))
-        for name in names[1:3]:
-            ran = out[name]
-            padded = np.full((len(ran), self.steps), np.nan, np.float32)
-            padded[:, : ran.shape[1]] = ran
-            out[name] = padded
-        return out
+        return dict(zip(names, self._session.run(names, feeds)))
 
     def step_function(self):
         """The step graph as a :class:`hrm_deploy.contract.StepFunction` (continuous batching)."""
