@@ -101,3 +101,34 @@ def test_control_flow_is_allowed_only_as_the_one_top_level_loop(tmp_path: Path) 
     check_structure(model, io, loop=True)
     with pytest.raises(ExportError, match="control-flow"):
         check_structure(model, io)  # the unrolled and step graphs stay flat
+
+
+def test_the_torch_while_loop_twin_equals_the_host_loop() -> None:
+    """``LoopHRM`` (what a ``.pt2`` loop engine compiles) halts every row where the host loop over
+    the PyTorch reference's segments does, with the same answers."""
+    import torch
+
+    from hrm_deploy.backends.reference import TorchStep
+    from hrm_deploy.export.loop import LoopHalt
+    from hrm_deploy.export.unroll import LoopHRM
+    from hrm_deploy.halting import drive
+    from hrm_deploy.model.checkpoint import load_checkpoint
+
+    feeds = _feeds(16, seed=5)
+    for model_name, rule in (("sudoku-small", "q"), ("sudoku-small", "off"), ("trm-sudoku-small", "q")):
+        model, cfg = load_checkpoint(bundled_checkpoint(model_name))
+        halt = LoopHalt.parse(rule, q_halt_only=cfg.halts_on_q_halt_alone)
+        with torch.inference_mode():
+            logits, q_halt, _, used = LoopHRM(model, halt).eval()(
+                torch.from_numpy(feeds["inputs"]), torch.from_numpy(feeds["puzzle_identifiers"])
+            )
+        host = drive(
+            TorchStep(model),
+            feeds["inputs"],
+            feeds["puzzle_identifiers"],
+            None if rule == "off" else halt.host_rule().should_halt,
+        )
+        assert np.array_equal(used.numpy(), host["steps_used"]), (model_name, rule)
+        assert np.array_equal(logits.numpy().argmax(-1), host["logits"].argmax(-1))
+        np.testing.assert_allclose(logits.numpy(), host["logits"], atol=1e-4)
+        np.testing.assert_allclose(q_halt.numpy(), host["q_halt_logits"], atol=1e-4)  # NaN where NaN
