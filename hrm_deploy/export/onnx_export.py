@@ -476,7 +476,7 @@ def export_onnx(
                 precision="fp32",
                 mode=config.mode,
                 unroll={"steps": steps, **family.describe(cfg)},
-                **({"halt": loop_halt.to_dict()} if loop_halt is not None else {}),
+                halt=loop_halt.to_dict() if loop_halt is not None else None,
                 io={
                     k: {n: [onnx.TensorProto.DataType.Name(t), list(s)] for n, (t, s) in v.items()}
                     for k, v in io_spec.items()
