@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.serve.helpers import ServeProcess, free_ports, serving_unavailable
+from tests.serve.helpers import ServeProcess, repository_server, serving_unavailable
 
 _WHY_NOT = serving_unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")]
@@ -59,27 +59,13 @@ def test_serve_answers_each_request_as_the_runner_alone(loop_graph, tmp_path: Pa
 def test_a_triton_repository_of_the_loop_graph_answers(loop_graph, tmp_path: Path) -> None:
     """PyTriton's tritonserver has only the Python backend, so the graph runs in ONNX Runtime inside
     it (``--onnx-backend python``); the ``onnxruntime`` backend's config is the same I/O."""
-    from pytriton.triton import Triton, TritonConfig
-
     from hrm_deploy.serve.client import infer_remote
     from hrm_deploy.serve.repo import OnnxBackend, RepoConfig, write_triton_repo
 
     path, feeds, ref = loop_graph
     repo = tmp_path / "repo"
     write_triton_repo([path], RepoConfig(output=repo, onnx_backend=OnnxBackend.python, names=("loop",), max_batch=8))
-    http, grpc, metrics = free_ports(3)
-    config = TritonConfig(
-        model_repository=repo,
-        http_address="127.0.0.1",
-        http_port=http,
-        grpc_address="127.0.0.1",
-        grpc_port=grpc,
-        metrics_address="127.0.0.1",
-        metrics_port=metrics,
-        allow_gpu_metrics=False,
-    )
-    with Triton(config=config) as triton:
-        triton.run()
-        out = infer_remote(f"http://127.0.0.1:{http}", {k: v[:8] for k, v in feeds.items()}, model_name="loop")
+    with repository_server(repo) as url:
+        out = infer_remote(url, {k: v[:8] for k, v in feeds.items()}, model_name="loop")
     assert np.array_equal(out["answer"], ref["logits"][:8].argmax(-1))
     assert np.array_equal(np.asarray(out["steps"]).ravel(), ref["steps_used"][:8])
