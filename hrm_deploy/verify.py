@@ -24,7 +24,9 @@ from hrm_deploy.precision.registry import PRECISIONS, Thresholds
 log = logging.getLogger(__name__)
 
 
-def _run(runner, examples, batch: int, label: str, quiet: bool, check_vocab: bool = False) -> dict[str, np.ndarray]:
+def _run(
+    runner, examples, batch: int, label: str, quiet: bool, check_vocab: bool = False, halt: Any = None
+) -> dict[str, np.ndarray]:
     from hrm_deploy.data.examples import check_vocabulary
     from hrm_deploy.progress import progress
     from hrm_deploy.runtime.infer import infer_all
@@ -35,7 +37,7 @@ def _run(runner, examples, batch: int, label: str, quiet: bool, check_vocab: boo
             pad = {k: np.zeros_like(v[:1]) for k, v in examples.feeds(0, 1).items()}
             check_vocabulary(examples, int(np.shape(runner.infer(pad)["logits"])[-1]))
         with progress(len(examples), label, quiet, unit="examples") as advance:
-            return infer_all(runner, examples, batch, advance)
+            return infer_all(runner, examples, batch, advance, halt=halt)
     finally:
         runner.close()
 
@@ -96,6 +98,11 @@ def judge(report: dict[str, Any], thresholds: Thresholds) -> list[str]:
         failures.append(
             f"q_halt sign agreement {report['q_halt']['sign_agreement']:.4f} < {thresholds.min_q_halt_sign_agreement}"
         )
+    if "loop" in report and report["loop"]["steps_agreement"] < thresholds.min_q_halt_sign_agreement:
+        failures.append(  # the halting decisions are the q_halt signs' consequence: held to their threshold
+            f"halting steps agree on {report['loop']['steps_agreement']:.4f} of rows < "
+            f"{thresholds.min_q_halt_sign_agreement}"
+        )
     if "reference" in report:
         drop = 100.0 * (report["reference"]["exact_accuracy"] - report["candidate"]["exact_accuracy"])
         report["exact_drop_points"] = drop
@@ -117,6 +124,12 @@ def markdown(report: dict[str, Any]) -> str:
         f"| argmax agreement | {report['logits']['argmax_agreement']:.4%} |",
         f"| q_halt sign agreement | {report['q_halt']['sign_agreement']:.4%} |",
     ]
+    if "loop" in report:
+        loop = report["loop"]
+        lines.append(
+            f"| loop graph (halts by {loop['halt']}): steps agreement, mean steps candidate / reference | "
+            f"{loop['steps_agreement']:.4%}, {loop['mean_steps']:.2f} / {loop['reference_mean_steps']:.2f} |"
+        )
     if report.get("checkpoint_overrides"):  # fields the checkpoint lacked, given at export
         given = ", ".join(f"{k}={v}" for k, v in report["checkpoint_overrides"].items())
         lines.append(f"| checkpoint overrides (not in its config) | {given} |")
@@ -234,7 +247,15 @@ def verify(
     reference_ckpt = Path(against) if against else find_reference(path)
     ckpt_overrides = recorded_overrides(path)  # the same model the artifact was exported as
     reference = reference_runner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
-    ref_out = _run(reference, examples, batch, "PyTorch reference", quiet)
+    # a loop graph halts by the rule fixed at its export: the reference runs the host loop with that rule
+    loop_rule = getattr(candidate, "halt_rule", "off")
+    ref_halt = None
+    if loop_rule != "off":
+        from hrm_deploy.halting import resolve_rule
+
+        ref_halt = resolve_rule(loop_rule, str(path)).should_halt
+        log.info("%s halts by its own rule (%s): the reference runs its host loop with that rule", path.name, loop_rule)
+    ref_out = _run(reference, examples, batch, "PyTorch reference", quiet, halt=ref_halt)
     report: dict[str, Any] = {
         "artifact": str(path),
         "runner": candidate.name,
@@ -247,6 +268,14 @@ def verify(
         "examples": len(examples),
         **compare(ref_out, cand_out, examples.labels),
     }
+    if loop_rule != "off":  # end state compared; the step counts must agree too
+        same = ref_out["steps_used"] == cand_out["steps_used"]
+        report["loop"] = {
+            "halt": loop_rule,
+            "steps_agreement": float(same.mean()),
+            "mean_steps": float(cand_out["steps_used"].mean()),
+            "reference_mean_steps": float(ref_out["steps_used"].mean()),
+        }
     row = PRECISIONS.get(candidate.precision, PRECISIONS["fp32"])  # thresholds from the precision table
     chosen = replace(thresholds or row.thresholds, **(overrides or {}))
     report["thresholds"] = asdict(chosen)

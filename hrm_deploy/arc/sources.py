@@ -183,7 +183,8 @@ class RemoteSource:
         """The first saved rows, asked again, must come back as saved: else the server now runs
         another model than the one that made them."""
         n = min(len(records), RESUME_CHECK_ROWS, self.max_batch)
-        pred, q_halt = self.run(np.asarray(inputs[:n]), ids[:n])
+        rows = records["row"][:n]  # an early-stopped run saved its rows out of order
+        pred, q_halt = self.run(np.asarray(inputs[rows]), ids[rows])
         if not (np.array_equal(pred, records["pred"][:n]) and np.allclose(q_halt, records["q_halt"][:n], 1e-4, 1e-5)):
             raise ConfigError(
                 f"{self.name} answers the saved rows differently: it serves another model than the one that made "
