@@ -18,7 +18,14 @@ import numpy as np
 from hrm_deploy.artifacts import find_reference, recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.io import check_output_path, write_json, write_text
-from hrm_deploy.manifest import check_artifact, manifest_path, report_paths, update_manifest
+from hrm_deploy.manifest import (
+    check_artifact,
+    manifest_path,
+    read_manifest,
+    report_paths,
+    resolve_parent,
+    update_manifest,
+)
 from hrm_deploy.precision.registry import PRECISIONS, Thresholds
 
 log = logging.getLogger(__name__)
@@ -248,7 +255,7 @@ def verify(
     ckpt_overrides = recorded_overrides(path)  # the same model the artifact was exported as
     reference = reference_runner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
     # a loop graph halts by the rule fixed at its export: the reference runs the host loop with that rule
-    loop_rule = getattr(candidate, "halt_rule", "off")
+    loop_rule = builtin_halt_rule(path)
     ref_halt = None
     if loop_rule != "off":
         from hrm_deploy.halting import resolve_rule
@@ -287,6 +294,22 @@ def verify(
     report["passed"] = not report["failures"]
     _write_reports(path, report, before, saving)
     return report
+
+
+def builtin_halt_rule(artifact: Path) -> str:
+    """The halting rule fixed inside a loop graph or loop engine (its manifest's ``halt``, written by
+    ``export --mode loop`` and kept by the builds from it); ``off`` for every other artifact."""
+    if not manifest_path(artifact).is_file():
+        return "off"
+    source, where = read_manifest(artifact), artifact
+    for _ in range(4):  # a precision graph or an engine: the export's record up its parents
+        if "halt" in source:
+            break
+        parent = resolve_parent(where, source)
+        if parent is None or not manifest_path(parent).is_file():
+            break
+        source, where = read_manifest(parent), parent
+    return str((source.get("halt") or {}).get("rule") or "off")
 
 
 def _check_options(
