@@ -269,3 +269,12 @@ def test_top_level_modules_of_the_core_have_their_block():
 
     assert classify("lm_head") == Block.LM_HEAD and classify("q_head") == Block.Q_HEAD
     assert classify("puzzle_emb") == Block.EMBEDDING and classify("embed_tokens") == Block.EMBEDDING
+
+
+def test_a_loop_node_is_not_counted_beside_its_body() -> None:
+    """ORT profiles a loop graph's body node by node and the ``Loop`` node with their total: the
+    container is left out, so a loop graph's blocks add up to the call (once)."""
+    from hrm_deploy.bench.blocks import fold
+
+    layers = fold([("loop/Loop", "Loop", 10.0), ("loop/step/MatMul", "MatMul", 6.0), ("loop/step/Add", "Add", 3.0)])
+    assert sorted((layer.op, layer.ms) for layer in layers) == [("Add", 3.0), ("MatMul", 6.0)]
