@@ -405,7 +405,8 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     # tritonserver's HTTP endpoint is private (loopback, a free port); the user's port is the front's,
     # which checks every request against the model before Triton allocates anything (front.py).
     backend_http_port = _private_port()
-    limits = Limits(config.model_name, contract.seq_len, max_batch, outputs=OUTPUTS)
+    bounds = (("inputs", contract.vocab_size), ("puzzle_identifiers", contract.num_puzzle_identifiers))
+    limits = Limits(config.model_name, contract.seq_len, max_batch, outputs=OUTPUTS, bounds=bounds)
     triton_config = pytriton_triton.TritonConfig(
         http_address="127.0.0.1",
         http_port=backend_http_port,
