@@ -123,7 +123,7 @@ def check_infer_request(body: bytes, header_length: int | None, limits: Limits) 
         raise Refused(400, f"binary data of {binary} bytes, but the inputs declare {binary_total}")
     for name, offset, count in binary_inputs:
         values = np.frombuffer(body, np.dtype("<i4"), count=count, offset=offset)
-        _check_values(name, int(values.min()), int(values.max()), limits.bound(name))
+        _check_values(name, values, limits.bound(name), rows[name])
     for out in request.get("outputs") or []:
         name = out.get("name") if isinstance(out, dict) else None
         if limits.outputs and name not in limits.outputs:
@@ -163,18 +163,29 @@ def _check_data(name: str, item: dict[str, Any], count: int, bound: int) -> int:
         raise Refused(400, f"input '{name}' holds values that are not integers; its shape needs {count} integers")
     if len(leaves) != count:
         raise Refused(400, f"input '{name}' holds {len(leaves)} values; its shape needs {count}")
-    _check_values(name, min(leaves), max(leaves), bound)
+    _check_values(name, leaves, bound, count // int(item["shape"][0]))
     return 0
 
 
-def _check_values(name: str, low: int, high: int, bound: int) -> None:
-    """Every value of input ``name`` in ``0..bound-1`` (a value is never wrapped to int32)."""
-    if low < 0 or high >= bound:
-        bad = low if low < 0 else high
-        what = "the vocabulary" if name == "inputs" else "the puzzle identifiers"
+def _check_values(name: str, values: list[int] | np.ndarray, bound: int, row: int) -> None:
+    """Every value of input ``name`` in ``0..bound-1``, never wrapped to int32 (the lines of :mod:`.wire`)."""
+    low, high = (min(values), max(values)) if isinstance(values, list) else (int(values.min()), int(values.max()))
+    if low >= 0 and high < bound:  # the common case: no array of Python ints
+        return
+    flat = np.asarray(values, dtype=object if isinstance(values, list) else None)
+    bad = np.flatnonzero((flat < 0) | (flat >= bound))
+    if not len(bad):
+        return
+    value, at = flat[bad[0]], int(bad[0])
+    if bound == _INT32_END:
+        raise Refused(400, f"input '{name}' holds {value}, outside 0..{bound - 1}")
+    if name == "inputs":
         raise Refused(
-            400, f"input '{name}' holds {bad}, outside {what} 0..{bound - 1}; encode puzzles as the model's data"
+            400,
+            f"token {value} at position {at % row} is outside the vocabulary 0..{bound - 1}; "
+            "encode puzzles as the model's data",
         )
+    raise Refused(400, f"puzzle identifier {value} is outside 0..{bound - 1}")
 
 
 def _leaves(data: Any, out: list[int]) -> bool:

@@ -384,16 +384,16 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     the in-flight loop answers what it finishes within :data:`DRAIN_GRACE_S` and fails the rest."""
     check_bind(config)
     halt = halt_function(config.halt, config.artifact)
-    pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
-    from pytriton.model_config import DynamicBatcher, ModelConfig
-
     from hrm_deploy.backends import open_runner
     from hrm_deploy.serve.contract import read_contract
 
-    check_ports_free(config)
+    check_ports_free(config)  # the user's options are checked first: they are wrong with or without the extra
     contract = read_contract(config.artifact)
     max_batch = check_max_batch(config.max_batch, contract.max_batch, config.artifact.name)
     check_queue_limit(config.queue_limit, max_batch)
+    pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
+    from pytriton.model_config import DynamicBatcher, ModelConfig
+
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
     endpoint = None

@@ -35,10 +35,10 @@ def _request(tokens: Any, ids: Any = None, **inputs_extra: Any) -> dict[str, Any
 @pytest.mark.parametrize(
     "tokens,ids,needle",
     [
-        ([2**32 + 5, 1, 1, 1], None, "holds 4294967301, outside the vocabulary 0..10"),
-        ([11, 1, 1, 1], None, "holds 11, outside the vocabulary 0..10"),
-        ([-1, 1, 1, 1], None, "holds -1, outside the vocabulary"),
-        ([1, 1, 1, 1], [3], "outside the puzzle identifiers 0..2"),
+        ([2**32 + 5, 1, 1, 1], None, "token 4294967301 at position 0 is outside the vocabulary 0..10"),
+        ([1, 11, 1, 1], None, "token 11 at position 1 is outside the vocabulary 0..10"),
+        ([-1, 1, 1, 1], None, "token -1 at position 0 is outside the vocabulary"),
+        ([1, 1, 1, 1], [3], "puzzle identifier 3 is outside 0..2"),
         ([1.5, 1, 1, 1], None, "not integers"),
     ],
 )
@@ -61,7 +61,7 @@ def test_binary_sizes_must_be_integers_and_binary_values_in_the_vocabulary():
     with pytest.raises(Refused, match=r"declares 16.0 bytes of binary data; its shape needs the integer 16"):
         check_infer_request(body, length, LIMITS)
     body, length = _binary(16, np.array([1, 2, 99, 3]))
-    with pytest.raises(Refused, match="holds 99, outside the vocabulary 0..10"):
+    with pytest.raises(Refused, match="token 99 at position 2 is outside the vocabulary 0..10"):
         check_infer_request(body, length, LIMITS)
     body, length = _binary(16, np.array([1, 2, 10, 3]))
     assert check_infer_request(body, length, LIMITS)["inputs"][0]["name"] == "inputs"

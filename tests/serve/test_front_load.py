@@ -101,7 +101,8 @@ def test_a_thousand_half_sent_bodies_then_a_good_request_is_answered_within_a_se
 
 
 @pytest.mark.parametrize(
-    "value,needle", [(2**32 + 5, "holds 4294967301, outside the vocabulary"), (99, "holds 99, outside the vocabulary")]
+    "value,needle",
+    [(2**32 + 5, "token 4294967301 at position 0 is outside"), (99, "token 99 at position 0 is outside")],
 )
 def test_values_outside_int32_or_the_vocabulary_are_400_under_dynamic_batching(server, tiny_onnx, value, needle):
     tokens, ids = puzzles(tiny_onnx.data, 1)

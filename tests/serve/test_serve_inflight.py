@@ -150,10 +150,10 @@ def test_a_bad_request_fails_alone(server, reference):
     tokens, ids, ref = reference
     bad = {
         "out of vocabulary": (_json_request(tokens[:2] + 11, ids[:2]), "outside the vocabulary 0..10"),
-        "puzzle id": (_json_request(tokens[:2], ids[:2] + 5), "holds 5, outside the puzzle identifiers"),
+        "puzzle id": (_json_request(tokens[:2], ids[:2] + 5), "puzzle identifier 5 is outside"),
         "values beyond int32": (
             _json_request(tokens[:1], ids[:1], [99999999999] + [1] * 80),
-            "holds 99999999999, outside the vocabulary",
+            "token 99999999999 at position 0 is outside",
         ),
     }
     stop = threading.Event()
