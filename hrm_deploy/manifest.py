@@ -43,6 +43,32 @@ _SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
 SEAL_KEY = "manifest_sha256"
+# The first hrm-deploy release (every manifest it writes is sealed): a manifest without a seal whose
+# tool_version is this or newer had its seal removed, and is refused like an edited one.
+SEALED_SINCE = (0, 1, 0)
+
+
+def _version_tuple(text: Any) -> tuple[int, ...] | None:
+    """(0, 1, 0) of "0.1.0" (a local or pre-release suffix ignored); None when it is not a version."""
+    match = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", text) if isinstance(text, str) else None
+    return tuple(int(g or 0) for g in match.groups()) if match else None
+
+
+def _check_seal(data: dict[str, Any], path: str | Path) -> None:
+    """A seal that matches, or no seal where the writer predates sealing (its ``tool_version`` says so)."""
+    if SEAL_KEY in data:
+        if _sealed(data)[SEAL_KEY] != data[SEAL_KEY]:
+            raise ArtifactError(
+                f"manifest {path} was edited after hrm-deploy wrote it (its fields no longer match their "
+                "seal): what it says about the artifact cannot be trusted; re-create the artifact"
+            )
+        return
+    version = _version_tuple(data.get("tool_version"))
+    if version is None or version >= SEALED_SINCE:
+        raise ArtifactError(
+            f"manifest {path} has no seal ({SEAL_KEY}), yet hrm-deploy {data.get('tool_version')!r} seals every "
+            "manifest it writes: it was edited, so what it says cannot be trusted; re-create the artifact"
+        )
 
 
 def _sealed(data: dict[str, Any]) -> dict[str, Any]:
@@ -332,11 +358,7 @@ def validate_manifest(data: Any, path: str | Path) -> dict[str, Any]:
             f"manifest {path} has no valid sha256 (got {str(data['sha256'])[:70]!r}); "
             "it was edited or damaged: re-create the artifact"
         )
-    if SEAL_KEY in data and _sealed(data)[SEAL_KEY] != data[SEAL_KEY]:  # manifests before the seal: as read
-        raise ArtifactError(
-            f"manifest {path} was edited after hrm-deploy wrote it (its fields no longer match their "
-            "seal): what it says about the artifact cannot be trusted; re-create the artifact"
-        )
+    _check_seal(data, path)
     return data
 
 
