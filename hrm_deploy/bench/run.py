@@ -279,6 +279,11 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     examples = load_examples(config.data, config.accuracy_samples, split="test")
     check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
     measured = {path: (check_artifact(path) or {}).get("sha256") for path in paths if path.is_file()}
+    if config.include_reference and config.reference:  # accuracy only against the reference they were built from
+        from hrm_deploy.provenance import check_reference
+
+        for path in measured:
+            check_reference(path, config.reference)
     rows: list[dict[str, Any]] = []
     steps = None
     for path in paths:

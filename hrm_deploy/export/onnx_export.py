@@ -25,6 +25,7 @@ from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
 from hrm_deploy.model.families import family_of
 from hrm_deploy.progress import Stages, progress
 from hrm_deploy.puzzle_table import Placement, table_path, write_table
+from hrm_deploy.provenance import reference_files
 from hrm_deploy.sources import file_sha256, hub_origin
 
 if TYPE_CHECKING:
@@ -428,6 +429,7 @@ def export_onnx(
                 source=getattr(model, "checkpoint_info", None),
                 # a published checkpoint: repository, commit, the refs naming it, file sha256s
                 hub=hub_origin(source_file),
+                reference_files=reference_files(source_file),  # upstream's config and dataset.json, hashed
                 # fields the checkpoint lacked, given on the command line: shown by inspect and
                 # verify, and applied when verify loads the reference
                 checkpoint_overrides=(getattr(model, "checkpoint_info", None) or {}).get("overrides") or {},
