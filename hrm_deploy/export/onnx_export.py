@@ -24,8 +24,8 @@ from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
 from hrm_deploy.model.families import family_of
 from hrm_deploy.progress import Stages, progress
-from hrm_deploy.puzzle_table import Placement, table_path, write_table
 from hrm_deploy.provenance import reference_files
+from hrm_deploy.puzzle_table import Placement, table_path, write_table
 from hrm_deploy.sources import file_sha256, hub_origin
 
 if TYPE_CHECKING:
