@@ -230,7 +230,8 @@ def reference_files(checkpoint: str | Path | None) -> dict[str, str]:
         train_cfg = _read_yaml(config)
     except ConfigError:
         train_cfg = {}
-    paths = train_cfg.get("data_paths") if isinstance(train_cfg.get("data_paths"), list) else []
+    listed = train_cfg.get("data_paths")
+    paths: list[Any] = list(listed) if isinstance(listed, list) else []
     for data_path in [*paths, train_cfg.get("data_path")]:
         meta = _find_dataset_json(str(data_path), folder) if data_path else None
         if meta is not None and meta not in found:
@@ -243,13 +244,17 @@ def _records(artifact: Path) -> tuple[dict[str, Any] | None, dict[str, Any], dic
     manifest chain (each link checked, :func:`hrm_deploy.manifest.check_artifact`)."""
     from hrm_deploy.manifest import check_artifact, manifest_path, resolve_parent
 
-    current, parent, hub, files = artifact, None, {}, {}
+    current, parent = artifact, None
+    hub: dict[str, Any] = {}
+    files: dict[str, str] = {}
     for _ in range(16):
         if is_checkpoint(current) or not manifest_path(current).is_file():
             break
         manifest = check_artifact(current) or {}
-        hub = manifest.get("hub") if isinstance(manifest.get("hub"), dict) else hub
-        files = manifest.get("reference_files") if isinstance(manifest.get("reference_files"), dict) else files
+        if isinstance(manifest.get("hub"), dict):
+            hub = manifest["hub"]
+        if isinstance(manifest.get("reference_files"), dict):
+            files = manifest["reference_files"]
         record = manifest.get("parent")
         if isinstance(record, dict) and is_checkpoint(Path(str(record.get("path")))):
             parent = record
@@ -278,7 +283,7 @@ def check_reference(artifact: str | Path, reference: str | Path) -> None:
             f"{str(parent.get('sha256'))[:12]}...); pass that checkpoint, or re-create the artifact from this one"
         )
     checks = {reference.parent / name: sha for name, sha in files.items()}
-    hub_files = hub.get("files") if isinstance(hub.get("files"), dict) else {}
+    hub_files: dict[str, str] = hub["files"] if isinstance(hub.get("files"), dict) else {}
     own = next((name for name, sha in hub_files.items() if sha == digest), None)
     if own is not None:  # the snapshot's files, wherever the reference lies (relative to the weights)
         root = reference.parent
