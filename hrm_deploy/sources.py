@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.errors import CheckpointError, DependencyError, HRMDeployError
+from hrm_deploy.errors import CheckpointError, DependencyError, HRMDeployError, install_hint
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def fetch(ref: HubRef) -> Path:
     except ImportError:
         raise DependencyError(
             f"{ref} is a Hugging Face Hub source, which needs the Python package huggingface_hub; "
-            "install it with: pip install 'hrm-deploy[hub]' (or pass a local path)"
+            f"install it with: {install_hint('hub')} (or pass a local path)"
         ) from None
     local_only = offline()
     if local_only and not (
