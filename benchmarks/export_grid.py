@@ -3,7 +3,7 @@ verdicts recorded: for every case, pass or fail, the worst tensor's max abs diff
 which rule set the limit (depth-scaled strict limit, float32's own variation here, argmax agreement)
 and the seconds it took; plus this CPU's vector extensions (AVX2 vs AVX-512 round differently).
 
-    python benchmarks/export_grid.py [--upstream] [--out benchmarks/results/export_grid_avx2.json]
+    python benchmarks/export_grid.py [--upstream] [--no-grid] [--out benchmarks/results/export_grid_avx2.json]
 
 ``--upstream`` adds TRM attention at upstream's full size (hidden 512, 8 heads, 2 layers, seq 81,
 16 ACT steps, random weights) at H/L 2/5 and 3/6 in step mode: the recipes refused on an AVX2 machine
@@ -73,16 +73,17 @@ def _case(model, mode: str, folder: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", action="store_true")
+    parser.add_argument("--no-grid", action="store_true", help="only the --upstream cases")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     cases: list[tuple[str, Any, str]] = []
-    for mode, variant, hc, lc in TRM_GRID:
+    for mode, variant, hc, lc in [] if args.no_grid else TRM_GRID:
         cfg = TRMConfig(
             **{**GRID_BASE, "H_cycles": hc, "L_cycles": lc, "L_layers": 2, "puzzle_emb_len": 4, "puzzle_emb_ndim": 32},
             **TRM_VARIANTS[variant],
         )
         cases.append((f"trm {variant} {mode} H{hc}/L{lc}", build_model(cfg, seed=hc * 10 + lc).eval(), mode))
-    for mode, layers, hc, lc in HRM_GRID:
+    for mode, layers, hc, lc in [] if args.no_grid else HRM_GRID:
         cfg = HRMConfig(
             **{**GRID_BASE, "H_cycles": hc, "L_cycles": lc, "H_layers": layers, "L_layers": layers},
             puzzle_emb_ndim=32,

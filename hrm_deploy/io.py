@@ -293,3 +293,25 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def not_a_plain_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a folder ("a FIFO", "a
+    character device", "a link that leads nowhere (a loop or a missing target)", ...); None for a
+    regular file, a folder, or nothing at all. Reading a FIFO or /dev/zero would block or never end."""
+    import errno
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOENT and os.path.islink(path)):
+            return "a link that leads nowhere (a loop or a missing target)"
+        return None
+    kinds = {
+        stat.S_ISFIFO: "a FIFO (named pipe)",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((what for test, what in kinds.items() if test(mode)), None)

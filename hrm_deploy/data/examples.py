@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_deploy.errors import DataError
+from hrm_deploy.io import not_a_plain_file
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ def load_examples(path: str | Path, k: int | None, split: str | None = None, see
     from hrm_deploy.data.format import load_split, select_examples
 
     p = Path(path)
+    odd = not_a_plain_file(p)
+    if odd is not None:
+        raise DataError(f"calibration/evaluation data {p} is {odd}; pass a dataset folder or a .npz file")
     if not p.exists():
         raise DataError(f"calibration/evaluation data {p} does not exist; pass a dataset folder or a .npz file")
     if p.is_file():
