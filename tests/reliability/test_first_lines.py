@@ -1,0 +1,56 @@
+"""The first line names the real problem: a FIFO or device given as puzzles, a link loop given as
+data, a bad HRM_DEPLOY_CACHE, a password in --url never echoed."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from hrm_deploy.errors import DataError, RemoteError, machine_fault
+
+
+def test_solve_refuses_a_fifo_and_a_device_by_what_they_are(tmp_path):
+    from hrm_deploy.solve import parse_puzzles
+
+    fifo = tmp_path / "puzzles"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="is a FIFO"):
+        parse_puzzles(str(fifo))  # never opened: reading it would wait for a writer
+    with pytest.raises(DataError, match="/dev/zero is a character device, not a text file"):
+        parse_puzzles("/dev/zero")
+
+
+def test_data_through_a_link_loop_is_named_as_one(tmp_path):
+    from hrm_deploy.data.examples import load_examples
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(DataError, match="is a link that leads nowhere"):
+        load_examples(loop, 8)
+
+
+def test_a_fault_inside_hrm_deploy_cache_says_to_fix_that_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("HRM_DEPLOY_CACHE", str(tmp_path / "file" / "cache"))
+    fault = machine_fault(OSError(errno.ENOTDIR, "Not a directory", str(tmp_path / "file" / "cache" / "datasets")))
+    assert fault is not None and "point HRM_DEPLOY_CACHE" in str(fault) and "-o/--out" not in str(fault)
+    elsewhere = machine_fault(OSError(errno.EROFS, "Read-only file system", str(tmp_path / "out.onnx")))
+    assert elsewhere is not None and "-o/--out" in str(elsewhere)
+
+
+def test_a_password_in_the_url_is_never_echoed():
+    from hrm_deploy.serve.client import infer_remote, shown_url
+
+    assert shown_url("http://user:secret@host:8000/x") == "http://user:***@host:8000/x"
+    assert shown_url("user:secret@host:8000") == "user:***@host:8000"
+    assert shown_url("http://host:8000") == "http://host:8000"
+    pytest.importorskip("tritonclient.http", reason="the serve extra (tritonclient) is not installed")
+    from tests.serve.helpers import free_ports
+
+    (port,) = free_ports(1)
+    feeds = {"inputs": np.zeros((1, 81), np.int32), "puzzle_identifiers": np.zeros(1, np.int32)}
+    with pytest.raises(RemoteError) as error:
+        infer_remote(f"http://user:secret@127.0.0.1:{port}", feeds, timeout_s=5)
+    assert "secret" not in str(error.value) and "user:***@" in str(error.value)
