@@ -170,10 +170,18 @@ def provenance_data(checkpoint: str | Path, flag: str, splits: dict[str, int | N
 
 def default_data(artifact: str | Path, flag: str, splits: dict[str, int | None] | None = None) -> DataChoice:
     """Default data for a command on ``artifact`` (checkpoint, ONNX or engine); ``splits`` as in
-    :func:`provenance_data`."""
+    :func:`provenance_data`. A damaged artifact or manifest is named first (it, not the data, is the problem)."""
+    from hrm_deploy.manifest import check_artifact
+
+    if Path(artifact).is_file():
+        check_artifact(artifact)
     try:
         checkpoint = checkpoint_of(artifact)
     except ArtifactError:
+        if Path(artifact).suffix == ".onnx" and Path(artifact).is_file():
+            from hrm_deploy.onnx_runtime import load_onnx
+
+            load_onnx(artifact)  # a truncated graph is named as one
         raise ConfigError(
             f"no {flag} given and the checkpoint {Path(artifact).name} came from is unknown (no "
             f"manifest names it, or it changed); pass {flag} DATASET_DIR"

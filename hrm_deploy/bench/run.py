@@ -358,6 +358,9 @@ def _profile(report: dict[str, Any], config: BenchConfig) -> None:
     from hrm_deploy.bench.profile import ProfileConfig, profile
 
     ok = [r for r in report["rows"] if r["status"] == "ok"]
+    if not ok:  # say why each was not measured, not that nothing was given
+        why = "; ".join(f"{Path(r['artifact']).name}: {r['status']}" for r in report["rows"])
+        raise ArtifactError(f"nothing to profile: no artifact could be measured ({why})")
     reference = next((r["artifact"] for r in ok if r.get("reference")), None)
     settings = ProfileConfig(
         data=config.data, batch=config.batches[0], provider=config.provider, out_dir=config.out_dir

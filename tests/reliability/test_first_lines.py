@@ -54,3 +54,60 @@ def test_a_password_in_the_url_is_never_echoed():
     with pytest.raises(RemoteError) as error:
         infer_remote(f"http://user:secret@127.0.0.1:{port}", feeds, timeout_s=5)
     assert "secret" not in str(error.value) and "user:***@" in str(error.value)
+
+
+def _copy(tiny_onnx, folder, name: str):
+    import shutil
+    from pathlib import Path
+
+    src = Path(tiny_onnx.unrolled)
+    dst = folder / name
+    shutil.copy(src, dst)
+    shutil.copy(src.with_name(src.name + ".manifest.json"), dst.with_name(dst.name + ".manifest.json"))
+    return dst
+
+
+def test_a_damaged_graph_or_manifest_is_named_before_asking_for_data(tiny_onnx, tmp_path):
+    """verify/profile without --data used to say 'pass --data' for any of these."""
+    from hrm_deploy.errors import ArtifactError
+    from hrm_deploy.provenance import default_data
+
+    edited = _copy(tiny_onnx, tmp_path, "edited.onnx")
+    edited.write_bytes(edited.read_bytes()[:1000])
+    with pytest.raises(ArtifactError, match="does not match its manifest"):
+        default_data(edited, "--data")
+    broken = _copy(tiny_onnx, tmp_path, "broken.onnx")
+    broken.with_name("broken.onnx.manifest.json").write_text("{garbage")
+    with pytest.raises(ArtifactError, match="is not valid JSON"):
+        default_data(broken, "--data")
+    bare = tmp_path / "bare.onnx"  # no manifest: nothing tells the data, but the graph is named first
+    bare.write_bytes(edited.read_bytes())
+    with pytest.raises(ArtifactError, match="bare.onnx is not a readable ONNX file"):
+        default_data(bare, "--data")
+
+
+def test_profile_batches_are_bounded_as_bench_batches_are():
+    from hrm_deploy.bench.profile import ProfileConfig
+    from hrm_deploy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--batch 100000 is too large; profiled batches go up to 4096"):
+        ProfileConfig(batch=100000)
+
+
+def test_bench_profile_of_a_truncated_graph_names_it(tiny_onnx, tmp_path):
+    from hrm_deploy.bench.run import BenchConfig, bench
+    from hrm_deploy.errors import ArtifactError
+
+    bare = tmp_path / "bare.onnx"
+    bare.write_bytes(tiny_onnx.unrolled.read_bytes()[:1000])
+    config = BenchConfig(
+        data=str(tiny_onnx.data),
+        batches=(1,),
+        iters=1,
+        warmup=0,
+        include_reference=False,
+        profile=True,
+        out_dir=str(tmp_path / "out"),
+    )
+    with pytest.raises(ArtifactError, match=r"nothing to profile: no artifact could be measured \(bare.onnx: skipped"):
+        bench([str(bare)], config, quiet=True)
