@@ -153,6 +153,35 @@ def naming_faults(path: str | os.PathLike, *, always: bool = False) -> Iterator[
         if fault is None:
             raise
         raise fault from None
+    except RuntimeError as exc:  # torch.save reports a failed write() as RuntimeError, without errno
+        torch_fault = _torch_write_fault(exc, path)
+        if torch_fault is None:
+            raise
+        raise torch_fault from None
+
+
+def _torch_write_fault(exc: RuntimeError, path: str | os.PathLike) -> Exception | None:
+    """One MachineError line for torch's zip writer failing a write (``unexpected pos``, ``file write
+    failed``): a full device says so; None for any other RuntimeError (a bug keeps its traceback)."""
+    import errno
+    import shutil
+
+    from hrm_deploy.errors import MachineError, machine_fault
+
+    text = str(exc)
+    if "unexpected pos" not in text and "file write failed" not in text and "PytorchStreamWriter" not in text:
+        return None
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if free is not None and free < (64 << 20):  # what is left is less than any checkpoint worth writing
+        return machine_fault(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), path)
+    first = text.strip().splitlines()[0][:160] if text.strip() else type(exc).__name__
+    return MachineError(f"{path}: writing it failed ({first}); check the device's free space and health")
 
 
 def check_writable(path: str | os.PathLike) -> None:

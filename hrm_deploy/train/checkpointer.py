@@ -37,6 +37,11 @@ def run_lock(out: Path) -> Iterator[None]:
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_NAME
+    if path.is_dir() and not path.is_symlink():  # not ours to remove: say what it is and what to do
+        raise ConfigError(
+            f"{path} is a folder where train keeps its run lock (a file); remove or rename that folder, "
+            "or pick another --out"
+        )
     check_output_path(path)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:

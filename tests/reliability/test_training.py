@@ -261,3 +261,15 @@ def test_a_second_writer_of_a_run_is_refused_naming_the_holder(micro_data, tmp_p
     train(MICRO, _cfg(micro_data, out, steps=4), resume=str(out / "last.pt"), progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "step" in r] == [1, 2, 3, 4]
+
+
+def test_a_lock_file_that_is_a_folder_is_named_as_one(tmp_path):
+    from hrm_deploy.train.checkpointer import LOCK_NAME, run_lock
+
+    (tmp_path / "run" / LOCK_NAME).mkdir(parents=True)
+    with (
+        pytest.raises(ConfigError, match=r"\.train\.lock is a folder where train keeps its run lock"),
+        run_lock(tmp_path / "run"),
+    ):
+        pass
+    assert (tmp_path / "run" / LOCK_NAME).is_dir()  # not ours: left as it was
