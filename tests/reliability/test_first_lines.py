@@ -111,3 +111,12 @@ def test_bench_profile_of_a_truncated_graph_names_it(tiny_onnx, tmp_path):
     )
     with pytest.raises(ArtifactError, match=r"nothing to profile: no artifact could be measured \(bare.onnx: skipped"):
         bench([str(bare)], config, quiet=True)
+
+
+def test_data_out_onto_a_link_loop_is_one_line(tmp_path):
+    from hrm_deploy.data.format import ensure_new_folder
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(DataError, match="loop is a symbolic link"):
+        ensure_new_folder(loop)
