@@ -10,8 +10,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
