@@ -120,3 +120,19 @@ def test_data_out_onto_a_link_loop_is_one_line(tmp_path):
     loop.symlink_to(loop)
     with pytest.raises(DataError, match="loop is a symbolic link"):
         ensure_new_folder(loop)
+
+
+def test_a_dataset_with_float_arrays_holding_non_integers_is_refused(tmp_path):
+    from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+
+    root = tmp_path / "sudoku"
+    generate_sudoku(SudokuSpec(train=4, test=4, blanks=(4, 8), seed=0), str(root))
+    inputs_file = next((root / "test").glob("*__inputs.npy"))
+    whole = np.load(inputs_file).astype(np.float64)
+    np.save(inputs_file, whole)
+    assert load_examples(root, 4, split="test").inputs.dtype == np.int32  # integral floats read as before
+    whole[1, 3] = 2.5
+    np.save(inputs_file, whole)
+    with pytest.raises(DataError, match=r"'inputs' holds 2.5 at \[1, 3\]"):
+        load_examples(root, 4, split="test")
