@@ -341,6 +341,8 @@ def export_onnx(
     from hrm_deploy.export.parity import check_parity, check_segment
 
     stages = Stages(quiet)
+    if out is not None and not Path(out).is_dir():  # a file path: refused before even the model loads
+        check_replaceable(check_output_path(out), [model_or_ckpt if isinstance(model_or_ckpt, (str, Path)) else None])
     with stages.stage("loading model"):
         source_file, source_sha256 = _source_file(model_or_ckpt)
         model, source = _resolve_source(model_or_ckpt, {k: v for k, v in checkpoint_overrides.items() if v is not None})

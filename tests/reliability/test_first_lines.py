@@ -136,3 +136,19 @@ def test_a_dataset_with_float_arrays_holding_non_integers_is_refused(tmp_path):
     np.save(inputs_file, whole)
     with pytest.raises(DataError, match=r"'inputs' holds 2.5 at \[1, 3\]"):
         load_examples(root, 4, split="test")
+
+
+def test_export_refuses_a_users_file_before_loading_the_model(tmp_path, monkeypatch):
+    from hrm_deploy.cli.common import bundled_checkpoint
+    from hrm_deploy.errors import ArtifactError
+    from hrm_deploy.export import onnx_export
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before -o was checked")
+
+    monkeypatch.setattr(onnx_export, "_resolve_source", loaded)
+    mine = tmp_path / "mine.onnx"
+    mine.write_text("my notes")
+    with pytest.raises(ArtifactError, match="hrm-deploy replaces only its own"):
+        onnx_export.export_onnx(bundled_checkpoint(), mine, quiet=True)
+    assert mine.read_text() == "my notes"
