@@ -273,3 +273,27 @@ def test_a_lock_file_that_is_a_folder_is_named_as_one(tmp_path):
     ):
         pass
     assert (tmp_path / "run" / LOCK_NAME).is_dir()  # not ours: left as it was
+
+
+def test_resume_of_an_upstream_step_file_names_what_resume_takes(micro_data, tmp_path):
+    """An upstream step_N without its dataset.json used to suggest --seq-len, a flag train does not have."""
+    from hrm_deploy.model.checkpoint import write_upstream_run
+    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.hrm import build_model
+    from tests.conftest import TINY
+
+    model = build_model(HRMConfig(**TINY), seed=0)
+    step = write_upstream_run(tmp_path / "upstream", model, step=10, data_path="data/nowhere")
+    result = runner.invoke(
+        app, ["train", "--data", micro_data, "--out", str(tmp_path / "r"), "--resume", str(step), "--steps", "2"]
+    )
+    assert result.exit_code == 2 and "not a trainer checkpoint" in result.output, result.output
+    assert "--seq-len" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_resume_with_steps_at_or_below_the_checkpoints_step_says_so(micro_data, tmp_path):
+    out = tmp_path / "run"
+    train(MICRO, _cfg(micro_data, out, steps=3), progress=False)
+    with pytest.raises(ConfigError, match=r"--steps 2: .*last.pt is already at step 3"):
+        train(MICRO, _cfg(micro_data, out, steps=2), resume=str(out / "last.pt"), progress=False)
