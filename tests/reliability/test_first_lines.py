@@ -152,3 +152,22 @@ def test_export_refuses_a_users_file_before_loading_the_model(tmp_path, monkeypa
     with pytest.raises(ArtifactError, match="hrm-deploy replaces only its own"):
         onnx_export.export_onnx(bundled_checkpoint(), mine, quiet=True)
     assert mine.read_text() == "my notes"
+
+
+def test_nvfp4_for_jetson_orin_names_the_missing_hardware_support(monkeypatch):
+    """Before: the missing TensorRT package was named first (the machine could never run it anyway)."""
+    from hrm_deploy.backends.tensorrt.builder import engine as trt_engine
+    from hrm_deploy.engines.build import EngineConfig
+    from hrm_deploy.engines.request import BuildRequest
+    from hrm_deploy.engines.targets import get_target
+    from hrm_deploy.errors import ConfigError, DependencyError
+
+    def missing(name):
+        raise DependencyError(f"the {name} backend needs the Python package tensorrt")
+
+    monkeypatch.setattr(trt_engine, "load_backend", missing)
+    request = BuildRequest(
+        EngineConfig("nvfp4", target="jetson-orin-8gb", backend="tensorrt"), get_target("jetson-orin-8gb"), "tensorrt"
+    )
+    with pytest.raises(ConfigError, match=r"nvfp4 needs compute capability >= 10.0 \(Blackwell\); target jetson-orin"):
+        trt_engine.TensorRTBuilder().preflight(request)
