@@ -446,3 +446,24 @@ def update_manifest(artifact: str | Path, *, expect_sha256: str | None = None, *
         raise ArtifactError(f"{artifact} was replaced meanwhile; its new manifest was left as it is: run again")
     data.update(fields)
     return write_text(manifest_path(artifact), manifest_text(data))
+
+
+def refuse_companion(path: str | os.PathLike) -> None:
+    """One :class:`ArtifactError` line when ``path`` is a companion of an artifact of ours (a ``.pt2``'s
+    ``.program`` load fallback, an ONNX graph's external ``.data``): it names the artifact to give instead,
+    where reading the file on its own would call it truncated or damaged."""
+    path = Path(path)
+    parts = path.name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        owner = path.with_name(".".join(parts[:cut]))
+        if not manifest_path(owner).is_file():
+            continue
+        try:
+            data = json.loads(manifest_path(owner).read_text())
+        except (OSError, ValueError):
+            continue
+        named = dict(data.get("companions") or {}) if isinstance(data, dict) else {}
+        if path.name in named or (isinstance(data, dict) and data.get("load_fallback") == path.name):
+            raise ArtifactError(
+                f"{path} is a companion file of {owner} (kept beside it and read with it); give {owner} itself"
+            )

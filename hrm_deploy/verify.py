@@ -215,9 +215,11 @@ def verify(
     and stored in the manifest when not already there). Progress with ETA goes to stderr unless ``quiet``."""
     from hrm_deploy.backends import open_runner, reference_runner
     from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.manifest import refuse_companion
     from hrm_deploy.provenance import check_reference
 
     path = Path(artifact)
+    refuse_companion(path)  # a .pt2's .program fallback given alone: name its engine
     if data is None:  # the checkpoint's own dataset, announced
         from hrm_deploy.provenance import default_data
 

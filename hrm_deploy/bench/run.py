@@ -265,6 +265,10 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
             "`hrm-deploy bench --target jetson --host USER@JETSON`"
         )
     paths = [Path(a) for a in artifacts] or _default_artifacts()
+    from hrm_deploy.manifest import refuse_companion
+
+    for path in paths:  # a .pt2's .program fallback given alone: name its engine
+        refuse_companion(path)
     if not paths and not config.include_reference:
         raise ConfigError("nothing to bench: pass artifacts or build engines first (hrm-deploy build-engine)")
     from hrm_deploy.bench.files import BENCH_FILES, PROFILE_FILES, ReportFolder

@@ -171,3 +171,20 @@ def test_nvfp4_for_jetson_orin_names_the_missing_hardware_support(monkeypatch):
     )
     with pytest.raises(ConfigError, match=r"nvfp4 needs compute capability >= 10.0 \(Blackwell\); target jetson-orin"):
         trt_engine.TensorRTBuilder().preflight(request)
+
+
+def test_a_pt2_program_fallback_given_alone_names_its_engine(tmp_path):
+    from hrm_deploy.bench.run import BenchConfig, bench
+    from hrm_deploy.errors import ArtifactError
+    from hrm_deploy.manifest import write_manifest
+    from hrm_deploy.verify import verify
+
+    engine = tmp_path / "m.cpu.pt2"
+    engine.write_bytes(b"package")
+    program = tmp_path / "m.cpu.pt2.program"
+    program.write_bytes(b"exported program")
+    write_manifest(engine, stage="build", config={}, load_fallback=program.name, companions={program.name: "0" * 64})
+    with pytest.raises(ArtifactError, match=r"m.cpu.pt2.program is a companion file of .*m.cpu.pt2 "):
+        verify(program, tmp_path)
+    with pytest.raises(ArtifactError, match=r"give .*m.cpu.pt2 itself"):
+        bench([str(program)], BenchConfig(data=str(tmp_path), out_dir=str(tmp_path / "out")), quiet=True)
