@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import platform
 import threading
 import time
@@ -44,6 +45,12 @@ class _Backend(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+def _cpu_model() -> str:
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())
 
 
 def _timings(port: int, body: bytes, n: int) -> np.ndarray:
@@ -84,7 +91,8 @@ def main() -> None:
         through = _timings(front.listener.sock.getsockname()[1], body, args.requests)
     backend.shutdown()
     result = {
-        "machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}",
+        "machine": f"{_cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_average": os.getloadavg()[0],
         "requests": args.requests,
         "batch": args.batch,
         "body_bytes": len(body),
