@@ -69,3 +69,24 @@ def test_argmax_agreement_decides_within_a_small_band_only():
     by_argmax(entry)
     assert entry["z_H"]["passed"] and entry["z_H"]["decided_by"] == "argmax agreement 100 %"
     assert not entry["z_L"]["passed"]
+
+
+@pytest.mark.slow
+def test_float32s_variation_is_measured_from_the_same_carry_on_this_machine():
+    """PyTorch against itself with rows reversed on one thread: small, finite, the thread count restored."""
+    import torch
+
+    from hrm_deploy.export.parity import _embed, _segment_references, sample_inputs
+    from hrm_deploy.export.parity_limits import Float32Noise
+    from hrm_deploy.model.hrm import build_model
+
+    config = HRMConfig(**TINY)
+    core = build_model(config, seed=0).eval().inner
+    x, z_h, z_l = _embed(core, sample_inputs(config, 4, 0))
+    ref = {0: _segment_references(core, x, [(z_h, z_l)])[0]}
+    noise = Float32Noise(lambda xs, carries: _segment_references(core, xs, carries), (x, {0: (z_h, z_l)}), ref)
+    threads = torch.get_num_threads()
+    for index in range(5):  # z_H, z_L, logits, q_halt, q_continue
+        value = noise.of(0, index)
+        assert 0.0 <= value < 1e-3 * max(1.0, float(np.abs(ref[0][index]).max()))
+    assert torch.get_num_threads() == threads
