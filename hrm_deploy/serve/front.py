@@ -159,7 +159,11 @@ def _check_data(name: str, item: dict[str, Any], count: int, bound: int) -> int:
             )
         return size
     leaves: list[int] = []
-    if not _leaves(item.get("data"), leaves):
+    try:
+        integers = _leaves(item.get("data"), leaves)
+    except RecursionError:  # nested deeper than any [B, S] tensor
+        integers = False
+    if not integers:
         raise Refused(400, f"input '{name}' holds values that are not integers; its shape needs {count} integers")
     if len(leaves) != count:
         raise Refused(400, f"input '{name}' holds {len(leaves)} values; its shape needs {count}")

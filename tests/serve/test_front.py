@@ -183,3 +183,17 @@ def test_a_stopping_front_answers_503(backend):
         front.stop_accepting()
         status, headers, _ = _get(front.listener.sock.getsockname()[1])
         assert status == 503 and "Retry-After" in headers
+
+
+def test_data_nested_past_the_recursion_limit_is_400():
+    import sys
+
+    depth = sys.getrecursionlimit() - 50  # parses, but deeper than the checks may walk
+    data = "[" * depth + "1" + "]" * depth
+    body = json.dumps(_request([1, 1, 1, 1])).replace("[1, 1, 1, 1]", data, 1).encode()
+    try:
+        json.loads(body)
+    except RecursionError:
+        pytest.skip("this Python's JSON parser stops earlier")
+    with pytest.raises(Refused, match="not integers"):
+        check_infer_request(body, None, LIMITS)
