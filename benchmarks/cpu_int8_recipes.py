@@ -47,7 +47,7 @@ def build(name: str, work: Path) -> tuple[dict[str, Path], str, int]:
         spec = SudokuSpec(train=16, test=2000, blanks=preset(DEFAULT_PRESET)["data"]["blanks"], seed=12345)
         dependence_n = 300
     else:
-        ckpt = save_checkpoint(folder / "sudoku-random.pt", sudoku_size_model(seed=0))
+        ckpt = str(save_checkpoint(folder / "sudoku-random.pt", sudoku_size_model(seed=0)))
         spec = SudokuSpec(train=16, test=16, blanks=(40, 50), seed=0)
         dependence_n = 16
     generate_sudoku(spec, str(folder / "data"))

@@ -88,7 +88,7 @@ def prepare(
             str(folder / "eval"),
         )
     else:
-        ckpt = save_checkpoint(folder / "sudoku-random.pt", sudoku_size_model(seed=0))
+        ckpt = str(save_checkpoint(folder / "sudoku-random.pt", sudoku_size_model(seed=0)))
         generate_sudoku(SudokuSpec(train=256, test=64, blanks=(40, 50), seed=0), str(folder / "data"))
     data = str(folder / "data")
     evaluation = str(folder / "eval") if name == "bundled" else data

@@ -212,7 +212,7 @@ def from_bundled(artifact: Path, bundled: Path) -> bool:
 
 def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, np.ndarray, str]:
     """(the artifact to run, its puzzles, what it is)."""
-    from hrm_deploy.serve.contract import read_contract
+    from hrm_deploy.runtime.artifact import read_contract
     from hrm_deploy.train.presets import bundled_checkpoint, preset
 
     if args.sudoku_size:
@@ -247,7 +247,7 @@ def open_options(artifact: Path, device: str, provider: str | None) -> dict[str,
 def pick_step(runner: Any, artifact: Path, halt_text: str, halt: Any) -> tuple[Any, str | None]:
     """(serve's in-flight step function, None) or (None, why in-flight cannot run)."""
     from hrm_deploy.errors import ConfigError
-    from hrm_deploy.serve.contract import read_contract
+    from hrm_deploy.runtime.artifact import read_contract
     from hrm_deploy.serve.server import Batching, ServeConfig, inflight_step
 
     config = ServeConfig(artifact=artifact, halt=halt_text, batching=Batching.inflight)
@@ -264,7 +264,7 @@ def machine(device: str) -> dict[str, Any]:
     try:
         import torch
     except ImportError:  # an ONNX graph on ORT needs no torch
-        torch = None
+        torch = None  # type: ignore[assignment]
     cuda = torch is not None and device.startswith("cuda") and torch.cuda.is_available()
     return {
         "cpu": cpu_description(),

@@ -23,7 +23,7 @@ def sudoku_puzzles(blanks: tuple[int, int], n: int = PUZZLES, seed: int = PUZZLE
     """``n`` 9x9 Sudoku puzzles (int32 [n, 81]) from the project's generator, fixed by ``seed``."""
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
 
-    split = generate_sudoku(SudokuSpec(train=0, test=n, blanks=tuple(blanks), augment=0, seed=seed))["test"]
+    split = generate_sudoku(SudokuSpec(train=0, test=n, blanks=(blanks[0], blanks[1]), augment=0, seed=seed))["test"]
     return np.ascontiguousarray(split.inputs, dtype=np.int32)
 
 

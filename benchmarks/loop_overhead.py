@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ def _bytes_per_call(folder: Path, batch: int = 1024, steps: int = 16) -> dict[st
     from hrm_deploy.runtime.memory import HostMemory
 
     path = folder / "sudoku-shapes.engine"
-    shapes = {"steps": steps, "seq": 81, "vocab": 11, "hidden": 16, "batch": (1, batch), "noop": True}
+    shapes: dict[str, Any] = {"steps": steps, "seq": 81, "vocab": 11, "hidden": 16, "batch": (1, batch), "noop": True}
     fake_trt.write_engine(path, **shapes)
     feeds = {"inputs": np.ones((batch, 81), np.int64), "puzzle_identifiers": np.zeros(batch, np.int64)}
     out = {}
@@ -73,7 +74,8 @@ def _bytes_per_call(folder: Path, batch: int = 1024, steps: int = 16) -> dict[st
         try:
             with open_runner(path, memory="host") as runner:
                 runner.infer(feeds)
-                out[name] = {k: int(runner.last_timing[k]) for k in ("h2d_bytes", "d2h_bytes")}
+                timing = runner.last_timing or {}
+                out[name] = {k: int(timing[k]) for k in ("h2d_bytes", "d2h_bytes")}
         finally:
             HostMemory.argmax = saved  # type: ignore[method-assign]
     return out
@@ -97,14 +99,16 @@ def main() -> None:
 
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for path_name, options, halt in (
-            ("captured", {"cuda_graph": True}, None),
-            ("eager", {"cuda_graph": False}, None),
-            ("halting", {"cuda_graph": False}, never),
+        for path_name, cuda_graph, halt in (
+            ("captured", True, None),
+            ("eager", False, None),
+            ("halting", False, never),
         ):
             ms = {}
             for steps in (1, args.steps):
-                runner = open_runner(_engine(Path(tmp), steps), memory="host", step_predictions=False, **options)
+                runner = open_runner(
+                    _engine(Path(tmp), steps), memory="host", step_predictions=False, cuda_graph=cuda_graph
+                )
                 with runner:
                     ms[steps] = _median_ms(runner, feeds, args.iters, halt)
             per_step_us = (ms[args.steps] - ms[1]) / (args.steps - 1) * 1e3

@@ -19,12 +19,13 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 from hrm_deploy.model.config import TRMConfig
 from hrm_deploy.model.hrm import build_model
 
-SIZES = {
+SIZES: dict[str, dict[str, Any]] = {
     "upstream": dict(
         hidden_size=512,
         num_heads=8,

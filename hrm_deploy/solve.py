@@ -282,7 +282,7 @@ def _model_seq_len(artifact: Path) -> int | None:
 
             return int(graph_metadata(load_onnx(artifact))["config"]["seq_len"])
         if kind == "pt2":  # a PyTorch engine: its manifest records the model config
-            from hrm_deploy.serve.contract import read_contract
+            from hrm_deploy.runtime.artifact import read_contract
 
             return read_contract(artifact).seq_len
         if kind == "engine":

@@ -37,7 +37,7 @@ say "$(tail -n 1 "$OUT_DIR/build.log")"
 
 if [ -f "$ENGINE" ]; then
   say "phase 2: load matrix bisect and the engine measured"
-  timeout 140 "$PY" scripts/aoti_load_matrix.py "$ENGINE" --jobs 12 --repeat 3 --fast-first --budget 130 \
+  timeout 140 "$PY" scripts/diagnostics/2026-11-aoti-load/aoti_load_matrix.py "$ENGINE" --jobs 12 --repeat 3 --fast-first --budget 130 \
     --timeout 110 --only runner-extracted,runner-amx,api-amx,runner-cli-imports,runner-import-ort,runner-import-onnx,runner-import-cli,runner-import-verify,runner-import-reference,runner-import-inductor,runner-import-dynamo,runner-cuda-ctx,tool-api,api-cli-imports \
     >"$OUT_DIR/matrix.log" 2>&1 &
   matrix=$!

@@ -1,10 +1,11 @@
-"""The GPU device check on a machine without a GPU: a clean no-op, and (with its stages faked)
-its order, its 7-minute budget, text logs and partial results; the GPU latency benchmark's
-kernel-time split and its checkpoint/no-GPU paths."""
+"""The GPU device check on a machine without a GPU: a clean no-op, and (with its stages faked) the
+order of issue 6's plan within its 7-minute budget (the Sudoku-size build in the background first,
+host facts, precision in process, the cause variants only where the build's probe died, latency
+without the reference, verify, the in-flight test), its JSON after every stage, and the path each
+row ran; the GPU latency and precision benchmarks' CPU-testable parts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,19 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.device_check_helpers import ROOT, load as _load, load_check
 
 
 @pytest.fixture
-def check():
-    return _load("device_check", ROOT / "scripts" / "device_check.py")
+def check(monkeypatch):
+    return load_check("device_check", monkeypatch)
 
 
 def test_without_a_gpu_the_check_says_so_in_one_line_and_exits_0(check, tmp_path, capsys):
@@ -37,10 +31,11 @@ def test_without_a_gpu_the_check_says_so_in_one_line_and_exits_0(check, tmp_path
 
 
 @pytest.mark.slow
-def test_the_shell_entry_is_a_clean_no_op_without_a_gpu(tmp_path):
+@pytest.mark.parametrize("script", ["device_check.sh", "device_check_bundled.sh"])
+def test_the_shell_entries_are_clean_no_ops_without_a_gpu(tmp_path, script):
     pytest.importorskip("torch")
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out")}
-    done = subprocess.run(["bash", "scripts/device_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(["bash", f"scripts/{script}"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (0, "no CUDA GPU: nothing to check\n", "")
     assert not (tmp_path / "out").exists()
 
@@ -51,104 +46,127 @@ def test_a_stage_that_times_out_keeps_its_output_as_text_and_takes_its_children(
         "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(20)']);"
         "print('partial résumé', flush=True); time.sleep(30)"
     )
-    result = check.run_stage("sleeper", [sys.executable, "-c", code], 1.0, tmp_path / "sleeper.log")
+    result = check.lib.run_stage("sleeper", [sys.executable, "-c", code], 1.0, tmp_path / "sleeper.log")
     log = (tmp_path / "sleeper.log").read_text()
     assert result["rc"] == 124 and not result["ok"] and result["seconds"] < 10
     assert "partial résumé" in log and "(stopped after 1 s)" in log and "b'" not in log
 
 
+def test_a_background_stage_is_stopped_at_its_limit_with_its_output(check, tmp_path):
+    job = check.lib.Background(
+        "bg",
+        [sys.executable, "-c", "print('started', flush=True); import time; time.sleep(30)"],
+        1.0,
+        tmp_path / "bg.log",
+    )
+    result = job.wait(60)
+    assert result["rc"] == 124 and "started" in (tmp_path / "bg.log").read_text() and result["seconds"] < 10
+
+
 @pytest.fixture
 def fake_gpu(check, monkeypatch):
-    """A GPU as far as the check's parent sees it, and stages that take their whole time limit
-    on a fake clock (the worst case for the budget); builds leave an engine and manifest."""
+    """A GPU as far as the check sees it; stages and the background build take ``share`` of their
+    time limit on a fake clock (1.0: the worst case for the budget); the build leaves an engine
+    and a manifest whose load_check says ``fake.probe_ok``; the benchmarks leave their JSON."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(check, "tensorrt_flavour", lambda: None)
     clock = {"now": 0.0}
-    monkeypatch.setattr(check.time, "perf_counter", lambda: clock["now"])
-    fake = SimpleNamespace(ran=[], seen_json=[], unloadable=False, failing=None, share=1.0)
+    monkeypatch.setattr(check.lib.time, "perf_counter", lambda: clock["now"])
+    fake = SimpleNamespace(ran=[], seen_json=[], probe_ok=True, share=1.0, path="engine")
 
     def stage(name, argv, limit, log):
-        clock["now"] += fake.share * limit  # the share of its limit a stage takes
+        clock["now"] += fake.share * limit
         fake.ran.append((name, argv, limit))
         fake.seen_json.append((log.parent / "device_check.json").is_file())
-        if "build-engine" in argv and "-o" in argv:
-            engine = Path(argv[argv.index("-o") + 1])
-            engine.write_bytes(b"engine")
-            manifest = {"load_check": {"ok": not fake.unloadable, "reason": None}}
-            engine.with_name(engine.name + ".manifest.json").write_text(json.dumps(manifest))
-        ok = not (fake.failing and fake.failing in name)
-        log.write_text("log")
-        return {"check": name, "rc": 0 if ok else 1, "ok": ok, "seconds": limit, "log": log.name, "tail": ""}
+        if "--out" in argv:  # the benchmarks' JSON
+            out = Path(argv[argv.index("--out") + 1])
+            row = {"median_ms": 4.0, "puzzles_per_s": 250.0, "profile": {"per_step": {"kernel_ms": 0.2}}}
+            body = {"rows": [{"name": "aoti_step", "path": fake.path, "batches": {"1": row}}]}
+            if "gpu_precision.py" in argv[1]:
+                body = {"rows": {"bf16": {"argmax_agreement": 0.99}}}
+            out.write_text(json.dumps(body))
+        log.write_text("running its exported program instead" if fake.path != "engine" else "log")
+        return {"check": name, "rc": 0, "ok": True, "seconds": limit, "log": log.name, "tail": ""}
 
-    monkeypatch.setattr(check, "run_stage", stage)
+    class Build:
+        def __init__(self, name, argv, limit, log):
+            self.name, self.argv, self.limit = name, argv, limit
+            fake.ran.append((name + " [started]", argv, limit))
+
+        def wait(self, most):
+            took = min(fake.share * self.limit, most)
+            clock["now"] += took
+            engine = Path(self.argv[-1].rsplit(" -o ", 1)[1].split()[0])
+            engine.write_bytes(b"engine")
+            manifest = {"load_check": {"ok": fake.probe_ok, "reason": None if fake.probe_ok else "SIGSEGV"}}
+            engine.with_name(engine.name + ".manifest.json").write_text(json.dumps(manifest))
+            fake.ran.append((self.name, self.argv, self.limit))
+            return {"check": self.name, "rc": 0, "ok": True, "seconds": took, "log": "b.log", "tail": ""}
+
+    monkeypatch.setattr(check.lib, "run_stage", stage)
+    monkeypatch.setattr(check, "Background", Build)
     return fake
 
 
-def test_the_users_path_keeps_the_7_minute_budget_in_priority_order(check, fake_gpu, tmp_path):
-    ran, seen_json = fake_gpu.ran, fake_gpu.seen_json
-    assert check.main([str(tmp_path), "--no-diagnose"]) == 0
-    names = [name for name, _, _ in ran]
-    assert sum(limit for _, _, limit in ran) <= check.TOTAL_BUDGET_S == 420.0
-    assert names[:5] == [
-        "data sudoku (500 held-out puzzles of the bundled model's spec)",
-        "build-engine --backend torch (bundled model, CUDA, max batch 1024)",
-        "verify (bundled engine on CUDA vs the PyTorch reference, fresh process)",
-        "solve a file (bundled engine, fresh process)",
-        "bench (bundled engine, batch 1 and 64, fresh process)",
-    ]
-    assert not any("load matrix" in n for n in names)  # loads worked and no --diagnose
-    assert all(seen_json[1:])  # the summary existed before every stage after the first
-    summary = json.loads((tmp_path / "device_check.json").read_text())
-    skipped = [c for c in summary["checks"] if c.get("skipped")]
-    assert skipped and all(
-        c["skipped"].startswith(("budget:", "PyTriton", "TensorRT", "fp8", "nvfp4")) for c in skipped
-    )
-    # stages that take a third of their limits: the Sudoku-size engine is built once and reused
-    fake_gpu.ran.clear()
-    fake_gpu.share = 0.33
-    check.main([str(tmp_path / "fast"), "--no-diagnose"])
+BUILD = "Sudoku-size data, checkpoint and bf16 step engine (background, max batch 1024)"
+LATENCY = "latency: Sudoku-size bf16 step engine, captured loop, batch 1/64/1024, kernel time vs gaps"
+
+
+def test_the_stages_run_in_the_plans_order_within_7_minutes(check, fake_gpu, tmp_path):
+    fake_gpu.share = 0.5
+    assert check.main([str(tmp_path)]) == 0
     names = [name for name, _, _ in fake_gpu.ran]
-    sudoku = [n for n in names if "Sudoku-size" in n or "latency" in n]
-    assert sudoku[:4] == [
-        "Sudoku-size checkpoint (hidden 512, 16 ACT steps, random weights)",
-        "build-engine --backend torch --bf16 (Sudoku-size, CUDA)",
-        "verify (Sudoku-size bf16 engine vs its fp32 reference)",
-        "latency: reference and step engine, captured loop, batch 1/64/1024, kernel time vs gaps",
+    assert names == [
+        BUILD + " [started]",  # first, in the background
+        "bf16 and TF32 vs exact fp32 (bundled model, in process, no compiles)",
+        BUILD,
+        LATENCY,  # no cause variants: the probe passed
+        "verify (Sudoku-size bf16 engine vs its fp32 reference, 64 puzzles)",
+        "pytest -m gpu: the in-flight step engine",
     ]
-    assert names.index(sudoku[3]) < names.index("pytest -m gpu")
-    latency = next(argv for name, argv, _ in fake_gpu.ran if name.startswith("latency"))
-    assert "--step-engine" in latency and "--profile" in latency  # the bf16 engine built once, reused
+    build = fake_gpu.ran[0][1][-1]
+    assert "--bf16" in build and "--max-batch 1024" in build and "benchmarks/gpu_latency.py --save-checkpoint" in build
+    latency = dict((n, a) for n, a, _ in fake_gpu.ran)[LATENCY]
+    assert "--no-reference" in latency and "--profile" in latency and latency[-1].endswith("gpu_latency.json")
     assert latency[latency.index("--step-engine") + 1].endswith("sudoku-size.step.cuda.bf16.pt2")
+    assert latency[latency.index("--batches") + 1 : latency.index("--batches") + 4] == ["1", "64", "1024"]
+    summary = json.loads((tmp_path / "device_check.json").read_text())
+    checks = [c["check"] for c in summary["checks"]]
+    assert checks[0] == "host facts" and "load matrix, cause variants" in checks  # skipped, with the reason
+    assert summary["host"]["cpu"]["flags_digest"] and summary["load_check"]["ok"] is True
+    assert summary["gpu_latency"]["aoti_step"]["path"] == "engine" and summary["verify_path"] == "engine"
+    assert summary["precision_accuracy"] == {"bf16": {"argmax_agreement": 0.99}}
+    assert all(fake_gpu.seen_json)  # the JSON existed before every stage
+    assert "(engine)" in (tmp_path / "device_check.md").read_text()
 
 
-def test_the_load_matrix_runs_first_when_diagnosing_or_after_a_failed_cli_load(check, fake_gpu, tmp_path):
-    check.main([str(tmp_path / "a"), "--diagnose"])
+def test_the_budget_holds_when_every_stage_takes_its_whole_limit(check, fake_gpu, tmp_path):
+    fake_gpu.probe_ok = False  # the most work: the cause variants too
+    check.main([str(tmp_path)])
+    ran = [(n, limit) for n, _, limit in fake_gpu.ran if not n.endswith("[started]")]
+    assert sum(limit for _, limit in ran) <= check.TOTAL_BUDGET_S == 420.0
+    summary = json.loads((tmp_path / "device_check.json").read_text())
+    assert [c for c in summary["checks"] if c.get("skipped", "").startswith("budget:")]  # the tail is skipped
+
+
+def test_the_cause_variants_run_only_where_the_builds_probe_died(check, fake_gpu, tmp_path):
+    fake_gpu.share, fake_gpu.probe_ok, fake_gpu.path = 0.3, False, "fallback (eager)"
+    check.main([str(tmp_path)])
     names = [name for name, _, _ in fake_gpu.ran]
-    assert names[2] == "AOTInductor load matrix (max batch 1024)"
-    matrix = fake_gpu.ran[2][1]
-    assert matrix[1] == "scripts/aoti_load_matrix.py" and matrix[2].endswith("sudoku-small.step.cuda.pt2")
-    assert "AOTInductor load matrix (max batch 256)" not in names or names.index(
-        "AOTInductor load matrix (max batch 256)"
-    ) > names.index("pytest -m gpu")  # the second engine only if time is left at the end
-    # no --diagnose: a CLI load that fails (verify) brings the matrix in right after it
+    assert names.index(BUILD) + 1 == names.index("load matrix, cause variants (Sudoku-size bf16 engine)")
+    matrix = dict((n, a) for n, a, _ in fake_gpu.ran)["load matrix, cause variants (Sudoku-size bf16 engine)"]
+    assert matrix[1] == "scripts/diagnostics/2026-11-aoti-load/aoti_load_matrix.py"
+    assert {"--cause", "--ort-libs", "--fault-report"} <= set(matrix) and matrix[matrix.index("--repeat") + 1] == "2"
+    summary = json.loads((tmp_path / "device_check.json").read_text())
+    assert summary["load_check"] == {"ok": False, "reason": "SIGSEGV"}
+    assert summary["gpu_latency"]["aoti_step"]["path"] == "fallback (eager)"
+    assert summary["verify_path"] == "fallback (exported program)"
     fake_gpu.ran.clear()
-    fake_gpu.failing = "verify (bundled engine"
-    assert check.main([str(tmp_path / "b"), "--no-diagnose"]) == 1
-    names = [name for name, _, _ in fake_gpu.ran]
-    assert names[2:4] == [
-        "verify (bundled engine on CUDA vs the PyTorch reference, fresh process)",
-        "AOTInductor load matrix (max batch 1024)",
-    ]
-    # and so does a build whose own probe could not load its package in a fresh process
-    fake_gpu.ran.clear()
-    fake_gpu.failing, fake_gpu.unloadable = None, True
-    check.main([str(tmp_path / "c"), "--no-diagnose"])
-    assert [name for name, _, _ in fake_gpu.ran][2] == "AOTInductor load matrix (max batch 1024)"
-    summary = json.loads((tmp_path / "c" / "device_check.json").read_text())
-    assert summary["bundled_load_check"] == {"ok": False, "reason": None}
+    fake_gpu.probe_ok = True  # --diagnose runs them anyway
+    check.main([str(tmp_path / "d"), "--diagnose"])
+    assert "load matrix, cause variants (Sudoku-size bf16 engine)" in [n for n, _, _ in fake_gpu.ran]
 
 
 def test_kernel_time_against_gaps_per_act_step():
@@ -188,3 +206,16 @@ def test_gpu_latency_saves_its_model_and_refuses_to_measure_without_a_gpu(tmp_pa
     out = tmp_path / "latency.json"
     refused = subprocess.run([*script, "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True)
     assert refused.returncode == 2 and "no CUDA GPU" in refused.stderr and not out.exists()
+
+
+@pytest.mark.slow
+def test_gpu_precision_on_the_cpu_compares_bf16_and_tf32_with_exact_fp32(tmp_path):
+    pytest.importorskip("torch")
+    precision = _load("gpu_precision", ROOT / "benchmarks" / "gpu_precision.py")
+    out = tmp_path / "p.json"
+    assert precision.main(["--device", "cpu", "--samples", "8", "--batch", "4", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"fp32", "fp32-tf32", "bf16"}
+    assert rows["fp32"]["argmax_agreement"] == 1.0 and rows["fp32"]["logits_max_abs"] == 0.0
+    assert rows["fp32-tf32"]["logits_max_abs"] == 0.0  # TF32 changes CUDA matmuls only
+    assert 0.5 < rows["bf16"]["argmax_agreement"] <= 1.0 and rows["bf16"]["logits_max_abs"] > 0.0

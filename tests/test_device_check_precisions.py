@@ -5,12 +5,13 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device_check.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device_check_bundled.py"
 
 
 @pytest.fixture
 def check(monkeypatch):
-    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("device_check_bundled", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     ran = []

@@ -3,9 +3,9 @@
 Every ``import``/``from ... import`` of ``hrm_deploy`` in every module is checked, including
 imports inside functions (lazy imports are still dependencies). A module may import modules of
 its own rank or lower ranks, nothing else: where a lower room needs something from a higher one,
-that code moves down (the TensorRT backend and compatibility checks into runners,
-the artifact table and ``find_reference`` into the base ``artifacts``, and ORT sessions into the
-base ``onnx_runtime``; there is no allow-list).
+that code moves down (engine compatibility checks into ``runtime.compat``, an artifact's contract
+into ``runtime.artifact``, the artifact table and ``find_reference`` into the base ``artifacts``,
+and ORT sessions into the base ``onnx_runtime``; there is no allow-list).
 
 Rank  Rooms (first package level below ``hrm_deploy``)
 ----  -----------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ class LocalSource:
     """A checkpoint, ONNX graph or engine, run in this process by :func:`hrm_deploy.backends.open_runner`."""
 
     def __init__(self, artifact: Path, runner_options: dict[str, Any]):
-        from hrm_deploy.serve.contract import read_contract
+        from hrm_deploy.runtime.artifact import read_contract
 
         self.path, self.runner_options = artifact, runner_options
         self.contract = read_contract(artifact)
@@ -183,7 +183,8 @@ class RemoteSource:
         """The first saved rows, asked again, must come back as saved: else the server now runs
         another model than the one that made them."""
         n = min(len(records), RESUME_CHECK_ROWS, self.max_batch)
-        pred, q_halt = self.run(np.asarray(inputs[:n]), ids[:n])
+        rows = records["row"][:n]  # an early-stopped run saved its rows out of order
+        pred, q_halt = self.run(np.asarray(inputs[rows]), ids[rows])
         if not (np.array_equal(pred, records["pred"][:n]) and np.allclose(q_halt, records["q_halt"][:n], 1e-4, 1e-5)):
             raise ConfigError(
                 f"{self.name} answers the saved rows differently: it serves another model than the one that made "

@@ -12,7 +12,7 @@ from hrm_deploy.cli.common import App
 
 app = App(
     name="hrm-deploy",
-    help="Take trained HRM checkpoints to ONNX and TensorRT edge inference.",
+    help="Take trained HRM and TRM checkpoints to checked ONNX graphs, engines (TensorRT, TensorRT-RTX, AOTInductor, ONNX Runtime CPU), answers and servers.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,

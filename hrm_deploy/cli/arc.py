@@ -87,6 +87,17 @@ def arc_eval(
     restart: Annotated[bool, typer.Option("--restart", help="Discard saved predictions and run again.")] = False,
     model_name: Annotated[str, typer.Option(help="With a server URL: the served model's name.")] = "hrm",
     timeout: Annotated[float, typer.Option(help="With a server URL: longest wait for one batch (seconds).")] = 300.0,
+    early_stop: Annotated[
+        bool,
+        typer.Option(
+            "--early-stop",
+            help="Stop each test input's augmented copies once the requested pass@k and the submission can no "
+            "longer change (same scores and submission.json as the full run; a large --k runs everything).",
+        ),
+    ] = False,
+    price_per_hour: Annotated[
+        float | None, typer.Option(help="The machine's price per hour: the report gives the cost per task.")
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Upstream's ARC score (augmented voting, pass@k) and an ARC Prize submission.json for any artifact."""
@@ -113,6 +124,8 @@ def arc_eval(
         quiet=quiet,
         model_name=model_name,
         remote_timeout_s=timeout,
+        early_stop=early_stop,
+        price_per_hour=price_per_hour,
     )
     report = run_arc_eval(artifact, data, output, against=against, config=config)  # a str: a path or a URL
     typer.echo(markdown(report).split("\n| task |")[0].rstrip())

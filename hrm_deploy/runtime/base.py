@@ -211,6 +211,23 @@ class LoopRunner(Runner):
         self.runtime_settings["loop"] = self.loop.path  # the same dict bench holds: a capture failure shows
         return out
 
+    def warm_up(self, max_batch: int | None = None) -> list[int]:
+        """Run every batch bucket that batches of up to ``max_batch`` rows (default: the engine's
+        largest) will use, once, with padding puzzles: each plan allocated and its loop captured
+        (or, for a compiled fallback, its shapes compiled) before the first real request. The
+        loop keeps at least that many plans. Returns the sizes run."""
+        from hrm_deploy.runtime.device_loop import warm_sizes
+
+        if self.loop is None:
+            raise EngineError("activate() the runner before warming it up")
+        low, high = self.loop.adapter.batch_range
+        sizes = warm_sizes(low, high, max_batch) if self.loop.buckets else [low, min(high, max_batch or high)]
+        self.loop.max_plans = max(self.loop.max_plans, len(sizes))
+        seq = self.loop.adapter.tensors["inputs"].shape[-1]
+        for size in sizes:
+            self.infer({"inputs": np.zeros((size, seq), np.int32), "puzzle_identifiers": np.zeros(size, np.int32)})
+        return sizes
+
     def step_function(self) -> Any:
         """The step engine one ACT step per call (:class:`~hrm_deploy.runtime.device_step.DeviceStep`),
         on a loop of its own beside the runner's: what in-flight serving and continuous batching drive."""

@@ -169,6 +169,21 @@ class DeviceStep:
             if graph is not None:
                 graphs[parity] = graph
 
+    def warm_up(self, max_batch: int | None = None) -> list[int]:
+        """One step at every bucket that up to ``max_batch`` rows (default: the engine's largest)
+        will use, with fresh padding rows: every plan allocated and its steps captured before the
+        scheduler's first request. The loop keeps at least that many plans. Returns the sizes."""
+        from hrm_deploy.runtime.device_loop import warm_sizes
+
+        sizes = warm_sizes(self.low, self.high, max_batch)
+        self.loop.max_plans = max(self.loop.max_plans, len(sizes))
+        seq = self.loop.adapter.tensors["inputs"].shape[-1]
+        for size in sizes:
+            fresh = self.initial_carry(size)
+            for _ in range(2):  # both halves of the ping-pong pair (each has its own graph)
+                fresh = self(np.zeros((size, seq), np.int32), np.zeros(size, np.int32), fresh, np.ones(size, bool))[0]
+        return sizes
+
     @property
     def cuda_graph(self) -> bool:
         """Whether steps are still captured (False for good after a failed capture)."""

@@ -1,16 +1,13 @@
 """Device memory, one stream, events and graphs for the device loop, behind one small
 interface with three implementations:
 
-- :class:`TorchMemory`: torch tensors on ``cuda:N`` (or on the CPU for CPU engines), a
-  dedicated torch stream, torch CUDA graphs;
-- :class:`CudaPythonMemory`: ``cudaMalloc``/``cudaMemcpyAsync``/stream capture through
-  cuda-python (the light Jetson install, no torch);
-- :class:`HostMemory`: numpy arrays and an emulated stream that records work while
-  "capturing" (for tests and the host-overhead benchmark; no GPU).
+- :class:`TorchMemory`: torch tensors on ``cuda:N`` (or the CPU), a torch stream, torch CUDA graphs;
+- :class:`CudaPythonMemory`: ``cudaMalloc``/``cudaMemcpyAsync``/stream capture through cuda-python
+  (the light Jetson install, no torch);
+- :class:`HostMemory`: numpy arrays, an emulated stream that records work while "capturing" (tests).
 
 Every copy, launch and event of a runner goes through its one memory object and so runs on
-its one stream: nothing is ordered against torch's *current* stream.
-Dtypes are names (``float32 float16 bfloat16 int32 int64 bool``); numpy has no bfloat16, so
+its one stream: nothing is ordered against torch's *current* stream. Dtypes are names (``float32 float16 bfloat16 int32 int64 bool``); numpy has no bfloat16, so
 bfloat16 lives in uint16 on the host and :func:`to_float32` widens it.
 """
 
@@ -66,6 +63,7 @@ class DeviceMemory(Protocol):
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> Any: ...
     def staging(self, shape: tuple[int, ...], dtype: str) -> np.ndarray: ...
+    def free_staging(self, host: np.ndarray) -> None: ...
     def ptr(self, buffer: Any) -> int: ...
     def rows(self, buffer: Any, start: int, stop: int) -> Any: ...
     def upload(self, dst: Any, host: np.ndarray) -> None: ...
@@ -85,8 +83,7 @@ class DeviceMemory(Protocol):
 
 
 class TorchMemory:
-    """Buffers are torch tensors on ``device`` ("cuda:N" or "cpu"); one dedicated stream on CUDA.
-    Host staging buffers are pinned, so uploads and downloads are truly asynchronous."""
+    """Torch tensors on ``device`` ("cuda:N" or "cpu"), one stream on CUDA, pinned (async) staging."""
 
     def __init__(self, device: int | str = 0):
         import torch
@@ -106,7 +103,8 @@ class TorchMemory:
         self.gpu_name = torch.cuda.get_device_name(self.device) if cuda else None
         self.supports_graphs = cuda
         self.allocations = 0
-        self._pinned: dict[int, Any] = {}  # id(host array) -> its pinned tensor
+        # id(host array) -> (that array: its id is not reused meanwhile, its pinned tensor); freed with the plan
+        self._pinned: dict[int, tuple[np.ndarray, Any]] = {}
         self._peak = 0
 
     def _dtype(self, dtype: str) -> Any:
@@ -122,8 +120,11 @@ class TorchMemory:
         tensor = self.torch.empty(shape, dtype=self._dtype(dtype), pin_memory=pin)
         array = (tensor.view(self.torch.int16) if dtype == "bfloat16" else tensor).numpy()
         array = array.view(host_dtype(dtype))
-        self._pinned[id(array)] = tensor
+        self._pinned[id(array)] = (array, tensor)
         return array
+
+    def free_staging(self, host: np.ndarray) -> None:  # a released plan's staging array: unpinned
+        self._pinned.pop(id(host), None)
 
     @staticmethod
     def ptr(buffer: Any) -> int:
@@ -134,10 +135,10 @@ class TorchMemory:
         return buffer[start:stop]
 
     def _host_tensor(self, host: np.ndarray) -> Any:
-        tensor = self._pinned.get(id(host))
-        if tensor is None:
+        entry = self._pinned.get(id(host))
+        if entry is None or entry[0] is not host:
             raise ValueError("host arrays given to TorchMemory must come from staging()")  # internal bug
-        return tensor
+        return entry[1]
 
     def upload(self, dst: Any, host: np.ndarray) -> None:
         with self.on_stream():
@@ -340,6 +341,11 @@ class CudaPythonMemory:
     def peak_bytes(self) -> int:
         return self._peak
 
+    def free_staging(self, host: np.ndarray) -> None:
+        if (ptr := int(host.ctypes.data)) in self._host_buffers:  # a staging array: its cudaMallocHost buffer
+            self._host_buffers.remove(ptr)
+            self.rt.cudaFreeHost(ptr)
+
     def free(self, buffer: _CudaBuffer) -> None:
         if buffer.owner and buffer.ptr:
             self.rt.cudaFree(buffer.ptr)
@@ -402,6 +408,9 @@ class HostMemory:
     def staging(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         return np.zeros(shape, host_dtype(dtype))
 
+    def free_staging(self, host: np.ndarray) -> None:  # plain arrays: freed with their last reference
+        pass
+
     @staticmethod
     def ptr(buffer: np.ndarray) -> int:
         return int(buffer.ctypes.data)
@@ -436,8 +445,8 @@ class HostMemory:
     def elapsed_ms(start: list[float], end: list[float]) -> float:
         return (end[0] - start[0]) * 1e3
 
-    def synchronize(self) -> None:
-        """Work already ran."""
+    def synchronize(self) -> None:  # work already ran
+        pass
 
     def on_stream(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()

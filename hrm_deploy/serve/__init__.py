@@ -1,11 +1,18 @@
-"""Serving HRM behind NVIDIA Triton Inference Server.
+"""Serving HRM and TRM behind NVIDIA Triton Inference Server.
 
-- :mod:`hrm_deploy.serve.contract`: what an artifact takes and gives (sizes, I/O from its manifest);
-- :mod:`hrm_deploy.serve.server`: ``hrm-deploy serve`` on PyTriton (our runner inside Triton's
-  dynamic batcher);
-- :mod:`hrm_deploy.serve.repo`: ``hrm-deploy triton-repo``, a model repository for a stand-alone
+- :mod:`~hrm_deploy.serve.server`: ``hrm-deploy serve``, orchestration only: checks, the runner, the
+  batching mode, tritonserver behind the checking front, signals and drain;
+- :mod:`~hrm_deploy.serve.binding`: everything that knows PyTriton (tensors, tritonserver's config,
+  the proxy patch that turns a refused request into HTTP 400, the releases it was reviewed against);
+- :mod:`~hrm_deploy.serve.front`: the HTTP front on the user's port (bounds, deadlines, each request
+  checked before Triton sees it);
+- :mod:`~hrm_deploy.serve.wire`: one request's arrays checked against the model, the KServe v2 wire form;
+- :mod:`~hrm_deploy.serve.inflight`: in-flight batching, one ACT loop that requests join and leave at
+  step boundaries; :mod:`~hrm_deploy.serve.endpoint`: the front's in-flight endpoint over it;
+- :mod:`~hrm_deploy.serve.repo`: ``hrm-deploy triton-repo``, a model repository for a stand-alone
   Triton (``tensorrt_plan`` / ``onnxruntime`` models, a Python-backend ACT driver for step models);
-- :mod:`hrm_deploy.serve.client`: :func:`~hrm_deploy.serve.client.infer_remote` over HTTP.
+- :mod:`~hrm_deploy.serve.client`: :func:`~hrm_deploy.serve.client.infer_remote` over HTTP.
 
-Nothing here imports torch, onnx, pytriton or tritonclient at module level.
+An artifact's sizes and I/O come from :func:`hrm_deploy.runtime.artifact.read_contract`. Nothing here
+imports torch, onnx, pytriton or tritonclient at module level.
 """

@@ -97,6 +97,8 @@ def infer_remote(
             out[name] = out[name].reshape(-1)
     if "answer" not in out:
         out["answer"] = out["logits"].argmax(-1).astype(np.int32)
+    if "steps" not in out and "steps_used" in out:  # a loop graph served directly says it itself
+        out["steps"] = out["steps_used"].reshape(-1)
     if "steps" not in out:
         out["steps"] = np.full(len(tokens), out["q_halt_logits"].shape[1], np.int32)
     out["steps_used"] = out["steps"]  # Runner.infer's name for it

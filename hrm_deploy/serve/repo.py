@@ -29,7 +29,18 @@ from typing import Any
 from hrm_deploy.contract import CARRY, STEP_INPUTS, STEP_OUTPUTS
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError
 from hrm_deploy.io import staging_dir
-from hrm_deploy.serve.contract import TRITON_TYPES, Contract, read_contract
+from hrm_deploy.runtime.artifact import Contract, read_contract
+
+# ONNX tensor type names (manifest "io") -> Triton config data types
+TRITON_TYPES = {
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FLOAT": "TYPE_FP32",
+    "FLOAT16": "TYPE_FP16",
+    "BFLOAT16": "TYPE_BF16",
+    "BOOL": "TYPE_BOOL",
+}
+
 
 DEFAULT_QUEUE_DELAY_US = 2000
 MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,99}$")  # Triton model folder names we write

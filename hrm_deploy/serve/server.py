@@ -19,7 +19,7 @@ on the whole batch and splits the answers. Per request (batch dimension ``B`` ad
 Every HTTP request passes the checking front (:mod:`hrm_deploy.serve.front`: body size, JSON,
 dtypes, shapes, batch bounds, data sizes) before tritonserver, on a private port, sees it;
 out-of-vocabulary tokens, unknown puzzle ids and empty requests are refused by the function with
-an error naming the problem (HTTP 400, see :func:`request_errors_as_400`). An
+an error naming the problem (HTTP 400, see :func:`hrm_deploy.serve.binding.request_errors_as_400`). An
 error fails every request of the batch Triton formed (PyTriton answers per batch), the server
 keeps serving. Ports in use, ``--max-batch`` beyond the artifact's own maximum and model names
 that are not plain names are refused before anything starts.
@@ -206,78 +206,6 @@ class BatchInfer:
         return split_outputs(out, [t.shape[0] for t, _ in checked], self.act_steps)
 
 
-# PyTriton's proxy model (copied into the model store, run by Triton's Python backend) turns any
-# error of the inference function into an internal error (HTTP 500, the stub's traceback). A bad
-# request is the client's error: the copied model.py is patched so that an error raised as
-# RequestError answers every request of the batch with INVALID_ARG (HTTP 400) and its one line.
-_PROXY_ERROR = """                    triton_responses_or_error = pb_utils.TritonModelException(  # pytype: disable=module-attr
-                        responses_payload.decode("utf-8")
-                    )
-"""
-_PROXY_REQUEST_ERROR = """                    _text = responses_payload.decode("utf-8")
-                    _marker = "RequestError: "
-                    if _marker in _text:  # written by hrm-deploy serve: the client's error, one line
-                        _line = _text.rsplit(_marker, 1)[1].strip().splitlines()[0]
-                        triton_responses_or_error = [
-                            pb_utils.InferenceResponse(  # pytype: disable=module-attr
-                                error=pb_utils.TritonError(_line, pb_utils.TritonError.INVALID_ARG)
-                            )
-                            for _ in triton_requests
-                        ]
-                    else:
-                        triton_responses_or_error = pb_utils.TritonModelException(  # pytype: disable=module-attr
-                            _text
-                        )
-"""
-
-
-class _OneLineRequestErrors(logging.Filter):
-    """PyTriton logs every error of the inference function with its traceback; a refused request
-    is the client's error, logged as its one line (other errors keep their traceback)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if "RequestError: " in text:
-            line = text.rsplit("RequestError: ", 1)[1].strip().splitlines()[0]
-            record.msg, record.args, record.exc_info = "refused a request: %s", (line,), None
-        return True
-
-
-def request_errors_as_400() -> bool:
-    """Make PyTriton's proxy model answer :class:`RequestError` with HTTP 400 (see above); False
-    (with a warning, errors stay HTTP 500 with the same message) when its model.py has changed."""
-    from pytriton.models import model as pytriton_model
-
-    original = pytriton_model.Model.generate_model
-    if getattr(original, "_request_errors_as_400", False):
-        return True
-    text = (Path(pytriton_model.__file__).parent.parent / "proxy" / "model.py").read_text()
-    if _PROXY_ERROR not in text:
-        logging.getLogger(__name__).warning(
-            "this PyTriton's proxy model differs from the one hrm-deploy knows: bad requests get HTTP 500"
-        )
-        return False
-
-    original_files = pytriton_model.Model.get_proxy_model_files
-
-    def generate_model(self: Any, model_repository: Path) -> None:  # a local model store
-        original(self, model_repository)
-        copied = Path(model_repository) / self.model_name / str(self.model_version) / "model.py"
-        copied.write_text(copied.read_text().replace(_PROXY_ERROR, _PROXY_REQUEST_ERROR))
-
-    def get_proxy_model_files(self: Any) -> dict[str, bytes]:  # files sent with the load request
-        files = original_files(self)
-        key = f"file:{self.model_version}/model.py"
-        if key in files:
-            files[key] = files[key].decode().replace(_PROXY_ERROR, _PROXY_REQUEST_ERROR).encode()
-        return files
-
-    generate_model._request_errors_as_400 = True  # type: ignore[attr-defined]
-    pytriton_model.Model.generate_model = generate_model  # type: ignore[method-assign]
-    pytriton_model.Model.get_proxy_model_files = get_proxy_model_files  # type: ignore[method-assign]
-    return True
-
-
 def _private_port() -> int:
     """A free TCP port on 127.0.0.1 for tritonserver's own HTTP endpoint (behind the front)."""
     import socket
@@ -342,8 +270,11 @@ def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_b
         # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
         # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
         infer([zeros])
+        _warm_buckets(runner, max_batch)
         return infer, None
     from hrm_deploy.serve.inflight import InflightScheduler
+
+    _warm_buckets(step_fn, max_batch)  # before the scheduler's thread owns it
 
     queue_limit = config.queue_limit or 8 * max_batch
     scheduler = InflightScheduler(step_fn, halt, max_batch, queue_limit)
@@ -359,22 +290,13 @@ def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_b
     return infer, InflightEndpoint(scheduler, shape)
 
 
-def _tensors(contract: Any) -> dict[str, Any]:
-    from pytriton.model_config import Tensor
-
-    return {
-        "inputs": [
-            Tensor(name="inputs", dtype=np.int32, shape=(contract.seq_len,)),
-            Tensor(name="puzzle_identifiers", dtype=np.int32, shape=(1,)),
-        ],
-        "outputs": [
-            Tensor(name="answer", dtype=np.int32, shape=(contract.seq_len,)),
-            Tensor(name="logits", dtype=np.float32, shape=(contract.seq_len, contract.vocab_size)),
-            Tensor(name="q_halt_logits", dtype=np.float32, shape=(-1,)),
-            Tensor(name="steps", dtype=np.int32, shape=(1,)),
-            Tensor(name="act_steps", dtype=np.int32, shape=(1,)),
-        ],
-    }
+def _warm_buckets(target: Any, max_batch: int) -> None:
+    """Every batch bucket a request can land in, run once before serving (engines: plans,
+    captures, a fallback's compiles), so no first request of a new size waits for them."""
+    warm_up = getattr(target, "warm_up", None)
+    if warm_up is not None:
+        sizes = warm_up(max_batch)
+        logging.getLogger(__name__).info("warmed up batch buckets %s", sizes)
 
 
 def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) -> int:
@@ -385,14 +307,14 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     check_bind(config)
     halt = halt_function(config.halt, config.artifact)
     from hrm_deploy.backends import open_runner
-    from hrm_deploy.serve.contract import read_contract
+    from hrm_deploy.runtime.artifact import read_contract
+    from hrm_deploy.serve import binding
 
     check_ports_free(config)  # the user's options are checked first: they are wrong with or without the extra
     contract = read_contract(config.artifact)
     max_batch = check_max_batch(config.max_batch, contract.max_batch, config.artifact.name)
     check_queue_limit(config.queue_limit, max_batch)
     pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
-    from pytriton.model_config import DynamicBatcher, ModelConfig
 
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
@@ -407,43 +329,31 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     backend_http_port = _private_port()
     bounds = (("inputs", contract.vocab_size), ("puzzle_identifiers", contract.num_puzzle_identifiers))
     limits = Limits(config.model_name, contract.seq_len, max_batch, outputs=OUTPUTS, bounds=bounds)
-    triton_config = pytriton_triton.TritonConfig(
-        http_address="127.0.0.1",
-        http_port=backend_http_port,
-        grpc_address=config.host,
-        grpc_port=config.grpc_port,
-        metrics_address=config.host,
-        metrics_port=config.metrics_port,
-        allow_gpu_metrics=False,
-        exit_timeout_secs=5,
-    )
-    # SIGTERM behaves as Ctrl-C: PyTriton's serve() stops tritonserver and its stubs on KeyboardInterrupt.
-    previous, signalled = {}, []
     fronts: list[Front] = []
-
-    def on_signal(signum: int, frame: Any) -> None:
-        signalled.append(signum)
-        for front in fronts:  # no new request is taken while Triton stops
-            front.stop_accepting()
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, on_signal)
-    logging.getLogger("pytriton").setLevel(logging.WARNING)
-    logging.getLogger("pytriton.proxy.inference").addFilter(_OneLineRequestErrors())
-    request_errors_as_400()
+    signalled, previous = _stop_on_signals(fronts)
+    binding.quiet_logs()
+    binding.request_errors_as_400()
     code = 0
     try:
         with contextlib.ExitStack() as stack:
-            triton = stack.enter_context(pytriton_triton.Triton(config=triton_config))
-            batcher = DynamicBatcher(max_queue_delay_microseconds=0 if endpoint else config.queue_delay_us)
-            triton.bind(
+            triton = stack.enter_context(
+                pytriton_triton.Triton(
+                    config=binding.triton_config(
+                        backend_http_port=backend_http_port,
+                        host=config.host,
+                        grpc_port=config.grpc_port,
+                        metrics_port=config.metrics_port,
+                    )
+                )
+            )
+            binding.bind_model(
+                triton,
                 model_name=config.model_name,
-                infer_func=infer,
-                **_tensors(contract),
-                config=ModelConfig(max_batch_size=max_batch, batcher=batcher),
-                strict=True,
+                infer=infer,
+                seq_len=contract.seq_len,
+                vocab_size=contract.vocab_size,
+                max_batch=max_batch,
+                queue_delay_us=0 if endpoint else config.queue_delay_us,
             )
             triton.connect()  # starts tritonserver, loads the model, waits until it is ready
             fronts.append(
@@ -452,14 +362,7 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
             if endpoint is not None:  # runs before the front closes: answers go out first
                 stack.callback(endpoint.drain, DRAIN_GRACE_S)
             if ready is not None:
-                mode = (
-                    f"in-flight batching, {max_batch} slots" if endpoint else f"dynamic batching, max batch {max_batch}"
-                )
-                ready(
-                    f"serving {config.artifact.name} as model '{config.model_name}' ({runner.name}, {mode}) on "
-                    f"http://{config.host}:{config.http_port} grpc {config.host}:{config.grpc_port} "
-                    f"metrics :{config.metrics_port}"
-                )
+                ready(_ready_line(config, runner.name, max_batch, inflight=endpoint is not None))
             try:
                 triton.serve()  # returns on KeyboardInterrupt (after stopping) or when Triton dies
             except KeyboardInterrupt:
@@ -475,6 +378,34 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return code
+
+
+def _stop_on_signals(fronts: list[Front]) -> tuple[list[int], dict[int, Any]]:
+    """SIGTERM/SIGINT behave as Ctrl-C (PyTriton's serve() stops tritonserver and its stubs on
+    KeyboardInterrupt) after the fronts stop taking requests; (the signals seen, the handlers
+    replaced). Only the main thread can install handlers; elsewhere (tests) nothing changes."""
+    signalled: list[int] = []
+    previous: dict[int, Any] = {}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signalled.append(signum)
+        for front in fronts:  # no new request is taken while Triton stops
+            front.stop_accepting()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    return signalled, previous
+
+
+def _ready_line(config: ServeConfig, runner_name: str, max_batch: int, *, inflight: bool) -> str:
+    mode = f"in-flight batching, {max_batch} slots" if inflight else f"dynamic batching, max batch {max_batch}"
+    return (
+        f"serving {config.artifact.name} as model '{config.model_name}' ({runner_name}, {mode}) on "
+        f"http://{config.host}:{config.http_port} grpc {config.host}:{config.grpc_port} "
+        f"metrics :{config.metrics_port}"
+    )
 
 
 def main_ready_line(line: str) -> None:

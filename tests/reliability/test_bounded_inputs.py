@@ -101,7 +101,7 @@ def test_pt2_is_accepted_by_inspect_solve_and_the_provenance_lookup(pt2, trained
     import json
 
     from hrm_deploy.provenance import checkpoint_of
-    from hrm_deploy.serve.contract import read_contract
+    from hrm_deploy.runtime.artifact import read_contract
 
     shown = json.loads(runner.invoke(app, ["inspect", str(pt2)]).output)
     assert shown["artifact_check"] == "ok" and shown["manifest"]["mode"] == "step"

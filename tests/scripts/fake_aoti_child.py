@@ -1,4 +1,4 @@
-"""A stand-in for scripts/aoti_load_child.py (no torch, no GPU): it behaves as $FAKE_AOTI_PLAN says.
+"""A stand-in for scripts/diagnostics/2026-11-aoti-load/aoti_load_child.py (no torch, no GPU): it behaves as $FAKE_AOTI_PLAN says.
 
 The plan is JSON {variant name: actions}; actions is a comma list, one per attempt (the last one
 repeats), each a '+' chain of: ok, segv (dies by SIGSEGV after `STEP load`), error, hang,
@@ -22,6 +22,11 @@ steps = actions[min(attempt, len(actions) - 1)].split("+")
 log = Path(os.environ["FAKE_AOTI_LOG"])
 start = time.time()
 (log / f"arrive-{name}-{attempt}").touch()
+if os.environ.get("FAKE_AOTI_ECHO_ENV"):  # what the parent gave this child
+    seen = {k: os.environ.get(k) for k in ("LD_PRELOAD", "PYTHONFAULTHANDLER")}
+    (log / f"env-{name}-{attempt}.json").write_text(
+        json.dumps({**seen, "fault_report": spec.get("fault_report", False)})
+    )
 record = log / f"{name}-{attempt}.json"
 record.write_text(json.dumps({"pid": os.getpid(), "start": start}))
 print("STEP import", flush=True)

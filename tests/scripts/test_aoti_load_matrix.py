@@ -1,4 +1,4 @@
-"""scripts/aoti_load_matrix.py without a GPU: its children replaced by a fake (tests/scripts/
+"""scripts/diagnostics/2026-11-aoti-load/aoti_load_matrix.py without a GPU: its children replaced by a fake (tests/scripts/
 fake_aoti_child.py) that loads ok, segfaults, errs, hangs or waits for its siblings as told, so the
 parent's scheduling (parallel jobs, repeats, the budget, time-outs), its --only check, its output
 order and its `read:` line are tested; the real child needs a CUDA package."""
@@ -19,12 +19,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("fake_aoti_child.py")
+MATRIX = ROOT / "scripts/diagnostics/2026-11-aoti-load"  # the one-off load-crash harness
 
 
 @pytest.fixture
 def matrix(monkeypatch, tmp_path, capsys):
     """run(plan, *args) -> (exit code, output lines, log folder) for a fake CUDA package."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    monkeypatch.syspath_prepend(str(MATRIX))
     module = importlib.import_module("aoti_load_matrix")
     pkg = tmp_path / "model.pt2"
     with zipfile.ZipFile(pkg, "w") as z:  # the layout inspect_package unzips; the .so is never loaded
@@ -174,7 +175,7 @@ def test_the_real_child_imports_what_it_is_told_and_reports_each_step(tmp_path):
         "pre_imports": ["json", "no_such_module_here"],
     }
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "aoti_load_child.py"), json.dumps(spec)],
+        [sys.executable, str(MATRIX / "aoti_load_child.py"), json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -189,7 +190,7 @@ def test_the_real_child_imports_what_it_is_told_and_reports_each_step(tmp_path):
     assert "FACT pre-import no_such_module_here unavailable" in out and out.rstrip().endswith("RESULT ok")
     spec = {**spec, "method": "runner", "so": str(tmp_path / "missing.so"), "pre_imports": []}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "aoti_load_child.py"), json.dumps(spec)],
+        [sys.executable, str(MATRIX / "aoti_load_child.py"), json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=300,

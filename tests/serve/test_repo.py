@@ -135,7 +135,7 @@ def test_engine_repo_structural(tiny_onnx, tmp_path):
 
 def test_engine_from_precision_graph_reads_the_export_manifest(tiny_onnx, tmp_path):
     """engine -> fp16 graph (manifest without I/O) -> FP32 export: the I/O comes from the export."""
-    from hrm_deploy.serve.contract import read_contract
+    from hrm_deploy.runtime.artifact import read_contract
 
     fp16 = tmp_path / "tiny.fp16.onnx"
     shutil.copyfile(tiny_onnx.unrolled, fp16)

@@ -42,6 +42,7 @@ class OrtRunner(Runner):
         # speed settings (spinning, arena, memory pattern) and ORT's per-node profiler (hrm_deploy.bench.profile)
         self.tuning, self.profile_prefix = tuning or SessionTuning(), profile_prefix
         self.precision, self.mode, self.steps = "fp32", "unrolled", steps or 1
+        self.halt_rule = "off"
         self._session: Any = None
 
     def _activate(self) -> None:
@@ -60,6 +61,7 @@ class OrtRunner(Runner):
         meta = graph_metadata(model)
         del model
         self.precision, self.mode = meta.get("precision", "fp32"), meta["mode"]
+        self.halt_rule = meta.get("halt", "off")  # a loop graph's built-in rule
         self.steps = self.requested_steps or meta["steps"]
         # A cpu-target graph was built for a thread count (build-engine --target cpu --threads N);
         # it runs with that count unless the caller asks for another.
@@ -92,6 +94,8 @@ class OrtRunner(Runner):
         """Outputs for one batch; ``halt`` (e.g. ``HaltRule.should_halt``) stops rows early on
         a step graph (see hrm_deploy.halting); ``steps_used`` int32 [B] says where each stopped."""
         batch = len(feeds["inputs"])
+        if self.mode == "loop":
+            return self._infer_loop(feeds, halt)
         if self.mode != "step":
             if halt is not None:
                 from hrm_deploy.errors import ConfigError
@@ -107,6 +111,18 @@ class OrtRunner(Runner):
         from hrm_deploy.halting import drive
 
         return drive(OrtStep(self._session, self.steps), feeds["inputs"], feeds["puzzle_identifiers"], halt)
+
+    def _infer_loop(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
+        """A loop graph halts by the rule fixed at its export (``halt_rule``)."""
+        if halt is not None:
+            from hrm_deploy.errors import ConfigError
+
+            raise ConfigError(
+                f"{self.path.name} is a loop graph: it halts by its own rule ({self.halt_rule}, fixed at export); "
+                "run it without --halt, or export --mode loop --halt RULE / --mode step for another rule"
+            )
+        names = ["logits", "q_halt_logits", "q_continue_logits", "steps_used"]
+        return dict(zip(names, self._session.run(names, feeds)))
 
     def step_function(self):
         """The step graph as a :class:`hrm_deploy.contract.StepFunction` (continuous batching)."""

@@ -25,6 +25,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -117,14 +118,50 @@ def release_folder(root: Path | None = None) -> None:
 
 
 def load_aoti_package(torch: Any, path: Path, *, single_threaded: bool, device_index: int) -> tuple[Any, bool]:
-    """``torch._inductor.aoti_load_package`` with the options the device loop needs, unzipped
-    into this process's extraction folder, and whether the loaded model may be captured in a
-    CUDA graph.
+    """The package at ``path`` loaded with the options the device loop needs, unzipped into this
+    process's extraction folder, and whether the loaded model may be captured in a CUDA graph.
 
     AOTInductor's default runner synchronises through CUDA events between calls; an event query
     inside a stream capture fails, so a captured loop needs ``run_single_threaded=True`` (torch
     documents the flag for CUDA graphs). ``device_index`` loads the weights onto the runner's GPU.
-    A torch without the flag loads the default runner and the loop stays eager."""
+    A torch without the flag loads the default runner and the loop stays eager.
+
+    The load goes through torch's C++ loader (:class:`LoadedPackage`): torch's Python wrapper
+    (``aoti_load_package``) first works out this host's instruction set to compare it with the
+    package's, by compiling and loading a test program per candidate (up to five on an AMX host,
+    each a compiler run and a child interpreter: about 30 s per fresh process on an H100 host),
+    only to log a warning on a mismatch. :func:`check_cpu_isa` does that comparison from the
+    CPU's flags instead; the load probe still decides whether the package loads."""
+    grant_amx(torch)
+    with private_tmpdir():
+        loaded = _cpp_load(torch, path, single_threaded, max(device_index, -1))
+        if loaded is not None:
+            return loaded, True
+        return _python_load(torch, path, single_threaded=single_threaded, device_index=device_index)
+
+
+def _cpp_load(torch: Any, path: Path, single_threaded: bool, device_index: int) -> LoadedPackage | None:
+    """The package through ``torch._C._aoti.AOTIModelPackageLoader``, or None for a torch whose
+    loader is missing or takes other arguments (then torch's Python wrapper loads it)."""
+    loader_type = getattr(getattr(getattr(torch, "_C", None), "_aoti", None), "AOTIModelPackageLoader", None)
+    if loader_type is None:
+        return None
+    try:
+        metadata = loader_type.load_metadata_from_package(str(path), "model")
+    except (AttributeError, TypeError):
+        metadata = {}
+    check_cpu_isa(torch, path, dict(metadata))
+    try:
+        # (path, model name in the package, run_single_threaded, number of runners, device index)
+        loader = loader_type(str(path), "model", single_threaded, 1, device_index)
+    except TypeError as exc:  # another signature: torch's own wrapper knows it
+        log.debug("torch's C++ package loader takes other arguments (%s); loading through aoti_load_package", exc)
+        return None
+    return LoadedPackage(loader)
+
+
+def _python_load(torch: Any, path: Path, *, single_threaded: bool, device_index: int) -> tuple[Any, bool]:
+    """``torch._inductor.aoti_load_package`` with the options its signature takes."""
     import inspect
 
     load = torch._inductor.aoti_load_package
@@ -141,9 +178,108 @@ def load_aoti_package(torch: Any, path: Path, *, single_threaded: bool, device_i
             )
     if device_index >= 0 and "device_index" in params:
         kwargs["device_index"] = device_index
-    grant_amx(torch)
-    with private_tmpdir():
-        return load(str(path), **kwargs), capturable
+    return load(str(path), **kwargs), capturable
+
+
+class LoadedPackage:
+    """A package loaded by torch's C++ loader, called with the engine's inputs as positional
+    tensors; returns its outputs. The call spec (how inputs and outputs nest) is parsed once
+    here: torch's wrapper parses it on every call, a cost per ACT step of an eager loop."""
+
+    def __init__(self, loader: Any):
+        from torch.utils import _pytree as pytree
+
+        self.loader = loader
+        in_spec, out_spec = loader.get_call_spec()
+        self.num_inputs = pytree.treespec_loads(in_spec).num_leaves  # ((inputs...), {}): the inputs
+        self._out_spec = pytree.treespec_loads(out_spec)
+        self._unflatten = pytree.tree_unflatten
+
+    def __call__(self, *inputs: Any) -> Any:
+        if len(inputs) != self.num_inputs:  # the manifest's io and the package disagree: a build bug
+            raise RuntimeError(f"the package takes {self.num_inputs} inputs, not {len(inputs)}")
+        return self._unflatten(self.loader.boxed_run(list(inputs)), self._out_spec)
+
+    def get_metadata(self) -> dict[str, str]:
+        """The package's metadata (device, instruction set it was compiled for, ...)."""
+        return dict(self.loader.get_metadata())
+
+
+def check_cpu_isa(torch: Any, path: Path, metadata: dict[str, str]) -> bool:
+    """Whether this CPU has every instruction-set extension the package's CPU code was compiled
+    for (its ``AOTI_CPU_ISA``, e.g. ``AVX512 AVX512_VNNI AMX_TILE``); a warning where not (the load
+    probe then decides). Read from torch's CPU checks, which read the CPU's flags: no compiling."""
+    wanted = metadata.get("AOTI_CPU_ISA", "").lower().split()
+    cpu = getattr(torch, "cpu", None)
+    checks = {
+        "avx2": "_is_avx2_supported",
+        "avx512": "_is_avx512_supported",
+        "avx512_vnni": "_is_vnni_supported",
+        "amx_tile": "_is_amx_tile_supported",
+    }
+    missing = []
+    for flag in wanted:
+        check = getattr(cpu, checks.get(flag, ""), None)
+        if check is not None and not check():
+            missing.append(flag)
+    if missing:
+        log.warning(
+            "%s was compiled for %s; this CPU lacks %s: the load probe decides whether it runs here",
+            path.name,
+            metadata["AOTI_CPU_ISA"],
+            ", ".join(missing),
+        )
+    return not missing
+
+
+class LoadFix(str, Enum):
+    """What a loading process sets up before it loads a package (docs/gpu.md, the H100 crash)."""
+
+    AMX_PERMISSION = "amx-permission"  # ask Linux for AMX tile data (always; a no-op without AMX)
+    ONNXRUNTIME_FIRST = "onnxruntime-first"  # import onnxruntime before CUDA and the load, where installed
+
+
+FIX_ENV = "HRM_DEPLOY_AOTI_IMPORT_ORT"  # "1": also import onnxruntime first (the device check proves it)
+
+
+def load_fixes() -> tuple[LoadFix, ...]:
+    """The fixes this process applies before a load: the AMX permission, and onnxruntime's import
+    first where :data:`FIX_ENV` is ``1`` (part of the load probe's cache key)."""
+    if os.environ.get(FIX_ENV, "") == "1":
+        return (LoadFix.AMX_PERMISSION, LoadFix.ONNXRUNTIME_FIRST)
+    return (LoadFix.AMX_PERMISSION,)
+
+
+def prepare_load(torch: Any, fixes: tuple[LoadFix, ...] | None = None) -> dict[str, Any]:
+    """Apply ``fixes`` (default :func:`load_fixes`) before CUDA is initialised and a package loaded;
+    returns what was asked and what this process has now (the ``load_check`` record): the
+    permission mask before and after (``ARCH_GET_XCOMP_PERM``; bit 18 is AMX tile data)."""
+    from hrm_deploy.backends.torch.host import amx_permitted, xcomp_permission_mask
+
+    fixes = load_fixes() if fixes is None else fixes
+    before = xcomp_permission_mask()
+    applied: list[str] = []
+    if LoadFix.ONNXRUNTIME_FIRST in fixes:
+        try:
+            import onnxruntime  # noqa: F401 - its import is the fix (it asks for the AMX permission)
+
+            applied.append(LoadFix.ONNXRUNTIME_FIRST.value)
+            log.debug("imported onnxruntime before loading the package (%s=1)", FIX_ENV)
+        except ImportError:
+            log.debug("%s=1 but onnxruntime is not installed: not imported", FIX_ENV)
+    granted = grant_amx(torch) if LoadFix.AMX_PERMISSION in fixes else None
+    if granted is not None:
+        applied.append(LoadFix.AMX_PERMISSION.value)
+    after = xcomp_permission_mask()
+    return {
+        "fixes_requested": [f.value for f in fixes],
+        "fixes_applied": applied,
+        "amx_requested": LoadFix.AMX_PERMISSION in fixes,
+        "amx_granted": granted,
+        "amx_permitted": amx_permitted(after),
+        "xcomp_mask_before": None if before is None else hex(before),
+        "xcomp_mask": None if after is None else hex(after),
+    }
 
 
 def grant_amx(torch: Any) -> bool:
@@ -165,14 +301,6 @@ def grant_amx(torch: Any) -> bool:
     except (RuntimeError, OSError) as exc:  # a kernel that refuses: the load goes on without it
         log.debug("AMX tile-data permission not granted (%s)", exc)
         return False
-
-
-def load_program(torch: Any, path: Path) -> Any:
-    """An exported program (``torch.export.save``) as a ``torch.compile``d module: the build's
-    fallback when AOTInductor could not compile, or could not be loaded here."""
-    with open(path, "rb") as f:  # a file object: the name need not end in .pt2
-        module = torch.export.load(f).module()
-    return torch.compile(module, dynamic=True)
 
 
 @contextlib.contextmanager

@@ -3,11 +3,28 @@
 On GPUs, loading some packages in a fresh process killed it with a segmentation fault inside
 torch's C++ package loader, a crash no ``try`` can catch. So before a ``.pt2`` is loaded
 in-process, a child process (a fresh ``python``, never a fork) does the same load with the same
-options and runs one batch-1 forward; the parent reads how it ended. The verdict is cached per
-(package sha256, torch version, device, load options) in the user cache
-(:func:`hrm_deploy.io.cache_dir`), so the probe costs a child process once per package and
-machine; a probe that ran out of time is not cached. ``build-engine --backend torch`` probes its
-own result, so a package that cannot be loaded is reported at build time.
+options (the load fixes of :func:`~.package.prepare_load` first, before CUDA), runs batch 1 and
+the largest batch, and, where the runner captures CUDA graphs, one capture and replay; the parent
+reads how it ended. ``build-engine --backend torch`` probes its own result, so a package that
+cannot be loaded is reported at build time.
+
+The cache. A verdict is cached per key: package sha256, torch version, device, load options,
+load fixes, host CPU (model and a digest of its flags) and NVIDIA driver (:func:`probe_key`),
+in the user cache (:func:`hrm_deploy.io.cache_dir`), so the probe costs a child process once per
+package and machine. Only a verdict about the package is cached: a child killed from outside
+(SIGKILL: the OOM killer; SIGTERM, SIGINT, SIGHUP), out of memory or out of time says nothing
+about the package and is probed again next time.
+
+The seal. A cached "loads fine" lets the user's process load the package in-process, where a
+crash kills it; so a cached verdict is honoured only with a seal: an HMAC-SHA256 of the key and
+the verdict under a secret of this user (:func:`_seal_key`: 32 random bytes in a file of mode
+0600 owned by this user, in a private folder beside the verdicts). A verdict without a seal,
+with a bad one, with a key other than the current one, or edited (``ok`` flipped, a verdict of
+another package copied over) is ignored and the package probed again. Whoever cannot read the
+secret (another user of a shared ``$HRM_DEPLOY_CACHE``, a cache copied from another machine, a
+disk error) therefore cannot make this process load in-process what no child of this user, host,
+driver and torch has loaded; a forged "cannot load" only selects the fallback. (A process of the
+same user can rewrite hrm-deploy itself: no seal helps there.)
 
 The child runs ``python -m hrm_deploy.backends.torch.probe SPEC`` (:func:`child_command`); its
 ``TMPDIR`` is a folder removed after it ends, so a crashed child leaves no unzipped package.
@@ -15,47 +32,55 @@ The child runs ``python -m hrm_deploy.backends.torch.probe SPEC`` (:func:`child_
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 300.0  # a CUDA load in a fresh process: import torch, CUDA init, unzip, first run
+PROBE_TIMEOUT_S = 300.0  # a CUDA load in a fresh process: import torch, CUDA init, unzip, first runs
 CACHE_FOLDER = "torch-load-probe"
-# what the loading process sets up before a load (package.load_aoti_package): part of the cache key,
-# so verdicts cached before a change of that setup are probed again
-LOAD_SETUP = "amx-permission"
+KEY_FOLDER = "torch-load-probe-seal"  # the seal's secret: a private folder, not the verdicts' one
+RECORD_VERSION = 2
+# ended by something outside the package: the OOM killer, a user, a shell: probed again next time
+EXTERNAL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+OUT_OF_MEMORY = ("MemoryError", "OutOfMemoryError", "out of memory")
 
 
 @dataclass(frozen=True)
 class LoadVerdict:
     """How the child's load ended: ``ok``, or ``reason`` (one line: the signal or error and the
-    step it reached); ``cached`` when read from the user cache."""
+    step it reached); ``cached`` when read from the user cache; ``facts``: what the child set up
+    and saw (load fixes, AMX permission and mask, host CPU, driver, torch)."""
 
     ok: bool
     reason: str = ""
     seconds: float = 0.0
     cached: bool = False
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
         """The manifest's ``load_check`` entry."""
-        return {"ok": self.ok, "reason": self.reason or None, "seconds": round(self.seconds, 1)}
+        return {"ok": self.ok, "reason": self.reason or None, "seconds": round(self.seconds, 1), **self.facts}
 
 
 @dataclass(frozen=True)
 class ProbeSpec:
-    """What the child loads and how: exactly the options of the in-process load."""
+    """What the child loads and how: exactly the options of the in-process load; ``max_batch``
+    is run after batch 1, and ``capture`` captures and replays one call in a CUDA graph."""
 
     path: str
     device: str  # "cuda" or "cpu"
@@ -63,14 +88,38 @@ class ProbeSpec:
     single_threaded: bool
     tf32: bool
     io: list[dict[str, Any]]
+    max_batch: int = 1
+    capture: bool = False
+
+
+def probe_key(sha256: str, torch_version: str, device_label: str, spec: ProbeSpec) -> dict[str, Any]:
+    """Everything a verdict depends on besides the child's luck: the package, torch, the device,
+    the load options, the load fixes, the host CPU and the NVIDIA driver."""
+    from hrm_deploy.backends.torch.host import cpu_identity, driver_version
+    from hrm_deploy.backends.torch.package import load_fixes
+
+    cpu = cpu_identity()
+    return {
+        "sha256": sha256,
+        "torch": torch_version,
+        "device": device_label,
+        "single_threaded": spec.single_threaded,
+        "tf32": spec.tf32,
+        "max_batch": spec.max_batch,
+        "capture": spec.capture,
+        "fixes": [f.value for f in load_fixes()],
+        "cpu": cpu["model"],
+        "cpu_flags": cpu["flags_digest"],
+        "driver": driver_version() if spec.device == "cuda" else None,
+    }
 
 
 def cache_file(sha256: str, torch_version: str, device_label: str, spec: ProbeSpec) -> Path:
-    """The verdict's file in the user cache for this package, torch, device and load options."""
+    """The verdict's file in the user cache for this package and the rest of its key."""
     from hrm_deploy.io import cache_dir
 
-    key = json.dumps([sha256, torch_version, device_label, spec.single_threaded, spec.tf32, LOAD_SETUP])
-    return cache_dir(CACHE_FOLDER, f"{sha256[:16]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json")
+    key = _canonical(probe_key(sha256, torch_version, device_label, spec))
+    return cache_dir(CACHE_FOLDER, f"{sha256[:16]}-{hashlib.sha256(key).hexdigest()[:16]}.json")
 
 
 def child_command(spec: ProbeSpec) -> list[str]:
@@ -81,23 +130,96 @@ def child_command(spec: ProbeSpec) -> list[str]:
 def probe_load(
     spec: ProbeSpec, *, sha256: str, torch_version: str, device_label: str, timeout: float = PROBE_TIMEOUT_S
 ) -> LoadVerdict:
-    """Load ``spec.path`` in a child process (or read the cached verdict) and say how it ended."""
+    """Load ``spec.path`` in a child process (or read the sealed cached verdict) and say how it ended."""
+    key = probe_key(sha256, torch_version, device_label, spec)
     cached = cache_file(sha256, torch_version, device_label, spec)
-    try:
-        data = json.loads(cached.read_text())
-        return LoadVerdict(bool(data["ok"]), str(data.get("reason") or ""), float(data.get("seconds", 0)), True)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    verdict = read_verdict(cached, key)
+    if verdict is not None:
+        return verdict
     verdict, final = _run_child(spec, timeout)
     if final:
-        from hrm_deploy.io import write_json
-
         try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            write_json(cached, {**asdict(verdict), "sha256": sha256, "torch": torch_version, "device": device_label})
+            write_verdict(cached, key, verdict)
         except OSError as exc:  # an unwritable cache costs a probe per load, nothing else
             log.debug("load probe verdict not cached in %s (%s)", cached, exc)
     return verdict
+
+
+def write_verdict(path: Path, key: dict[str, Any], verdict: LoadVerdict) -> None:
+    """``path``: the key, the verdict and their seal (atomically)."""
+    from hrm_deploy.io import write_json
+
+    body = {"version": RECORD_VERSION, "key": key, "verdict": {**asdict(verdict), "cached": False}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {**body, "seal": _seal(body)})
+
+
+def read_verdict(path: Path, key: dict[str, Any]) -> LoadVerdict | None:
+    """The verdict cached in ``path`` for ``key``, or None (probe again) where there is none, it is
+    unreadable, its key differs, or its seal is missing or does not match."""
+    try:
+        data = json.loads(path.read_text())
+        body = {k: data[k] for k in ("version", "key", "verdict")}
+        seal = data.get("seal")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if body["key"] != key or body["version"] != RECORD_VERSION:
+        log.debug("cached load verdict %s is for another key: probing again", path)
+        return None
+    if not isinstance(seal, str) or not hmac.compare_digest(seal, _seal(body)):
+        log.warning("the cached load verdict %s has a missing or bad seal: ignored, the package is probed again", path)
+        return None
+    v = body["verdict"]
+    try:
+        facts = dict(v.get("facts") or {})
+        return LoadVerdict(v["ok"] is True, str(v.get("reason") or ""), float(v.get("seconds", 0)), True, facts)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _canonical(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def _seal(body: dict[str, Any]) -> str:
+    return hmac.new(_seal_key(), _canonical(body), hashlib.sha256).hexdigest()
+
+
+def _seal_key() -> bytes:
+    """This user's secret for verdict seals: ``<cache>/torch-load-probe-seal/key``, created once
+    (mode 0600 in a 0700 folder). A key file that is not a regular file of this user readable by
+    it alone is replaced (the verdicts sealed with it are then probed again)."""
+    from hrm_deploy.io import cache_dir
+
+    path = cache_dir(KEY_FOLDER, "key")
+    try:
+        info = os.lstat(path)
+        private = not hasattr(os, "getuid") or (info.st_uid == os.getuid() and info.st_mode & 0o077 == 0)
+        if private and os.path.isfile(path) and not path.is_symlink():
+            data = path.read_bytes()
+            if len(data) == 32:
+                return data
+    except OSError:
+        pass
+    key = secrets.token_bytes(32)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _write_private(path, key)
+    except OSError as exc:  # no place for a secret: this process's key (its verdicts die with it)
+        log.debug("no seal key saved in %s (%s)", path, exc)
+    return key
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` atomically, mode 0600 (mkstemp's) kept."""
+    fd, tmp = tempfile.mkstemp(prefix=".key.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _run_child(spec: ProbeSpec, timeout: float) -> tuple[LoadVerdict, bool]:
@@ -113,27 +235,52 @@ def _run_child(spec: ProbeSpec, timeout: float) -> tuple[LoadVerdict, bool]:
         rc, out, err = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return LoadVerdict(False, f"no answer within {timeout:.0f} s ({_last_step(out)})", timeout), False
+        return LoadVerdict(
+            False, f"no answer within {timeout:.0f} s ({_last_step(out)})", timeout, False, _facts(out)
+        ), False
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    seconds = time.perf_counter() - start
+    return judge(rc, out, err, time.perf_counter() - start)
+
+
+def judge(rc: int, out: str, err: str, seconds: float) -> tuple[LoadVerdict, bool]:
+    """The verdict of a child that ended with status ``rc`` and printed ``out``/``err``, and whether
+    it says something about the package (cacheable): not a kill from outside, not out of memory."""
+    facts = _facts(out)
     if rc == 0 and "PROBE ok" in out:
-        return LoadVerdict(True, "", seconds), True
+        return LoadVerdict(True, "", seconds, False, facts), True
     step = _last_step(out)
-    if rc < 0:
+    if rc < 0 or rc in (128 + signal.SIGKILL, 128 + signal.SIGTERM):  # a signal (or a shell's report of one)
+        number = -rc if rc < 0 else rc - 128
         try:
-            name = signal.Signals(-rc).name
+            sig = signal.Signals(number)
+            name = sig.name
         except ValueError:
-            name = f"signal {-rc}"
-        return LoadVerdict(False, f"the loading process died of {name} ({step})", seconds), True
+            sig, name = None, f"signal {number}"
+        final = sig not in EXTERNAL_SIGNALS
+        why = "" if final else ": killed from outside (the OOM killer?), probed again next time"
+        return LoadVerdict(False, f"the loading process died of {name} ({step}){why}", seconds, False, facts), final
     error = next((ln[len("PROBE error ") :] for ln in out.splitlines() if ln.startswith("PROBE error ")), None)
     tail = error or (err.strip().splitlines() or [f"exit status {rc}"])[-1]
-    return LoadVerdict(False, f"the load failed ({step}): {tail[:240]}", seconds), True
+    final = not any(word in tail for word in OUT_OF_MEMORY)
+    return LoadVerdict(False, f"the load failed ({step}): {tail[:240]}", seconds, False, facts), final
 
 
 def _last_step(out: str) -> str:
     steps = [ln[len("PROBE step ") :] for ln in out.splitlines() if ln.startswith("PROBE step ")]
     return f"while {steps[-1]}" if steps else "before importing torch"
+
+
+def _facts(out: str) -> dict[str, Any]:
+    """The child's last ``PROBE facts {json}`` line ({} where none)."""
+    for line in reversed(out.splitlines()):
+        if line.startswith("PROBE facts "):
+            try:
+                data = json.loads(line[len("PROBE facts ") :])
+                return data if isinstance(data, dict) else {}
+            except ValueError:
+                return {}
+    return {}
 
 
 def _inductor_cache_dir() -> str:
@@ -161,8 +308,9 @@ def _feeds(torch: Any, io: list[dict[str, Any]], batch: int, device: str) -> lis
 
 
 def child_main(raw: str) -> None:
-    """The child: CUDA set up as the runner does, the package loaded with the runner's options,
-    one forward at batch 1. Prints ``PROBE step ...`` as it goes and ``PROBE ok`` at the end."""
+    """The child: the load fixes, CUDA set up as the runner does, the package loaded with the
+    runner's options, batch 1, the largest batch, a capture and replay where asked. Prints
+    ``PROBE step ...`` as it goes, ``PROBE facts {...}`` and ``PROBE ok`` at the end."""
 
     def step(name: str) -> None:
         print(f"PROBE step {name}", flush=True)
@@ -171,26 +319,54 @@ def child_main(raw: str) -> None:
     step("importing torch")
     import torch
 
-    from hrm_deploy.backends.torch.package import load_aoti_package, set_tf32
+    from hrm_deploy.backends.torch.host import cpu_identity, driver_version, xcomp_permission_mask
+    from hrm_deploy.backends.torch.package import load_aoti_package, prepare_load, set_tf32
 
+    step("applying the load fixes")
+    facts = {**prepare_load(torch), "torch": torch.__version__, "cpu": cpu_identity()}
     cuda = spec.device == "cuda"
     if cuda:
         step("initialising CUDA")
         torch.cuda.init()
         torch.cuda.set_device(spec.device_index)
         set_tf32(torch, spec.tf32)
+        facts["driver"] = driver_version()
+    mask = xcomp_permission_mask()
+    facts["xcomp_mask_at_load"] = None if mask is None else hex(mask)
+    print(f"PROBE facts {json.dumps(facts)}", flush=True)  # before the load: a dying child still told
     step("loading the package")
     fn, _ = load_aoti_package(
         torch, Path(spec.path), single_threaded=spec.single_threaded, device_index=spec.device_index if cuda else -1
     )
-    step("running batch 1")
+    where = f"cuda:{spec.device_index}" if cuda else "cpu"
     with torch.no_grad():
-        fn(*_feeds(torch, spec.io, 1, f"cuda:{spec.device_index}" if cuda else "cpu"))
-    if cuda:
-        torch.cuda.synchronize()
+        for batch in sorted({1, max(1, spec.max_batch)}):
+            step(f"running batch {batch}")
+            fn(*_feeds(torch, spec.io, batch, where))
+            if cuda:
+                torch.cuda.synchronize()
+        if cuda and spec.capture:
+            _capture_and_replay(torch, fn, _feeds(torch, spec.io, 1, where), step)
     step("releasing the package")
     del fn
     print("PROBE ok", flush=True)
+
+
+def _capture_and_replay(torch: Any, fn: Any, feeds: list[Any], step: Any) -> None:
+    """One call captured in a CUDA graph (on a side stream, after a warm-up call there, as the
+    device loop does) and replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(*feeds)
+    torch.cuda.current_stream().wait_stream(stream)
+    step("capturing a CUDA graph")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*feeds)
+    step("replaying the CUDA graph")
+    graph.replay()
+    torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """PyTorch engine runner (``.pt2`` from ``build-engine --backend torch``): the AOTInductor
-package (or, where the build fell back, the exported program under ``torch.compile``) behind
+package (or, where the build fell back, the exported program: :mod:`.fallback`) behind
 :class:`TorchEngineAdapter`, driven by the same :class:`~hrm_deploy.runtime.device_loop.DeviceLoop`
 as TensorRT engines: on CUDA one stream, buffers once per batch size, the step loop captured
 as a CUDA graph; on the CPU the same loop with torch CPU memory (no graph).
@@ -12,7 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.backends.torch.package import load_aoti_package, load_program, release_folder, set_tf32
+from hrm_deploy.backends.torch.fallback import load_program
+from hrm_deploy.backends.torch.package import (
+    load_aoti_package,
+    prepare_load,
+    release_folder,
+    set_tf32,
+)
 from hrm_deploy.errors import ConfigError, EngineError, require
 from hrm_deploy.manifest import check_artifact
 from hrm_deploy.runtime.adapter import TensorSpec
@@ -135,6 +141,8 @@ class TorchEngineRunner(LoopRunner):
             )
         self.memory = device_memory(self.device_index if on_cuda else "cpu", "torch" if on_cuda else "auto")
         check_compatible(self.manifest, "torch", torch.__version__, self.memory.capability, self.memory.gpu_name)
+        if self.compile_path == "aoti":  # before CUDA, as the probe's child does (docs/gpu.md)
+            self.runtime_settings["load_setup"] = prepare_load(torch)
         if on_cuda:  # torch's CUDA state exists on the runner's GPU before the package is loaded onto it
             torch.cuda.init()
             torch.cuda.set_device(self.device_index)
@@ -159,11 +167,12 @@ class TorchEngineRunner(LoopRunner):
     def _load(self, torch: Any, on_cuda: bool) -> tuple[Callable[..., Any], bool]:
         """The compiled callable and whether a CUDA graph may capture it. An AOTInductor package
         is first loaded by a child process (:mod:`.probe`): where that dies, the exported program
-        saved beside the engine runs under ``torch.compile`` instead (one warning line), or, for
+        saved beside the engine runs instead (:mod:`.fallback`; one warning line), or, for
         an engine without one, one error line says what to do."""
-        if self.compile_path != "aoti":  # the build could not AOT-compile: compile the exported program here
-            return load_program(torch, self.path), True
-        verdict = self._probe(torch, on_cuda)
+        device = torch.device("cuda", self.device_index) if on_cuda else None
+        if self.compile_path != "aoti":  # the build could not AOT-compile: the exported program runs here
+            return load_program(torch, self.path, device), True
+        verdict = self.load_verdict(torch, on_cuda)
         if verdict.ok:
             return load_aoti_package(
                 torch,
@@ -180,16 +189,18 @@ class TorchEngineRunner(LoopRunner):
                 "--compiler torch.compile"
             )
         log.warning(
-            "%s cannot be loaded by %s (%s); running its exported program under torch.compile instead",
+            "%s cannot be loaded by %s (%s); running its exported program instead",
             self.path.name,
             where,
             verdict.reason,
         )
-        self.compile_path = "torch.compile (load fallback)"
+        self.compile_path = "exported program (load fallback)"
         self.runtime_settings["load_fallback"] = verdict.reason
-        return load_program(torch, companion), True
+        return load_program(torch, companion, device), True
 
-    def _probe(self, torch: Any, on_cuda: bool) -> Any:
+    def load_verdict(self, torch: Any, on_cuda: bool) -> Any:
+        """Whether this package may be loaded in this process: the probe's (cached, sealed) verdict
+        from a child process that loaded it as this runner would (:mod:`.probe`)."""
         from hrm_deploy.backends.torch.probe import ProbeSpec, probe_load
 
         spec = ProbeSpec(
@@ -199,9 +210,18 @@ class TorchEngineRunner(LoopRunner):
             single_threaded=on_cuda and self.cuda_graph,
             tf32=bool(self.manifest.get("tf32", False)),
             io=self.manifest["io"],
+            max_batch=int(self.manifest.get("profile_shapes", {}).get("batch", [1, 1])[1]),
+            capture=on_cuda and self.cuda_graph,
         )
         label = f"cuda {self.memory.gpu_name}" if on_cuda else "cpu"
         return probe_load(spec, sha256=self.manifest["sha256"], torch_version=torch.__version__, device_label=label)
+
+    @property
+    def engine_path(self) -> str:
+        """What runs: ``engine`` (the AOTInductor package) or ``fallback (eager|torch.compile)``
+        (the exported program; where the build could not AOT-compile or the package cannot load here)."""
+        how = getattr(getattr(getattr(self.loop, "adapter", None), "fn", None), "path", None)
+        return "engine" if how is None else f"fallback ({how})"
 
     def _close(self) -> None:
         try:

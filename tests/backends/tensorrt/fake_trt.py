@@ -288,8 +288,9 @@ class IExecutionContext:
 
         def run() -> None:
             CALLS["executed"] += 1
-            for layer, ms in engine.spec.get("layers", {}).items() if profiler is not None else ():
-                profiler.report_layer_time(layer, ms)
+            if profiler is not None:
+                for layer, ms in engine.spec.get("layers", {}).items():
+                    profiler.report_layer_time(layer, ms)
             if engine.spec.get("noop"):  # the loop-overhead benchmark: no maths, only the loop's own cost
                 return
             get = {n: _load(memory.array_at(p), engine.kinds[n]) for n, p in bound.items()}
@@ -305,7 +306,7 @@ class IExecutionContext:
                     get["z_L"].astype(np.float32),
                     get["reset"].astype(bool),
                 )
-                names = ("z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits")
+                names: tuple[str, ...] = ("z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits")
             else:
                 ref = reference(s, get["inputs"], get["puzzle_identifiers"])
                 names = ("logits", "q_halt_logits", "q_continue_logits") + (

@@ -44,3 +44,10 @@ def cuda_engine(trained_tiny, tmp_path_factory):
         folder / "tiny.step.cuda.pt2",
         quiet=True,
     ).path
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A user cache of this test alone (probe verdicts, their seal key, regenerated data)."""
+    monkeypatch.setenv("HRM_DEPLOY_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"

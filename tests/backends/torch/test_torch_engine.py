@@ -100,9 +100,14 @@ def test_fallback_saves_the_exported_program_and_runs_it_compiled(trained_tiny, 
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda module, **kw: compiled.append(kw) or module)
     feeds = _examples(trained_tiny.data, 8).feeds(0, 8)
+    with open_runner(result.path, steps=2) as runner:  # auto: eager while the work is short
+        eager = runner.infer(feeds)
+    assert compiled == []
+    monkeypatch.setenv("HRM_DEPLOY_FALLBACK", "compile")
     with open_runner(result.path, steps=2) as runner:
         out = runner.infer(feeds)
     assert compiled == [{"dynamic": True}]
+    np.testing.assert_allclose(eager["logits"], out["logits"])
     ref = _reference(trained_tiny.checkpoint, feeds, steps=2)
     np.testing.assert_array_equal(out["logits"].argmax(-1), ref["logits"].argmax(-1))
     with pytest.raises(ConfigError, match="--fp32 or --bf16"):

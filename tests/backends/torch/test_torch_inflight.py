@@ -13,7 +13,9 @@ from tests.backends.torch.helpers import examples
 pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
 
-def _served_like_alone(engine, data, slots, atol):
+def _served_like_alone(engine, data, slots, atol, captured=False):
+    """``captured``: the step function's calls must have been replayed from CUDA graphs (a silent
+    eager fallback after a failed capture would pass the answers and fail this)."""
     from hrm_deploy.backends import open_runner
 
     feeds = examples(data, 24).feeds(0, 24)
@@ -39,6 +41,10 @@ def _served_like_alone(engine, data, slots, atol):
                 assert ticket.wait(120) and ticket.error is None, ticket.error
         finally:
             scheduler.stop(1)
+        if captured:
+            step = runner.step_function()
+            assert step.loop.capture_error is None and step.cuda_graph, step.loop.capture_error
+            assert any(p.extra.get("step_graphs") for p in step.loop.plans.values())
     got = {k: np.concatenate([t.outputs()[k] for t in tickets]) for k in ("logits", "steps_used")}
     want = {k: np.concatenate([a[k] for a in alone]) for k in ("logits", "steps_used")}
     assert len(set(want["steps_used"].tolist())) > 1  # the rule spread the puzzles over steps
@@ -56,4 +62,4 @@ def test_cpu_step_engine_served_in_flight_answers_like_each_puzzle_alone(torch_e
 
 @pytest.mark.gpu
 def test_gpu_step_engine_served_in_flight_answers_like_each_puzzle_alone(cuda_engine, trained_tiny):
-    _served_like_alone(cuda_engine, trained_tiny.data, 8, atol=1e-3)
+    _served_like_alone(cuda_engine, trained_tiny.data, 8, atol=1e-3, captured=True)

@@ -2,7 +2,7 @@
 processes (each in its own process group, up to --jobs at once, --repeat runs each, within a time
 budget), their verdicts, the per-variant summary and the mechanical `read:` line.
 
-A child is `python scripts/aoti_load_child.py SPEC_JSON`, or the command in $AOTI_MATRIX_CHILD
+A child is `python scripts/diagnostics/2026-11-aoti-load/aoti_load_child.py SPEC_JSON`, or the command in $AOTI_MATRIX_CHILD
 (the spec JSON appended as its last argument): tests put a fake child there.
 """
 
@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 CHILD = str(Path(__file__).resolve().parent / "aoti_load_child.py")
 CHILD_ENV = "AOTI_MATRIX_CHILD"
@@ -82,6 +83,13 @@ def variant_table(work: str) -> list[Variant]:
     amx = "AMX tile-data permission (torch.cpu._init_amx(), as onnxruntime's import and torch's compiler ask)"
     v += [
         Variant("runner-amx", {**runner, "amx": True}, "runner", "runner-extracted", amx),
+        Variant(
+            "runner-amx-first",
+            {**runner, "amx_first": True},
+            "runner",
+            "runner-extracted",
+            amx + ", asked before CUDA is initialised",
+        ),
         Variant("api-amx", {**api, "amx": True}, "api", "tool-api", amx),
     ]
     v += [
@@ -143,11 +151,12 @@ class Child:
     while other children run)."""
 
     def __init__(self, spec: dict, logs: Path, timeout: float, env_extra: dict | None = None, wrap=None):
-        env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1", **(env_extra or {}))
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1", **(env_extra or {})}
         fd, path = tempfile.mkstemp(prefix=f"{spec.get('name', 'child')}-", dir=logs)
         os.close(fd)
         self.out_path, self.err_path = Path(path + ".out"), Path(path + ".err")
-        self.start, self.limit, self.rc = time.perf_counter(), timeout, None
+        self.start, self.limit = time.perf_counter(), timeout
+        self.rc: int | None = None
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(
                 child_argv(spec, wrap),
@@ -248,7 +257,9 @@ def run_matrix(
     variant. The /tmp extraction folders are attributed per run only with jobs == 1."""
     pending = [(k, i) for k in range(repeat) for i in range(len(todo))]
     runs: dict[str, list[Outcome]] = {v.name: [] for v, _ in todo}
-    skipped, left_at, notes = Counter(), {}, {v.name: [] for v, _ in todo}
+    skipped: Counter[str] = Counter()
+    left_at: dict[str, Any] = {}
+    notes: dict[str, list[str]] = {v.name: [] for v, _ in todo}
     running: list[tuple[int, Child, set]] = []
     printed, leaked, before_all = 0, 0, tmp_dirs()
     try:
@@ -356,3 +367,68 @@ def read_line(st: dict[str, str], runs: dict[str, list[Outcome]], table: list[Va
             + (" (try --repeat)" if most == 1 else f" (up to {most} runs each)")
         )
     return "read: " + ("; ".join(says) if says else "no decisive contrast among the variants that ran")
+
+
+# The variants that decide the cause of the fresh-process crash (docs/gpu.md): container creation
+# alone (control), the AMX permission asked before / after CUDA initialisation, onnxruntime's import
+# first; with --ort-libs also each library that import maps, preloaded alone.
+CAUSE_VARIANTS = ["runner-extracted", "runner-amx-first", "runner-amx", "runner-import-ort"]
+FAULT_REPORT_C = Path(__file__).with_name("fault_report.c")
+PRELOAD_PREFIX = "runner-preload-"
+ORT_MAPS_CODE = """
+import torch
+def maps():
+    names = (line.split()[-1] for line in open('/proc/self/maps') if len(line.split()) >= 6)
+    return {n for n in names if n.startswith('/') and ('.so' in n.rsplit('/', 1)[-1])}
+before = maps()
+import onnxruntime
+print('\\n'.join(sorted(maps() - before)))
+"""
+
+
+def build_fault_report(work: Path) -> str | None:
+    """fault_report.c compiled with this machine's C compiler into ``work`` (its path), or None
+    (said why) where there is no compiler or the compile fails."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        say("fault report: no C compiler (cc) here; crashed children print no faulting library")
+        return None
+    out = work / "fault_report.so"
+    cmd = [cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(FAULT_REPORT_C), "-ldl"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        say(f"fault report: the compile failed: {done.stderr.strip()[-300:]}")
+        return None
+    return str(out)
+
+
+def fault_env(library: str) -> dict:
+    """The children's environment additions for the fault report: it preloaded, and Python's own
+    fault handler off (it would catch the signal first and re-raise it from elsewhere)."""
+    preload = " ".join(p for p in (library, os.environ.get("LD_PRELOAD", "")) if p)
+    return {"LD_PRELOAD": preload, "PYTHONFAULTHANDLER": ""}
+
+
+def ort_mapped_libraries(timeout: float = 120.0) -> list[str]:
+    """The shared libraries ``import onnxruntime`` maps into a process that has imported torch
+    (a ``/proc/self/maps`` diff in a child); [] where the child fails (no onnxruntime)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", ORT_MAPS_CODE], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return []
+    if done.returncode != 0:
+        say(f"--ort-libs: the maps diff failed: {(done.stderr.strip().splitlines() or ['?'])[-1][:200]}")
+        return []
+    return [line for line in done.stdout.splitlines() if line.startswith("/")]
+
+
+def preload_variants(libraries: list[str]) -> list[Variant]:
+    """runner-extracted after one library of ``libraries`` was loaded RTLD_GLOBAL, per library."""
+    out = []
+    for path in libraries:
+        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(path).split(".so")[0])
+        what = f"preloading {os.path.basename(path)} (RTLD_GLOBAL; mapped by onnxruntime's import)"
+        out.append(
+            Variant(PRELOAD_PREFIX + stem, {"method": "runner", "preload": [path]}, "runner", "runner-extracted", what)
+        )
+    return out

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The child side of scripts/aoti_load_matrix.py: one load variant in a fresh process.
+"""The child side of scripts/diagnostics/2026-11-aoti-load/aoti_load_matrix.py: one load variant in a fresh process.
 
-    python scripts/aoti_load_child.py SPEC_JSON
+    python scripts/diagnostics/2026-11-aoti-load/aoti_load_child.py SPEC_JSON
 
 The parent (standard library only) starts one of these per variant and reads its stdout:
 `STEP <name>` lines (import, import-<module>, cuda-init, cuda-op, warm, load, loaded, run-bN),
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 
 def _step(name: str) -> None:
@@ -35,11 +36,23 @@ def _inputs(torch, io, batch, device):
     return xs
 
 
+def _xcomp_mask(ctypes) -> str:
+    """arch_prctl(ARCH_GET_XCOMP_PERM) as hex (bit 18: AMX tile data), or why it is unknown."""
+    try:
+        mask = ctypes.c_uint64(0)
+        if ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(mask)) != 0:  # SYS_arch_prctl on x86-64
+            return "unavailable"
+        return f"{mask.value:#x} (AMX tile data {'permitted' if mask.value >> 18 & 1 else 'not permitted'})"
+    except (OSError, AttributeError) as exc:
+        return f"unavailable ({exc})"
+
+
 def child(spec: dict) -> None:
     import ctypes
     import faulthandler
 
-    faulthandler.enable()
+    if not spec.get("fault_report"):  # with the preloaded fault report, it alone catches the signal
+        faulthandler.enable()
     _step("import")
     import torch
 
@@ -67,9 +80,15 @@ def child(spec: dict) -> None:
             __import__(module)
         except ImportError as exc:
             print(f"FACT pre-import {module} unavailable: {exc}", flush=True)
+    for library in spec.get("preload", []):  # one library onnxruntime's import maps, loaded alone
+        _step(f"preload-{os.path.basename(library)}")
+        ctypes.CDLL(library, mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
+    if spec.get("amx_first"):  # the permission asked before CUDA is initialised (hrm-deploy's order now)
+        _step("amx-first")
+        print(f"FACT amx tile data granted before CUDA: {torch.cpu._init_amx()}", flush=True)
     if cuda and spec["cuda"] == "tool":  # hrm_deploy: TorchMemory, then the runner's torch.cuda.init/set_device
         _step("cuda-init")
-        d = torch.device("cuda", idx)
+        d: Any = torch.device("cuda", idx)
         torch.cuda.Stream(d)
         cap, name = torch.cuda.get_device_capability(d), torch.cuda.get_device_name(d)
         torch.cuda.init()
@@ -89,6 +108,7 @@ def child(spec: dict) -> None:
         f(torch.randn(256, device=f"cuda:{idx}"))
         torch.cuda.synchronize()
     method, run_fn = spec["method"], None
+    print(f"FACT xcomp permission mask right before the load: {_xcomp_mask(ctypes)}", flush=True)
     _step("load")
     if method == "api":
         model = torch._inductor.aoti_load_package(spec["pkg"], run_single_threaded=st, device_index=dev)
@@ -97,10 +117,11 @@ def child(spec: dict) -> None:
         loader = torch._C._aoti.AOTIModelPackageLoader(spec["pkg"], "model", st, 1, dev)
         run_fn = lambda xs: loader.run(xs)  # noqa: E731
     elif method == "runner":
+        r: Any
         if cuda:
             dstr = "cuda" if dev < 0 else f"cuda:{dev}"
             try:
-                r = torch._C._aoti.AOTIModelContainerRunnerCuda(spec["so"], 1, dstr, spec["cubin_dir"], st)
+                r = torch._C._aoti.AOTIModelContainerRunnerCuda(spec["so"], 1, dstr, spec["cubin_dir"], st)  # type: ignore[call-overload]
             except TypeError:  # builds whose binding has no run_single_threaded argument
                 r = torch._C._aoti.AOTIModelContainerRunnerCuda(spec["so"], 1, dstr, spec["cubin_dir"])
         else:
@@ -113,9 +134,10 @@ def child(spec: dict) -> None:
         from hrm_deploy.backends.torch import runner as torch_runner
         from hrm_deploy.backends.torch.probe import LoadVerdict
 
-        torch_runner.TorchEngineRunner._probe = lambda self, torch, on_cuda: LoadVerdict(True)  # load in-process
+        # load in-process: the verdict a probe would have given for a package that loads
+        torch_runner.TorchEngineRunner.load_verdict = lambda self, torch, on_cuda: LoadVerdict(True)  # type: ignore[method-assign]
         hrm = open_runner(spec["pkg"], device=max(idx, 0), step_predictions=False).activate()
-        seq = int(hrm.seq_len)
+        seq = int(hrm.seq_len or 0)
 
         def run_fn(xs):
             b = int(xs[0].shape[0])

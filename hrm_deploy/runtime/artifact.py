@@ -1,4 +1,7 @@
-"""What an artifact takes and gives, read without running it (manifest first, then the file)."""
+"""What an artifact takes and gives, read without running it (manifest first, then the file).
+
+Below the applications: ``serve``, ``triton-repo``, ``solve`` and ``arc-eval`` read an artifact's
+sizes and I/O through :func:`read_contract` before they open a runner."""
 
 from __future__ import annotations
 
@@ -7,16 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.errors import ArtifactError
-
-# ONNX tensor type names (manifest "io") -> Triton config data types
-TRITON_TYPES = {
-    "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64",
-    "FLOAT": "TYPE_FP32",
-    "FLOAT16": "TYPE_FP16",
-    "BFLOAT16": "TYPE_BF16",
-    "BOOL": "TYPE_BOOL",
-}
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Where does loading an AOTInductor (.pt2) package crash? One line per load variant.
 
-    python scripts/aoti_load_matrix.py ENGINE.pt2 [--device-index 0] [--budget 170] [--control]
+    python scripts/diagnostics/2026-11-aoti-load/aoti_load_matrix.py ENGINE.pt2 [--device-index 0] [--budget 170] [--control]
         [--jobs N] [--repeat K] [--fast-first] [--only a,b,c]
 
 Needs only the standard library here and torch in the children. The parent never imports
-torch: every variant runs in its own fresh `python scripts/aoti_load_child.py` (subprocess in its
+torch: every variant runs in its own fresh `python scripts/diagnostics/2026-11-aoti-load/aoti_load_child.py` (subprocess in its
 own process group, never fork), so a segfault costs only that child. Printed per variant, in the
 order below: ok / SIGSEGV (or other signal) / error / timeout, the seconds it took and the last
 step the child reached (import, import-<module>, cuda-init, cuda-op, warm, load, loaded, run-bN);
@@ -32,6 +32,9 @@ ends is `skipped (budget)`. Variants:
   runner-amx / api-amx
                       runner-extracted / tool-api after torch.cpu._init_amx() (the AMX tile-data
                       permission onnxruntime's import asks for; hrm-deploy's loader asks for it too)
+  runner-amx-first    runner-extracted with the AMX permission asked before CUDA is initialised
+  runner-preload-L    (--ort-libs) runner-extracted after one library L that `import onnxruntime`
+                      maps (a /proc/self/maps diff in a child) was loaded RTLD_GLOBAL, one each
   runner-cuda-ctx     runner-extracted after a real CUDA op (ones(1).sum().item() + synchronize):
                       a primary context that has run a kernel before the load
   api-import-M        tool-api after importing one module M of CLI_IMPORTS (M as above)
@@ -46,6 +49,11 @@ ends is `skipped (budget)`. Variants:
   api-fresh-cache     tool-api with TORCHINDUCTOR_CACHE_DIR = a new empty folder
   run                 the first variant that loaded ok, plus one forward at batch 1 and at the
                       profile's max batch (inputs from <pkg>.manifest.json's "io"; skipped without it)
+--cause runs only the variants that decide the cause (CAUSE_VARIANTS: control = runner-extracted,
+the permission before and after CUDA initialisation, onnxruntime's import; with --ort-libs each
+library it maps). Every child prints its permission mask (ARCH_GET_XCOMP_PERM) right before the
+load; --fault-report compiles fault_report.c with cc and preloads it into every child: a child that
+dies prints the faulting library + offset and a native backtrace (no gdb needed).
 --fast-first runs (and prints) the variants by estimated cost: dlopen and runner-* first.
 Then, if a variant died by a signal and time is left: the native backtrace of a rerun under gdb
 (if gdb is installed) and the last dynamic-loader lines (LD_DEBUG=files) before the crash.
@@ -57,13 +65,14 @@ with the one it adds one thing to; a variant that both crashed and loaded => non
 Extraction folders that crashed children leave in /tmp (the C++ loader's mkdtemp: /tmp/XXXXXX in
 the 2.11-era loader, /tmp/aotinductor_XXXXXX in later ones) are reported (how far extraction got)
 and removed unless --keep (with --jobs > 1: once all children have ended, not per variant).
-Set AOTI_MATRIX_CHILD to a command to replace `python scripts/aoti_load_child.py` (tests use a
+Set AOTI_MATRIX_CHILD to a command to replace `python scripts/diagnostics/2026-11-aoti-load/aoti_load_child.py` (tests use a
 fake child); the JSON spec is its last argument.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -75,10 +84,16 @@ import zipfile
 from pathlib import Path
 
 from aoti_matrix_lib import (
+    CAUSE_VARIANTS,
     EST,
+    PRELOAD_PREFIX,
     Outcome,
     Variant,
+    build_fault_report,
+    fault_env,
     leftovers,
+    ort_mapped_libraries,
+    preload_variants,
     read_line,
     run_child,
     run_matrix,
@@ -146,6 +161,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--only", default="", help="comma-separated variant names to run (and 'run')")
     ap.add_argument("--no-forensics", action="store_true", help="skip the gdb / LD_DEBUG reruns")
     ap.add_argument("--keep", action="store_true", help="keep temp folders and crashed children's /tmp/XXXXXX")
+    ap.add_argument("--fault-report", action="store_true", help="preload fault_report.c (compiled here with cc)")
+    ap.add_argument("--ort-libs", action="store_true", help="add runner-preload-* per library onnxruntime maps")
+    ap.add_argument("--cause", action="store_true", help="only the variants that decide the cause (CAUSE_VARIANTS)")
     return ap.parse_args(argv)
 
 
@@ -221,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     left = lambda: args.budget - (time.perf_counter() - t0)  # noqa: E731
     known = [v.name for v in variant_table("")] + ["run"]
-    only = [s.strip() for s in args.only.split(",") if s.strip()]
-    if [s for s in only if s not in known]:
+    only = [s.strip() for s in args.only.split(",") if s.strip()] or (CAUSE_VARIANTS if args.cause else [])
+    if [s for s in only if s not in known and not s.startswith(PRELOAD_PREFIX)]:
         say(f"--only: unknown variant {', '.join(s for s in only if s not in known)}; known: {', '.join(known)}")
         return 2
     if args.jobs < 1 or args.repeat < 1:
@@ -275,6 +293,19 @@ def matrix(args: argparse.Namespace, pkg: Path, work: Path, left, only: list[str
         "batches": batches,
     }
     table = variant_table(str(work))
+    if args.ort_libs:
+        libraries = ort_mapped_libraries()
+        say(f"onnxruntime's import maps {len(libraries)} libraries: {' '.join(os.path.basename(p) for p in libraries)}")
+        extra = preload_variants(libraries)
+        table += extra
+        only = only + [v.name for v in extra] if only else only
+    report = build_fault_report(work) if args.fault_report else None
+    if report:
+        say(f"fault report: {report} preloaded into every child (faulting library + offset, backtrace)")
+        table = [
+            dataclasses.replace(v, env={**v.env, **fault_env(report)}, over={**v.over, "fault_report": True})
+            for v in table
+        ]
     if device != "cuda":
         say(f"(a {device} package: CUDA steps are skipped; the matrix still exercises the loader paths)")
         table = [v for v in table if v.kind != "warm"]
