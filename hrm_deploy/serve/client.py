@@ -79,7 +79,9 @@ def infer_remote(
     except InferenceServerException as exc:
         raise RemoteError(f"{shown_url(url)} model '{model_name}': {_server_message(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - connection refused / reset, socket timeouts (gevent/geventhttpclient types)
-        raise RemoteError(f"{shown_url(url)} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}") from None
+        raise RemoteError(
+            f"{shown_url(url)} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}"
+        ) from None
     finally:
         client.close()
     response = result.get_response() or {}
@@ -129,7 +131,9 @@ def model_config(url: str, model_name: str = "hrm", *, timeout_s: float = 30.0) 
     except InferenceServerException as exc:
         raise RemoteError(f"{shown_url(url)} model '{model_name}': {_server_message(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - connection refused / reset, socket timeouts
-        raise RemoteError(f"{shown_url(url)} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}") from None
+        raise RemoteError(
+            f"{shown_url(url)} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}"
+        ) from None
     finally:
         client.close()
     return dict(config)
