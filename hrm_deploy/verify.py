@@ -235,8 +235,11 @@ def verify(
     and stored in the manifest when not already there). Progress with ETA goes to stderr unless ``quiet``."""
     from hrm_deploy.backends import open_runner, reference_runner
     from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.manifest import refuse_companion
+    from hrm_deploy.provenance import check_reference
 
     path = Path(artifact)
+    refuse_companion(path)  # a .pt2's .program fallback given alone: name its engine
     if data is None:  # the checkpoint's own dataset, announced
         from hrm_deploy.provenance import default_data
 
@@ -248,10 +251,11 @@ def verify(
     _check_options(samples, batch, thresholds, overrides)
     saving = _can_save_reports(path)  # links refused before the work; a read-only folder only warns
     before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints
+    reference_ckpt = Path(against) if against else find_reference(path)
+    check_reference(path, reference_ckpt)  # a changed config or weights: one line, the old report kept
     candidate = open_runner(path, **runner_options)
     examples = load_examples(data, samples, split="test")
     cand_out = _run(candidate, examples, batch, f"{path.name} ({candidate.name})", quiet, check_vocab=True)
-    reference_ckpt = Path(against) if against else find_reference(path)
     ckpt_overrides = recorded_overrides(path)  # the same model the artifact was exported as
     reference = reference_runner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
     # a loop graph halts by the rule fixed at its export: the reference runs the host loop with that rule

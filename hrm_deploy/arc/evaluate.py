@@ -310,6 +310,10 @@ def arc_eval(
     if not 0 <= config.max_pass2_difference_points <= 100:
         raise ConfigError(f"--max-pass2-difference {config.max_pass2_difference_points}: give points between 0 and 100")
     _check_outputs(submission, paths, [None if remote else path, against], [data, run, run_folder(against)])
+    if against is not None and not remote:  # a pass@2 difference only against the model it was built from
+        from hrm_deploy.provenance import check_reference
+
+        check_reference(path, against)
     source = open_source(artifact, runner_options, config.model_name, config.remote_timeout_s)
     clock, stopper = _work_plan(data, config)
     preds = paths["early_preds" if stopper is not None else "preds"]

@@ -106,11 +106,11 @@ class RemoteSource:
     ``act_steps`` is checked against it, one that does not against the widest ``q_halt`` seen."""
 
     def __init__(self, url: str, model_name: str = "hrm", timeout_s: float = 300.0):
-        from hrm_deploy.serve.client import host_port, model_config
+        from hrm_deploy.serve.client import host_port, model_config, shown_url
 
         self.url, self.model_name, self.timeout_s = url, model_name, timeout_s
         config = model_config(url, model_name, timeout_s=min(timeout_s, 30.0))
-        self.name = f"{model_name} at {url}"
+        self.name = f"{model_name} at {shown_url(url)}"
         inputs = {e.get("name"): _dims(e) for e in config.get("input", [])}
         outputs = {e.get("name"): _dims(e) for e in config.get("output", [])}
         missing = [n for n in ("inputs", "puzzle_identifiers") if n not in inputs]

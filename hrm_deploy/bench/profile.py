@@ -55,6 +55,13 @@ class ProfileConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.calls <= MAX_CALLS or self.warmup < 0 or self.batch < 1:
             raise ConfigError(f"profile: calls must be 1..{MAX_CALLS}, warmup >= 0 and batch >= 1")
+        from hrm_deploy.bench.run import MAX_BATCH
+
+        if self.batch > MAX_BATCH:  # bounded as bench is, before any graph is loaded
+            raise ConfigError(
+                f"--batch {self.batch} is too large; profiled batches go up to {MAX_BATCH} "
+                "(larger batches are tiled from the data and would exhaust memory)"
+            )
 
 
 def read_ort_profile(path: str | Path, calls: int, warmup: int) -> tuple[list[Layer], float]:

@@ -265,6 +265,10 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
             "`hrm-deploy bench --target jetson --host USER@JETSON`"
         )
     paths = [Path(a) for a in artifacts] or _default_artifacts()
+    from hrm_deploy.manifest import refuse_companion
+
+    for path in paths:  # a .pt2's .program fallback given alone: name its engine
+        refuse_companion(path)
     if not paths and not config.include_reference:
         raise ConfigError("nothing to bench: pass artifacts or build engines first (hrm-deploy build-engine)")
     from hrm_deploy.bench.files import BENCH_FILES, PROFILE_FILES, ReportFolder
@@ -279,6 +283,11 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     examples = load_examples(config.data, config.accuracy_samples, split="test")
     check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
     measured = {path: (check_artifact(path) or {}).get("sha256") for path in paths if path.is_file()}
+    if config.include_reference and config.reference:  # accuracy only against the reference they were built from
+        from hrm_deploy.provenance import check_reference
+
+        for path in measured:
+            check_reference(path, config.reference)
     rows: list[dict[str, Any]] = []
     steps = None
     for path in paths:
@@ -353,6 +362,9 @@ def _profile(report: dict[str, Any], config: BenchConfig) -> None:
     from hrm_deploy.bench.profile import ProfileConfig, profile
 
     ok = [r for r in report["rows"] if r["status"] == "ok"]
+    if not ok:  # say why each was not measured, not that nothing was given
+        why = "; ".join(f"{Path(r['artifact']).name}: {r['status']}" for r in report["rows"])
+        raise ArtifactError(f"nothing to profile: no artifact could be measured ({why})")
     reference = next((r["artifact"] for r in ok if r.get("reference")), None)
     settings = ProfileConfig(
         data=config.data, batch=config.batches[0], provider=config.provider, out_dir=config.out_dir

@@ -24,6 +24,7 @@ from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
 from hrm_deploy.model.families import family_of
 from hrm_deploy.progress import Stages, progress
+from hrm_deploy.provenance import reference_files
 from hrm_deploy.puzzle_table import Placement, table_path, write_table
 from hrm_deploy.sources import file_sha256, hub_origin
 
@@ -347,6 +348,8 @@ def export_onnx(
     from hrm_deploy.export.parity import check_parity, check_segment
 
     stages = Stages(quiet)
+    if out is not None and not Path(out).is_dir():  # a file path: refused before even the model loads
+        check_replaceable(check_output_path(out), [model_or_ckpt if isinstance(model_or_ckpt, (str, Path)) else None])
     with stages.stage("loading model"):
         source_file, source_sha256 = _source_file(model_or_ckpt)
         model, source = _resolve_source(model_or_ckpt, {k: v for k, v in checkpoint_overrides.items() if v is not None})
@@ -470,6 +473,7 @@ def export_onnx(
                 source=getattr(model, "checkpoint_info", None),
                 # a published checkpoint: repository, commit, the refs naming it, file sha256s
                 hub=hub_origin(source_file),
+                reference_files=reference_files(source_file),  # upstream's config and dataset.json, hashed
                 # fields the checkpoint lacked, given on the command line: shown by inspect and
                 # verify, and applied when verify loads the reference
                 checkpoint_overrides=(getattr(model, "checkpoint_info", None) or {}).get("overrides") or {},

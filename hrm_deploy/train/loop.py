@@ -273,13 +273,20 @@ def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dis
     position, carry_saved, contents = 0, None, None
     shadow: dict[str, torch.Tensor] | None = None  # EMA weights of a resumed run
     if resume:
-        contents = read_checkpoint(resume)
+        from hrm_deploy.train.checkpointer import written_by_us
+
+        not_ours = CheckpointError(
+            f"{resume} is not a trainer checkpoint (it has weights but no optimizer and random state, e.g. an "
+            "upstream step_N or a bundled preset); --resume takes a last.pt/step_N.pt written by hrm-deploy train"
+        )
+        try:
+            contents = read_checkpoint(resume)
+        except (CheckpointError, ConfigError):  # an upstream file's hints name export's flags, not train's
+            if written_by_us(resume):
+                raise
+            raise not_ours from None
         if contents.kind != "hrm-deploy" or not all(k in contents.extra for k in ("optimizer", "rng")):
-            raise CheckpointError(
-                f"{resume} is not a trainer checkpoint (it has weights but no optimizer and "
-                "random state, e.g. an upstream step_N or a bundled preset); --resume takes a "
-                "last.pt/step_N.pt written by hrm-deploy train"
-            )
+            raise not_ours
         model = model_from_contents(contents)  # the weights saved for inference (the EMA copy with ema)
         if contents.extra.get("live_state") is not None:
             shadow = {"inner." + k: v for k, v in contents.state_dict.items()}
@@ -287,6 +294,11 @@ def _setup(model_config: HRMConfig, config: TrainConfig, resume: str | None, dis
         if contents.config != model_config:
             raise ConfigError(f"{resume} was trained with a different model config; resume it without overrides")
         position = int(contents.step or 0)
+        if config.steps <= position:  # nothing would run: say so instead of finishing silently
+            raise ConfigError(
+                f"--steps {config.steps}: {resume} is already at step {position} (steps count from the run's "
+                f"start); give --steps above {position} to train further"
+            )
         carry_saved = contents.extra.get("carry")
     else:
         model = build_model(model_config, seed=config.seed)

@@ -217,6 +217,8 @@ class TensorRTBuilder:
         config, target = request.config, request.target
         if request.backend not in target.backends:
             raise ConfigError(f"target {target.name} builds with {' or '.join(target.backends)}, not {request.backend}")
+        if target.architectures or config.compute_capability:  # GPUs the precision cannot run: before any package
+            target_architectures(target, config.precision, config.compute_capability)
         backend = load_backend(request.backend)
         backend.compute_capability(config.compute_capability or target.compute_capability)  # validate early
         machine = gpu_identity()
