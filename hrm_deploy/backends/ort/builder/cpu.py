@@ -301,9 +301,9 @@ def _activations(meta: dict[str, Any], config: CpuBuildConfig, stages: Stages) -
     """Static INT8's activation type (``config.activations``; auto: the faster integer GEMM on
     this CPU for the model's MLP input projection at batch 1, see builder/isa.py)."""
     from hrm_deploy.backends.ort.builder.isa import choose_activations
-    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.families import config_from_dict
 
-    model = HRMConfig.from_dict(meta["config"])
+    model = config_from_dict(meta["config"])
     with stages.stage("choosing the integer GEMM for this CPU (U8S8 or S8S8, measured)"):
         return choose_activations(
             config.activations, model.total_seq_len, model.hidden_size, 2 * model.intermediate_size, config.threads

@@ -145,7 +145,7 @@ def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, q
     if not data:
         from hrm_deploy.provenance import default_data
 
-        choice = default_data(src, "--calib-data", {"train": config.calib_samples})
+        choice = default_data(src, "--calib-data", {"train": config.calib_samples, "test": None})
         if not quiet:
             log.info(choice.message)
         data = str(choice.path)
