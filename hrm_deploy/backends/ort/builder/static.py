@@ -145,7 +145,11 @@ def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, q
     if not data:
         from hrm_deploy.provenance import default_data
 
-        choice = default_data(src, "--calib-data", {"train": config.calib_samples, "test": None})
+        # the holdout is the test split: all of it when the build measures INT8 (its size is the holdout's)
+        splits: dict[str, int | None] = {"train": config.calib_samples}
+        if config.check_accuracy:
+            splits["test"] = None
+        choice = default_data(src, "--calib-data", splits)
         if not quiet:
             log.info(choice.message)
         data = str(choice.path)
