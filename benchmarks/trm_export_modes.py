@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-from hrm_deploy.model.config import TRMConfig
 from hrm_deploy.model.hrm import build_model
+from hrm_deploy.model.trm_config import TRMConfig
 
 SIZES = {
     "upstream": dict(

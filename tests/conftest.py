@@ -140,8 +140,8 @@ def make_trm(variant: str, seed: int = 0):
     """A seeded random tiny TRM with a non-zero Q head and puzzle table (upstream zero-inits both)."""
     import torch
 
-    from hrm_deploy.model.config import TRMConfig
     from hrm_deploy.model.hrm import build_model
+    from hrm_deploy.model.trm_config import TRMConfig
 
     model = build_model(TRMConfig(**TRM_TINY, **TRM_VARIANTS[variant]), seed=seed).eval()
     with torch.no_grad(), torch.random.fork_rng():

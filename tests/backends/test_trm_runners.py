@@ -68,7 +68,6 @@ def test_cpu_target_static_int8_of_the_trained_trm_builds_and_verifies(tmp_path)
     assert report["exact_drop_points"] <= 2.0
 
 
-
 def test_torch_engine_builds_from_the_checkpoint_in_step_mode(trm_deploy, tmp_path):
     from hrm_deploy.engines.build import EngineConfig, build_engine
     from hrm_deploy.manifest import read_manifest
