@@ -239,13 +239,20 @@ def ort_session(
 
 @contextlib.contextmanager
 def quiet_ort() -> Iterator[None]:
-    """ORT's quantizer prints calibration chatter and root-logger warnings; keep them out of our output."""
+    """ORT's quantizer prints calibration chatter and root-logger warnings; keep them out of our output.
+    Its module-level ``logging.info(...)`` calls also give the root logger a handler on first use
+    (``logging.basicConfig``), which would print every later record of ours a second time
+    (``INFO:hrm_deploy...``): handlers added to the root here are removed on the way out."""
+    root = logging.getLogger()
+    handlers = list(root.handlers)
     logging.disable(logging.WARNING)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             yield
     finally:
         logging.disable(logging.NOTSET)
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
 
 
 class CarryShape(Protocol):

@@ -6,14 +6,17 @@ backend."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.metrics import accuracy
 
 # The default accuracy check of every quantized build (INT8, FP8, NVFP4; the cpu target's own too):
-DEFAULT_BUDGET_POINTS = 1.0  # exact-accuracy points a quantized graph may lose on the holdout
-MIN_AGREEMENT_PCT = 98.0  # argmax agreement with FP32 over every output cell of the holdout
+# the rule and how a holdout decides it are in hrm_deploy.precision.rule
+from hrm_deploy.precision.rule import DEFAULT_BUDGET_POINTS, MIN_AGREEMENT_PCT  # noqa: E402,F401 - the rule's
+
 # The holdout: as many puzzles as HOLDOUT_FLOPS of FP32 work, between MIN_HOLDOUT and
 # HOLDOUT_SAMPLES. On the bundled model 128 puzzles measured minmax static INT8 0.8 points
 # *above* FP32 where 1,000 measured it 1.5 below: one puzzle is 0.1 point of 1,000, 0.8 of 128.
@@ -60,27 +63,13 @@ def holdout_examples(data: str, calibration: Examples, count: int) -> Examples:
     return Examples(everything.inputs[keep], everything.puzzle_identifiers[keep], labels, str(data), "")
 
 
-def against_fp32(fp32: str, candidate: str, holdout: Examples) -> dict[str, float | int | None]:
-    """The quantized graph ``candidate`` against its FP32 graph on ``holdout`` (ONNX Runtime CPU; an
-    NVFP4 graph through its CPU simulation): argmax agreement over every output cell, exact
-    accuracy of both (None without labels) and the points lost."""
+def quantized_logits(path: str | Path, examples: Examples) -> np.ndarray:
+    """Final logits of a graph of any precision on ONNX Runtime CPU (an NVFP4 graph through its CPU
+    simulation): how the precision stage's holdout runs FP32 and candidate graphs."""
     from hrm_deploy.precision.nvfp4 import cpu_runnable
 
-    reference = onnx_logits(fp32, holdout)
-    with cpu_runnable(candidate) as runnable:
-        logits = onnx_logits(runnable, holdout)
-    agreement = 100.0 * float((logits.argmax(-1) == reference.argmax(-1)).mean())
-    base = exact = None
-    if holdout.labels is not None:
-        base = 100.0 * accuracy(reference, holdout.labels)["exact_accuracy"]
-        exact = 100.0 * accuracy(logits, holdout.labels)["exact_accuracy"]
-    return {
-        "fp32_exact_pct": base,
-        "exact_pct": exact,
-        "loss_points": round(base - exact, 4) if base is not None and exact is not None else None,
-        "argmax_agreement_pct": round(agreement, 4),
-        "holdout_puzzles": len(holdout),
-    }
+    with cpu_runnable(str(path)) as runnable:
+        return onnx_logits(runnable, examples)
 
 
 def onnx_accuracy(path: str, examples: Examples, batch: int = 64) -> dict[str, float]:

@@ -126,33 +126,28 @@ def _write_qdq(src: Path, src_sha256: str, meta, config: PrecisionConfig, tmp: P
 
 
 def _check_accuracy(src: Path, tmp: Path, examples, meta, config: PrecisionConfig, cache, plan, stages, report):
-    """The quantized graph against FP32 on held-out puzzles, by default: one line (argmax agreement,
-    exact-accuracy delta) and the manifest's ``accuracy`` record. Over the budget, the most harmful
-    layers stay float until it holds (:func:`hrm_deploy.precision.fallback.sensitivity_fallback`),
-    or the build stops saying it could not."""
+    """The quantized graph against FP32 on held-out puzzles, by default, judged by the rule of
+    :mod:`hrm_deploy.precision.rule` (the holdout grows while the verdict is within its noise): one
+    line and the manifest's ``accuracy`` record. Outside the budget, the most harmful layers stay
+    float (:func:`hrm_deploy.precision.fallback.sensitivity_fallback`) and the graph that will be
+    published is measured again and judged by the same rule; outside it the build stops with one
+    line (nothing is written)."""
     from dataclasses import replace
 
-    from hrm_deploy.precision.accuracy import (
-        DEFAULT_BUDGET_POINTS,
-        MIN_AGREEMENT_PCT,
-        against_fp32,
-        holdout_examples,
-        holdout_size,
-    )
+    from hrm_deploy.precision.accuracy import DEFAULT_BUDGET_POINTS, holdout_examples, holdout_size, quantized_logits
+    from hrm_deploy.precision.rule import Holdout, growth_cap, refusal
 
     if not config.accuracy_check:
         return {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
     budget = DEFAULT_BUDGET_POINTS if config.accuracy_budget is None else config.accuracy_budget
     count = config.holdout_samples or holdout_size(meta)
-    holdout = holdout_examples(str(config.calib_data), examples, count)
-    with stages.stage(f"measuring {config.precision.upper()} against FP32 on {len(holdout)} held-out puzzles"):
-        first = quality = against_fp32(str(src), str(tmp), holdout)
-
-    def outside(q) -> bool:
-        lost = q["loss_points"] or 0.0
-        return lost > budget or q["argmax_agreement_pct"] < MIN_AGREEMENT_PCT
-
-    if outside(quality):
+    cap = growth_cap(count)
+    holdout = Holdout(src, holdout_examples(str(config.calib_data), examples, cap), quantized_logits, count)
+    name = config.precision.upper()
+    with stages.stage(f"measuring {name} against FP32 on {holdout.size} held-out puzzles (up to {cap} if undecided)"):
+        first, decided = holdout.decide(tmp, budget, cap)
+    quality = first
+    if not first.within(budget):
         from hrm_deploy.precision.fallback import sensitivity_fallback
 
         budgeted = replace(config, accuracy_budget=budget)
@@ -161,23 +156,25 @@ def _check_accuracy(src: Path, tmp: Path, examples, meta, config: PrecisionConfi
         )
         # the published graph's count (layers kept in float are no longer quantized)
         report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(plan.quantize))
-        with stages.stage("measuring the budgeted graph against FP32"):
-            quality = against_fp32(str(src), str(tmp), holdout)
-    lost = "" if quality["loss_points"] is None else f", exact {quality['loss_points']:+.2f} points lost"
+        with stages.stage(f"measuring the {name} graph with its float layers against FP32"):
+            quality, decided = holdout.decide(tmp, budget, cap)
+        if not quality.within(budget):
+            raise ConfigError(refusal(name, first, quality, len(report["accuracy_budget"]["kept_float"]), budget))
     log.info(
-        "%s vs FP32 on %d held-out puzzles: argmax agreement %.2f %%%s (budget %g points%s)",
-        config.precision.upper(),
-        quality["holdout_puzzles"],
-        quality["argmax_agreement_pct"],
-        lost.replace("+-", "-"),
+        "%s vs FP32 on %d held-out puzzles: %s (budget %g points lost%s)",
+        name,
+        quality.puzzles,
+        quality.describe().rsplit(" on ", 1)[0],
         budget,
         "; sensitive layers kept float" if quality is not first else "",
     )
+    exact_key = "exact_pct"
     return {
         "checked": True,
         "budget_points": budget,
-        **quality,
-        **({"before_fallback": first} if quality is not first else {}),
+        **quality.as_dict(exact_key),
+        "decided": decided,
+        **({"before_fallback": first.as_dict(exact_key)} if quality is not first else {}),
     }
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.precision.calibrate import QuantPlan
 from hrm_deploy.precision.registry import get_precision, load
+from hrm_deploy.precision.rule import Holdout, Quality, refusal
 from hrm_deploy.progress import Stages
 
 if TYPE_CHECKING:
@@ -118,58 +119,52 @@ def bisect_fallback(
     return Choice(order[: best[0]], sensitivity, best[1], probes)
 
 
-def _holdout_accuracy(path: str, examples, meta) -> float:
-    """Exact accuracy in points on ONNX Runtime CPU (an NVFP4 graph through its CPU simulation)."""
-    from hrm_deploy.precision.accuracy import onnx_accuracy
-    from hrm_deploy.precision.nvfp4 import cpu_runnable
-
-    with cpu_runnable(path) as runnable:
-        return 100.0 * onnx_accuracy(runnable, examples)["exact_accuracy"]
-
-
 def sensitivity_fallback(
     fp32: Path,
     out_tmp: Path,
     examples,
-    holdout,
+    holdout: Holdout,
     config: PrecisionConfig,
     cache: Path,
     meta,
     plan: QuantPlan,
     stages: Stages,
 ) -> dict[str, Any]:
-    """Keep whole layers (all unrolled copies of one weight) in float, most harmful first,
-    until the Q/DQ graph loses at most the budget on the holdout. Sensitivity of a layer = accuracy lost
-    when only that layer is quantized (ranges come from the cache: no recalibration)."""
+    """Keep whole layers (all unrolled copies of one weight) in float, most harmful first, until the
+    Q/DQ graph at ``out_tmp`` is within the rule (:meth:`~hrm_deploy.precision.rule.Quality.within`:
+    the points lost *and* the argmax agreement) on ``holdout``. Sensitivity of a layer = points lost
+    plus points of agreement lost when only that layer is quantized (ranges come from the cache: no
+    recalibration). The caller measures the published graph again and judges it."""
     import onnx
 
     budget = float(config.accuracy_budget or 0.0)
-    base = _holdout_accuracy(str(fp32), holdout, meta)
-    current = _holdout_accuracy(str(out_tmp), holdout, meta)
+    current = holdout.measure(out_tmp)
     measured_key = f"{config.precision}_exact"
     quantize = load(get_precision(config.precision).writer or "")
-    report: dict[str, Any] = {"fp32_exact": base, measured_key: current, "budget_points": budget, "kept_float": []}
-    if base - current <= budget:
+    report: dict[str, Any] = {
+        "fp32_exact": current.fp32_exact,
+        measured_key: current.int8_exact,
+        "budget_points": budget,
+        "kept_float": [],
+    }
+    if current.within(budget):
         return report
     by_weight = weight_groups(onnx.load(str(fp32)), plan.quantize)
     probe = out_tmp.with_name(out_tmp.name + ".probe.onnx")
 
-    def measure(exclude: tuple[str, ...]) -> float:
+    def measure(exclude: tuple[str, ...]) -> Quality:
         quantize(
             str(fp32), str(probe), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
         )
-        return _holdout_accuracy(str(probe), holdout, meta)
+        return holdout.measure(probe)
 
     with stages.stage(f"sensitivity of {len(by_weight)} layers"):
         chosen = keep_sensitive_float(
             by_weight,
             measure,
-            severity=lambda exact: base - exact,
-            within=lambda exact: base - exact <= budget,
-            refuse=lambda exact: (
-                f"{config.precision.upper()} cannot meet the {budget} point budget even with one layer quantized; "
-                "use --fp16 or a larger --accuracy-budget"
-            ),
+            severity=lambda q: q.loss + (100.0 - q.agreement),
+            within=lambda q: q.within(budget),
+            refuse=lambda q: refusal(config.precision.upper(), current, q, len(by_weight) - 1, budget),
             whole=current,
         )
     exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
@@ -177,6 +172,10 @@ def sensitivity_fallback(
         str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
     )
     probe.unlink(missing_ok=True)
-    report.update({measured_key: chosen.measured}, kept_float=chosen.kept_float, layer_loss_points=chosen.sensitivity)
+    report.update(
+        {measured_key: chosen.measured.int8_exact},
+        kept_float=chosen.kept_float,
+        layer_loss_points={w: round(s, 4) for w, s in chosen.sensitivity.items()},
+    )
     report["quantized_nodes"] = len(final.quantize)  # in the published graph (the layers kept float are out)
     return report

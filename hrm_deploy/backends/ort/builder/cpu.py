@@ -265,11 +265,14 @@ def _within_budget(
         holdout,
         holdout_size,
     )
+    from hrm_deploy.precision.rule import growth_cap, refusal
 
     count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
-    with stages.stage(f"measuring INT8 against FP32 on up to {count} held-out puzzles"):
+    cap = growth_cap(count)
+    with stages.stage(f"measuring INT8 against FP32 on {count} held-out puzzles (up to {cap} if undecided)"):
         check = holdout(src, calib, meta, config)
-        whole = quality = check.measure(tmp)
+        whole, decided = check.decide(tmp, config.budget, cap)
+    quality = whole
     record: dict[str, Any] = {
         "checked": True,
         "budget_points": config.budget,
@@ -284,16 +287,14 @@ def _within_budget(
         with stages.stage(f"outside the budget ({whole.describe()}): keeping the most sensitive layers FP32"):
             kept, exclude, sensitivity, search = fit_budget(src, calib, meta, config, whole, check, probe)
         build.update(_make_graph(src, tmp, meta, config, stages, calib, exclude))
+        # the published graph, measured and judged by the same rule (the fallback's probes were not it)
         with stages.stage(f"measuring the mix ({len(kept)} layers FP32) against FP32"):
-            quality = check.measure(tmp)
+            quality, decided = check.decide(tmp, config.budget, cap)
         if not quality.within(config.budget):
-            raise ConfigError(
-                f"static INT8 with {len(kept)} layers FP32 measured {quality.describe()} as built, outside the "
-                f"budget (<= {config.budget} points, >= {MIN_AGREEMENT_PCT:.0f} % agreement); build --fp32, or pass "
-                "a larger --accuracy-budget"
-            )
+            raise ConfigError(refusal("static INT8", whole, quality, len(kept), config.budget))
         record.update(kept_float=kept, kept_float_nodes=len(exclude), sensitivity=sensitivity, fallback=search)
     record["measured"] = quality.as_dict()
+    record["decided"] = decided
     return record
 
 

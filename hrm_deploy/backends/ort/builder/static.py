@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,44 +34,11 @@ from hrm_deploy.precision.accuracy import (  # noqa: F401 - re-exported for the 
     MIN_HOLDOUT,
     holdout_size,
 )
+from hrm_deploy.precision.rule import Holdout, Quality, growth_cap, refusal
 
 log = logging.getLogger(__name__)
 
 HOLDOUT_BATCH = 32
-
-
-@dataclass(frozen=True)
-class Quality:
-    """INT8 against FP32 on the holdout. ``*_exact`` in percent (None without labels);
-    ``agreement`` = % of output cells whose argmax is FP32's."""
-
-    fp32_exact: float | None
-    int8_exact: float | None
-    agreement: float
-    puzzles: int
-
-    @property
-    def loss(self) -> float:
-        """Exact-accuracy points lost (0 without labels)."""
-        if self.fp32_exact is None or self.int8_exact is None:
-            return 0.0
-        return self.fp32_exact - self.int8_exact
-
-    def within(self, budget: float) -> bool:
-        return self.loss <= budget and self.agreement >= MIN_AGREEMENT_PCT
-
-    def describe(self) -> str:
-        exact = "" if self.fp32_exact is None else f"exact {self.int8_exact:.2f} % vs FP32 {self.fp32_exact:.2f} % "
-        return f"{exact}(-{self.loss:.2f} points), argmax agreement {self.agreement:.2f} % on {self.puzzles} puzzles"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "fp32_exact_pct": self.fp32_exact,
-            "int8_exact_pct": self.int8_exact,
-            "loss_points": round(self.loss, 4),
-            "argmax_agreement_pct": round(self.agreement, 4),
-            "holdout_puzzles": self.puzzles,
-        }
 
 
 def _logits(path: str | Path, examples: Examples, threads: int | None, table_of: Path | None = None) -> np.ndarray:
@@ -87,43 +53,15 @@ def _logits(path: str | Path, examples: Examples, threads: int | None, table_of:
         runner.close()
 
 
-class Holdout:
-    """Held-out puzzles and FP32's answers on them (computed once), to measure INT8 graphs."""
+def ort_holdout(fp32: Path, pool: Examples, threads: int | None, size: int | None = None) -> Holdout:
+    """A :class:`~hrm_deploy.precision.rule.Holdout` whose graphs run on this backend's runner
+    (a staged candidate reads the FP32 export's puzzle table)."""
+    fp32 = Path(fp32)
 
-    def __init__(self, fp32: Path, examples: Examples, threads: int | None):
-        from hrm_deploy.metrics import accuracy
+    def run(path: Path, examples: Examples) -> np.ndarray:
+        return _logits(path, examples, threads, None if Path(path) == fp32 else fp32)
 
-        self.examples, self.threads, self.fp32 = examples, threads, fp32
-        self.reference = reference = _logits(fp32, examples, threads)
-        self.answers = reference.argmax(-1)
-        self.fp32_exact = None
-        if examples.labels is not None:
-            self.fp32_exact = 100.0 * accuracy(reference, examples.labels)["exact_accuracy"]
-
-    def first(self, count: int) -> Holdout:
-        """The first ``count`` puzzles of this holdout (FP32's answers reused, not recomputed)."""
-        from hrm_deploy.metrics import accuracy
-
-        if count >= len(self.examples):
-            return self
-        part = copy.copy(self)
-        e = self.examples
-        labels = None if e.labels is None else e.labels[:count]
-        part.examples = Examples(e.inputs[:count], e.puzzle_identifiers[:count], labels, e.source, "")
-        part.reference, part.answers = self.reference[:count], self.answers[:count]
-        if labels is not None:
-            part.fp32_exact = 100.0 * accuracy(part.reference, labels)["exact_accuracy"]
-        return part
-
-    def measure(self, path: str | Path) -> Quality:
-        from hrm_deploy.metrics import accuracy
-
-        logits = _logits(path, self.examples, self.threads, self.fp32)
-        exact = None
-        if self.examples.labels is not None:
-            exact = 100.0 * accuracy(logits, self.examples.labels)["exact_accuracy"]
-        agreement = 100.0 * float((logits.argmax(-1) == self.answers).mean())
-        return Quality(self.fp32_exact, exact, agreement, len(self.examples))
+    return Holdout(fp32, pool, run, size)
 
 
 @dataclass(frozen=True)
@@ -198,19 +136,19 @@ def quantize_static(
 
 
 def holdout(src: Path, calib: Calibration, meta: dict[str, Any], config: Any) -> Holdout:
-    """The held-out puzzles (``config.holdout_samples``, or None: :func:`holdout_size`): from a
-    dataset folder's ``test`` split; from a ``.npz`` (one set), its examples calibration did not use."""
+    """The held-out puzzles (``config.holdout_samples``, or None: :func:`holdout_size`, with up to
+    :func:`~hrm_deploy.precision.rule.growth_cap` more to grow into): from a dataset folder's
+    ``test`` split; from a ``.npz`` (one set), its examples calibration did not use."""
     from hrm_deploy.data.examples import load_examples
 
     source = Path(calib.examples.source)
     count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
+    cap = growth_cap(count)
     if not source.is_file():
-        return Holdout(src, load_examples(source, count, split="test"), config.threads)
+        return ort_holdout(src, load_examples(source, cap, split="test"), config.threads, count)
     everything = load_examples(source, None)
     seen = {row.tobytes() for row in calib.examples.inputs}
-    keep = np.array(
-        [i for i, row in enumerate(everything.inputs) if row.tobytes() not in seen][: config.holdout_samples]
-    )
+    keep = np.array([i for i, row in enumerate(everything.inputs) if row.tobytes() not in seen][:cap], np.int64)
     if not len(keep):
         raise DataError(
             f"{source}: calibration used every example, none is left to measure INT8 on; pass a dataset folder "
@@ -218,7 +156,7 @@ def holdout(src: Path, calib: Calibration, meta: dict[str, Any], config: Any) ->
         )
     labels = everything.labels[keep] if everything.labels is not None else None
     rest = Examples(everything.inputs[keep], everything.puzzle_identifiers[keep], labels, str(source), "")
-    return Holdout(src, rest, config.threads)
+    return ort_holdout(src, rest, config.threads, count)
 
 
 def fit_budget(
@@ -263,11 +201,7 @@ def fit_budget(
         return q.loss + (100.0 - q.agreement)  # both in points
 
     def refuse(q: Quality | None) -> str:
-        return (
-            f"static INT8 does not meet the accuracy budget (<= {budget} points lost, >= {MIN_AGREEMENT_PCT:.0f} % "
-            f"argmax agreement) even with all but one layer FP32: {q.describe() if q else 'not measured'} "
-            f"(all INT8: {whole.describe()}); build --fp32, or pass a larger --accuracy-budget"
-        )
+        return refusal("static INT8", whole, q or whole, len(by_weight) - 1, budget)
 
     try:
         chosen = bisect_fallback(
