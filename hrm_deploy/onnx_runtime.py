@@ -115,16 +115,17 @@ def check_onnx_file(path: str | Path) -> int:
     return st.st_size
 
 
-def load_onnx(path: str | Path) -> Any:
-    """An ``onnx.ModelProto`` of ``path`` (weights in external data not loaded), size-checked
-    before it is read (:func:`check_onnx_file`); anything that does not parse as an ONNX model
-    (truncated, random bytes) is one :class:`~hrm_deploy.errors.ArtifactError` line."""
+def load_onnx(path: str | Path, weights: bool = False) -> Any:
+    """An ``onnx.ModelProto`` of ``path`` (weights in external data loaded only with ``weights``),
+    size-checked before it is read (:func:`check_onnx_file`); anything that does not parse as an
+    ONNX model (truncated, random bytes) is one :class:`~hrm_deploy.errors.ArtifactError` line: the
+    one loader every stage reads a graph with."""
     from hrm_deploy.errors import ArtifactError
 
     check_onnx_file(path)
     onnx = require("onnx", "onnx", "Reading ONNX files")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx.load(str(path), load_external_data=weights)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types (DecodeError, ...)
         raise ArtifactError(f"{path} is not a readable ONNX file ({type(exc).__name__}); re-export it") from None
     if model.ir_version <= 0 or not model.graph.node:

@@ -65,11 +65,24 @@ def holdout_examples(data: str, calibration: Examples, count: int) -> Examples:
 
 def quantized_logits(path: str | Path, examples: Examples) -> np.ndarray:
     """Final logits of a graph of any precision on ONNX Runtime CPU (an NVFP4 graph through its CPU
-    simulation): how the precision stage's holdout runs FP32 and candidate graphs."""
+    simulation): how the precision stage's holdout runs candidate graphs."""
     from hrm_deploy.precision.nvfp4 import cpu_runnable
 
     with cpu_runnable(str(path)) as runnable:
         return onnx_logits(runnable, examples)
+
+
+def holdout_runner(fp32: Path, meta: dict):
+    """The precision stage's ``run`` for a :class:`~hrm_deploy.precision.rule.Holdout`: the FP32
+    graph ``fp32`` with the metadata the stage parsed (no second parse), any other graph by
+    :func:`quantized_logits`."""
+
+    def run(path: Path, examples: Examples) -> np.ndarray:
+        if Path(path) == Path(fp32):
+            return onnx_logits(str(path), examples, meta=meta)
+        return quantized_logits(path, examples)
+
+    return run
 
 
 def onnx_accuracy(path: str, examples: Examples, batch: int = 64) -> dict[str, float]:
@@ -77,16 +90,17 @@ def onnx_accuracy(path: str, examples: Examples, batch: int = 64) -> dict[str, f
     return accuracy(onnx_logits(path, examples, batch), examples.labels)
 
 
-def onnx_logits(path: str, examples: Examples, batch: int = 64) -> np.ndarray:
+def onnx_logits(path: str, examples: Examples, batch: int = 64, meta: dict | None = None) -> np.ndarray:
     """Final logits of an ONNX graph (either mode) on ONNX Runtime CPU: an unrolled graph in one call
-    per batch, a single-step graph driven through all its ACT steps."""
+    per batch, a single-step graph driven through all its ACT steps. ``meta``: the graph's
+    ``hrm_deploy.*`` metadata where the caller has it (else the graph is parsed for it)."""
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.manifest import check_artifact
     from hrm_deploy.onnx_runtime import load_onnx, ort_session, run_stepwise
     from hrm_deploy.puzzle_table import rows_session
 
     manifest = check_artifact(path)  # a graph whose manifest describes other bytes is refused
-    meta = graph_metadata(load_onnx(path))
+    meta = meta or graph_metadata(load_onnx(path))
     # export --puzzle-emb external: the session gathers the rows of the ids it is fed
     session = rows_session(ort_session(path, provider="cpu"), path, manifest)
     logits = []

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from hrm_deploy.errors import ConfigError
-from hrm_deploy.precision.calibrate import QuantPlan
 from hrm_deploy.precision.registry import get_precision, load
 from hrm_deploy.precision.rule import Holdout, Quality, refusal
 from hrm_deploy.progress import Stages
 
 if TYPE_CHECKING:
     from hrm_deploy.precision.convert import PrecisionConfig
+    from hrm_deploy.precision.job import QuantJob
 
 M = TypeVar("M")  # one measurement of a quantized graph (e.g. exact accuracy)
 Q = TypeVar("Q")  # one measurement of a probe graph (bisect_fallback)
@@ -120,23 +120,14 @@ def bisect_fallback(
 
 
 def sensitivity_fallback(
-    fp32: Path,
-    out_tmp: Path,
-    examples,
-    holdout: Holdout,
-    config: PrecisionConfig,
-    cache: Path,
-    meta,
-    plan: QuantPlan,
-    stages: Stages,
+    job: QuantJob, out_tmp: Path, holdout: Holdout, config: PrecisionConfig, stages: Stages
 ) -> dict[str, Any]:
     """Keep whole layers (all unrolled copies of one weight) in float, most harmful first, until the
     Q/DQ graph at ``out_tmp`` is within the rule (:meth:`~hrm_deploy.precision.rule.Quality.within`:
     the points lost *and* the argmax agreement) on ``holdout``. Sensitivity of a layer = points lost
-    plus points of agreement lost when only that layer is quantized (ranges come from the cache: no
-    recalibration). The caller measures the published graph again and judges it."""
-    import onnx
-
+    plus points of agreement lost when only that layer is quantized (every probe written by the
+    row's writer from the same job: no recalibration, no parse). The caller measures the published
+    graph again and judges it."""
     budget = float(config.accuracy_budget or 0.0)
     current = holdout.measure(out_tmp)
     measured_key = f"{config.precision}_exact"
@@ -149,13 +140,11 @@ def sensitivity_fallback(
     }
     if current.within(budget):
         return report
-    by_weight = weight_groups(onnx.load(str(fp32)), plan.quantize)
+    by_weight = weight_groups(job.model, job.plan.quantize)
     probe = out_tmp.with_name(out_tmp.name + ".probe.onnx")
 
     def measure(exclude: tuple[str, ...]) -> Quality:
-        quantize(
-            str(fp32), str(probe), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
-        )
+        quantize(job, probe, exclude)
         return holdout.measure(probe)
 
     with stages.stage(f"sensitivity of {len(by_weight)} layers"):
@@ -168,9 +157,7 @@ def sensitivity_fallback(
             whole=current,
         )
     exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    final = quantize(
-        str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
-    )
+    final = quantize(job, out_tmp, exclude)
     probe.unlink(missing_ok=True)
     report.update(
         {measured_key: chosen.measured.int8_exact},

@@ -193,18 +193,18 @@ def test_cli_refuses_cpu_options_elsewhere_and_the_backend_on_cpu(tiny_onnx):
 def test_an_npz_holdout_is_the_examples_calibration_did_not_use(tiny_onnx, tmp_path):
     from types import SimpleNamespace
 
-    from hrm_deploy.backends.ort.builder.static import Calibration, holdout
+    from hrm_deploy.backends.ort.builder.static import holdout
     from hrm_deploy.errors import DataError
 
     test = load_examples(tiny_onnx.data, 40, split="test")
     npz = tmp_path / "inputs.npz"
     np.savez(npz, inputs=test.inputs, puzzle_identifiers=test.puzzle_identifiers, labels=test.labels)
-    calib = Calibration(load_examples(npz, 30), tmp_path / "c.json", {})
+    calib = SimpleNamespace(examples=load_examples(npz, 30))  # what the holdout reads of the job
     config = SimpleNamespace(holdout_samples=128, threads=1)
     rest = holdout(tiny_onnx.unrolled, calib, {}, config).examples
     assert len(rest) == 10 and not {r.tobytes() for r in rest.inputs} & {r.tobytes() for r in calib.examples.inputs}
     with pytest.raises(DataError, match="calibration used every example"):
-        holdout(tiny_onnx.unrolled, Calibration(load_examples(npz, 40), tmp_path / "c.json", {}), {}, config)
+        holdout(tiny_onnx.unrolled, SimpleNamespace(examples=load_examples(npz, 40)), {}, config)
 
 
 def test_the_holdout_is_sized_by_the_models_cost():

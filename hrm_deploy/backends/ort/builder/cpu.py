@@ -39,7 +39,7 @@ from hrm_deploy.contract import CARRY, PUZZLE_ROWS, RESET
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
-from hrm_deploy.onnx_runtime import Optimization, ort_session
+from hrm_deploy.onnx_runtime import Optimization, load_onnx, ort_session
 from hrm_deploy.progress import Stages
 
 CPU_PRECISIONS = ("fp32", "fp16", "int8")
@@ -216,12 +216,12 @@ def _make_graph(
         if config.precision == "int8" and calib is not None:
             from hrm_deploy.backends.ort.builder.static import quantize_static
 
-            label = "cached calibration" if calib.cache.is_file() else "calibrating"
+            label = "cached calibration" if calib.report["reused"] else "calibrating"
             with stages.stage(
                 f"static INT8 of the weight MatMuls ({label}: {calib.report['method']}, "
                 f"{calib.report['samples']} examples, all {meta['steps']} ACT steps)"
             ):
-                build["quantized_nodes"] = len(quantize_static(src, work, calib, meta, config, exclude))
+                build["quantized_nodes"] = len(quantize_static(calib, work, config, exclude))
             source = str(work)
         elif config.precision == "int8":
             with stages.stage(f"{config.int8_recipe} INT8 of the weight MatMuls: {RECIPES[config.int8_recipe]}"):
@@ -285,7 +285,7 @@ def _within_budget(
     if not whole.within(config.budget):
         probe = tmp.with_name(tmp.name + ".probe.onnx")
         with stages.stage(f"outside the budget ({whole.describe()}): keeping the most sensitive layers FP32"):
-            kept, exclude, sensitivity, search = fit_budget(src, calib, meta, config, whole, check, probe)
+            kept, exclude, sensitivity, search = fit_budget(calib, config, whole, check, probe)
         build.update(_make_graph(src, tmp, meta, config, stages, calib, exclude))
         # the published graph, measured and judged by the same rule (the fallback's probes were not it)
         with stages.stage(f"measuring the mix ({len(kept)} layers FP32) against FP32"):
@@ -324,11 +324,11 @@ def build_cpu(
     if not src.is_file():
         raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first or pass the ONNX path")
     src_sha256 = (check_artifact(src) or {}).get("sha256")  # the export is what its manifest says
-    model = onnx.load(str(src), load_external_data=False)
+    static = config.precision == "int8" and config.int8_recipe == "static"
+    model = load_onnx(src, weights=static)  # the one parse of the FP32 graph (static INT8's job keeps it)
     meta = graph_metadata(model)
     props = {p.key: p.value for p in model.metadata_props}
     nodes_in = len(model.graph.node)
-    del model
     have = meta.get("precision", "fp32")
     if have != "fp32":
         raise ConfigError(f"{src} is a {have} graph; the cpu target starts from the FP32 export")
@@ -343,13 +343,14 @@ def build_cpu(
     with staging_dir(target.parent, "cpu-build") as staging:
         tmp = staging / target.name
         calib = None
-        if config.precision == "int8" and config.int8_recipe == "static":
+        if static:
             from hrm_deploy.backends.ort.builder.static import calibration
 
-            calib = calibration(src, src_sha256 or sha256_file(src), meta, config, quiet)
+            calib = calibration(src, model, src_sha256 or sha256_file(src), meta, config, quiet)
             recipe["calibration"] = calib.report
             recipe["activations"] = _activations(meta, config, stages)
             config = replace(config, activations=recipe["activations"]["activations"])
+        del model  # the job holds it where static INT8 needs it
         build.update(_make_graph(src, tmp, meta, config, stages, calib))
         if calib is not None and config.check_accuracy:
             recipe["accuracy"] = _within_budget(src, tmp, meta, config, stages, calib, build)

@@ -17,9 +17,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,16 +35,25 @@ from hrm_deploy.precision.accuracy import (  # noqa: F401 - re-exported for the 
 )
 from hrm_deploy.precision.rule import Holdout, Quality, growth_cap, refusal
 
+if TYPE_CHECKING:
+    from hrm_deploy.precision.job import QuantJob
+
 log = logging.getLogger(__name__)
 
 HOLDOUT_BATCH = 32
 
 
-def _logits(path: str | Path, examples: Examples, threads: int | None, table_of: Path | None = None) -> np.ndarray:
+def _logits(
+    path: str | Path,
+    examples: Examples,
+    threads: int | None,
+    table_of: Path | None = None,
+    meta: dict[str, Any] | None = None,
+) -> np.ndarray:
     from hrm_deploy.backends.ort.runner import OrtRunner
     from hrm_deploy.runtime.infer import predict
 
-    runner = OrtRunner(path, threads=threads, table_of=table_of)  # a staged graph: the FP32 export's table
+    runner = OrtRunner(path, threads=threads, table_of=table_of, meta=meta)  # a staged graph: the FP32 export's table
     runner.activate()
     try:
         return predict(runner, examples, batch=HOLDOUT_BATCH)
@@ -53,31 +61,30 @@ def _logits(path: str | Path, examples: Examples, threads: int | None, table_of:
         runner.close()
 
 
-def ort_holdout(fp32: Path, pool: Examples, threads: int | None, size: int | None = None) -> Holdout:
+def ort_holdout(
+    fp32: Path, pool: Examples, threads: int | None, size: int | None = None, meta: dict[str, Any] | None = None
+) -> Holdout:
     """A :class:`~hrm_deploy.precision.rule.Holdout` whose graphs run on this backend's runner
-    (a staged candidate reads the FP32 export's puzzle table)."""
+    (a staged candidate reads the FP32 export's puzzle table; the FP32 graph's ``meta``, where
+    given, spares its second parse)."""
     fp32 = Path(fp32)
 
     def run(path: Path, examples: Examples) -> np.ndarray:
-        return _logits(path, examples, threads, None if Path(path) == fp32 else fp32)
+        if Path(path) == fp32:
+            return _logits(path, examples, threads, None, meta or None)
+        return _logits(path, examples, threads, fp32)
 
     return Holdout(fp32, pool, run, size)
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """The examples and the range cache one static build uses (and what the manifest says of them)."""
-
-    examples: Examples
-    cache: Path
-    report: dict[str, Any]
-
-
-def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, quiet: bool) -> Calibration:
-    """Calibration examples (``config.calib_data``, default: the checkpoint's own dataset from
-    its provenance, announced) and the cache file of their ranges, keyed as the precision stage keys them."""
+def calibration(src: Path, model: Any, src_sha256: str, meta: dict[str, Any], config: Any, quiet: bool) -> QuantJob:
+    """The quantization job of the parsed FP32 graph ``model``: calibration examples
+    (``config.calib_data``, default: the checkpoint's own dataset from its provenance, announced)
+    and the cache entry of their ranges, keyed as the precision stage keys them (calibrated once,
+    by :func:`quantize_static`'s first call)."""
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.precision.calibrate import _cache_readable, calibration_key
+    from hrm_deploy.precision.calibrate import QuantConfig
+    from hrm_deploy.precision.job import new_job
 
     data = config.calib_data
     if not data:
@@ -92,60 +99,36 @@ def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, q
             log.info(choice.message)
         data = str(choice.path)
     examples = load_examples(str(data), config.calib_samples)
-    key = calibration_key(
-        src_sha256, config.calib_method, examples.sha256, len(examples), f"{meta['mode']}{meta['steps']}"
-    )
-    cache = Path(config.cache_dir) / f"{key}.json"
-    report = {
-        "key": key,
-        "cache": str(cache),
-        "reused": cache.is_file() and _cache_readable(cache),
-        "method": config.calib_method,
-        "samples": len(examples),
-        "data": examples.source,
-        "data_sha256": examples.sha256,
-    }
-    return Calibration(examples, cache, report)
-
-
-def quantize_static(
-    src: Path, out: Path, calib: Calibration, meta: dict[str, Any], config: Any, exclude: tuple[str, ...] = ()
-) -> list[str]:
-    """Q/DQ graph of ``src`` at ``out``, uint8 or int8 activations by ``config.activations``
-    (U8S8 or S8S8 integer GEMMs; ``auto`` not yet resolved: uint8), int8 weights per channel
-    (``exclude``: node names kept FP32); returns the quantized nodes."""
-    from hrm_deploy.precision.calibrate import QuantConfig
-    from hrm_deploy.precision.int8 import quantize_int8
-
     quant = QuantConfig(
         method=config.calib_method, samples=config.calib_samples, exclude_patterns=config.exclude_patterns
     )
-    plan = quantize_int8(
-        str(src),
-        str(out),
-        calib.examples,
-        quant,
-        calib.cache,
-        meta["mode"],
-        meta["steps"],
-        extra_exclude=exclude,
-        quiet=True,
-        activations="int8" if getattr(config, "activations", "uint8") == "int8" else "uint8",
-    )
-    return plan.quantize
+    return new_job(src, model, meta, examples, quant, config.cache_dir, src_sha256)
 
 
-def holdout(src: Path, calib: Calibration, meta: dict[str, Any], config: Any) -> Holdout:
+def quantize_static(job: QuantJob, out: Path, config: Any, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Q/DQ graph of the job's FP32 graph at ``out`` (its ranges measured first if the cache lacks
+    them: once per build), uint8 or int8 activations by ``config.activations`` (U8S8 or S8S8
+    integer GEMMs; ``auto`` not yet resolved: uint8), int8 weights per channel (``exclude``: node
+    names kept FP32); returns the quantized nodes."""
+    from hrm_deploy.precision.int8 import quantize_int8
+    from hrm_deploy.precision.job import calibrate_job
+
+    calibrate_job(job, quiet=True)
+    activations = "int8" if getattr(config, "activations", "uint8") == "int8" else "uint8"
+    return quantize_int8(job, out, exclude, activations=activations).quantize
+
+
+def holdout(src: Path, calib: Any, meta: dict[str, Any], config: Any) -> Holdout:
     """The held-out puzzles (``config.holdout_samples``, or None: :func:`holdout_size`, with up to
     :func:`~hrm_deploy.precision.rule.growth_cap` more to grow into): from a dataset folder's
-    ``test`` split; from a ``.npz`` (one set), its examples calibration did not use."""
+    ``test`` split; from a ``.npz`` (one set), the examples calibration (``calib.examples``) did not use."""
     from hrm_deploy.data.examples import load_examples
 
     source = Path(calib.examples.source)
     count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
     cap = growth_cap(count)
     if not source.is_file():
-        return ort_holdout(src, load_examples(source, cap, split="test"), config.threads, count)
+        return ort_holdout(src, load_examples(source, cap, split="test"), config.threads, count, meta)
     everything = load_examples(source, None)
     seen = {row.tobytes() for row in calib.examples.inputs}
     keep = np.array([i for i, row in enumerate(everything.inputs) if row.tobytes() not in seen][:cap], np.int64)
@@ -156,13 +139,11 @@ def holdout(src: Path, calib: Calibration, meta: dict[str, Any], config: Any) ->
         )
     labels = everything.labels[keep] if everything.labels is not None else None
     rest = Examples(everything.inputs[keep], everything.puzzle_identifiers[keep], labels, str(source), "")
-    return ort_holdout(src, rest, config.threads, count)
+    return ort_holdout(src, rest, config.threads, count, meta)
 
 
 def fit_budget(
-    src: Path,
-    calib: Calibration,
-    meta: dict[str, Any],
+    job: QuantJob,
     config: Any,
     whole: Quality,
     check: Holdout,
@@ -172,20 +153,17 @@ def fit_budget(
     by sensitivity (points of exact accuracy lost + points of argmax agreement lost with only
     that weight INT8) on a quarter of the holdout, then the fewest most sensitive ones found by
     bisection on the whole holdout (:func:`hrm_deploy.precision.fallback.bisect_fallback`; one
-    quantization, every probe a graph edit). Returns the kept weights, their node names, every
-    weight's sensitivity and how the search ran (probes, holdout sizes); refuses when no mix fits."""
+    quantization of the job, every probe a graph edit). Returns the kept weights, their node names,
+    every weight's sensitivity and how the search ran (probes, holdout sizes); refuses when no mix fits."""
     import onnx
 
     from hrm_deploy.backends.ort.builder.fallback import float_probe
-    from hrm_deploy.precision.calibrate import QuantConfig, plan_nodes
     from hrm_deploy.precision.fallback import bisect_fallback, weight_groups
 
     budget = config.budget
-    model = onnx.load(str(src))
-    by_weight = weight_groups(model, plan_nodes(model, QuantConfig(exclude_patterns=config.exclude_patterns)).quantize)
-    weights = {t.name: t for t in model.graph.initializer if t.name in by_weight}
-    del model
-    quantize_static(src, probe, calib, meta, config)  # once: every probe is this graph, edited
+    by_weight = weight_groups(job.model, job.plan.quantize)
+    weights = {t.name: t for t in job.model.graph.initializer if t.name in by_weight}
+    quantize_static(job, probe, config)  # once: every probe is this graph, edited
     qdq = onnx.load(str(probe))
     ranking = check.first(max(MIN_HOLDOUT // 4, len(check.examples) // 4))
 
