@@ -78,15 +78,23 @@ def weight_groups(model: Any, quantized: set[str] | list[str]) -> dict[str, list
     return groups
 
 
+# The bisection's bounds: whole-holdout probes and seconds (a bisection over a Sudoku-size model's
+# ~50 weights needs 6 probes; the bounds keep a model whose probes are slow from running on for hours)
+MAX_PROBES = 12
+MAX_SECONDS = 600.0
+
+
 @dataclass
 class Choice(Generic[Q]):
     """What :func:`bisect_fallback` chose: the weights kept FP32 (most sensitive first), every
-    weight's sensitivity (ranking holdout), the chosen mix's measurement and the probes run."""
+    weight's ranking signal, the chosen mix's measurement, the whole-holdout probes run and the
+    bounds they ran under (``stopped``: why the search ended before it narrowed the count down)."""
 
     kept_float: list[str]
     sensitivity: dict[str, float]
     measured: Q
     probes: int
+    limits: dict[str, Any]
 
 
 def bisect_fallback(
@@ -95,18 +103,29 @@ def bisect_fallback(
     measure: Callable[[list[str]], Q],
     within: Callable[[Q], bool],
     refuse: Callable[[Q | None], str],
+    max_probes: int = MAX_PROBES,
+    max_seconds: float = MAX_SECONDS,
 ) -> Choice[Q]:
     """The fewest most-sensitive ``groups`` to keep FP32: ``rank(group)`` = its sensitivity
-    (higher = more harmful INT8), ``measure(kept)`` = the graph with ``kept`` FP32, ``within``
-    the budget test. Bisects k in 1..len-1 (all FP32 is no INT8 graph); raises ConfigError
-    (``refuse(last measurement)``) when even len-1 groups kept FP32 is outside the budget."""
+    (higher = more harmful INT8; a cheap signal, not a probe), ``measure(kept)`` = the graph with
+    ``kept`` FP32, ``within`` the budget test. Bisects k in 1..len-1 (all FP32 is no INT8 graph)
+    with at most ``max_probes`` measurements and ``max_seconds``; past either it keeps the smallest
+    k measured within (saying it stopped) or, with none, refuses. Raises ConfigError
+    (``refuse(last measurement)``) when no measured mix is within the budget."""
+    import time
+
+    start = time.monotonic()
     sensitivity = {g: rank(g) for g in groups}
     order = sorted(groups, key=lambda g: -sensitivity[g])
-    probes = len(groups)
+    probes = 0
     low, high = 1, len(groups) - 1  # the answer is in [low, high], if any
     best: tuple[int, Q] | None = None
     last: Q | None = None
+    stopped = None
     while low <= high:
+        if probes >= max_probes or time.monotonic() - start > max_seconds:
+            stopped = f"bounds reached after {probes} probes in {time.monotonic() - start:.0f} s"
+            break
         k = (low + high) // 2
         last = measure(order[:k])
         probes += 1
@@ -114,9 +133,13 @@ def bisect_fallback(
             best, high = (k, last), k - 1
         else:
             low = k + 1
+    limits: dict[str, Any] = {"max_probes": max_probes, "max_seconds": max_seconds, "stopped": stopped}
     if best is None:
-        raise ConfigError(refuse(last))
-    return Choice(order[: best[0]], sensitivity, best[1], probes)
+        message = refuse(last)
+        if stopped:
+            message = f"{message} (the fallback search stopped: {stopped})"
+        raise ConfigError(message)
+    return Choice(order[: best[0]], sensitivity, best[1], probes, limits)
 
 
 def sensitivity_fallback(

@@ -92,7 +92,13 @@ def test_accuracy_budget_keeps_the_most_sensitive_layers_fp32(tiny_onnx, tmp_pat
     def measure(self, path):
         return Quality(93.0, 93.0, 100.0 - 1.5 * _float_weights_lost(path, mlp), len(self.examples))
 
+    import hrm_deploy.precision.sensitivity as sensitivity
+
+    def signal(qdq, fp32, groups, examples, source, meta):  # the MLP weights' own error is the largest
+        return {w: 1.5 if w in mlp else 0.0 for w in groups}
+
     monkeypatch.setattr(Holdout, "measure", measure)
+    monkeypatch.setattr(sensitivity, "local_errors", signal)
     config = CpuBuildConfig("int8", threads=1, calib_data=tiny_onnx.data, cache_dir=str(tmp_path / "calib"))
     built = build_cpu(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx", quiet=True)
     record = json.loads(built.manifest.read_text())["recipe"]["accuracy"]
@@ -106,8 +112,9 @@ def test_accuracy_budget_keeps_the_most_sensitive_layers_fp32(tiny_onnx, tmp_pat
     ]
     assert _float_weights_lost(built.path, mlp) == 1  # the engine is the mix the manifest describes
     weights, search = len(record["sensitivity"]), record["fallback"]
-    assert search["probes"] == weights + search["bisection_probes"]  # one ranking probe per weight
+    assert search["probes"] == search["bisection_probes"]  # ranking is one pass, not a probe per weight
     assert 1 <= search["bisection_probes"] <= (weights - 1).bit_length()  # bisection, not one per weight kept
+    assert search["limits"]["stopped"] is None and search["limits"]["max_probes"] >= search["probes"]
 
 
 @pytest.mark.slow

@@ -149,12 +149,12 @@ def fit_budget(
     check: Holdout,
     probe: Path,
 ) -> tuple[list[dict[str, Any]], tuple[str, ...], list[dict[str, Any]], dict[str, Any]]:
-    """The weights to keep FP32 so that INT8 is within ``config`` 's budget: each weight ranked
-    by sensitivity (points of exact accuracy lost + points of argmax agreement lost with only
-    that weight INT8) on a quarter of the holdout, then the fewest most sensitive ones found by
-    bisection on the whole holdout (:func:`hrm_deploy.precision.fallback.bisect_fallback`; one
+    """The weights to keep FP32 so that INT8 is within ``config`` 's budget: each weight ranked by
+    its own output error in one pass (:func:`hrm_deploy.precision.sensitivity.local_errors`), then
+    the fewest most sensitive ones found by bisection on the whole holdout
+    (:func:`hrm_deploy.precision.fallback.bisect_fallback`, bounded in probes and time; one
     quantization of the job, every probe a graph edit). Returns the kept weights, their node names,
-    every weight's sensitivity and how the search ran (probes, holdout sizes); refuses when no mix fits."""
+    every weight's signal and how the search ran (probes, limits); refuses when no mix fits."""
     import onnx
 
     from hrm_deploy.backends.ort.builder.fallback import float_probe
@@ -165,7 +165,9 @@ def fit_budget(
     weights = {t.name: t for t in job.model.graph.initializer if t.name in by_weight}
     quantize_static(job, probe, config)  # once: every probe is this graph, edited
     qdq = onnx.load(str(probe))
-    ranking = check.first(max(MIN_HOLDOUT // 4, len(check.examples) // 4))
+    from hrm_deploy.precision.sensitivity import RANK_PUZZLES, local_errors
+
+    signal = local_errors(qdq, job.model, by_weight, check.examples, job.source, job.meta)
 
     def measure_on(holdout: Holdout, kept: list[str]) -> Quality:
         exclude = {n for w in kept for n in by_weight[w]}
@@ -174,30 +176,31 @@ def fit_budget(
         log.info("INT8 with %d nodes kept FP32: %s", len(exclude), quality.describe())
         return quality
 
-    def sensitivity(weight: str) -> float:
-        q = measure_on(ranking, [w for w in by_weight if w != weight])  # only this weight INT8
-        return q.loss + (100.0 - q.agreement)  # both in points
-
     def refuse(q: Quality | None) -> str:
         return refusal("static INT8", whole, q or whole, len(by_weight) - 1, budget)
 
     try:
         chosen = bisect_fallback(
-            list(by_weight), sensitivity, lambda kept: measure_on(check, kept), lambda q: q.within(budget), refuse
+            list(by_weight),
+            signal.__getitem__,
+            lambda kept: measure_on(check, kept),
+            lambda q: q.within(budget),
+            refuse,
         )
     finally:
         probe.unlink(missing_ok=True)
-    log.info("fallback: %d probes (%d ranking, the rest bisecting)", chosen.probes, len(by_weight))
+    log.info("fallback: %d whole-holdout probes (%s)", chosen.probes, chosen.limits)
     exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    # named by weight and by its first node (the readable one); sensitivity in points, most first
+    # named by weight and by its first node (the readable one); sensitivity: the weight's own relative output error
     kept = [{"weight": w, "node": by_weight[w][0], "nodes": len(by_weight[w])} for w in chosen.kept_float]
     ranked = sorted(chosen.sensitivity.items(), key=lambda kv: -kv[1])
-    sensitivity_rows = [{"weight": w, "node": by_weight[w][0], "sensitivity": round(s, 4)} for w, s in ranked]
+    sensitivity_rows = [{"weight": w, "node": by_weight[w][0], "sensitivity": round(s, 6)} for w, s in ranked]
     search = {
-        "method": "rank on a quarter of the holdout, bisect on all of it",
+        "method": "rank by each weight's own output error (one pass), bisect on the whole holdout",
         "probes": chosen.probes,
-        "ranking_puzzles": len(ranking.examples),
-        "bisection_probes": chosen.probes - len(by_weight),
+        "ranking_puzzles": min(RANK_PUZZLES, len(check.examples)),
+        "bisection_probes": chosen.probes,
+        "limits": chosen.limits,
     }
     return kept, exclude, sensitivity_rows, search
 
