@@ -128,7 +128,8 @@ def _check_accuracy(job, tmp: Path, config: PrecisionConfig, stages, report):
     pool = holdout_examples(str(config.calib_data), job.examples, cap)
     holdout = Holdout(job.source, pool, holdout_runner(job.source, job.meta), count)
     name = config.precision.upper()
-    with stages.stage(f"measuring {name} against FP32 on {holdout.size} held-out puzzles (up to {cap} if undecided)"):
+    most = min(cap, len(pool))
+    with stages.stage(f"measuring {name} against FP32 on {holdout.size} held-out puzzles (up to {most} if undecided)"):
         first, decided = holdout.decide(tmp, budget, cap)
     quality = first
     if not first.within(budget):

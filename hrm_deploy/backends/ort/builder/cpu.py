@@ -267,10 +267,10 @@ def _within_budget(
     )
     from hrm_deploy.precision.rule import growth_cap, refusal
 
-    count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
-    cap = growth_cap(count)
-    with stages.stage(f"measuring INT8 against FP32 on {count} held-out puzzles (up to {cap} if undecided)"):
-        check = holdout(src, calib, meta, config)
+    cap = growth_cap(config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES))
+    check = holdout(src, calib, meta, config)  # the examples only: FP32's answers are computed when measured
+    most = min(cap, len(check.pool))
+    with stages.stage(f"measuring INT8 against FP32 on {check.size} held-out puzzles (up to {most} if undecided)"):
         whole, decided = check.decide(tmp, config.budget, cap)
     quality = whole
     record: dict[str, Any] = {
