@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
-from hrm_deploy.errors import DataError
 
 # the budget and the holdout's size are every quantized build's (the precision stage's accuracy check)
 from hrm_deploy.precision.accuracy import (  # noqa: F401 - re-exported for the cpu builder and its tests
@@ -120,26 +119,14 @@ def quantize_static(job: QuantJob, out: Path, config: Any, exclude: tuple[str, .
 
 def holdout(src: Path, calib: Any, meta: dict[str, Any], config: Any) -> Holdout:
     """The held-out puzzles (``config.holdout_samples``, or None: :func:`holdout_size`, with up to
-    :func:`~hrm_deploy.precision.rule.growth_cap` more to grow into): from a dataset folder's
-    ``test`` split; from a ``.npz`` (one set), the examples calibration (``calib.examples``) did not use."""
-    from hrm_deploy.data.examples import load_examples
+    :func:`~hrm_deploy.precision.rule.growth_cap` more to grow into), as every quantized build's
+    (:func:`hrm_deploy.precision.accuracy.holdout_examples`): a dataset folder's ``test`` split; from
+    a ``.npz`` (one set), the examples calibration (``calib.examples``) did not use."""
+    from hrm_deploy.precision.accuracy import holdout_examples
 
-    source = Path(calib.examples.source)
     count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
-    cap = growth_cap(count)
-    if not source.is_file():
-        return ort_holdout(src, load_examples(source, cap, split="test"), config.threads, count, meta)
-    everything = load_examples(source, None)
-    seen = {row.tobytes() for row in calib.examples.inputs}
-    keep = np.array([i for i, row in enumerate(everything.inputs) if row.tobytes() not in seen][:cap], np.int64)
-    if not len(keep):
-        raise DataError(
-            f"{source}: calibration used every example, none is left to measure INT8 on; pass a dataset folder "
-            "(its test split is the holdout), a larger .npz or a smaller --calib-samples"
-        )
-    labels = everything.labels[keep] if everything.labels is not None else None
-    rest = Examples(everything.inputs[keep], everything.puzzle_identifiers[keep], labels, str(source), "")
-    return ort_holdout(src, rest, config.threads, count, meta)
+    pool = holdout_examples(calib.examples.source, calib.examples, growth_cap(count))
+    return ort_holdout(src, pool, config.threads, count, meta)
 
 
 def fit_budget(
