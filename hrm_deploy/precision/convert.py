@@ -118,7 +118,7 @@ def _check_accuracy(job, tmp: Path, config: PrecisionConfig, stages, report):
     from dataclasses import replace
 
     from hrm_deploy.precision.accuracy import DEFAULT_BUDGET_POINTS, holdout_examples, holdout_runner, holdout_size
-    from hrm_deploy.precision.rule import Holdout, growth_cap, refusal
+    from hrm_deploy.precision.rule import Holdout, accuracy_line, growth_cap, measuring, refusal
 
     if not config.accuracy_check:
         return {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
@@ -128,8 +128,7 @@ def _check_accuracy(job, tmp: Path, config: PrecisionConfig, stages, report):
     pool = holdout_examples(str(config.calib_data), job.examples, cap)
     holdout = Holdout(job.source, pool, holdout_runner(job.source, job.meta), count)
     name = config.precision.upper()
-    most = min(cap, len(pool))
-    with stages.stage(f"measuring {name} against FP32 on {holdout.size} held-out puzzles (up to {most} if undecided)"):
+    with stages.stage(measuring(name, holdout.size, min(cap, len(pool)))):
         first, decided = holdout.decide(tmp, budget, cap)
     quality = first
     if not first.within(budget):
@@ -143,14 +142,7 @@ def _check_accuracy(job, tmp: Path, config: PrecisionConfig, stages, report):
             quality, decided = holdout.decide(tmp, budget, cap)
         if not quality.within(budget):
             raise ConfigError(refusal(name, first, quality, len(report["accuracy_budget"]["kept_float"]), budget))
-    log.info(
-        "%s vs FP32 on %d held-out puzzles: %s (budget %g points lost%s)",
-        name,
-        quality.puzzles,
-        quality.describe().rsplit(" on ", 1)[0],
-        budget,
-        "; sensitive layers kept float" if quality is not first else "",
-    )
+    log.info(accuracy_line(name, quality, budget, quality is not first))
     exact_key = "exact_pct"
     return {
         "checked": True,

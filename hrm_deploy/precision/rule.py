@@ -191,6 +191,19 @@ def growth_cap(size: int) -> int:
     return GROWTH * size
 
 
+def measuring(name: str, size: int, most: int) -> str:
+    """The stage line of a holdout measurement (how far it may grow, when it may)."""
+    grow = f" (up to {most} if undecided)" if most > size else ""
+    return f"measuring {name} against FP32 on {size} held-out puzzles{grow}"
+
+
+def accuracy_line(name: str, quality: Quality, budget: float, fallback: bool) -> str:
+    """The one line a build prints of its published graph's accuracy."""
+    measured = quality.describe().rsplit(" on ", 1)[0]
+    kept = "; sensitive layers kept float" if fallback else ""
+    return f"{name} vs FP32 on {quality.puzzles} held-out puzzles: {measured} (budget {budget:g} points lost{kept})"
+
+
 def refusal(what: str, first: Quality, final: Quality, kept: int, budget: float) -> str:
     """The one line of a build refused by the rule after its fallback: both measurements and the
     options."""

@@ -28,6 +28,7 @@ level, intra-op threads, node counts), runnable by ``hrm_deploy.backends.open_ru
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -41,6 +42,8 @@ from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
 from hrm_deploy.onnx_runtime import Optimization, load_onnx, ort_session
 from hrm_deploy.progress import Stages
+
+log = logging.getLogger(__name__)
 
 CPU_PRECISIONS = ("fp32", "fp16", "int8")
 MAX_FUSED_BYTES = 1_900_000_000  # under protobuf's 2 GiB: graphs the fusion check can serialize
@@ -265,12 +268,11 @@ def _within_budget(
         holdout,
         holdout_size,
     )
-    from hrm_deploy.precision.rule import growth_cap, refusal
+    from hrm_deploy.precision.rule import accuracy_line, growth_cap, measuring, refusal
 
     cap = growth_cap(config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES))
     check = holdout(src, calib, meta, config)  # the examples only: FP32's answers are computed when measured
-    most = min(cap, len(check.pool))
-    with stages.stage(f"measuring INT8 against FP32 on {check.size} held-out puzzles (up to {most} if undecided)"):
+    with stages.stage(measuring("INT8", check.size, min(cap, len(check.pool)))):
         whole, decided = check.decide(tmp, config.budget, cap)
     quality = whole
     record: dict[str, Any] = {
@@ -295,6 +297,8 @@ def _within_budget(
         record.update(kept_float=kept, kept_float_nodes=len(exclude), sensitivity=sensitivity, fallback=search)
     record["measured"] = quality.as_dict()
     record["decided"] = decided
+    if not stages.quiet:
+        log.info(accuracy_line("INT8", quality, config.budget, quality is not whole))
     return record
 
 
