@@ -28,7 +28,15 @@ from hrm_deploy.manifest import check_artifact, manifest_path
 from hrm_deploy.precision.registry import PRECISIONS, get_precision
 from hrm_deploy.registry import builder
 
-__all__ = ["ENGINE_PRECISIONS", "EngineConfig", "EngineResult", "build_engine", "newest_export"]
+__all__ = [
+    "ENGINE_PRECISIONS",
+    "EngineConfig",
+    "EngineResult",
+    "build_engine",
+    "default_precision",
+    "newest_export",
+    "refuse_checkpoint_source",
+]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +137,33 @@ class EngineConfig:
                 f"{', '.join(given)}: TensorRT build option{'s' if len(given) > 1 else ''}; the cpu target runs any "
                 "batch and has no builder to tune: drop them"
             )
+
+
+def build_row(target: str, backend: str | None):
+    """The backend-table row that builds for ``backend`` (None: the target's default backend)."""
+    from hrm_deploy.registry import build_entry
+
+    return build_entry(backend or get_target(target).backends[0])
+
+
+def default_precision(target: str, backend: str | None) -> str:
+    """The precision of a build that asks for none: the building backend's row says (TensorRT fp16,
+    the cpu target and PyTorch fp32)."""
+    return build_row(target, backend).default_precision
+
+
+def refuse_checkpoint_source(source: Path | None, target: str, backend: str | None) -> None:
+    """One line, before any work, when ``source`` is a checkpoint and the building backend builds
+    only from an ONNX graph (its row says)."""
+    from hrm_deploy.artifacts import is_checkpoint
+
+    row = build_row(target, backend)
+    if source is None or row.builds_from_checkpoint or not source.is_file() or not is_checkpoint(source):
+        return
+    raise ConfigError(
+        f"{source} is a checkpoint; {row.title or row.name} builds from an ONNX graph: run `hrm-deploy export "
+        f"{source}` first (then build-engine takes the newest export), or add --backend torch"
+    )
 
 
 def build_engine(
