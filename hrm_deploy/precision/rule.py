@@ -118,6 +118,9 @@ class Holdout:
         self.fp32, self.pool, self.run = Path(fp32), pool, run
         self.size = min(size or len(pool), len(pool))
         self._reference = np.zeros((0,), np.float32)
+        # the last candidate's logits, keyed by its file's identity: measured again after the
+        # holdout grew, only the new puzzles run
+        self._candidate: tuple[tuple[str, int, int, int], np.ndarray] | None = None
 
     @property
     def examples(self) -> Examples:
@@ -134,7 +137,7 @@ class Holdout:
     def first(self, count: int) -> Holdout:
         """The first ``count`` puzzles (FP32's answers shared, not recomputed), not growable."""
         part = Holdout(self.fp32, _slice(self.pool, min(count, self.size)), self.run)
-        part._reference = self.reference[: part.size]
+        part._reference = self.reference[: part.size]  # (candidates are not shared: the parts measure other graphs)
         return part
 
     def grow(self, cap: int) -> bool:
@@ -149,7 +152,7 @@ class Holdout:
         from hrm_deploy.metrics import accuracy
 
         reference, examples = self.reference, self.examples
-        logits = self.run(Path(path), examples)
+        logits = self._candidate_logits(Path(path))
         agreement = 100.0 * float((logits.argmax(-1) == reference.argmax(-1)).mean())
         if examples.labels is None:
             return Quality(None, None, agreement, len(examples))
@@ -162,6 +165,20 @@ class Holdout:
             int((base & ~ours).sum()),
             int((~base & ours).sum()),
         )
+
+    def _candidate_logits(self, path: Path) -> np.ndarray:
+        """The candidate's logits on the puzzles in use, reusing those of its last measurement when
+        the file is the same (path, inode, size and modification time)."""
+        stat = path.stat()
+        key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        have = self._candidate[1] if self._candidate is not None and self._candidate[0] == key else None
+        done = 0 if have is None else min(len(have), self.size)
+        if done < self.size:
+            more = self.run(path, Examples(*_parts(self.pool, done, self.size), self.pool.source, ""))
+            have = more if have is None or not done else np.concatenate([have[:done], more])
+        assert have is not None  # size >= 1: something ran or was kept
+        self._candidate = (key, have)
+        return have[: self.size]
 
     def decide(self, path: str | Path, budget: float, cap: int) -> tuple[Quality, dict[str, Any]]:
         """Measure ``path``, growing the holdout while the verdict is within the noise (up to

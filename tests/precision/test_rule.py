@@ -35,7 +35,7 @@ def test_a_holdout_where_one_puzzle_is_over_the_budget_cannot_decide_it():
 def _examples(count: int) -> Examples:
     rng = np.random.default_rng(0)
     labels = rng.integers(1, 10, (count, 4))
-    return Examples(labels.astype(np.int32), np.zeros(count, np.int32), labels, "pool", "")
+    return Examples(labels.astype(np.int32), np.arange(count, dtype=np.int32), labels, "pool", "")  # ids: positions
 
 
 def _logits(answers: np.ndarray) -> np.ndarray:
@@ -52,10 +52,16 @@ def test_the_holdout_grows_until_the_verdict_is_clear_then_stops(tmp_path):
         runs.append((path.name, len(examples)))
         return _logits(examples.labels)
 
+    candidate = tmp_path / "int8.onnx"
+    candidate.write_bytes(b"graph")
     holdout = Holdout(tmp_path / "fp32.onnx", pool, run, 64)
-    quality, how = holdout.decide(tmp_path / "int8.onnx", 1.0, growth_cap(64))
+    quality, how = holdout.decide(candidate, 1.0, growth_cap(64))
     assert quality.puzzles == 256 and how["settled"] and quality.within(1.0)
     assert sum(n for name, n in runs if name == "fp32.onnx") == 256  # each puzzle's reference once
+    assert sum(n for name, n in runs if name == "int8.onnx") == 256  # and the candidate's: grown, not rerun
+    candidate.write_bytes(b"another graph")  # a new file at the same path is measured afresh
+    holdout.measure(candidate)
+    assert runs[-1] == ("int8.onnx", 256)
     assert growth_cap(64) == GROWTH * 64
 
 
@@ -64,12 +70,11 @@ def test_at_the_cap_the_measured_loss_decides_and_the_record_says_so(tmp_path):
 
     def run(path: Path, examples: Examples) -> np.ndarray:
         answers = examples.labels.copy()
-        if path.name == "int8.onnx":
-            answers[::50, 0] = 0  # 2 of 100 puzzles lost
-            answers[1::50, 0] = 0
-            answers[2::50] = examples.labels[2::50]
+        if path.name == "int8.onnx":  # puzzles 0, 25, 50, 75 lost, whichever slice is run
+            answers[examples.puzzle_identifiers % 25 == 0, 0] = 0
         return _logits(answers)
 
+    (tmp_path / "int8.onnx").write_bytes(b"graph")
     quality, how = Holdout(tmp_path / "fp32.onnx", pool, run, 64).decide(tmp_path / "int8.onnx", 1.0, 256)
     assert quality.puzzles == 100 and not how["settled"] and "measured loss decides" in how["why"]
     assert quality.lost == 4 and not quality.within(1.0)
