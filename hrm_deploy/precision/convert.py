@@ -154,9 +154,15 @@ def _check_accuracy(job, tmp: Path, config: PrecisionConfig, stages, report):
 
 
 def make_precision_graph(
-    onnx_path: str | os.PathLike, config: PrecisionConfig, out: str | os.PathLike | None = None, quiet: bool = False
+    onnx_path: str | os.PathLike,
+    config: PrecisionConfig,
+    out: str | os.PathLike | None = None,
+    quiet: bool = False,
+    model: Any = None,
 ) -> PrecisionResult:
-    """Write ``<name>.<precision>.onnx`` (beside the FP32 graph unless ``out``) and its manifest."""
+    """Write ``<name>.<precision>.onnx`` (beside the FP32 graph unless ``out``) and its manifest.
+    ``model``: the graph at ``onnx_path`` already parsed with its weights (the build stage's one
+    parse); None parses it here, once."""
     from hrm_deploy.export.metadata import graph_metadata
 
     src = Path(onnx_path)
@@ -164,7 +170,8 @@ def make_precision_graph(
         raise ArtifactError(f"{src} does not exist; export one first with `hrm-deploy export`")
     # the FP32 graph is what its manifest says (then its recorded sha256 is the file's)
     src_sha256 = (check_artifact(src) or {}).get("sha256") or sha256_file(src)
-    model = load_onnx(src, weights=True)  # the one parse of the FP32 graph on this path
+    if model is None:
+        model = load_onnx(src, weights=True)  # the one parse of the FP32 graph on this path
     meta = graph_metadata(model)
     if meta.get("precision", "fp32") != "fp32":
         raise ConfigError(f"{src} is already {meta['precision']}; convert the FP32 export instead")

@@ -4,6 +4,7 @@ same job). Counted in the precision stage (TensorRT targets) and in the cpu targ
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import onnx
@@ -68,4 +69,21 @@ def test_the_cpu_targets_static_int8_parses_and_calibrates_once(tiny_onnx, tmp_p
         "int8", threads=1, calib_data=tiny_onnx.data, calib_samples=16, cache_dir=str(tmp_path / "calib")
     )
     build_cpu(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx", quiet=True)
+    assert (counts["parses"], counts["calibrations"]) == (1, 1)
+
+
+@pytest.mark.slow
+def test_build_engine_int8_parses_the_export_once_and_calibrates_once(tiny_onnx, tmp_path, counts, monkeypatch):
+    """The whole default --int8 path of the build stage (the unroll's cost estimate, the precision
+    graph, its accuracy check; the TensorRT-RTX build reads the precision graph, not the export)."""
+    pytest.importorskip("tensorrt_rtx")
+    from hrm_deploy.engines.build import EngineConfig, build_engine
+
+    monkeypatch.chdir(tmp_path)
+    export = tmp_path / "tiny.onnx"  # the precision graph is written beside it: not in the shared fixture
+    for name in ("tiny.onnx", "tiny.onnx.manifest.json"):
+        shutil.copy(Path(tiny_onnx.unrolled).with_name(name), tmp_path / name)
+    counts["source"] = export.resolve()
+    config = EngineConfig("int8", calib_data=tiny_onnx.data, calib_samples=16)
+    build_engine(export, config, tmp_path / "t.int8.engine", quiet=True)
     assert (counts["parses"], counts["calibrations"]) == (1, 1)
