@@ -186,7 +186,7 @@ def build_engine(
     check_artifact(src)  # before any conversion: the export is what its manifest says
     source, facts = src, dict(request.facts)
     # the one parse of the FP32 graph (weights loaded where a precision graph is made from it)
-    weights = make.takes is GraphInput.FP32 or config.precision != "fp32"
+    weights = config.precision != "fp32"
     model = load_onnx(src, weights=weights)
     request = replace(request, source=src, model=model)
     instead = make.step_instead(src, request)

@@ -87,3 +87,15 @@ def test_build_engine_int8_parses_the_export_once_and_calibrates_once(tiny_onnx,
     config = EngineConfig("int8", calib_data=tiny_onnx.data, calib_samples=16)
     build_engine(export, config, tmp_path / "t.int8.engine", quiet=True)
     assert (counts["parses"], counts["calibrations"]) == (1, 1)
+
+
+def test_build_engine_cpu_int8_parses_the_export_once(tiny_onnx, tmp_path, counts, monkeypatch):
+    from hrm_deploy.engines.build import EngineConfig, build_engine
+
+    monkeypatch.chdir(tmp_path)  # the calibration cache: calib/ here
+    counts["source"] = Path(tiny_onnx.unrolled).resolve()
+    config = EngineConfig(
+        "int8", target="cpu", calib_data=tiny_onnx.data, calib_samples=16, accuracy_check=False, threads=1
+    )
+    build_engine(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx", quiet=True)
+    assert (counts["parses"], counts["calibrations"]) == (1, 1)

@@ -316,10 +316,15 @@ def _activations(meta: dict[str, Any], config: CpuBuildConfig, stages: Stages) -
 
 
 def build_cpu(
-    onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None, quiet: bool = False
+    onnx_path: str | os.PathLike,
+    config: CpuBuildConfig,
+    out: str | os.PathLike | None = None,
+    quiet: bool = False,
+    model: Any = None,
 ) -> CpuBuildResult:
-    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export. (Long on
-    purpose: one staging folder holds the graph from calibration to the published manifest.)"""
+    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export (``model``:
+    it already parsed, weights loaded for INT8; None parses it here, once). (Long on purpose: one
+    staging folder holds the graph from calibration to the published manifest.)"""
     onnx = require("onnx", "onnx", "The cpu target")
     ort = require("onnxruntime", "onnx", "The cpu target")
     from hrm_deploy.export.metadata import graph_metadata
@@ -329,7 +334,8 @@ def build_cpu(
         raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first or pass the ONNX path")
     src_sha256 = (check_artifact(src) or {}).get("sha256")  # the export is what its manifest says
     static = config.precision == "int8" and config.int8_recipe == "static"
-    model = load_onnx(src, weights=static)  # the one parse of the FP32 graph (static INT8's job keeps it)
+    if model is None:
+        model = load_onnx(src, weights=static)  # the one parse of the FP32 graph (static INT8's job keeps it)
     meta = graph_metadata(model)
     props = {p.key: p.value for p in model.metadata_props}
     nodes_in = len(model.graph.node)
