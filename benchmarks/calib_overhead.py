@@ -64,7 +64,7 @@ def paired(path: Path, examples, batch: int, rounds: int = 1, method: str = "min
         return ort_session(str(path), provider=calibration_provider(), allow_fallback=True)
 
     plain, plain_setup, _ = _timed(plain_session)
-    (collect, fetch), collect_setup, _ = _timed(lambda: _range_session(str(path), tensors, method))
+    (collect, fetch), collect_setup, _ = _timed(lambda: _range_session(onnx.load(str(path)), path, tensors, method))
 
     def passes(session, outputs, ranges=None):
         for _ in range(rounds):

@@ -336,12 +336,12 @@ def run_model(name: str, args: argparse.Namespace, results: Path) -> dict[str, A
     from hrm_deploy.bench.profile import ProfileConfig, profile
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.export.metadata import graph_metadata
-    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.families import config_from_dict
 
     bundled = name == "bundled"
     rounds = (5 if args.quick else 15) if bundled else (1 if args.quick else 3)
     prep = prepare(name, Path(args.work) / name)
-    config = HRMConfig.from_dict(graph_metadata(onnx.load(prep["unrolled"], load_external_data=False))["config"])
+    config = config_from_dict(graph_metadata(onnx.load(prep["unrolled"], load_external_data=False))["config"])
     report: dict[str, Any] = {
         "model": name,
         "weights": "trained (bundled sudoku-small)" if bundled else "random (Sudoku-size architecture): speed only",

@@ -33,6 +33,7 @@ class OrtRunner(Runner):
         table_of: str | Path | None = None,
         tuning: SessionTuning | None = None,
         profile_prefix: str | Path | None = None,
+        meta: dict[str, Any] | None = None,
     ):
         provider_name(provider)  # an unknown provider fails here, before any work
         self.path, self.provider, self.threads = Path(path), provider, threads
@@ -44,6 +45,9 @@ class OrtRunner(Runner):
         self.precision, self.mode, self.steps = "fp32", "unrolled", steps or 1
         self.halt_rule = "off"
         self._session: Any = None
+        # the graph's hrm_deploy.* metadata where a builder has parsed the graph already (its FP32
+        # source: no second parse, and an FP32 graph holds no FP4)
+        self.known_meta = meta
 
     def _activate(self) -> None:
         require("onnx", "onnx", "The ONNX Runtime runner")
@@ -51,15 +55,17 @@ class OrtRunner(Runner):
         from hrm_deploy.manifest import check_artifact
 
         manifest = check_artifact(self.path)  # a graph whose manifest describes other bytes is refused
-        model = load_onnx(self.path)
-        if holds_fp4(model):
-            raise ArtifactError(
-                f"{self.path.name} is an NVFP4 graph and ONNX Runtime has no FP4 kernels: verify its TensorRT engine "
-                "on a Blackwell GPU (build-engine --nvfp4); its accuracy on CPU is measured through a simulation "
-                "(benchmarks/nvfp4_accuracy.py)"
-            )
-        meta = graph_metadata(model)
-        del model
+        meta = self.known_meta
+        if meta is None:
+            model = load_onnx(self.path)
+            if holds_fp4(model):
+                raise ArtifactError(
+                    f"{self.path.name} is an NVFP4 graph and ONNX Runtime has no FP4 kernels: verify its TensorRT "
+                    "engine on a Blackwell GPU (build-engine --nvfp4); its accuracy on CPU is measured through a "
+                    "simulation (benchmarks/nvfp4_accuracy.py)"
+                )
+            meta = graph_metadata(model)
+            del model
         self.precision, self.mode = meta.get("precision", "fp32"), meta["mode"]
         self.halt_rule = meta.get("halt", "off")  # a loop graph's built-in rule
         self.steps = self.requested_steps or meta["steps"]
