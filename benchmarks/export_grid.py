@@ -15,20 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test grid it shares (tests/)
+
 from hrm_deploy.errors import ParityError
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+from hrm_deploy.model import HRMConfig, TRMConfig
 from hrm_deploy.model.checkpoint import save_checkpoint
-from hrm_deploy.model.config import HRMConfig, TRMConfig
 from hrm_deploy.model.hrm import build_model
 from tests.conftest import TRM_VARIANTS
 from tests.export.test_export_grid import GRID_BASE, HRM_GRID, TRM_GRID
 
-UPSTREAM_TRM = dict(
+UPSTREAM_TRM: dict[str, Any] = dict(
     seq_len=81,
     vocab_size=11,
     num_puzzle_identifiers=1,
@@ -77,6 +80,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     cases: list[tuple[str, Any, str]] = []
+    cfg: Any
     for mode, variant, hc, lc in [] if args.no_grid else TRM_GRID:
         cfg = TRMConfig(
             **{**GRID_BASE, "H_cycles": hc, "L_cycles": lc, "L_layers": 2, "puzzle_emb_len": 4, "puzzle_emb_ndim": 32},

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hrm_deploy.export.parity_limits import by_argmax, judge, step_depth, strict_limit
-from hrm_deploy.model.config import HRMConfig, TRMConfig
+from hrm_deploy.model import HRMConfig, TRMConfig
 from tests.conftest import TINY, TRM_TINY
 
 

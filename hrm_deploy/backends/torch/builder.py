@@ -134,6 +134,7 @@ def build_torch_engine(
     mode = config.mode or meta.get("mode", "step")
     steps = int(config.steps or meta.get("steps") or model_config.halt_max_steps)
     halt = None
+    module: Any
     if mode == "loop":  # the loop export's rule, as one torch.while_loop (a device loop, early exit)
         from hrm_deploy.export.loop import LoopHalt
         from hrm_deploy.export.unroll import LoopHRM
