@@ -29,16 +29,18 @@ def export(
     mode: Annotated[
         ExportMode | None,
         typer.Option(
+            metavar="<mode>",
             help="unrolled: all ACT steps in one graph; step: one segment, carry in/out; loop: the ACT loop "
             "inside the graph, one call per answer, stopping when every row has halted by --halt "
-            "(default: unrolled for HRM, step for TRM)."
+            "(default: unrolled for HRM, step for TRM).",
         ),
     ] = None,
     halt: Annotated[
         str,
         typer.Option(
+            metavar="<rule>",
             help="--mode loop: the halting rule the graph tests after each step: off (every step), q (the "
-            "model's training rule) or threshold:X (sigmoid(q_halt) > X)."
+            "model's training rule) or threshold:X (sigmoid(q_halt) > X).",
         ),
     ] = "off",
     steps: Annotated[int | None, typer.Option(help="ACT steps to unroll (default: halt_max_steps).")] = None,

@@ -9,7 +9,7 @@ The halting rule is fixed at export (:class:`LoopHalt`, recorded in the graph's 
 manifest): ``off`` (every step: equal to the unrolled graph), ``q`` (the family's training rule:
 ``q_halt > q_continue`` for HRM, ``q_halt > 0`` for TRM), ``threshold:X`` (``sigmoid(q_halt) > X``);
 the last step always halts. A halted row is frozen by masks: its logits, step count and q logits
-stay those of its halting step, which is what the host loop (:func:`hrm_deploy.halting.drive`)
+stay those of its halting step, which is what the host loop (``hrm_deploy.halting.drive``)
 returns. Rows never interact inside a segment, so a row's answer does not depend on its batch-mates.
 
 Graph (B batch, S seq_len, V vocab, N steps at most)::
@@ -55,31 +55,55 @@ class LoopHalt:
 
     @classmethod
     def parse(cls, text: str | None, *, q_halt_only: bool, min_steps: int = 1) -> LoopHalt:
-        """``off`` | ``q`` | ``threshold:X``; a rule that needs host state (``budget:P``, calibrated
-        on the host per artifact) is refused in one line naming the alternatives."""
-        from hrm_deploy.halting.rules import HaltMode, HaltRule
-
-        rule = HaltRule.parse(text, min_steps=min_steps)
-        if rule.mode is HaltMode.BUDGET:
+        """``off`` | ``q`` | ``threshold:X`` (0 < X < 1), as ``--halt`` reads them at run time; a rule
+        that needs host state (``budget:P``, calibrated on the host per artifact) is refused in one
+        line naming the alternatives."""
+        text = (text or "off").strip().lower()
+        name, _, arg = text.partition(":")
+        if name == "budget":
             raise ConfigError(
-                f"--halt {rule.text}: a budget rule is calibrated on the host per artifact and cannot be fixed in a "
+                f"--halt {text}: a budget rule is calibrated on the host per artifact and cannot be fixed in a "
                 "loop graph; export --mode loop --halt threshold:X (the threshold verify calibrates) or --mode step"
             )
-        return cls(rule.mode.value, rule.threshold, q_halt_only and rule.mode is HaltMode.Q, rule.min_steps)
+        threshold = None
+        if name == "threshold":
+            try:
+                threshold = float(arg)
+            except ValueError:
+                threshold = math.nan
+            if not 0.0 < threshold < 1.0:
+                raise ConfigError(f"--halt {text!r}: threshold:X needs 0 < X < 1")
+        elif name not in ("off", "q") or arg:
+            raise ConfigError(f"--halt {text!r}: a loop graph takes off, q or threshold:X (0 < X < 1)")
+        if min_steps < 1:
+            raise ConfigError(f"--min-steps must be >= 1, got {min_steps}")
+        return cls(name, threshold, q_halt_only and name == "q", min_steps)
 
     @property
     def text(self) -> str:
         return f"threshold:{self.threshold:g}" if self.mode == "threshold" else self.mode
 
+    @property
+    def bound(self) -> float | None:
+        """What ``q_halt`` must exceed to halt (None: ``q_continue``, HRM's q rule)."""
+        if self.mode == "threshold":
+            return _logit(float(self.threshold or 0.5))
+        return 0.0 if self.mode == "q" and self.q_halt_only else None
+
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.text, "q_halt_only": self.q_halt_only, "min_steps": self.min_steps}
 
-    def host_rule(self) -> Any:
-        """The same rule for the host loop (:class:`hrm_deploy.halting.HaltRule`), for parity checks."""
-        from hrm_deploy.halting.rules import HaltRule
+    def should_halt(self, step: int, q_halt: Any, q_continue: Any, total_steps: int) -> Any:
+        """The rows that stop after ``step`` (1-based) of ``total_steps``: bool [B], as the host loop
+        decides with the same rule (:meth:`hrm_deploy.halting.HaltRule.should_halt`)."""
+        import numpy as np
 
-        rule = HaltRule.parse(self.text, min_steps=self.min_steps)
-        return rule if not self.q_halt_only else HaltRule(rule.mode, q_halt_only=True, min_steps=self.min_steps)
+        q_halt = np.asarray(q_halt, dtype=np.float32)
+        if self.mode == "off":
+            rule = np.zeros(q_halt.shape, dtype=bool)
+        else:
+            rule = q_halt > (np.asarray(q_continue, dtype=np.float32) if self.bound is None else self.bound)
+        return (rule & (step >= self.min_steps)) | (step >= total_steps)
 
 
 def assemble_loop(
@@ -150,10 +174,10 @@ def assemble_loop(
     body.node("GreaterOrEqual", [p + "step64", trip], [p + "last"], f"{p}GreaterOrEqual_last")
     stop = p + "last"
     if halt.mode != "off":
-        if halt.mode == "q" and not halt.q_halt_only:
+        if halt.bound is None:
             body.node("Greater", [o["q_halt"], o["q_continue"]], [p + "rule"], f"{p}Greater_rule")
         else:  # q_halt > 0 (TRM's q rule), or sigmoid(q_halt) > X  <=>  q_halt > logit(X)
-            bound = 0.0 if halt.mode == "q" else _logit(float(halt.threshold or 0.5))
+            bound = halt.bound
             body.node(
                 "Greater",
                 [o["q_halt"], scalar("const/halt_bound", TensorProto.FLOAT, bound)],
@@ -281,18 +305,16 @@ def check_loop_parity(
     seed: int = 0,
     puzzle_table: Any = None,
 ) -> dict[str, Any]:
-    """The loop graph against the host loop (:func:`hrm_deploy.halting.drive`) over the step graph
-    of the same segment, both on ONNX Runtime CPU, with the same rule: each row's step count must be
-    equal (a row whose deciding q logit is within :data:`BOUNDARY` of the rule's bound excepted),
-    its logits within :data:`LOOP_TOLERANCE` of the scale and its argmax equal. The step graph itself
-    is held to PyTorch by the export's per-step parity check. Returns the report; raises
+    """The loop graph against the host loop over the step graph of the same segment, both on ONNX
+    Runtime CPU, with the same rule: each row's step count must be equal (a row whose deciding q
+    logit is within :data:`BOUNDARY` of the rule's bound excepted), its logits within
+    :data:`LOOP_TOLERANCE` of the scale and its argmax equal. The step graph itself is held to
+    PyTorch by the export's per-step parity check. Returns the report; raises
     :class:`~hrm_deploy.errors.ParityError` naming the first difference."""
     import numpy as np
 
-    from hrm_deploy.backends.ort.step import OrtStep
     from hrm_deploy.errors import ParityError
     from hrm_deploy.export.parity import sample_inputs
-    from hrm_deploy.halting import drive
     from hrm_deploy.onnx_runtime import ort_session
     from hrm_deploy.puzzle_table import RowsSession
 
@@ -301,7 +323,6 @@ def check_loop_parity(
         return made if puzzle_table is None else RowsSession(made, puzzle_table)
 
     loop, step = session(loop_source), session(step_source)
-    rule = None if halt.mode == "off" and halt.min_steps == 1 else halt.host_rule().should_halt
     report: dict[str, Any] = {
         "method": "loop graph vs host loop over the step graph (ONNX Runtime CPU)",
         "halt": halt.to_dict(),
@@ -311,30 +332,31 @@ def check_loop_parity(
         feeds = sample_inputs(cfg, batch, seed + batch)
         names = ("logits", "q_halt_logits", "q_continue_logits", STEPS_USED)
         got = dict(zip(names, loop.run(list(names), feeds)))
-        host = drive(OrtStep(step, steps), feeds["inputs"], feeds["puzzle_identifiers"], rule)
-        same = got[STEPS_USED] == host["steps_used"]
+        host = host_loop(step, feeds, halt, steps)
+        same = got[STEPS_USED] == host[STEPS_USED]
         for row in np.flatnonzero(~same):  # only a near-tie of the rule may move a row's halting step
-            first = int(min(got[STEPS_USED][row], host["steps_used"][row])) - 1
+            first = int(min(got[STEPS_USED][row], host[STEPS_USED][row])) - 1
             margin = _margin(halt, host["q_halt_logits"][row, first], host["q_continue_logits"][row, first])
             if margin > BOUNDARY:
                 raise ParityError(
                     f"loop graph: row {row} of a batch of {batch} halted at step {got[STEPS_USED][row]}, the host loop "
-                    f"at step {host['steps_used'][row]} (q margin {margin:.3g}); the export is wrong, please report it"
+                    f"at step {host[STEPS_USED][row]} (q margin {margin:.3g}); the export is wrong, please report it"
                 )
         scale = max(1.0, float(np.abs(host["logits"]).max(initial=0.0)))
         diff = float(np.abs(got["logits"][same] - host["logits"][same]).max(initial=0.0))
         agree = float((got["logits"][same].argmax(-1) == host["logits"][same].argmax(-1)).mean()) if same.any() else 1.0
-        n = got["q_halt_logits"].shape[1]
-        q_same = np.allclose(
-            got["q_halt_logits"][same], host["q_halt_logits"][same, :n], atol=LOOP_TOLERANCE * scale, equal_nan=True
+        q_same = bool(
+            np.allclose(
+                got["q_halt_logits"][same], host["q_halt_logits"][same], atol=LOOP_TOLERANCE * scale, equal_nan=True
+            )
         )
         report["batches"][str(batch)] = {
             "logits_max_abs": diff,
             "argmax_agreement": agree,
             "rows_same_steps": int(same.sum()),
             "rows": batch,
-            "steps_run": n,
-            "q_logits_equal": bool(q_same),
+            "steps_run": int(got[STEPS_USED].max(initial=0)),
+            "q_logits_equal": q_same,
         }
         if diff > LOOP_TOLERANCE * scale or agree < 1.0 or not q_same:
             raise ParityError(
@@ -345,14 +367,41 @@ def check_loop_parity(
     return report
 
 
+def host_loop(session: Any, feeds: dict[str, Any], halt: LoopHalt, steps: int) -> dict[str, Any]:
+    """The host loop's answers over a step graph's session with ``halt``: each row's logits of its
+    halting step, q logits per step (NaN after it), steps used; every row runs every step until the
+    batch is done (rows never interact, so this is what a compacting host loop gives)."""
+    import numpy as np
+
+    from hrm_deploy.onnx_runtime import step_once, zero_carry
+
+    batch = len(feeds["inputs"])
+    carry = zero_carry(session, batch)
+    live = np.ones(batch, dtype=bool)
+    out: dict[str, Any] = {
+        "q_halt_logits": np.full((batch, steps), np.nan, np.float32),
+        "q_continue_logits": np.full((batch, steps), np.nan, np.float32),
+        STEPS_USED: np.zeros(batch, np.int32),
+    }
+    for i in range(steps):
+        carry, (logits, q_halt, q_continue), _ = step_once(session, feeds, carry, np.full((batch,), i == 0, bool))
+        if i == 0:
+            out["logits"] = np.zeros_like(logits)
+        out["logits"][live] = logits[live]
+        out["q_halt_logits"][live, i] = q_halt[live]
+        out["q_continue_logits"][live, i] = q_continue[live]
+        out[STEPS_USED][live] = i + 1
+        live &= ~halt.should_halt(i + 1, q_halt, q_continue, steps)
+        if not live.any():
+            break
+    return out
+
+
 def _margin(halt: LoopHalt, q_halt: float, q_continue: float) -> float:
     """How far a step's q logits are from flipping ``halt``'s decision (inf for ``off``)."""
     if halt.mode == "off":
         return math.inf
-    if halt.mode == "q" and not halt.q_halt_only:
-        return abs(float(q_halt) - float(q_continue))
-    bound = 0.0 if halt.mode == "q" else _logit(float(halt.threshold or 0.5))
-    return abs(float(q_halt) - bound)
+    return abs(float(q_halt) - (float(q_continue) if halt.bound is None else halt.bound))
 
 
 def _logit(p: float) -> float:

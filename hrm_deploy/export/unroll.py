@@ -125,15 +125,7 @@ class LoopHRM(nn.Module):
         self.step = StepCore(core)
         self.steps = int(steps if steps is not None else core.config.halt_max_steps)
         self.halt = halt
-        # the rule's bound on q_halt (q: 0 for TRM's rule; threshold:X: logit(X)); None: q_halt > q_continue
-        self.bound: float | None = None
-        if halt.mode == "threshold":
-            import math
-
-            p = min(max(float(halt.threshold), 1e-12), 1 - 1e-12)
-            self.bound = math.log(p / (1 - p))
-        elif halt.mode == "q" and halt.q_halt_only:
-            self.bound = 0.0
+        self.bound: float | None = halt.bound  # what q_halt must exceed (None: q_continue)
 
     def forward(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor):
         from torch._higher_order_ops.while_loop import while_loop

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +112,7 @@ def test_the_torch_while_loop_twin_equals_the_host_loop() -> None:
     from hrm_deploy.backends.reference import TorchStep
     from hrm_deploy.export.loop import LoopHalt
     from hrm_deploy.export.unroll import LoopHRM
-    from hrm_deploy.halting import drive
+    from hrm_deploy.halting import HaltRule, drive
     from hrm_deploy.model.checkpoint import load_checkpoint
 
     feeds = _feeds(16, seed=5)
@@ -126,7 +127,7 @@ def test_the_torch_while_loop_twin_equals_the_host_loop() -> None:
             TorchStep(model),
             feeds["inputs"],
             feeds["puzzle_identifiers"],
-            None if rule == "off" else halt.host_rule().should_halt,
+            None if rule == "off" else replace(HaltRule.parse(rule), q_halt_only=cfg.halts_on_q_halt_alone).should_halt,
         )
         assert np.array_equal(used.numpy(), host["steps_used"]), (model_name, rule)
         assert np.array_equal(logits.numpy().argmax(-1), host["logits"].argmax(-1))
