@@ -138,7 +138,7 @@ def _time_batch(runner, feeds: dict[str, np.ndarray], config: BenchConfig, advan
 def _measure(runner, examples, config: BenchConfig, label: str = "bench", quiet: bool = False) -> dict[str, Any]:
     from hrm_deploy.metrics import accuracy
     from hrm_deploy.progress import progress
-    from hrm_deploy.runtime.infer import predict
+    from hrm_deploy.runtime.infer import infer_all
 
     calls = -(-len(examples) // 64) + len(config.batches) * (config.warmup + (config.iters or config.min_iters))
     runner.activate()
@@ -148,7 +148,10 @@ def _measure(runner, examples, config: BenchConfig, label: str = "bench", quiet:
         if settings:
             row["runtime"] = settings
         with progress(calls, label, quiet, unit="calls") as advance:
-            logits = predict(runner, examples, 64, lambda n: advance(1))
+            out = infer_all(runner, examples, 64, lambda n: advance(1))
+            logits = out["logits"].astype(np.float32)
+            # ACT steps each puzzle ran: all of them, but a loop graph halts by its own rule
+            row["mean_steps"] = float(np.mean(out["steps_used"])) if "steps_used" in out else float(runner.steps)
             base = examples.feeds(0, max(config.batches))
             for batch in config.batches:
                 row["batches"][str(batch)] = _time_batch(runner, _tile(base, batch), config, advance)
@@ -429,7 +432,7 @@ def table(report: dict[str, Any]) -> str:
     """Markdown table in the Ultralytics benchmark style."""
     batches = report["config"]["batches"]
     head = (
-        ["Format", "Status", "Size (MB)", "Exact acc"]
+        ["Format", "Status", "Size (MB)", "Exact acc", "Mean steps"]
         + [f"b{b} ms (p90)" for b in batches]
         + [f"b{b} puzzles/s" for b in batches]
         + [f"b{b} vs ref" for b in batches]
@@ -446,6 +449,7 @@ def table(report: dict[str, Any]) -> str:
             status,
             f"{row['size_mb']:.1f}" if row.get("size_mb") else "-",
             f"{acc:.2%}" if acc is not None else "-",
+            f"{row['mean_steps']:.2f}" if row.get("mean_steps") is not None else "-",
         ]
         stats = row.get("batches", {})
         cells += [

@@ -133,3 +133,19 @@ def test_the_torch_while_loop_twin_equals_the_host_loop() -> None:
         assert np.array_equal(logits.numpy().argmax(-1), host["logits"].argmax(-1))
         np.testing.assert_allclose(logits.numpy(), host["logits"], atol=1e-4)
         np.testing.assert_allclose(q_halt.numpy(), host["q_halt_logits"], atol=1e-4)  # NaN where NaN
+
+
+def test_bench_reports_a_loop_graphs_mean_steps_beside_the_unrolled_graph(tmp_path: Path) -> None:
+    from hrm_deploy.bench.run import BenchConfig, bench, table
+    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+
+    data = tmp_path / "data"
+    generate_sudoku(SudokuSpec(train=4, test=32, blanks=(10, 30), augment=0, seed=9), str(data))
+    loop, unrolled = _export(tmp_path, "sudoku-small", "loop", "q"), _export(tmp_path, "sudoku-small", "unrolled")
+    config = BenchConfig(
+        data=str(data), batches=(1, 8), iters=2, warmup=1, include_reference=False, out_dir=str(tmp_path / "b")
+    )
+    report = bench([str(loop), str(unrolled)], config, quiet=True)
+    steps = {Path(row["artifact"]).name: row["mean_steps"] for row in report["rows"]}
+    assert steps[unrolled.name] == 8.0 and 1.0 <= steps[loop.name] < 8.0
+    assert "Mean steps" in table(report)
