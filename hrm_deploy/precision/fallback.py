@@ -1,8 +1,9 @@
-"""The accuracy-budget fallback every Q/DQ path shares: keep the most harmful layers in float
-until a measured loss fits the budget. Two searches over the same groups (all unrolled copies of one
-weight, :func:`weight_groups`): :func:`keep_sensitive_float` (greedy, one layer at a time: the
-precision stage) and :func:`bisect_fallback` (rank once, then bisect: the cpu target's static INT8,
-whose probes are cheap graph edits)."""
+"""The accuracy-budget fallback every Q/DQ path shares: keep the fewest most harmful layers in
+float until the graph is within the accuracy rule. One search over the groups (all unrolled copies
+of one weight, :func:`weight_groups`): :func:`bisect_fallback` (rank once by a cheap signal, then
+bisect with whole-holdout measurements, bounded in probes and time), used by the precision stage
+(:func:`sensitivity_fallback`, every probe written from the job) and the cpu target's static INT8
+(whose probes are graph edits)."""
 
 from __future__ import annotations
 
@@ -20,51 +21,7 @@ if TYPE_CHECKING:
     from hrm_deploy.precision.convert import PrecisionConfig
     from hrm_deploy.precision.job import QuantJob
 
-M = TypeVar("M")  # one measurement of a quantized graph (e.g. exact accuracy)
 Q = TypeVar("Q")  # one measurement of a probe graph (bisect_fallback)
-
-
-@dataclass
-class Fallback(Generic[M]):
-    """What :func:`keep_sensitive_float` chose: the groups kept in float (most harmful first),
-    each group's measured sensitivity, and the measurement of the chosen mix."""
-
-    kept_float: list[str]
-    sensitivity: dict[str, float]
-    measured: M
-
-
-def keep_sensitive_float(
-    groups: dict[str, list[str]],
-    measure: Callable[[tuple[str, ...]], M],
-    severity: Callable[[M], float],
-    within: Callable[[M], bool],
-    refuse: Callable[[M], str],
-    whole: M,
-) -> Fallback[M]:
-    """Greedy float fallback shared by the INT8 paths: keep whole groups of quantized nodes
-    (e.g. all unrolled copies of one weight) in float, most harmful first, until ``within``.
-
-    ``measure(excluded)`` quantizes every planned node except ``excluded`` and measures the
-    result; ``whole`` is the measurement with nothing excluded (already outside the budget).
-    Sensitivity of a group = ``severity`` of the graph where only that group is quantized.
-    Raises ConfigError(``refuse(last measurement)``) when only one group would be left quantized
-    and the budget still does not hold."""
-    everything = [n for nodes in groups.values() for n in nodes]
-    sensitivity: dict[str, float] = {}
-    for name, nodes in groups.items():
-        others = tuple(n for n in everything if n not in nodes)
-        sensitivity[name] = severity(measure(others) if others else whole)
-    kept: list[str] = []
-    measured = whole
-    for name in sorted(sensitivity, key=lambda g: sensitivity[g], reverse=True):
-        kept.append(name)
-        if len(kept) == len(groups):
-            raise ConfigError(refuse(measured))
-        measured = measure(tuple(n for g in kept for n in groups[g]))
-        if within(measured):
-            break
-    return Fallback(kept, sensitivity, measured)
 
 
 def weight_groups(model: Any, quantized: set[str] | list[str]) -> dict[str, list[str]]:
@@ -145,12 +102,18 @@ def bisect_fallback(
 def sensitivity_fallback(
     job: QuantJob, out_tmp: Path, holdout: Holdout, config: PrecisionConfig, stages: Stages
 ) -> dict[str, Any]:
-    """Keep whole layers (all unrolled copies of one weight) in float, most harmful first, until the
+    """Keep the fewest most harmful layers (all unrolled copies of one weight) in float so that the
     Q/DQ graph at ``out_tmp`` is within the rule (:meth:`~hrm_deploy.precision.rule.Quality.within`:
-    the points lost *and* the argmax agreement) on ``holdout``. Sensitivity of a layer = points lost
-    plus points of agreement lost when only that layer is quantized (every probe written by the
-    row's writer from the same job: no recalibration, no parse). The caller measures the published
-    graph again and judges it."""
+    the points lost *and* the argmax agreement) on ``holdout``: the same search as the cpu target's
+    (:func:`bisect_fallback`). Ranking: each weight's own output error in one pass
+    (:func:`hrm_deploy.precision.sensitivity.local_errors`); where a format's activations are not
+    Q/DQ pairs it can read (NVFP4's dynamic FP4), one probe per weight with only it quantized. Every
+    probe is written by the row's writer from the same job (no recalibration, no parse). The caller
+    measures the published graph again and judges it."""
+    import onnx
+
+    from hrm_deploy.precision import sensitivity
+
     budget = float(config.accuracy_budget or 0.0)
     current = holdout.measure(out_tmp)
     measured_key = f"{config.precision}_exact"
@@ -166,26 +129,36 @@ def sensitivity_fallback(
     by_weight = weight_groups(job.model, job.plan.quantize)
     probe = out_tmp.with_name(out_tmp.name + ".probe.onnx")
 
-    def measure(exclude: tuple[str, ...]) -> Quality:
-        quantize(job, probe, exclude)
+    def measure(kept: list[str]) -> Quality:
+        quantize(job, probe, tuple(n for w in kept for n in by_weight[w]))
         return holdout.measure(probe)
 
-    with stages.stage(f"sensitivity of {len(by_weight)} layers"):
-        chosen = keep_sensitive_float(
-            by_weight,
-            measure,
-            severity=lambda q: q.loss + (100.0 - q.agreement),
-            within=lambda q: q.within(budget),
-            refuse=lambda q: refusal(config.precision.upper(), current, q, len(by_weight) - 1, budget),
-            whole=current,
-        )
-    exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    final = quantize(job, out_tmp, exclude)
-    probe.unlink(missing_ok=True)
+    def refuse(q: Quality | None) -> str:
+        return refusal(config.precision.upper(), current, q or current, len(by_weight) - 1, budget)
+
+    signal = sensitivity.local_errors(
+        onnx.load(str(out_tmp)), job.model, by_weight, holdout.examples, job.source, job.meta
+    )
+    ranking = "each weight's own output error (one pass)"
+    if not any(signal.values()):  # no Q/DQ activation to read: measure each weight alone quantized
+        ranking = "points lost with only that weight quantized (one probe per weight)"
+
+        def alone(weight: str) -> float:
+            q = measure([w for w in by_weight if w != weight])
+            return q.loss + (100.0 - q.agreement)
+
+        signal = {w: alone(w) for w in by_weight}
+    try:
+        with stages.stage(f"keeping the most harmful of {len(by_weight)} layers float (ranked by {ranking})"):
+            chosen = bisect_fallback(list(by_weight), signal.__getitem__, measure, lambda q: q.within(budget), refuse)
+    finally:
+        probe.unlink(missing_ok=True)
+    final = quantize(job, out_tmp, tuple(n for w in chosen.kept_float for n in by_weight[w]))
     report.update(
         {measured_key: chosen.measured.int8_exact},
         kept_float=chosen.kept_float,
-        layer_loss_points={w: round(s, 4) for w, s in chosen.sensitivity.items()},
+        layer_loss_points={w: round(v, 6) for w, v in chosen.sensitivity.items()},
+        search={"ranking": ranking, "probes": chosen.probes, "limits": chosen.limits},
     )
     report["quantized_nodes"] = len(final.quantize)  # in the published graph (the layers kept float are out)
     return report

@@ -103,6 +103,8 @@ def local_errors(
     from hrm_deploy.puzzle_table import rows_session
 
     model, pairs = _with_float_twins(qdq, fp32, groups)
+    if not pairs:  # no Q/DQ activation to read (NVFP4's dynamic FP4): no signal, and no session to run
+        return dict.fromkeys(groups, 0.0)
     serialized = model.SerializeToString()
     del model
     session = rows_session(ort_session(serialized, provider="cpu"), source)
