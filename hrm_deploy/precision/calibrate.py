@@ -97,12 +97,12 @@ def calibration_provider() -> str:
     return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
 
 
-def _runs(examples: Examples, batch: int, mode: str, steps: int) -> int:
+def batch_runs(examples: Examples, batch: int, mode: str, steps: int) -> int:
     """Session runs of one calibration pass: one per batch, times ``steps`` for a single-step graph."""
     return -(-len(examples) // batch) * (steps if mode == "step" else 1)
 
 
-def _drive(session, fetch: list[str], examples: Examples, batch: int, mode: str, steps: int) -> Iterator[list]:
+def drive_examples(session, fetch: list[str], examples: Examples, batch: int, mode: str, steps: int) -> Iterator[list]:
     """Run the examples through ``session`` batch by batch, yielding the ``fetch`` outputs of each
     run. A single-step graph runs ``steps`` times per batch from a zero carry (``reset`` on the
     first step, as the host loop does) and reads its next carry from the same run, so ranges
@@ -151,7 +151,7 @@ def _with_range_outputs(model, tensors: list[str], method: str) -> list[str]:
     return [RANGES_OUTPUT]
 
 
-def _range_session(model, source: str | Path, tensors: list[str], method: str):
+def range_session(model, source: str | Path, tensors: list[str], method: str):
     """One ONNX Runtime session over a copy of the FP32 graph ``model`` (from ``source``, whose
     puzzle table an external-table graph reads) plus the range outputs of ``tensors``, on
     :func:`calibration_provider`. Returns (session, output names to fetch per run)."""
@@ -184,7 +184,7 @@ def _progress(total: int, label: str, quiet: bool):
     return progress(total, label, quiet, unit="batches")
 
 
-class _Ranges:
+class RangeCollector:
     """Ranges accumulated run by run: a running max |x| per tensor for minmax, ORT's
     HistogramCollector for entropy/percentile. ``add`` takes one run's fetched outputs."""
 
@@ -238,15 +238,15 @@ def _calibrate(
 
     ORT's own calibrators first add ReduceMin/Max (or output) nodes for every tensor and rebuild
     a value-info map per tensor: quadratic in graph size, hours on a 16-step Sudoku unroll. Here
-    only the tensors that get Q/DQ are read (:func:`_range_session`), in one pass over the data
-    (:func:`_drive`), and reduced run by run (:class:`_Ranges`)."""
+    only the tensors that get Q/DQ are read (:func:`range_session`), in one pass over the data
+    (:func:`drive_examples`), and reduced run by run (:class:`RangeCollector`)."""
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     from hrm_deploy.io import atomic_path
 
-    session, fetch = _range_session(model, source, tensors, config.method)
-    ranges = _Ranges(tensors, config)
-    for values in _drive(session, fetch, examples, config.batch, mode, steps):
+    session, fetch = range_session(model, source, tensors, config.method)
+    ranges = RangeCollector(tensors, config)
+    for values in drive_examples(session, fetch, examples, config.batch, mode, steps):
         ranges.add(values)
         if on_feed:
             on_feed()
@@ -333,7 +333,7 @@ def calibrate_ranges(
     del by_name
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     mode, steps = meta["mode"], int(meta["steps"])
-    total = _runs(examples, config.batch, mode, steps)
+    total = batch_runs(examples, config.batch, mode, steps)
     with _progress(total, "calibrating", quiet) as on_feed:
         _calibrate(model, source, tensors, examples, config, mode, steps, cache_file, on_feed)
     return True

@@ -105,7 +105,7 @@ def test_the_calibration_session_is_created_on_the_chosen_providers(tiny_onnx, m
 
     monkeypatch.setattr(ort, "InferenceSession", Recording)
     monkeypatch.setattr(int8, "calibration_provider", lambda: "cuda")
-    session, fetch = int8._range_session(
+    session, fetch = int8.range_session(
         onnx.load(str(tiny_onnx.step)), tiny_onnx.step, _weighted_inputs(tiny_onnx.step), "minmax"
     )
     assert asked == [["CUDAExecutionProvider", "CPUExecutionProvider"]] and fetch == [int8.RANGES_OUTPUT]
