@@ -152,9 +152,9 @@ def test_bench_reports_a_loop_graphs_mean_steps_beside_the_unrolled_graph(tmp_pa
 
 
 def test_quantized_and_cpu_target_builds_of_a_loop_graph_are_refused_in_one_line(tmp_path: Path) -> None:
-    from hrm_deploy.engines.build import EngineConfig, build_engine
-
     import importlib.util
+
+    from hrm_deploy.engines.build import EngineConfig, build_engine
 
     loop = _export(tmp_path, "sudoku-small", "loop", "q")
     cases = [(EngineConfig(precision="fp32", target="cpu"), "--target cpu does not optimize loop graphs")]
