@@ -143,7 +143,8 @@ def build_engine(
     ] = None,
     quiet: Quiet = False,
 ) -> None:
-    """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""
+    """Build an engine: TensorRT / TensorRT-RTX (strongly typed: the precision lives in the ONNX), the
+    cpu target's optimized ONNX Runtime graph, or a PyTorch AOTInductor .pt2."""
     from hrm_deploy.data.benchmarks import prepare_dataset
     from hrm_deploy.engines.build import (
         EngineConfig,
