@@ -1,9 +1,9 @@
 """What INT8 range collection costs over plain inference of the same calibration samples.
 
 Both arms run in one process on the same providers (``calibration_provider``), driven by the
-calibration's own loop (``_drive``: one run per batch of the unrolled graph, ``steps`` runs per
+calibration's own loop (``drive_examples``: one run per batch of the unrolled graph, ``steps`` runs per
 batch of the single-step graph; the collecting arm also reduces each run's outputs as
-calibration does, ``_Ranges``), and they alternate run by run (ABBA order), so a shared
+calibration does, ``RangeCollector``), and they alternate run by run (ABBA order), so a shared
 machine's load falls on both alike. Reported per graph: session setup of each arm (plain: the
 session over the FP32 file; collection: load, add the range outputs, session), run seconds,
 the median of the run-by-run ratios, and the overhead with setup included, also extrapolated
@@ -54,7 +54,14 @@ def paired(path: Path, examples, batch: int, rounds: int = 1, method: str = "min
 
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.onnx_runtime import ort_session
-    from hrm_deploy.precision.calibrate import QuantConfig, _drive, _range_session, _Ranges, _runs, calibration_provider
+    from hrm_deploy.precision.calibrate import (
+        QuantConfig,
+        RangeCollector,
+        batch_runs,
+        calibration_provider,
+        drive_examples,
+        range_session,
+    )
 
     meta = graph_metadata(onnx.load(str(path), load_external_data=False))
     mode, steps = meta["mode"], meta["steps"]
@@ -64,11 +71,11 @@ def paired(path: Path, examples, batch: int, rounds: int = 1, method: str = "min
         return ort_session(str(path), provider=calibration_provider(), allow_fallback=True)
 
     plain, plain_setup, _ = _timed(plain_session)
-    (collect, fetch), collect_setup, _ = _timed(lambda: _range_session(str(path), tensors, method))
+    (collect, fetch), collect_setup, _ = _timed(lambda: range_session(onnx.load(str(path)), path, tensors, method))
 
     def passes(session, outputs, ranges=None):
         for _ in range(rounds):
-            for values in _drive(session, outputs, examples, batch, mode, steps):
+            for values in drive_examples(session, outputs, examples, batch, mode, steps):
                 if ranges is not None:
                     ranges.add(values)  # the per-run reduction (a running max, or histograms)
                 yield
@@ -76,11 +83,11 @@ def paired(path: Path, examples, batch: int, rounds: int = 1, method: str = "min
     quant = QuantConfig(method=method, samples=len(examples), batch=batch)
     arms = {
         "plain": passes(plain, [] if mode == "step" else ["logits"]),
-        "collect": passes(collect, fetch, _Ranges(tensors, quant)),
+        "collect": passes(collect, fetch, RangeCollector(tensors, quant)),
     }
     wall: dict[str, list[float]] = {"plain": [], "collect": []}
     cpu: dict[str, list[float]] = {"plain": [], "collect": []}
-    runs = _runs(examples, batch, mode, steps) * rounds
+    runs = batch_runs(examples, batch, mode, steps) * rounds
     for i in range(runs):
         for arm in ("plain", "collect") if i % 4 in (0, 3) else ("collect", "plain"):  # ABBA
             _, w, c = _timed(arms[arm].__next__)

@@ -213,7 +213,7 @@ def kernels(tokens: int, hidden: int, inter: int, threads: int, rounds: int) -> 
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    from hrm_deploy.backends.ort.builder.isa import _qdq_matmul, time_sessions
+    from hrm_deploy.backends.ort.builder.isa import qdq_matmul_graph, time_sessions
     from hrm_deploy.onnx_runtime import ort_session, quiet_ort
 
     n = 2 * inter
@@ -230,8 +230,8 @@ def kernels(tokens: int, hidden: int, inter: int, threads: int, rounds: int) -> 
         )
         fp32 = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
         fp32.ir_version = 9
-        graphs = {"fp32": fp32.SerializeToString(), "u8s8": _qdq_matmul(m, hidden, n, "uint8")}
-        graphs["s8s8"] = _qdq_matmul(m, hidden, n, "int8")
+        graphs = {"fp32": fp32.SerializeToString(), "u8s8": qdq_matmul_graph(m, hidden, n, "uint8")}
+        graphs["s8s8"] = qdq_matmul_graph(m, hidden, n, "int8")
         with quiet_ort(), tempfile.TemporaryDirectory() as tmp:
             onnx.save(fp32, f"{tmp}/f.onnx")
             quantize_dynamic(f"{tmp}/f.onnx", f"{tmp}/d.onnx", weight_type=QuantType.QInt8, per_channel=True)
@@ -336,12 +336,12 @@ def run_model(name: str, args: argparse.Namespace, results: Path) -> dict[str, A
     from hrm_deploy.bench.profile import ProfileConfig, profile
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.export.metadata import graph_metadata
-    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.families import config_from_dict
 
     bundled = name == "bundled"
     rounds = (5 if args.quick else 15) if bundled else (1 if args.quick else 3)
     prep = prepare(name, Path(args.work) / name)
-    config = HRMConfig.from_dict(graph_metadata(onnx.load(prep["unrolled"], load_external_data=False))["config"])
+    config = config_from_dict(graph_metadata(onnx.load(prep["unrolled"], load_external_data=False))["config"])
     report: dict[str, Any] = {
         "model": name,
         "weights": "trained (bundled sudoku-small)" if bundled else "random (Sudoku-size architecture): speed only",

@@ -29,7 +29,9 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +39,8 @@ import numpy as np
 def _median_ms(runner, feeds, iters: int, warmup: int, seconds: float, min_calls: int) -> tuple[float, dict]:
     for _ in range(warmup):
         runner.infer(feeds)
-    times, phases = [], []
+    times: list[float] = []
+    phases: list[Any] = []
     begin = time.perf_counter()
     while len(times) < iters and (len(times) < min_calls or time.perf_counter() - begin < seconds):
         start = time.perf_counter()
@@ -102,7 +105,8 @@ def profile_call(runner, feeds, steps: int) -> dict:
         if cuda:
             torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - start) * 1e3
-    kernels, copies = [], []
+    kernels: list[tuple[float, float]] = []
+    copies: list[tuple[float, float]] = []
     for event in prof.profiler.kineto_results.events():  # the raw trace: device activity with ns times
         if str(event.device_type()).endswith("CUDA"):
             interval = (event.start_ns() / 1e3, (event.start_ns() + event.duration_ns()) / 1e3)
@@ -192,32 +196,39 @@ def _row(name: str, manifest: dict, build_s: float | None) -> dict:
     }
 
 
+def _opener(path: Path) -> Callable[[], Any]:
+    """A deferred open_runner of ``path`` (each candidate is opened when its turn comes)."""
+    from hrm_deploy.backends import open_runner
+
+    return lambda: open_runner(path, step_predictions=False)
+
+
 def _measure(args, ckpt: Path, engines: dict[str, Path], rows: list[dict], torch) -> None:
     """Time every candidate at every batch; the JSON is rewritten after each batch."""
-    from hrm_deploy.backends import open_runner
     from hrm_deploy.backends.reference import TorchRunner
 
     # the engines first: their rows are the goal, and a package once died loading after the CUDA reference ran
-    candidates = [
-        (f"aoti_{mode}", lambda mode=mode: open_runner(engines[mode], step_predictions=False)) for mode in engines
-    ]
+    candidates: list[tuple[str, Callable[[], Any]]] = [(f"aoti_{mode}", _opener(engines[mode])) for mode in engines]
     if not args.no_reference:
-        candidates.append(("reference_eager", lambda: TorchRunner(ckpt, device="cuda")))
+        candidates.append(("reference_eager", lambda: TorchRunner(ckpt, device="cuda")))  # type: ignore[misc]
     if not (args.no_compiled_reference or args.no_reference):
-        candidates.append(("reference_compiled", lambda: TorchRunner(ckpt, device="cuda", compile=True)))
+        candidates.append(("reference_compiled", lambda: TorchRunner(ckpt, device="cuda", compile=True)))  # type: ignore[misc]
     max_batch = max(args.batches)
     rng = np.random.default_rng(0)
-    base = {"inputs": rng.integers(1, 11, (max_batch, 81)), "puzzle_identifiers": np.zeros(max_batch, np.int32)}
+    base: dict[str, Any] = {
+        "inputs": rng.integers(1, 11, (max_batch, 81)),
+        "puzzle_identifiers": np.zeros(max_batch, np.int32),
+    }
     for name, make in candidates:
-        row = next((r for r in rows if r["name"] == name), None)
-        if row is None:
-            row = {"name": name, "batches": {}}
+        found = next((r for r in rows if r["name"] == name), None)
+        row: dict[str, Any] = found if found is not None else {"name": name, "batches": {}}
+        if found is None:
             rows.append(row)
         with make() as runner:
             row["steps"] = runner.steps
             row["path"] = getattr(runner, "engine_path", "reference")  # the engine, or its fallback
             for batch in args.batches:
-                feeds = {k: v[:batch] for k, v in base.items()}
+                feeds: dict[str, Any] = {k: v[:batch] for k, v in base.items()}
                 ms, phases = _median_ms(runner, feeds, args.iters, args.warmup, args.seconds, args.min_calls)
                 row["batches"][str(batch)] = {"median_ms": ms, "puzzles_per_s": batch / ms * 1e3, "phases_ms": phases}
                 if args.profile and name.startswith("aoti_"):

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-from hrm_deploy.model.config import TRMConfig
 from hrm_deploy.model.hrm import build_model
+from hrm_deploy.model.trm_config import TRMConfig
 
 SIZES: dict[str, dict[str, Any]] = {
     "upstream": dict(

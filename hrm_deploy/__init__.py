@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "HRMDeployError": "hrm_deploy.errors",
     "HRMConfig": "hrm_deploy.model.config",
-    "TRMConfig": "hrm_deploy.model.config",
+    "TRMConfig": "hrm_deploy.model.trm_config",
     "build_model": "hrm_deploy.model.hrm",
     "load_checkpoint": "hrm_deploy.model.checkpoint",
     "unroll": "hrm_deploy.export.unroll",

@@ -20,6 +20,12 @@ Step graph (one ACT segment, the carry in and out)::
 ``reset`` rows start from the model's initial carry (upstream's ``reset_carry``); the carry
 outputs are fed back as the next step's carry inputs.
 
+Loop graph (the ACT loop inside one call, halting rule fixed at export)::
+
+    inputs [B, S] int, puzzle_identifiers [B] int
+      -> logits [B, S, V] (each row's halting step), q_halt_logits [B, N], q_continue_logits [B, N]
+         (NaN after a row's halting step), steps_used [B] int32
+
 A graph exported with ``--puzzle-emb external`` takes ``puzzle_emb_rows`` float32 [B, E] (E the
 puzzle-embedding width: the table rows of the batch's puzzles) in place of ``puzzle_identifiers``;
 callers still give identifiers, and :mod:`hrm_deploy.puzzle_table` gathers the rows on the host.
@@ -42,6 +48,8 @@ STEP_INPUTS = (*FEEDS, *CARRY, RESET)
 STEP_OUTPUTS = (*CARRY_OUT, *HEADS)
 UNROLLED_INPUTS = FEEDS
 UNROLLED_OUTPUTS = HEADS
+STEPS_USED = "steps_used"  # loop graph output: int32 [B], the ACT steps each row ran
+LOOP_OUTPUTS = (*HEADS, STEPS_USED)
 STEP_PREDICTIONS = "step_predictions"  # optional unrolled output: argmax per step [B, N, S] int32
 # export --puzzle-emb external: the graph takes the batch's puzzle-embedding table rows, float32
 # [B, puzzle_emb_ndim], in place of puzzle_identifiers; the host gathers them (hrm_deploy.puzzle_table)
@@ -72,7 +80,7 @@ def graph_io(
     step_predictions: bool = False,
     puzzle_rows: int = 0,
 ) -> tuple[TensorIO, ...]:
-    """The I/O of a ``"step"`` or ``"unrolled"`` graph as exported (inputs first, in call order):
+    """The I/O of a ``"step"``, ``"unrolled"`` or ``"loop"`` graph as exported (inputs first, in call order):
     token and puzzle ids int32, the carry and heads float32, ``reset`` bool. Engines may narrow
     float dtypes (bf16 / fp16 engines) but never rename or reshape. ``puzzle_rows`` > 0: an
     external-table graph, :data:`PUZZLE_ROWS` float32 [B, puzzle_rows] in place of the ids."""
@@ -92,8 +100,15 @@ def graph_io(
             logits,
             *(TensorIO(name, False, "float32", (b,)) for name in Q_LOGITS),
         )
+    if mode == "loop":
+        return (
+            *feeds,
+            logits,
+            *(TensorIO(name, False, "float32", (b, steps)) for name in Q_LOGITS),
+            TensorIO(STEPS_USED, False, "int32", (b,)),
+        )
     if mode != "unrolled":
-        raise ValueError(f"graph mode {mode!r}: expected 'step' or 'unrolled'")
+        raise ValueError(f"graph mode {mode!r}: expected 'step', 'unrolled' or 'loop'")
     per_step = tuple(TensorIO(name, False, "float32", (b, steps)) for name in Q_LOGITS)
     predictions = (TensorIO(STEP_PREDICTIONS, False, "int32", (b, steps, seq_len)),) if step_predictions else ()
     return (*feeds, logits, *per_step, *predictions)

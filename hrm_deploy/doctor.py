@@ -6,6 +6,7 @@ import importlib
 import platform
 from dataclasses import dataclass
 
+from hrm_deploy.errors import install_hint
 from hrm_deploy.system import jetson_model
 
 
@@ -79,11 +80,11 @@ def diagnose() -> list[Check]:
                 )
             )
     else:
-        checks.append(Check("torch", False, "not installed", "pip install 'hrm-deploy[torch]' (export, verify, train)"))
+        checks.append(Check("torch", False, "not installed", f"{install_hint('torch')} (export, verify, train)"))
     if _version("onnx"):
         checks.append(Check("onnx", True, _version("onnx") or ""))
     else:
-        checks.append(Check("onnx", False, "not installed", "pip install 'hrm-deploy[onnx]'"))
+        checks.append(Check("onnx", False, "not installed", install_hint("onnx")))
     if _version("onnxruntime"):
         try:
             working, failed = working_ort_providers()
@@ -101,16 +102,14 @@ def diagnose() -> list[Check]:
         except Exception as exc:  # noqa: BLE001
             checks.append(Check("onnxruntime", False, f"probe failed: {exc}", "reinstall onnxruntime"))
     else:
-        checks.append(Check("onnxruntime", False, "not installed", "pip install 'hrm-deploy[onnx]'"))
+        checks.append(Check("onnxruntime", False, "not installed", install_hint("onnx")))
     for module, extra, what in (
         ("tensorrt", "trt", "TensorRT (desktop/datacenter; JetPack on Jetson)"),
         ("tensorrt_rtx", "rtx", "TensorRT-RTX (desktop RTX GPUs)"),
     ):
         v = _version(module)
         checks.append(
-            Check(
-                module, v is not None, v or "not importable", "" if v else f"{what}: pip install 'hrm-deploy[{extra}]'"
-            )
+            Check(module, v is not None, v or "not importable", "" if v else f"{what}: {install_hint(extra)}")
         )
     jetson = jetson_model()
     checks.append(

@@ -8,6 +8,8 @@ traceback.
 
 from __future__ import annotations
 
+import os
+
 
 class HRMDeployError(Exception):
     """Base class of user-facing errors: the message is the whole story."""
@@ -111,6 +113,11 @@ def machine_fault(exc: BaseException, path: object = None) -> MachineError | Non
         return None
     cause, fix = _FAULTS[name]
     where = exc.filename if exc.filename is not None else path
+    cache = os.environ.get("HRM_DEPLOY_CACHE")
+    if cache and where is not None:  # the user's cache setting is what to fix, not an output option
+        inside, base = os.path.abspath(str(where)), os.path.abspath(cache)
+        if inside == base or inside.startswith(base.rstrip(os.sep) + os.sep):
+            fix = f"point HRM_DEPLOY_CACHE ({cache}) at a writable folder, or unset it"
     return MachineError(f"{where if where is not None else 'a file'}: {cause}; {fix}")
 
 

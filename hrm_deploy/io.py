@@ -153,6 +153,35 @@ def naming_faults(path: str | os.PathLike, *, always: bool = False) -> Iterator[
         if fault is None:
             raise
         raise fault from None
+    except RuntimeError as exc:  # torch.save reports a failed write() as RuntimeError, without errno
+        torch_fault = _torch_write_fault(exc, path)
+        if torch_fault is None:
+            raise
+        raise torch_fault from None
+
+
+def _torch_write_fault(exc: RuntimeError, path: str | os.PathLike) -> Exception | None:
+    """One MachineError line for torch's zip writer failing a write (``unexpected pos``, ``file write
+    failed``): a full device says so; None for any other RuntimeError (a bug keeps its traceback)."""
+    import errno
+    import shutil
+
+    from hrm_deploy.errors import MachineError, machine_fault
+
+    text = str(exc)
+    if "unexpected pos" not in text and "file write failed" not in text and "PytorchStreamWriter" not in text:
+        return None
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if free is not None and free < (64 << 20):  # what is left is less than any checkpoint worth writing
+        return machine_fault(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), path)
+    first = text.strip().splitlines()[0][:160] if text.strip() else type(exc).__name__
+    return MachineError(f"{path}: writing it failed ({first}); check the device's free space and health")
 
 
 def check_writable(path: str | os.PathLike) -> None:
@@ -293,3 +322,25 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def not_a_plain_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a folder ("a FIFO", "a
+    character device", "a link that leads nowhere (a loop or a missing target)", ...); None for a
+    regular file, a folder, or nothing at all. Reading a FIFO or /dev/zero would block or never end."""
+    import errno
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOENT and os.path.islink(path)):
+            return "a link that leads nowhere (a loop or a missing target)"
+        return None
+    kinds = {
+        stat.S_ISFIFO: "a FIFO (named pipe)",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((what for test, what in kinds.items() if test(mode)), None)

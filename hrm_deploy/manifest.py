@@ -43,6 +43,32 @@ _SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
 SEAL_KEY = "manifest_sha256"
+# The first hrm-deploy release (every manifest it writes is sealed): a manifest without a seal whose
+# tool_version is this or newer had its seal removed, and is refused like an edited one.
+SEALED_SINCE = (0, 1, 0)
+
+
+def _version_tuple(text: Any) -> tuple[int, ...] | None:
+    """(0, 1, 0) of "0.1.0" (a local or pre-release suffix ignored); None when it is not a version."""
+    match = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", text) if isinstance(text, str) else None
+    return tuple(int(g or 0) for g in match.groups()) if match else None
+
+
+def _check_seal(data: dict[str, Any], path: str | Path) -> None:
+    """A seal that matches, or no seal where the writer predates sealing (its ``tool_version`` says so)."""
+    if SEAL_KEY in data:
+        if _sealed(data)[SEAL_KEY] != data[SEAL_KEY]:
+            raise ArtifactError(
+                f"manifest {path} was edited after hrm-deploy wrote it (its fields no longer match their "
+                "seal): what it says about the artifact cannot be trusted; re-create the artifact"
+            )
+        return
+    version = _version_tuple(data.get("tool_version"))
+    if version is None or version >= SEALED_SINCE:
+        raise ArtifactError(
+            f"manifest {path} has no seal ({SEAL_KEY}), yet hrm-deploy {data.get('tool_version')!r} seals every "
+            "manifest it writes: it was edited, so what it says cannot be trusted; re-create the artifact"
+        )
 
 
 def _sealed(data: dict[str, Any]) -> dict[str, Any]:
@@ -332,11 +358,7 @@ def validate_manifest(data: Any, path: str | Path) -> dict[str, Any]:
             f"manifest {path} has no valid sha256 (got {str(data['sha256'])[:70]!r}); "
             "it was edited or damaged: re-create the artifact"
         )
-    if SEAL_KEY in data and _sealed(data)[SEAL_KEY] != data[SEAL_KEY]:  # manifests before the seal: as read
-        raise ArtifactError(
-            f"manifest {path} was edited after hrm-deploy wrote it (its fields no longer match their "
-            "seal): what it says about the artifact cannot be trusted; re-create the artifact"
-        )
+    _check_seal(data, path)
     return data
 
 
@@ -424,3 +446,24 @@ def update_manifest(artifact: str | Path, *, expect_sha256: str | None = None, *
         raise ArtifactError(f"{artifact} was replaced meanwhile; its new manifest was left as it is: run again")
     data.update(fields)
     return write_text(manifest_path(artifact), manifest_text(data))
+
+
+def refuse_companion(path: str | os.PathLike) -> None:
+    """One :class:`ArtifactError` line when ``path`` is a companion of an artifact of ours (a ``.pt2``'s
+    ``.program`` load fallback, an ONNX graph's external ``.data``): it names the artifact to give instead,
+    where reading the file on its own would call it truncated or damaged."""
+    path = Path(path)
+    parts = path.name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        owner = path.with_name(".".join(parts[:cut]))
+        if not manifest_path(owner).is_file():
+            continue
+        try:
+            data = json.loads(manifest_path(owner).read_text())
+        except (OSError, ValueError):
+            continue
+        named = dict(data.get("companions") or {}) if isinstance(data, dict) else {}
+        if path.name in named or (isinstance(data, dict) and data.get("load_fallback") == path.name):
+            raise ArtifactError(
+                f"{path} is a companion file of {owner} (kept beside it and read with it); give {owner} itself"
+            )

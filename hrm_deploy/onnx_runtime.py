@@ -115,21 +115,38 @@ def check_onnx_file(path: str | Path) -> int:
     return st.st_size
 
 
-def load_onnx(path: str | Path) -> Any:
-    """An ``onnx.ModelProto`` of ``path`` (weights in external data not loaded), size-checked
-    before it is read (:func:`check_onnx_file`); anything that does not parse as an ONNX model
-    (truncated, random bytes) is one :class:`~hrm_deploy.errors.ArtifactError` line."""
-    from hrm_deploy.errors import ArtifactError
-
+def load_onnx(path: str | Path, weights: bool = False) -> Any:
+    """An ``onnx.ModelProto`` of ``path`` (weights in external data loaded only with ``weights``),
+    size-checked before it is read (:func:`check_onnx_file`); anything that does not parse as an
+    ONNX model (truncated, random bytes) is one :class:`~hrm_deploy.errors.ArtifactError` line: the
+    one loader every stage reads a graph with."""
     check_onnx_file(path)
     onnx = require("onnx", "onnx", "Reading ONNX files")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx.load(str(path), load_external_data=weights)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types (DecodeError, ...)
-        raise ArtifactError(f"{path} is not a readable ONNX file ({type(exc).__name__}); re-export it") from None
+        raise _unreadable(path, type(exc).__name__) from None
     if model.ir_version <= 0 or not model.graph.node:
-        raise ArtifactError(f"{path} is not a readable ONNX file (no ONNX graph in it); re-export it")
+        raise _unreadable(path, "no ONNX graph in it")
     return model
+
+
+def load_onnx_bytes(data: bytes, path: str | Path) -> Any:
+    """:func:`load_onnx` of bytes already read from ``path`` (e.g. the ones whose sha256 was checked)."""
+    onnx = require("onnx", "onnx", "Reading ONNX files")
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types (DecodeError, ...)
+        raise _unreadable(path, type(exc).__name__) from None
+    if model.ir_version <= 0 or not model.graph.node:
+        raise _unreadable(path, "no ONNX graph in it")
+    return model
+
+
+def _unreadable(path: str | Path, why: str) -> Exception:
+    from hrm_deploy.errors import ArtifactError
+
+    return ArtifactError(f"{path} is not a readable ONNX file ({why}); it is truncated or damaged: re-export it")
 
 
 def holds_fp4(model: Any) -> bool:
@@ -239,13 +256,20 @@ def ort_session(
 
 @contextlib.contextmanager
 def quiet_ort() -> Iterator[None]:
-    """ORT's quantizer prints calibration chatter and root-logger warnings; keep them out of our output."""
+    """ORT's quantizer prints calibration chatter and root-logger warnings; keep them out of our output.
+    Its module-level ``logging.info(...)`` calls also give the root logger a handler on first use
+    (``logging.basicConfig``), which would print every later record of ours a second time
+    (``INFO:hrm_deploy...``): handlers added to the root here are removed on the way out."""
+    root = logging.getLogger()
+    handlers = list(root.handlers)
     logging.disable(logging.WARNING)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             yield
     finally:
         logging.disable(logging.NOTSET)
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
 
 
 class CarryShape(Protocol):

@@ -9,6 +9,7 @@ checkpoint's run folder), and never over an input file, through links included.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,15 +21,21 @@ from hrm_deploy.manifest import check_replaceable, publish_artifact
 PathLike = str | os.PathLike
 
 
+# What marks a training run's folder: upstream's config, or any file our trainer writes there
+_RUN_MARKERS = ("all_config.yaml", "last.pt", "metrics.jsonl", ".train.lock")
+_RUN_CHECKPOINT = re.compile(r"^(last\.pt|step_\d+(\.pt)?)$")  # the trainer's and upstream's names
+
+
 def run_folder(checkpoint: PathLike | None) -> Path | None:
-    """The folder of a training run a checkpoint lives in (``all_config.yaml`` beside it, or
-    the folder itself when one was given), None for a file of ours in a workspace."""
+    """The folder of a training run a checkpoint lives in (a checkpoint named as a trainer names them,
+    ``last.pt`` or ``step_N``, or a folder holding upstream's config or any file our trainer writes,
+    whatever else it holds; or the folder itself when one was given), None for a file in a workspace."""
     if checkpoint is None:
         return None
     p = Path(checkpoint)
     if p.is_dir():
         return p
-    if p.is_file() and (p.parent / "all_config.yaml").is_file():
+    if p.is_file() and (_RUN_CHECKPOINT.match(p.name) or any((p.parent / m).exists() for m in _RUN_MARKERS)):
         return p.parent
     return None
 

@@ -170,10 +170,18 @@ def provenance_data(checkpoint: str | Path, flag: str, splits: dict[str, int | N
 
 def default_data(artifact: str | Path, flag: str, splits: dict[str, int | None] | None = None) -> DataChoice:
     """Default data for a command on ``artifact`` (checkpoint, ONNX or engine); ``splits`` as in
-    :func:`provenance_data`."""
+    :func:`provenance_data`. A damaged artifact or manifest is named first (it, not the data, is the problem)."""
+    from hrm_deploy.manifest import check_artifact
+
+    if Path(artifact).is_file():
+        check_artifact(artifact)
     try:
         checkpoint = checkpoint_of(artifact)
     except ArtifactError:
+        if Path(artifact).suffix == ".onnx" and Path(artifact).is_file():
+            from hrm_deploy.onnx_runtime import load_onnx
+
+            load_onnx(artifact)  # a truncated graph is named as one
         raise ConfigError(
             f"no {flag} given and the checkpoint {Path(artifact).name} came from is unknown (no "
             f"manifest names it, or it changed); pass {flag} DATASET_DIR"
@@ -209,3 +217,94 @@ def heldout_data(artifact: str | Path, samples: int = 512) -> DataChoice | None:
         f"{samples} fresh puzzles of {Path(checkpoint).name}'s dataset spec "
         f"(seed {fresh['seed']}, never trained on) in {folder}",
     )
+
+
+# ------------------------------------------------------------------ the reference an artifact was built from
+def reference_files(checkpoint: str | Path | None) -> dict[str, str]:
+    """sha256 of the files besides the weights that decide the reference model of ``checkpoint``:
+    upstream's ``all_config.yaml`` beside it and the ``dataset.json`` its ``data_path``/``data_paths``
+    point to (seq_len, vocabulary, puzzle ids). Paths relative to the checkpoint's folder; {} for ours."""
+    if checkpoint is None or not Path(checkpoint).is_file():
+        return {}
+    from hrm_deploy.io import sha256_file
+    from hrm_deploy.model.checkpoint import _find_dataset_json, _read_yaml
+
+    folder = Path(checkpoint).parent
+    config = folder / "all_config.yaml"
+    if not config.is_file():
+        return {}
+    found = [config]
+    try:
+        train_cfg = _read_yaml(config)
+    except ConfigError:
+        train_cfg = {}
+    listed = train_cfg.get("data_paths")
+    paths: list[Any] = list(listed) if isinstance(listed, list) else []
+    for data_path in [*paths, train_cfg.get("data_path")]:
+        meta = _find_dataset_json(str(data_path), folder) if data_path else None
+        if meta is not None and meta not in found:
+            found.append(meta)
+    return {os.path.relpath(f, folder): sha256_file(f) for f in found}
+
+
+def _records(artifact: Path) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, str]]:
+    """(the checkpoint's ``parent`` record, its Hub record, its reference files) from ``artifact``'s
+    manifest chain (each link checked, :func:`hrm_deploy.manifest.check_artifact`)."""
+    from hrm_deploy.manifest import check_artifact, manifest_path, resolve_parent
+
+    current, parent = artifact, None
+    hub: dict[str, Any] = {}
+    files: dict[str, str] = {}
+    for _ in range(16):
+        if is_checkpoint(current) or not manifest_path(current).is_file():
+            break
+        manifest = check_artifact(current) or {}
+        if isinstance(manifest.get("hub"), dict):
+            hub = manifest["hub"]
+        if isinstance(manifest.get("reference_files"), dict):
+            files = manifest["reference_files"]
+        record = manifest.get("parent")
+        if isinstance(record, dict) and is_checkpoint(Path(str(record.get("path")))):
+            parent = record
+            break
+        nxt = resolve_parent(current, manifest)
+        if nxt is None:
+            break
+        current = nxt
+    return parent, hub, files
+
+
+def check_reference(artifact: str | Path, reference: str | Path) -> None:
+    """One :class:`ArtifactError` line unless ``reference`` and every file its model was read from
+    (config, dataset.json, the Hub snapshot's files) are the ones ``artifact``'s manifests hashed: a
+    verdict is only given against the reference the artifact was built from. Nothing recorded: no check."""
+    from hrm_deploy.io import sha256_file
+
+    artifact, reference = Path(artifact), Path(reference)
+    parent, hub, files = _records(artifact)
+    if not reference.is_file():
+        return  # a checkpoint folder: its newest step is what the loader reads
+    digest = sha256_file(reference)
+    if parent is not None and parent.get("sha256") not in (None, digest):
+        raise ArtifactError(
+            f"{reference} is not the checkpoint {artifact.name} was made from (sha256 {digest[:12]}..., recorded "
+            f"{str(parent.get('sha256'))[:12]}...); pass that checkpoint, or re-create the artifact from this one"
+        )
+    checks = {reference.parent / name: sha for name, sha in files.items()}
+    hub_files: dict[str, str] = hub["files"] if isinstance(hub.get("files"), dict) else {}
+    own = next((name for name, sha in hub_files.items() if sha == digest), None)
+    if own is not None:  # the snapshot's files, wherever the reference lies (relative to the weights)
+        root = reference.parent
+        for _ in Path(own).parts[1:]:
+            root = root.parent
+        checks.update({root / name: sha for name, sha in hub_files.items()})
+    for path, sha in checks.items():
+        if not path.is_file():
+            raise ArtifactError(
+                f"{path} is gone, but {artifact.name} was made with it; restore it, or re-create the artifact"
+            )
+        if sha256_file(path) != sha:
+            raise ArtifactError(
+                f"{path} changed since {artifact.name} was made from it (sha256 differs from the manifest's "
+                "record): a verdict against it would judge another model; restore it, or re-create the artifact"
+            )

@@ -36,6 +36,11 @@ class BackendEntry:
     # what its artifacts are: "checkpoint", "onnx" (a graph), "engine" (compiled, opaque without its
     # runtime) or "pt2" (an engine whose manifest carries its model config)
     kind: str = "engine"
+    # its builds' precision when none is asked for, and whether it builds from a checkpoint too (its
+    # builder takes GraphInput.SOURCE) or only from an ONNX graph; the CLI reads both here
+    default_precision: str = "fp16"
+    builds_from_checkpoint: bool = False
+    title: str = ""  # what it builds, for messages ("TensorRT", "the cpu target")
 
 
 BACKENDS: dict[str, BackendEntry] = {
@@ -51,6 +56,8 @@ BACKENDS: dict[str, BackendEntry] = {
             ("ort",),
             ("provider", "threads"),
             "onnx",
+            default_precision="fp32",
+            title="the cpu target",
         ),
         BackendEntry(
             "tensorrt",
@@ -58,6 +65,7 @@ BACKENDS: dict[str, BackendEntry] = {
             (".engine", ".plan"),
             "hrm_deploy.backends.tensorrt.builder.engine:BUILDER",
             ("tensorrt", "tensorrt-rtx"),
+            title="TensorRT",
         ),
         BackendEntry(
             "torch",
@@ -66,6 +74,9 @@ BACKENDS: dict[str, BackendEntry] = {
             "hrm_deploy.backends.torch.builder:BUILDER",
             ("torch",),
             kind="pt2",
+            default_precision="fp32",
+            builds_from_checkpoint=True,
+            title="PyTorch AOTInductor",
         ),
     )
 }
@@ -80,16 +91,21 @@ def load(ref: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def builder(backend: str) -> Any:
-    """The builder of ``build-engine --backend BACKEND`` (a :class:`hrm_deploy.engines.request.Builder`),
-    from the row that builds for it: the build stage reaches a backend only through this table."""
+def build_entry(backend: str) -> BackendEntry:
+    """The row that builds for ``build-engine --backend BACKEND`` (one clear error when none does)."""
     from hrm_deploy.errors import ConfigError
 
     for entry in BACKENDS.values():
         if backend in entry.builds_for and entry.builder:
-            return load(entry.builder)
+            return entry
     known = [name for entry in BACKENDS.values() for name in entry.builds_for]
     raise ConfigError(f"no builder for backend {backend!r}; use one of {', '.join(known)}")
+
+
+def builder(backend: str) -> Any:
+    """The builder of ``build-engine --backend BACKEND`` (a :class:`hrm_deploy.engines.request.Builder`),
+    from the row that builds for it: the build stage reaches a backend only through this table."""
+    return load(build_entry(backend).builder or "")
 
 
 def runner_name(artifact: str | Path) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from hrm_deploy.errors import DataError
+from hrm_deploy.io import not_a_plain_file
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,9 @@ def parse_puzzles(source: str | Path) -> list[Puzzle]:
     """Puzzles from a string, a text file or a dataset folder (see the module doc)."""
     text = str(source)
     path = Path(text) if "\n" not in text and len(text) < 4096 else None
+    odd = not_a_plain_file(path) if path is not None else None
+    if odd is not None:
+        raise DataError(f"{path} is {odd}, not a text file; give a puzzle string, a text file or a dataset folder")
     if path is not None and path.is_dir():
         return _dataset_puzzles(path)
     if path is not None and path.is_file():

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.errors import CheckpointError, DependencyError, HRMDeployError
+from hrm_deploy.errors import CheckpointError, DependencyError, HRMDeployError, install_hint
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def fetch(ref: HubRef) -> Path:
     except ImportError:
         raise DependencyError(
             f"{ref} is a Hugging Face Hub source, which needs the Python package huggingface_hub; "
-            "install it with: pip install 'hrm-deploy[hub]' (or pass a local path)"
+            f"install it with: {install_hint('hub')} (or pass a local path)"
         ) from None
     local_only = offline()
     if local_only and not (
@@ -302,6 +302,13 @@ def hub_origin(path: str | os.PathLike | None, files: tuple[str, ...] = ("all_co
     p = Path(os.path.abspath(path))
     shown = [p] if p.is_file() else []
     shown += [p.parent / f for f in files if (p.parent / f).is_file() and p.parent / f != p]
+    for f in shown:  # a snapshot's files are links into the repository's own blobs, never elsewhere
+        real = f.resolve()
+        if not real.is_relative_to(repo_root.resolve()):
+            raise SourceError(
+                f"{f} resolves to {real}, outside the Hub cache's folder of {repo_id}: it is not that "
+                f"repository's file; download it again (hf download {repo_id}) or pass a file outside the cache"
+            )
     return {
         "repo": repo_id,
         "repo_type": kind,

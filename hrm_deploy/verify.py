@@ -18,13 +18,22 @@ import numpy as np
 from hrm_deploy.artifacts import find_reference, recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.io import check_output_path, write_json, write_text
-from hrm_deploy.manifest import check_artifact, manifest_path, report_paths, update_manifest
+from hrm_deploy.manifest import (
+    check_artifact,
+    manifest_path,
+    read_manifest,
+    report_paths,
+    resolve_parent,
+    update_manifest,
+)
 from hrm_deploy.precision.registry import PRECISIONS, Thresholds
 
 log = logging.getLogger(__name__)
 
 
-def _run(runner, examples, batch: int, label: str, quiet: bool, check_vocab: bool = False) -> dict[str, np.ndarray]:
+def _run(
+    runner, examples, batch: int, label: str, quiet: bool, check_vocab: bool = False, halt: Any = None
+) -> dict[str, np.ndarray]:
     from hrm_deploy.data.examples import check_vocabulary
     from hrm_deploy.progress import progress
     from hrm_deploy.runtime.infer import infer_all
@@ -35,7 +44,7 @@ def _run(runner, examples, batch: int, label: str, quiet: bool, check_vocab: boo
             pad = {k: np.zeros_like(v[:1]) for k, v in examples.feeds(0, 1).items()}
             check_vocabulary(examples, int(np.shape(runner.infer(pad)["logits"])[-1]))
         with progress(len(examples), label, quiet, unit="examples") as advance:
-            return infer_all(runner, examples, batch, advance)
+            return infer_all(runner, examples, batch, advance, halt=halt)
     finally:
         runner.close()
 
@@ -96,6 +105,11 @@ def judge(report: dict[str, Any], thresholds: Thresholds) -> list[str]:
         failures.append(
             f"q_halt sign agreement {report['q_halt']['sign_agreement']:.4f} < {thresholds.min_q_halt_sign_agreement}"
         )
+    if "loop" in report and report["loop"]["steps_agreement"] < thresholds.min_q_halt_sign_agreement:
+        failures.append(  # the halting decisions are the q_halt signs' consequence: held to their threshold
+            f"halting steps agree on {report['loop']['steps_agreement']:.4f} of rows < "
+            f"{thresholds.min_q_halt_sign_agreement}"
+        )
     if "reference" in report:
         drop = 100.0 * (report["reference"]["exact_accuracy"] - report["candidate"]["exact_accuracy"])
         report["exact_drop_points"] = drop
@@ -117,6 +131,12 @@ def markdown(report: dict[str, Any]) -> str:
         f"| argmax agreement | {report['logits']['argmax_agreement']:.4%} |",
         f"| q_halt sign agreement | {report['q_halt']['sign_agreement']:.4%} |",
     ]
+    if "loop" in report:
+        loop = report["loop"]
+        lines.append(
+            f"| loop graph (halts by {loop['halt']}): steps agreement, mean steps candidate / reference | "
+            f"{loop['steps_agreement']:.4%}, {loop['mean_steps']:.2f} / {loop['reference_mean_steps']:.2f} |"
+        )
     if report.get("checkpoint_overrides"):  # fields the checkpoint lacked, given at export
         given = ", ".join(f"{k}={v}" for k, v in report["checkpoint_overrides"].items())
         lines.append(f"| checkpoint overrides (not in its config) | {given} |")
@@ -215,8 +235,11 @@ def verify(
     and stored in the manifest when not already there). Progress with ETA goes to stderr unless ``quiet``."""
     from hrm_deploy.backends import open_runner, reference_runner
     from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.manifest import refuse_companion
+    from hrm_deploy.provenance import check_reference
 
     path = Path(artifact)
+    refuse_companion(path)  # a .pt2's .program fallback given alone: name its engine
     if data is None:  # the checkpoint's own dataset, announced
         from hrm_deploy.provenance import default_data
 
@@ -228,13 +251,22 @@ def verify(
     _check_options(samples, batch, thresholds, overrides)
     saving = _can_save_reports(path)  # links refused before the work; a read-only folder only warns
     before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints
+    reference_ckpt = Path(against) if against else find_reference(path)
+    check_reference(path, reference_ckpt)  # a changed config or weights: one line, the old report kept
     candidate = open_runner(path, **runner_options)
     examples = load_examples(data, samples, split="test")
     cand_out = _run(candidate, examples, batch, f"{path.name} ({candidate.name})", quiet, check_vocab=True)
-    reference_ckpt = Path(against) if against else find_reference(path)
     ckpt_overrides = recorded_overrides(path)  # the same model the artifact was exported as
     reference = reference_runner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
-    ref_out = _run(reference, examples, batch, "PyTorch reference", quiet)
+    # a loop graph halts by the rule fixed at its export: the reference runs the host loop with that rule
+    loop_rule = builtin_halt_rule(path)
+    ref_halt = None
+    if loop_rule != "off":
+        from hrm_deploy.halting import resolve_rule
+
+        ref_halt = resolve_rule(loop_rule, str(path)).should_halt
+        log.info("%s halts by its own rule (%s): the reference runs its host loop with that rule", path.name, loop_rule)
+    ref_out = _run(reference, examples, batch, "PyTorch reference", quiet, halt=ref_halt)
     report: dict[str, Any] = {
         "artifact": str(path),
         "runner": candidate.name,
@@ -247,6 +279,14 @@ def verify(
         "examples": len(examples),
         **compare(ref_out, cand_out, examples.labels),
     }
+    if loop_rule != "off":  # end state compared; the step counts must agree too
+        same = ref_out["steps_used"] == cand_out["steps_used"]
+        report["loop"] = {
+            "halt": loop_rule,
+            "steps_agreement": float(same.mean()),
+            "mean_steps": float(cand_out["steps_used"].mean()),
+            "reference_mean_steps": float(ref_out["steps_used"].mean()),
+        }
     row = PRECISIONS.get(candidate.precision, PRECISIONS["fp32"])  # thresholds from the precision table
     chosen = replace(thresholds or row.thresholds, **(overrides or {}))
     report["thresholds"] = asdict(chosen)
@@ -258,6 +298,22 @@ def verify(
     report["passed"] = not report["failures"]
     _write_reports(path, report, before, saving)
     return report
+
+
+def builtin_halt_rule(artifact: Path) -> str:
+    """The halting rule fixed inside a loop graph or loop engine (its manifest's ``halt``, written by
+    ``export --mode loop`` and kept by the builds from it); ``off`` for every other artifact."""
+    if not manifest_path(artifact).is_file():
+        return "off"
+    source, where = read_manifest(artifact), artifact
+    for _ in range(4):  # a precision graph or an engine: the export's record up its parents
+        if "halt" in source:
+            break
+        parent = resolve_parent(where, source)
+        if parent is None or not manifest_path(parent).is_file():
+            break
+        source, where = read_manifest(parent), parent
+    return str((source.get("halt") or {}).get("rule") or "off")
 
 
 def _check_options(

@@ -55,7 +55,7 @@ def run_stage(name: str, argv: list[str], limit: float, log: Path) -> dict:
         try:
             stdout, stderr = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:  # a descendant left the group and holds the pipes
-            stdout, stderr = exc.stdout, exc.stderr
+            stdout, stderr = text(exc.stdout), text(exc.stderr)
         rc, out = 124, f"{text(stdout)}{text(stderr)}\n(stopped after {limit:.0f} s)"
     seconds = time.perf_counter() - start
     log.write_text(out)

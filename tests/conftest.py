@@ -140,8 +140,8 @@ def make_trm(variant: str, seed: int = 0):
     """A seeded random tiny TRM with a non-zero Q head and puzzle table (upstream zero-inits both)."""
     import torch
 
-    from hrm_deploy.model.config import TRMConfig
     from hrm_deploy.model.hrm import build_model
+    from hrm_deploy.model.trm_config import TRMConfig
 
     model = build_model(TRMConfig(**TRM_TINY, **TRM_VARIANTS[variant]), seed=seed).eval()
     with torch.no_grad(), torch.random.fork_rng():
@@ -361,29 +361,29 @@ def mlp_costs_five_points(monkeypatch):
     input (a Q/DQ graph's DequantizeLinear feeding it), for testing the budget fallback's logic."""
     import onnx
 
-    import hrm_deploy.precision.fallback as fallback
+    from hrm_deploy.precision.rule import Holdout, Quality
 
-    def fake_accuracy(path, examples, meta):
-        model = onnx.load(path)
+    def fake_measure(self, path):  # every measurement of the precision stage: first, probes, published
+        model = onnx.load(str(path))
         dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
         harmful = [
             n
             for n in model.graph.node
             if "L_level" in n.name and "mlp" in n.name and n.op_type == "MatMul" and n.input[0] in dq
         ]
-        return 100.0 - 5.0 * len(harmful)
+        exact = 100.0 - 5.0 * len(harmful)
+        return Quality(100.0, exact, 100.0, self.size, lost=round(self.size * (100.0 - exact) / 100.0))
 
-    def fake_against_fp32(fp32, candidate, holdout):  # the precision stage's first and last measurement
-        exact = fake_accuracy(candidate, holdout, None)
-        return {
-            "fp32_exact_pct": 100.0,
-            "exact_pct": exact,
-            "loss_points": 100.0 - exact,
-            "argmax_agreement_pct": 100.0,
-            "holdout_puzzles": len(holdout),
-        }
+    monkeypatch.setattr(Holdout, "measure", fake_measure)
 
-    import hrm_deploy.precision.accuracy as accuracy
+    import hrm_deploy.precision.sensitivity as sensitivity
 
-    monkeypatch.setattr(fallback, "_holdout_accuracy", fake_accuracy)
-    monkeypatch.setattr(accuracy, "against_fp32", fake_against_fp32)
+    real = sensitivity.local_errors
+
+    def signal(qdq, fp32, groups, examples, source, meta):  # a real signal where there is one, MLP weights first
+        found = real(qdq, fp32, groups, examples, source, meta)
+        if not any(found.values()):
+            return found  # NVFP4: the fallback ranks by measurement (the stub above)
+        return {w: 1.0 if any("L_level" in n and "mlp" in n for n in groups[w]) else 0.1 for w in groups}
+
+    monkeypatch.setattr(sensitivity, "local_errors", signal)

@@ -40,3 +40,30 @@ def test_exit_codes_follow_the_class(code):
         exit_code = code
 
     assert CliRunner().invoke(_app_raising(Custom("x")), []).exit_code == code
+
+
+def test_install_hints_name_this_installation(monkeypatch):
+    """From a source checkout 'pip install hrm-deploy[x]' would fetch another copy: every hint of a
+    missing extra comes from errors.install_hint (TensorRT-RTX, the Hub)."""
+    import importlib
+    import sys
+
+    from hrm_deploy.backends.tensorrt import api
+    from hrm_deploy.errors import DependencyError, install_hint
+    from hrm_deploy.sources import fetch, parse_hub
+
+    real = importlib.import_module
+
+    def missing(name, *args):
+        if name.startswith("tensorrt"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(api.importlib, "import_module", missing)
+    with pytest.raises(DependencyError) as error:
+        api.load_backend("tensorrt-rtx")
+    assert install_hint("rtx") in str(error.value)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(DependencyError) as error:
+        fetch(parse_hub("hf:acme/model"))
+    assert install_hint("hub") in str(error.value)

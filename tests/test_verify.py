@@ -71,6 +71,18 @@ def test_verify_step_graph_reports_the_per_step_curve(tiny_onnx):
     assert report["per_step_exact_candidate"][-1] == report["candidate"]["exact_accuracy"]
 
 
+def _copy(tiny_onnx, folder):
+    """The tiny unrolled graph and its manifest copied into ``folder`` as copy.onnx."""
+    import shutil
+
+    copy = folder / "copy.onnx"
+    shutil.copy(tiny_onnx.unrolled, copy)
+    shutil.copy(
+        tiny_onnx.unrolled.with_name(tiny_onnx.unrolled.name + ".manifest.json"), folder / "copy.onnx.manifest.json"
+    )
+    return copy
+
+
 def test_verify_refuses_a_reference_that_changed(tiny_onnx, tmp_path):
     import shutil
 
@@ -79,13 +91,26 @@ def test_verify_refuses_a_reference_that_changed(tiny_onnx, tmp_path):
     from hrm_deploy.errors import ArtifactError
     from hrm_deploy.manifest import update_manifest
 
-    copy = tmp_path / "copy.onnx"
-    shutil.copy(tiny_onnx.unrolled, copy)
-    shutil.copy(
-        tiny_onnx.unrolled.with_name(tiny_onnx.unrolled.name + ".manifest.json"), tmp_path / "copy.onnx.manifest.json"
-    )
+    copy = _copy(tiny_onnx, tmp_path)
     ckpt = tmp_path / "ckpt.pt"
     shutil.copy(find_reference(tiny_onnx.unrolled), ckpt)
     update_manifest(copy, parent={"path": str(ckpt), "sha256": "0" * 64})
     with pytest.raises(ArtifactError, match="changed since"):
         verify(copy, tiny_onnx.data, samples=8)
+
+
+def test_verify_against_another_checkpoint_is_one_line_and_keeps_the_report(tiny_onnx, tmp_path):
+    import pytest
+    import torch
+
+    from hrm_deploy.errors import ArtifactError
+
+    copy = _copy(tiny_onnx, tmp_path)
+    report = tmp_path / "copy.onnx.verify.json"
+    report.write_text('{"passed": true}')
+    other = tmp_path / "other.pt"
+    state = torch.load(find_reference(tiny_onnx.unrolled), map_location="cpu", weights_only=True)
+    torch.save(state, other)  # the same weights re-saved: other bytes, so not the recorded checkpoint
+    with pytest.raises(ArtifactError, match="is not the checkpoint copy.onnx was made from"):
+        verify(copy, tiny_onnx.data, against=other, samples=8)
+    assert report.read_text() == '{"passed": true}'

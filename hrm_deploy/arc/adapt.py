@@ -247,7 +247,8 @@ def adapt(
     ``resume``); see the module's docstring. ``stop_after`` ends early after that many steps, as
     an interrupt would (tests)."""
     from hrm_deploy.sources import resolve_checkpoint
-    from hrm_deploy.train.loop import Start, train
+    from hrm_deploy.train.loop import train
+    from hrm_deploy.train.start import Start
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank would write the dataset and the record
         raise ConfigError("adapt runs in one process (one GPU or the CPU); run it without torchrun")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,10 @@ class ArcEvalConfig:
     quiet: bool = False
     model_name: str = "hrm"
     remote_timeout_s: float = 300.0
+    # run each test input's copies until its scored outcome is final (hrm_deploy.arc.early_stop):
+    # the same scores and submission as the full run, fewer rows
+    early_stop: bool = False
+    price_per_hour: float | None = None  # the machine's price: cost per task in the report
 
 
 def output_paths(submission: Path) -> dict[str, Path]:
@@ -54,6 +60,9 @@ def output_paths(submission: Path) -> dict[str, Path]:
         "report_md": submission.with_suffix(".report.md"),
         "preds": submission.with_suffix(".preds.bin"),
         "reference_preds": submission.with_suffix(".reference-preds.bin"),
+        # --early-stop: rows in the order they ran (not every row), kept apart from a full run's
+        "early_preds": submission.with_suffix(".early-preds.bin"),
+        "reference_early_preds": submission.with_suffix(".reference-early-preds.bin"),
     }
 
 
@@ -87,16 +96,30 @@ def _resume(preds: Path, fingerprint: dict[str, Any], restart: bool) -> int:
     return size // record
 
 
-def _load_records(preds: Path, seq_len: int) -> np.ndarray:
+def _load_records(preds: Path, seq_len: int, any_order: bool = False) -> np.ndarray:
+    """Saved records; in row order 0..n-1 (a full run) or, with ``any_order`` (an early-stopped
+    run), distinct rows in the order they ran."""
     records = np.fromfile(preds, dtype=_record_dtype(seq_len))
-    if not np.array_equal(records["row"], np.arange(len(records))):
-        raise DataError(f"{preds} is damaged (rows out of order); pass --restart to evaluate again")
+    rows = records["row"]
+    ok = len(np.unique(rows)) == len(rows) if any_order else np.array_equal(rows, np.arange(len(records)))
+    if not ok:
+        raise DataError(f"{preds} is damaged (rows out of order or repeated); pass --restart to evaluate again")
     return records
 
 
-def predict(source: Source, data: Path, preds: Path, config: ArcEvalConfig, label: str) -> np.ndarray:
-    """Predictions of ``source`` (an artifact or a server) on every row of ``data``'s test split
-    (records of row, final q_halt logit, argmax tokens), run or resumed into ``preds``."""
+def predict(
+    source: Source,
+    data: Path,
+    preds: Path,
+    config: ArcEvalConfig,
+    label: str,
+    clock: TaskClock | None = None,
+    stopper: Any = None,
+) -> np.ndarray:
+    """Predictions of ``source`` (an artifact or a server) on the rows of ``data``'s test split
+    (records of row, final q_halt logit, argmax tokens), run or resumed into ``preds``; every row
+    in order, or with ``stopper`` (an :class:`hrm_deploy.arc.early_stop.EarlyStop`) each test input's
+    rows until its outcome is final. ``clock`` is charged with this run's time per task."""
     from hrm_deploy.data.format import load_split
     from hrm_deploy.progress import progress
 
@@ -111,31 +134,85 @@ def predict(source: Source, data: Path, preds: Path, config: ArcEvalConfig, labe
         raise ConfigError(f"--batch must be >= 1, got {batch}")
     check_output_path(preds)
     fingerprint = {**source.fingerprint(), "data": str(data.resolve()), "rows": len(split), "seq_len": meta.seq_len}
+    early = stopper is not None
+    fingerprint.update({"early_stop": True} if early else {})
     source.check_ids(ids, data, meta.num_puzzle_identifiers, split.inputs)
     done = _resume(preds, fingerprint, config.restart)
-    if done < len(split):
+    saved = _load_records(preds, meta.seq_len, any_order=early) if done else None
+    if early:
+        stopper.resume(saved, ids, split.inputs)
+    todo = stopper.pending_rows() if early else len(split) - done
+    if todo:
         source.open()
         try:
-            if done:
+            if done and saved is not None:
                 log.info("%s: resuming after %d of %d rows", preds, done, len(split))
-                source.check_resumed(_load_records(preds, meta.seq_len), split.inputs, ids)
+                source.check_resumed(saved, split.inputs, ids)
             dtype = _record_dtype(meta.seq_len)
-            with progress(len(split), label, config.quiet, unit="rows", done=done) as advance:
-                for start in range(done, len(split), batch):
-                    stop = min(start + batch, len(split))
-                    pred, q_halt = source.run(np.asarray(split.inputs[start:stop]), ids[start:stop])
-                    records = np.empty(stop - start, dtype)
-                    records["row"] = np.arange(start, stop)
-                    records["q_halt"] = q_halt
-                    records["pred"] = pred
+            with progress(done + todo, label, config.quiet, unit="rows", done=done) as advance:
+                start = done
+                while rows := (
+                    stopper.next_batch(batch) if early else list(range(start, min(start + batch, len(split))))
+                ):
+                    start = rows[-1] + 1
+                    index = np.asarray(rows, dtype=np.int64)
+                    t0 = time.perf_counter()
+                    pred, q_halt = source.run(np.asarray(split.inputs[index]), ids[index])
+                    if clock is not None:
+                        clock.charge(index, time.perf_counter() - t0)
+                    records = np.empty(len(rows), dtype)
+                    records["row"], records["q_halt"], records["pred"] = index, q_halt, pred
                     with open(preds, "ab") as f:  # one write per batch; a cut-short one is truncated on resume
                         f.write(records.tobytes())
                         f.flush()
                         os.fsync(f.fileno())
-                    advance(stop - start)
+                    advance(len(rows) + (stopper.add(records, ids, split.inputs) if early else 0))
         finally:
             source.close()
-    return _load_records(preds, meta.seq_len)
+    return _load_records(preds, meta.seq_len, any_order=early)
+
+
+class TaskClock:
+    """This run's wall time and rows per task: a batch's time is shared by its rows."""
+
+    def __init__(self, row_tasks: Sequence[str | None]):
+        self.row_tasks = row_tasks  # the task of each test row (None: padding)
+        self.seconds: dict[str, float] = {}
+        self.rows: dict[str, int] = {}
+
+    def charge(self, rows: np.ndarray, seconds: float) -> None:
+        for row in rows:
+            task = self.row_tasks[int(row)]
+            if task is not None:
+                self.rows[task] = self.rows.get(task, 0) + 1
+                self.seconds[task] = self.seconds.get(task, 0.0) + seconds / len(rows)
+
+    def report(self, steps: int, price_per_hour: float | None, skipped: dict[str, int]) -> dict[str, Any]:
+        """Per task: wall seconds, rows run (and skipped), ACT steps; with a price, cost; totals."""
+        tasks = {}
+        for task in sorted(set(self.rows) | set(skipped)):
+            entry: dict[str, Any] = {
+                "wall_s": round(self.seconds.get(task, 0.0), 4),
+                "rows": self.rows.get(task, 0),
+                "rows_skipped": skipped.get(task, 0),
+                "act_steps": self.rows.get(task, 0) * steps,
+            }
+            if price_per_hour is not None:
+                entry["cost"] = round(entry["wall_s"] / 3600 * price_per_hour, 6)
+            tasks[task] = entry
+        total = sum(self.seconds.values())
+        summary: dict[str, Any] = {
+            "tasks": tasks,
+            "wall_s": round(total, 3),
+            "rows": sum(self.rows.values()),
+            "rows_skipped": sum(skipped.values()),
+            "mean_wall_s_per_task": round(total / len(tasks), 4) if tasks else 0.0,
+            "note": "this run's inference time (resumed rows not counted)",
+        }
+        if price_per_hour is not None:
+            summary["price_per_hour"] = price_per_hour
+            summary["mean_cost_per_task"] = round(total / 3600 * price_per_hour / max(1, len(tasks)), 6)
+        return summary
 
 
 def _labels(data: Path, config: ArcEvalConfig):
@@ -162,6 +239,7 @@ def _labels(data: Path, config: ArcEvalConfig):
 def _score(data: Path, records: np.ndarray, config: ArcEvalConfig):
     split, identifiers, tests, task_score = _labels(data, config)
     ids = split.example_puzzle_ids()
+    records = records[np.argsort(records["row"], kind="stable")]  # dataset order: upstream's tie order
     votes = Votes()
     step = 4096
     for start in range(0, len(records), step):
@@ -227,16 +305,31 @@ def arc_eval(
     paths = output_paths(submission)
     if against is not None and 2 not in config.ks:
         raise ConfigError("--against compares pass@2: include 2 in --k")
+    if config.price_per_hour is not None and not config.price_per_hour >= 0:
+        raise ConfigError(f"--price-per-hour {config.price_per_hour}: give the machine's price, 0 or more")
     if not 0 <= config.max_pass2_difference_points <= 100:
         raise ConfigError(f"--max-pass2-difference {config.max_pass2_difference_points}: give points between 0 and 100")
     _check_outputs(submission, paths, [None if remote else path, against], [data, run, run_folder(against)])
+    if against is not None and not remote:  # a pass@2 difference only against the model it was built from
+        from hrm_deploy.provenance import check_reference
+
+        check_reference(path, against)
     source = open_source(artifact, runner_options, config.model_name, config.remote_timeout_s)
-    records = predict(source, data, paths["preds"], config, f"{source.name}: ARC test rows")
+    clock, stopper = _work_plan(data, config)
+    preds = paths["early_preds" if stopper is not None else "preds"]
+    records = predict(source, data, preds, config, f"{source.name}: ARC test rows", clock, stopper)
     result = _score(data, records, config)
     report: dict[str, Any] = {"artifact": str(artifact), "data": str(data), **result.to_json()}
+    steps = int(getattr(getattr(source, "contract", None), "steps", 0) or getattr(source, "widest", 0))
+    skipped = stopper.skipped if stopper is not None else {}
+    report["cost"] = clock.report(steps, config.price_per_hour, skipped)
+    if stopper is not None:
+        report["early_stop"] = {"rows_run": len(records), "rows_skipped": sum(skipped.values())}
     if against is not None:
         reference_source = open_source(Path(against), {})
-        ref_records = predict(reference_source, data, paths["reference_preds"], config, "PyTorch reference")
+        _, ref_stopper = _work_plan(data, config)
+        ref_path = paths["reference_early_preds" if ref_stopper is not None else "reference_preds"]
+        ref_records = predict(reference_source, data, ref_path, config, "PyTorch reference", None, ref_stopper)
         reference = _score(data, ref_records, config)
         difference = 100 * (result.pass_at[2] - reference.pass_at[2])
         report.update(
@@ -259,13 +352,33 @@ def arc_eval(
     return report
 
 
+def _work_plan(data: Path, config: ArcEvalConfig) -> tuple[TaskClock, Any]:
+    """This run's clock (the task of each test row) and, with ``--early-stop``, its schedule."""
+    split, identifiers, tests, _ = _labels(data, config)
+    ids = split.example_puzzle_ids()
+    from hrm_deploy.data.arc_grids import parse_name
+
+    task_of = {int(i): parse_name(identifiers[int(i)])[0] for i in np.unique(ids) if int(i) != 0}
+    clock = TaskClock([task_of.get(int(i)) for i in ids])
+    if not config.early_stop:
+        return clock, None
+    from hrm_deploy.arc.early_stop import EarlyStop, row_groups
+
+    labels: dict[tuple[str, str], list[str | None]] = {}
+    for task, entries in tests.items():
+        for test in entries:
+            labels.setdefault((task, test.input_hash), []).append(test.label_hash)
+    keys = row_groups(identifiers, ids, split.inputs)
+    return clock, EarlyStop(keys, labels, config.ks, identifiers)
+
+
 def _check_outputs(submission: Path, paths: dict[str, Path], inputs: list, folders: list) -> None:
     """Before any work: the submission and its reports replace only what an earlier arc-eval wrote,
     never an input, never inside the dataset or a run folder; saved predictions are reused or
     discarded only when their fingerprint file says an arc-eval wrote them."""
     reports = [paths["report_json"], paths["report_md"]]
     check_user_output(submission, inputs=inputs, folders=folders, companions=reports, flag="--output")
-    for key in ("preds", "reference_preds"):
+    for key in ("preds", "reference_preds", "early_preds", "reference_early_preds"):
         preds, meta = paths[key], paths[key].with_suffix(".json")
         if (os.path.lexists(preds) or os.path.lexists(meta)) and not _fingerprint_file(meta):
             raise ConfigError(

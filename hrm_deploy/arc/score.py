@@ -208,6 +208,17 @@ def markdown(report: dict[str, Any]) -> str:
     for key in ("artifact", "data", "reference", "pass2_difference_points", "max_pass2_difference_points", "passed"):
         if key in report:
             lines.append(f"- {key.replace('_', ' ')}: {report[key]}")
+    if "early_stop" in report:
+        stop = report["early_stop"]
+        lines.append(
+            f"- early stop: {stop['rows_run']} rows run, {stop['rows_skipped']} skipped (scores as a full run)"
+        )
+    if "cost" in report:
+        cost = report["cost"]
+        line = f"- time: {cost['wall_s']} s of inference, {cost['mean_wall_s_per_task']} s per task"
+        if "mean_cost_per_task" in cost:
+            line += f"; cost {cost['mean_cost_per_task']:.6f} per task at {cost['price_per_hour']} per hour"
+        lines.append(line)
     lines += [
         "",
         "| task | " + " | ".join(f"pass@{k}" for k in ks) + " | label rank per test |",

@@ -113,11 +113,11 @@ class RemoteSource:
     ``act_steps`` is checked against it, one that does not against the widest ``q_halt`` seen."""
 
     def __init__(self, url: str, model_name: str = "hrm", timeout_s: float = 300.0):
-        from hrm_deploy.serve.client import host_port, model_config
+        from hrm_deploy.serve.client import host_port, model_config, shown_url
 
         self.url, self.model_name, self.timeout_s = url, model_name, timeout_s
         config = model_config(url, model_name, timeout_s=min(timeout_s, 30.0))
-        self.name = f"{model_name} at {url}"
+        self.name = f"{model_name} at {shown_url(url)}"
         inputs = {e.get("name"): _dims(e) for e in config.get("input", [])}
         outputs = {e.get("name"): _dims(e) for e in config.get("output", [])}
         missing = [n for n in ("inputs", "puzzle_identifiers") if n not in inputs]
@@ -190,7 +190,8 @@ class RemoteSource:
         """The first saved rows, asked again, must come back as saved: else the server now runs
         another model than the one that made them."""
         n = min(len(records), RESUME_CHECK_ROWS, self.max_batch)
-        pred, q_halt = self.run(np.asarray(inputs[:n]), ids[:n])
+        rows = records["row"][:n]  # an early-stopped run saved its rows out of order
+        pred, q_halt = self.run(np.asarray(inputs[rows]), ids[rows])
         if not (np.array_equal(pred, records["pred"][:n]) and np.allclose(q_halt, records["q_halt"][:n], 1e-4, 1e-5)):
             raise ConfigError(
                 f"{self.name} answers the saved rows differently: it serves another model than the one that made "

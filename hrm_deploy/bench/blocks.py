@@ -169,10 +169,18 @@ class Profile:
         }
 
 
+# Control-flow nodes whose time is their body's: the body's own nodes are profiled one by one
+# (a loop graph's ``Loop``), so counting the container too would count the work twice.
+CONTAINER_OPS = ("Loop", "If", "Scan")
+
+
 def fold(events: Iterable[tuple[str, str, float]]) -> list[Layer]:
-    """Layers from ``(name, op, ms)`` events, one per distinct (name, op), times summed."""
+    """Layers from ``(name, op, ms)`` events, one per distinct (name, op), times summed; control-flow
+    containers (:data:`CONTAINER_OPS`) are left out, their bodies' nodes are the layers."""
     layers: dict[tuple[str, str], Layer] = {}
     for name, op, ms in events:
+        if op in CONTAINER_OPS:
+            continue
         layer = layers.get((name, op))
         if layer is None:
             layers[(name, op)] = Layer(name, op, ms)

@@ -55,6 +55,13 @@ class ProfileConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.calls <= MAX_CALLS or self.warmup < 0 or self.batch < 1:
             raise ConfigError(f"profile: calls must be 1..{MAX_CALLS}, warmup >= 0 and batch >= 1")
+        from hrm_deploy.bench.common import MAX_BATCH
+
+        if self.batch > MAX_BATCH:  # bounded as bench is, before any graph is loaded
+            raise ConfigError(
+                f"--batch {self.batch} is too large; profiled batches go up to {MAX_BATCH} "
+                "(larger batches are tiled from the data and would exhaust memory)"
+            )
 
 
 def read_ort_profile(path: str | Path, calls: int, warmup: int) -> tuple[list[Layer], float]:
@@ -290,8 +297,8 @@ def profile(artifacts: list[str | Path], config: ProfileConfig, reference: str |
     """Profile ``artifacts`` (and the ``reference`` checkpoint, when given) at ``config.batch``;
     write profile.json, profile.md (per-block tables, and the first two side by side per ACT
     step) and profile.png under ``config.out_dir``. Returns what profile.json holds."""
+    from hrm_deploy.bench.common import bench_data, environment, tile
     from hrm_deploy.bench.files import PROFILE_FILES, ReportFolder
-    from hrm_deploy.bench.run import _environment, resolve_data
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.io import write_json, write_text
 
@@ -307,20 +314,18 @@ def profile(artifacts: list[str | Path], config: ProfileConfig, reference: str |
     if any(p.suffix != ".json" for p in paths):
         from dataclasses import replace
 
-        from hrm_deploy.bench.run import BenchConfig, _tile
-
-        data = resolve_data(BenchConfig(data=config.data, reference=str(reference) if reference else None), paths)
-        examples = load_examples(str(data.data), config.batch, split="test")
-        feeds = _tile(examples.feeds(0, config.batch), config.batch)
-        config = replace(config, data=data.data)
+        data = bench_data(config.data, str(reference) if reference else None, paths)
+        examples = load_examples(data, config.batch, split="test")
+        feeds = tile(examples.feeds(0, config.batch), config.batch)
+        config = replace(config, data=data)
     profiles = [profile_artifact(p, feeds, config).as_dict() for p in paths]
-    environment = _environment("desktop") | {"cpu": cpu_description()}
-    result: dict[str, Any] = {"config": _config_dict(config), "environment": environment, "profiles": profiles}
+    machine = environment("desktop") | {"cpu": cpu_description()}
+    result: dict[str, Any] = {"config": _config_dict(config), "environment": machine, "profiles": profiles}
     markdown = "\n".join(table(p) for p in profiles)
     if len(profiles) >= 2:
         result["comparison"] = compare(profiles[0], profiles[1])
         markdown += "\nPer ACT step, side by side:\n\n" + result["comparison"]
-    markdown += f"\nMachine: {environment['cpu']}.\n"
+    markdown += f"\nMachine: {machine['cpu']}.\n"
     with folder.writing(result["config"]) as stage:
         if plot(profiles, stage / "profile.png"):
             result["plot"] = str(folder.path("profile.png"))

@@ -95,7 +95,8 @@ def bench_remote(
     to ``config.out_dir``). The upload and the remote run are shown as stages (elapsed time, and
     a heartbeat line in logs) unless ``quiet``: the remote bench's own output arrives at the end."""
     from hrm_deploy.artifacts import find_reference
-    from hrm_deploy.bench.run import _default_artifacts, resolve_data
+    from hrm_deploy.bench.common import default_artifacts
+    from hrm_deploy.bench.run import resolve_data
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.progress import Stages
 
@@ -103,7 +104,7 @@ def bench_remote(
     folder = ReportFolder(config.out_dir, BENCH_FILES)  # what is fetched back, under the artifact rule
     folder.check()  # before the upload: no user's file in the output folder is replaced
     stages = Stages(quiet)
-    paths = [Path(a) for a in artifacts] or _default_artifacts()
+    paths = [Path(a) for a in artifacts] or default_artifacts()
     if not paths:
         raise ConfigError("--host needs the artifacts to copy: pass the engine paths (none in engines/)")
     ssh = _Ssh(host, ssh_options)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import resource
 import time
 from dataclasses import asdict, dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.bench.common import MAX_BATCH, bench_data, default_artifacts, environment, tile
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
 from hrm_deploy.io import write_json, write_text
@@ -31,7 +31,6 @@ BENCH_TARGETS = ("desktop", "jetson")  # jetson adds tegrastats power and JetPac
 DURATION_S = 10.0  # timed seconds per artifact and batch: a full-size model on 2 CPU cores is ~1-10 s a call
 MIN_ITERS = 10  # timed calls at least, whatever the duration: p90 needs a few samples
 MAX_ITERS = 100_000
-MAX_BATCH = 4096  # a bench batch beyond this is a typo, not a measurement (and an OOM on most machines)
 # Host/device bytes one example needs while running, per (token x hidden unit): activations of
 # the widest layer (SwiGLU at expansion 4), attention, residuals and the output logits, generous.
 BYTES_PER_TOKEN_UNIT = 4 * 32
@@ -72,11 +71,6 @@ class BenchConfig:
             raise ConfigError("--iters must be <= 100000 and --warmup <= 10000")
         if self.accuracy_samples < 1:
             raise ConfigError(f"accuracy samples must be >= 1, got {self.accuracy_samples}")
-
-
-def _tile(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
-    reps = -(-batch // len(feeds["inputs"]))
-    return {k: np.concatenate([v] * reps)[:batch] for k, v in feeds.items()}
 
 
 def _peak_gpu_mib() -> float | None:
@@ -138,7 +132,7 @@ def _time_batch(runner, feeds: dict[str, np.ndarray], config: BenchConfig, advan
 def _measure(runner, examples, config: BenchConfig, label: str = "bench", quiet: bool = False) -> dict[str, Any]:
     from hrm_deploy.metrics import accuracy
     from hrm_deploy.progress import progress
-    from hrm_deploy.runtime.infer import predict
+    from hrm_deploy.runtime.infer import infer_all
 
     calls = -(-len(examples) // 64) + len(config.batches) * (config.warmup + (config.iters or config.min_iters))
     runner.activate()
@@ -148,10 +142,13 @@ def _measure(runner, examples, config: BenchConfig, label: str = "bench", quiet:
         if settings:
             row["runtime"] = settings
         with progress(calls, label, quiet, unit="calls") as advance:
-            logits = predict(runner, examples, 64, lambda n: advance(1))
+            out = infer_all(runner, examples, 64, lambda n: advance(1))
+            logits = out["logits"].astype(np.float32)
+            # ACT steps each puzzle ran: all of them, but a loop graph halts by its own rule
+            row["mean_steps"] = float(np.mean(out["steps_used"])) if "steps_used" in out else float(runner.steps)
             base = examples.feeds(0, max(config.batches))
             for batch in config.batches:
-                row["batches"][str(batch)] = _time_batch(runner, _tile(base, batch), config, advance)
+                row["batches"][str(batch)] = _time_batch(runner, tile(base, batch), config, advance)
         if examples.labels is not None:
             row["accuracy"] = accuracy(logits, examples.labels)
         row["peak_host_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -161,30 +158,6 @@ def _measure(runner, examples, config: BenchConfig, label: str = "bench", quiet:
         return row
     finally:
         runner.close()
-
-
-def _environment(target: str) -> dict[str, Any]:
-    import os
-    import sys
-
-    from hrm_deploy.manifest import library_versions
-    from hrm_deploy.system import CLOCKS, IDENTITY, nvidia_smi
-
-    env: dict[str, Any] = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        **nvidia_smi({**IDENTITY, **CLOCKS}),
-        "versions": library_versions(),
-    }
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch.version, "cuda", None):
-        env["cuda"] = torch.version.cuda
-    if target == "jetson":
-        from hrm_deploy.bench.jetson import environment
-
-        env["jetson"] = environment()
-    return env
 
 
 def _available_memory_bytes() -> int | None:
@@ -226,25 +199,9 @@ def _hidden_size(paths: list[Path], reference: str | None) -> int:
 def resolve_data(config: BenchConfig, paths: list[Path]) -> BenchConfig:
     """``config`` with its data set: as given, else the reference checkpoint's own dataset
     (announced on stderr in one line)."""
-    if config.data:
-        return config
     from dataclasses import replace
 
-    from hrm_deploy.provenance import default_data
-    from hrm_deploy.train.presets import bundled_checkpoint
-
-    choice = default_data(config.reference or (paths[0] if paths else bundled_checkpoint()), "--data", {"test": None})
-    log.info(choice.message)
-    return replace(config, data=str(choice.path))
-
-
-def _default_artifacts() -> list[Path]:
-    """Every engine in engines/ (TensorRT and PyTorch engines, by the runner table's suffixes)."""
-    from hrm_deploy.artifacts import runner_name
-    from hrm_deploy.registry import BACKENDS
-
-    folder = Path("engines")
-    return sorted(p for p in folder.glob("*") if p.is_file() and BACKENDS[runner_name(p)].kind in ("engine", "pt2"))
+    return replace(config, data=bench_data(config.data, config.reference, paths))
 
 
 def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False) -> dict[str, Any]:
@@ -264,7 +221,11 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
             "device-tree model); run `hrm-deploy bench --target jetson` on the Jetson, or from here "
             "`hrm-deploy bench --target jetson --host USER@JETSON`"
         )
-    paths = [Path(a) for a in artifacts] or _default_artifacts()
+    paths = [Path(a) for a in artifacts] or default_artifacts()
+    from hrm_deploy.manifest import refuse_companion
+
+    for path in paths:  # a .pt2's .program fallback given alone: name its engine
+        refuse_companion(path)
     if not paths and not config.include_reference:
         raise ConfigError("nothing to bench: pass artifacts or build engines first (hrm-deploy build-engine)")
     from hrm_deploy.bench.files import BENCH_FILES, PROFILE_FILES, ReportFolder
@@ -279,6 +240,11 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     examples = load_examples(config.data, config.accuracy_samples, split="test")
     check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
     measured = {path: (check_artifact(path) or {}).get("sha256") for path in paths if path.is_file()}
+    if config.include_reference and config.reference:  # accuracy only against the reference they were built from
+        from hrm_deploy.provenance import check_reference
+
+        for path in measured:
+            check_reference(path, config.reference)
     rows: list[dict[str, Any]] = []
     steps = None
     for path in paths:
@@ -322,7 +288,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
         _add_ratios(rows, row)
     report: dict[str, Any] = {
         "config": asdict(config),
-        "environment": _environment(config.target),
+        "environment": environment(config.target),
         "rows": rows,
         "examples": len(examples),
         "data": examples.source,
@@ -353,6 +319,9 @@ def _profile(report: dict[str, Any], config: BenchConfig) -> None:
     from hrm_deploy.bench.profile import ProfileConfig, profile
 
     ok = [r for r in report["rows"] if r["status"] == "ok"]
+    if not ok:  # say why each was not measured, not that nothing was given
+        why = "; ".join(f"{Path(r['artifact']).name}: {r['status']}" for r in report["rows"])
+        raise ArtifactError(f"nothing to profile: no artifact could be measured ({why})")
     reference = next((r["artifact"] for r in ok if r.get("reference")), None)
     settings = ProfileConfig(
         data=config.data, batch=config.batches[0], provider=config.provider, out_dir=config.out_dir
@@ -417,7 +386,7 @@ def table(report: dict[str, Any]) -> str:
     """Markdown table in the Ultralytics benchmark style."""
     batches = report["config"]["batches"]
     head = (
-        ["Format", "Status", "Size (MB)", "Exact acc"]
+        ["Format", "Status", "Size (MB)", "Exact acc", "Mean steps"]
         + [f"b{b} ms (p90)" for b in batches]
         + [f"b{b} puzzles/s" for b in batches]
         + [f"b{b} vs ref" for b in batches]
@@ -434,6 +403,7 @@ def table(report: dict[str, Any]) -> str:
             status,
             f"{row['size_mb']:.1f}" if row.get("size_mb") else "-",
             f"{acc:.2%}" if acc is not None else "-",
+            f"{row['mean_steps']:.2f}" if row.get("mean_steps") is not None else "-",
         ]
         stats = row.get("batches", {})
         cells += [

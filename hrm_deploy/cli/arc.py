@@ -94,6 +94,17 @@ def arc_eval(
     ] = None,
     model_name: Annotated[str, typer.Option(help="With a server URL: the served model's name.")] = "hrm",
     timeout: Annotated[float, typer.Option(help="With a server URL: longest wait for one batch (seconds).")] = 300.0,
+    early_stop: Annotated[
+        bool,
+        typer.Option(
+            "--early-stop",
+            help="Stop each test input's augmented copies once the requested pass@k and the submission can no "
+            "longer change (same scores and submission.json as the full run; a large --k runs everything).",
+        ),
+    ] = False,
+    price_per_hour: Annotated[
+        float | None, typer.Option(help="The machine's price per hour: the report gives the cost per task.")
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Upstream's ARC score (augmented voting, pass@k) and an ARC Prize submission.json for any artifact."""
@@ -120,6 +131,8 @@ def arc_eval(
         quiet=quiet,
         model_name=model_name,
         remote_timeout_s=timeout,
+        early_stop=early_stop,
+        price_per_hour=price_per_hour,
     )
     options = {}
     if puzzle_table is not None:  # checked against the artifact first: a wrong table is one line, not a wrong score

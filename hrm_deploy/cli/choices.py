@@ -69,6 +69,7 @@ class ExportMode(str, Enum):
 
     UNROLLED = "unrolled"
     STEP = "step"
+    LOOP = "loop"
 
 
 class PuzzleEmb(str, Enum):

@@ -143,25 +143,25 @@ def build_engine(
     ] = None,
     quiet: Quiet = False,
 ) -> None:
-    """Build a strongly typed TensorRT / TensorRT-RTX engine; the precision lives in the ONNX."""
-    from hrm_deploy.artifacts import is_checkpoint
+    """Build an engine: TensorRT / TensorRT-RTX (strongly typed: the precision lives in the ONNX), the
+    cpu target's optimized ONNX Runtime graph, or a PyTorch AOTInductor .pt2."""
     from hrm_deploy.data.benchmarks import prepare_dataset
-    from hrm_deploy.engines.build import EngineConfig, build_engine as build
+    from hrm_deploy.engines.build import (
+        EngineConfig,
+        build_engine as build,
+        default_precision,
+        refuse_checkpoint_source,
+    )
     from hrm_deploy.sources import resolve_artifact
     from hrm_deploy.system import check_threads
 
     check_threads(threads)
     # before any work: a run folder -> its newest step file, hf:... -> the cached snapshot's file
     onnx = resolve_artifact(onnx)
-    if onnx is not None and str(backend) != "torch" and onnx.is_file() and is_checkpoint(onnx):
-        raise ConfigError(
-            f"{onnx} is a checkpoint; {'the cpu target' if str(target) == 'cpu' else 'TensorRT'} builds from an "
-            f"ONNX graph: run `hrm-deploy export {onnx}` first (then build-engine takes the newest export), "
-            "or add --backend torch"
-        )
+    refuse_checkpoint_source(onnx, str(target), str(backend) if backend else None)
     calib_data = prepare_dataset(calib_data, splits=("train", "test"), quiet=quiet)
     flags = {"fp16": fp16, "bf16": bf16, "int8": int8, "fp8": fp8, "nvfp4": nvfp4, "fp32": fp32}
-    default = "fp32" if str(backend) == "torch" or str(target) == "cpu" else "fp16"
+    default = default_precision(str(target), str(backend) if backend else None)
     config = EngineConfig(
         precision=_precision(str(precision) if precision else None, flags, default),
         target=str(target),

@@ -29,10 +29,20 @@ def export(
     mode: Annotated[
         ExportMode | None,
         typer.Option(
-            help="unrolled: all ACT steps in one graph; step: one segment, carry in/out "
-            "(default: unrolled for HRM, step for TRM)."
+            metavar="<mode>",
+            help="unrolled: all ACT steps in one graph; step: one segment, carry in/out; loop: the ACT loop "
+            "inside the graph, one call per answer, stopping when every row has halted by --halt "
+            "(default: unrolled for HRM, step for TRM).",
         ),
     ] = None,
+    halt: Annotated[
+        str,
+        typer.Option(
+            metavar="<rule>",
+            help="--mode loop: the halting rule the graph tests after each step: off (every step), q (the "
+            "model's training rule) or threshold:X (sigmoid(q_halt) > X).",
+        ),
+    ] = "off",
     steps: Annotated[int | None, typer.Option(help="ACT steps to unroll (default: halt_max_steps).")] = None,
     max_batch: Annotated[int, typer.Option(help="Largest batch the graph is meant for (engine profiles use it).")] = 64,
     opset: Annotated[int, typer.Option(help="ONNX opset (>= 17).")] = 18,
@@ -108,6 +118,7 @@ def export(
             step_predictions=step_predictions,
             parity=parity,
             puzzle_emb=Placement(puzzle_emb.value),
+            halt=halt,
         ),
         quiet=quiet,
         seq_len=seq_len,

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_deploy.errors import DataError
+from hrm_deploy.io import not_a_plain_file
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ def load_examples(path: str | Path, k: int | None, split: str | None = None, see
     from hrm_deploy.data.format import load_split, select_examples
 
     p = Path(path)
+    odd = not_a_plain_file(p)
+    if odd is not None:
+        raise DataError(f"calibration/evaluation data {p} is {odd}; pass a dataset folder or a .npz file")
     if not p.exists():
         raise DataError(f"calibration/evaluation data {p} does not exist; pass a dataset folder or a .npz file")
     if p.is_file():
@@ -76,14 +80,27 @@ def load_examples(path: str | Path, k: int | None, split: str | None = None, see
             split = "train" if (p / "train" / "dataset.json").is_file() else "test"
         data = load_split(p, split)
         idx = select_examples(data, k, seed=seed) if k else np.arange(len(data))
-        inputs = np.asarray(data.inputs[idx])
+        inputs = _integral(p / split, "inputs", np.asarray(data.inputs[idx]))
         pids = data.example_puzzle_ids()[idx]
-        labels = np.asarray(data.labels[idx]).astype(np.int64)
+        labels = _integral(p / split, "labels", np.asarray(data.labels[idx])).astype(np.int64)
         labels = np.where(labels == data.metadata.ignore_label_id, -100, labels)
     if len(inputs) == 0:
         raise DataError(f"{p} holds no examples")
     inputs, pids = inputs.astype(np.int32), pids.astype(np.int32)
     return Examples(inputs, pids, labels, str(p), _digest(inputs, pids))
+
+
+def _integral(where: Path, name: str, values: np.ndarray) -> np.ndarray:
+    """``values`` unless it is a float array holding a non-integer (2.5 would be read as token 2)."""
+    if values.dtype.kind == "f":
+        bad = ~np.isfinite(values) | (values != np.round(values))
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise DataError(
+                f"{where}: '{name}' holds {values[at]} at {list(at)}; token ids and labels are integers: "
+                "save the arrays as integers (e.g. np.int32)"
+            )
+    return values
 
 
 def check_vocabulary(examples: Examples, vocab_size: int) -> None:

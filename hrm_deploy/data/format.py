@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,9 +117,9 @@ def ensure_new_folder(root: str | Path) -> None:
     from hrm_deploy.io import check_output_path
 
     root = Path(root)
-    if root.is_symlink():
+    if root.is_symlink():  # its target as written (resolving a link loop would raise)
         raise DataError(
-            f"{root} is a symbolic link (to {root.resolve()}); give the real folder path, "
+            f"{root} is a symbolic link (to {os.readlink(root)}); give the real folder path, "
             "datasets are never written through a link"
         )
     try:

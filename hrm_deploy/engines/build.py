@@ -25,10 +25,19 @@ from hrm_deploy.engines.result import EngineResult, newest_export, recorded_data
 from hrm_deploy.engines.targets import ENGINE_PRECISIONS, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.manifest import check_artifact, manifest_path
+from hrm_deploy.onnx_runtime import load_onnx
 from hrm_deploy.precision.registry import PRECISIONS, get_precision
 from hrm_deploy.registry import builder
 
-__all__ = ["ENGINE_PRECISIONS", "EngineConfig", "EngineResult", "build_engine", "newest_export"]
+__all__ = [
+    "ENGINE_PRECISIONS",
+    "EngineConfig",
+    "EngineResult",
+    "build_engine",
+    "default_precision",
+    "newest_export",
+    "refuse_checkpoint_source",
+]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +140,33 @@ class EngineConfig:
             )
 
 
+def build_row(target: str, backend: str | None):
+    """The backend-table row that builds for ``backend`` (None: the target's default backend)."""
+    from hrm_deploy.registry import build_entry
+
+    return build_entry(backend or get_target(target).backends[0])
+
+
+def default_precision(target: str, backend: str | None) -> str:
+    """The precision of a build that asks for none: the building backend's row says (TensorRT fp16,
+    the cpu target and PyTorch fp32)."""
+    return build_row(target, backend).default_precision
+
+
+def refuse_checkpoint_source(source: Path | None, target: str, backend: str | None) -> None:
+    """One line, before any work, when ``source`` is a checkpoint and the building backend builds
+    only from an ONNX graph (its row says)."""
+    from hrm_deploy.artifacts import is_checkpoint
+
+    row = build_row(target, backend)
+    if source is None or row.builds_from_checkpoint or not source.is_file() or not is_checkpoint(source):
+        return
+    raise ConfigError(
+        f"{source} is a checkpoint; {row.title or row.name} builds from an ONNX graph: run `hrm-deploy export "
+        f"{source}` first (then build-engine takes the newest export), or add --backend torch"
+    )
+
+
 def build_engine(
     onnx_path: str | os.PathLike | None, config: EngineConfig, out: str | os.PathLike | None = None, quiet: bool = False
 ) -> EngineResult:
@@ -149,31 +185,23 @@ def build_engine(
         raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first or pass the ONNX path")
     check_artifact(src)  # before any conversion: the export is what its manifest says
     source, facts = src, dict(request.facts)
+    # the one parse of the FP32 graph (weights loaded where a precision graph is made from it)
+    weights = config.precision != "fp32"
+    model = load_onnx(src, weights=weights)
+    _check_loop_graph(model, config, target.name)
+    request = replace(request, source=src, model=model)
     instead = make.step_instead(src, request)
     if instead is not None:  # before calibration or conversion: build the same checkpoint's step graph
         if not quiet:
             log.info(instead.why)
         src = _step_graph(src, quiet)
+        model = load_onnx(src, weights=weights)  # the graph built from now on, parsed once too
         facts["step_instead_of_unrolled"] = instead.record
     graph = src
     if make.takes is GraphInput.PRECISION and config.precision != "fp32":
-        graph = _precision_graph(src, config, quiet)
-    return make.build(replace(request, graph=graph, source=source, facts=facts))
-
-
-def _graph_meta(path: Path) -> dict[str, Any]:
-    """The ``hrm_deploy.*`` metadata of the ONNX graph at ``path`` (weights not loaded)."""
-    from hrm_deploy.errors import require
-    from hrm_deploy.export.metadata import graph_metadata
-
-    onnx = require("onnx", "onnx", "Building engines")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
-        raise ArtifactError(
-            f"{path} is not a readable ONNX file ({type(exc).__name__}); it is truncated or damaged: re-export it"
-        ) from None
-    return graph_metadata(model)
+        graph = _precision_graph(src, model, config, quiet)
+        model = None  # the builder reads the precision graph, not this one
+    return make.build(replace(request, graph=graph, source=source, facts=facts, model=model))
 
 
 def _step_graph(unrolled: Path, quiet: bool) -> Path:
@@ -198,13 +226,40 @@ def _step_graph(unrolled: Path, quiet: bool) -> Path:
     return export_onnx(checkpoint, step, export, quiet=quiet, **recorded_data_fields(unrolled)).path
 
 
-def _precision_graph(onnx_path: Path, config: EngineConfig, quiet: bool) -> Path:
-    """``onnx_path`` at ``config.precision``: itself when it already is, else the precision stage's
-    graph of the FP32 export (calibrated on the checkpoint's own data unless --calib-data)."""
+# Loop graphs (export --mode loop) build as float engines: the Q/DQ writers and the cpu target's
+# fusions place their nodes in the outer graph and cannot reach into the loop's body yet.
+LOOP_PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def _check_loop_graph(model: Any, config: EngineConfig, target: str) -> None:
+    """A loop graph with a quantized precision or for the cpu target: one line naming what works."""
+    from hrm_deploy.export.metadata import graph_metadata
+
+    if graph_metadata(model).get("mode") != "loop":
+        return
+    if config.precision not in LOOP_PRECISIONS:
+        raise ConfigError(
+            f"--{config.precision} of a loop graph is not offered: the Q/DQ writers calibrate and place scales in "
+            "the outer graph, not inside the loop's body; build the step graph (export --mode step) at "
+            f"{config.precision}, or this loop graph at --fp16/--bf16"
+        )
+    if target == "cpu":
+        raise ConfigError(
+            "--target cpu does not optimize loop graphs yet (its fusions and INT8 recipes do not reach the loop's "
+            "body); ONNX Runtime runs the loop graph as exported (verify, solve, serve), or build the step graph "
+            "for the cpu target"
+        )
+
+
+def _precision_graph(onnx_path: Path, model: Any, config: EngineConfig, quiet: bool) -> Path:
+    """``onnx_path`` (parsed: ``model``) at ``config.precision``: itself when it already is, else the
+    precision stage's graph of the FP32 export (calibrated on the checkpoint's own data unless
+    --calib-data), made from ``model`` without parsing the file again."""
+    from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
 
-    have = _graph_meta(onnx_path).get("precision", "fp32")
+    have = graph_metadata(model).get("precision", "fp32")
     if have == config.precision:
         return onnx_path
     if have != "fp32":
@@ -228,4 +283,4 @@ def _precision_graph(onnx_path: Path, config: EngineConfig, quiet: bool) -> Path
         accuracy_budget=config.accuracy_budget,
         accuracy_check=config.accuracy_check,
     )
-    return make_precision_graph(onnx_path, precision, quiet=quiet).path
+    return make_precision_graph(onnx_path, precision, quiet=quiet, model=model).path

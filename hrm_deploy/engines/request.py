@@ -46,6 +46,9 @@ class BuildRequest:
     graph: Path | None = None
     source: Path | None = None
     facts: dict[str, Any] = field(default_factory=dict)
+    # the FP32 graph at ``source`` as the stage parsed it (``onnx.ModelProto``, weights loaded), for a
+    # builder to read instead of parsing that file again; None where the stage did not parse it
+    model: Any = None
 
     @property
     def ready(self) -> Path:

@@ -170,18 +170,26 @@ FORBIDDEN_OPS = ("Loop", "If", "Scan")
 
 
 def check_structure(
-    model: onnx.ModelProto, expected_io: Mapping[str, Mapping[str, tuple[int, tuple]]], path: str | None = None
+    model: onnx.ModelProto,
+    expected_io: Mapping[str, Mapping[str, tuple[int, tuple]]],
+    path: str | None = None,
+    loop: bool = False,
 ) -> onnx.ModelProto:
     """Checker, shape inference, no control flow, and the documented I/O contract.
 
     ``expected_io`` is ``{"inputs": {name: (elem_type, shape)}, "outputs": {...}}`` where a
-    string dimension means symbolic (dynamic). Returns the shape-inferred model.
+    string dimension means symbolic (dynamic). ``loop``: a loop graph, exactly one top-level
+    ``Loop`` whose body has no control flow of its own. Returns the shape-inferred model.
     """
     try:
         onnx.checker.check_model(path if path else model, full_check=False)
     except onnx.checker.ValidationError as exc:
         raise ExportError(f"onnx.checker rejected the graph: {str(exc).splitlines()[0]}") from None
-    bad = sorted({n.op_type for n in model.graph.node if n.op_type in FORBIDDEN_OPS})
+    flow = [n for n in model.graph.node if n.op_type in FORBIDDEN_OPS]
+    if loop and len(flow) == 1 and flow[0].op_type == "Loop":
+        body = next(a.g for a in flow[0].attribute if a.name == "body")
+        flow = [n for n in body.node if n.op_type in FORBIDDEN_OPS]
+    bad = sorted({n.op_type for n in flow})
     if bad:
         raise ExportError(f"the graph contains control-flow ops {bad}; the unroll must be flat for TensorRT")
     try:
@@ -211,6 +219,21 @@ def check_structure(
     return inferred
 
 
+def _outer_reads(node: onnx.NodeProto) -> set[str]:
+    """The tensors ``node``'s sub-graphs (a ``Loop`` body) read from the enclosing graph: what they
+    use and do not make themselves. The node must follow their producers like its own inputs'."""
+    reads: set[str] = set()
+    for attribute in node.attribute:
+        if not attribute.HasField("g"):
+            continue
+        body = attribute.g
+        made = {i.name for i in body.input} | {t.name for t in body.initializer}
+        made |= {out for n in body.node for out in n.output}
+        for n in body.node:
+            reads |= {name for name in (*n.input, *_outer_reads(n)) if name and name not in made}
+    return reads
+
+
 def topological_sort(graph) -> None:
     """Reorder ``graph.node`` in place so every node follows its inputs' producers (graph
     rewriters such as ORT's float16 converter append boundary casts at the end). Kahn's
@@ -218,11 +241,15 @@ def topological_sort(graph) -> None:
     import heapq
 
     nodes = list(graph.node)
+    for node in nodes:  # a loop graph's body too (the converter appends casts there as well)
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                topological_sort(attribute.g)
     producer = {out: i for i, node in enumerate(nodes) for out in node.output}
     waiting = [0] * len(nodes)
     users: dict[int, list[int]] = {}
     for i, node in enumerate(nodes):
-        deps = {producer[name] for name in node.input if name in producer}
+        deps = {producer[name] for name in (*node.input, *_outer_reads(node)) if name in producer}
         waiting[i] = len(deps)
         for d in deps:
             users.setdefault(d, []).append(i)

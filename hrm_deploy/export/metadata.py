@@ -17,10 +17,18 @@ PREFIX = "hrm_deploy."
 
 
 def write_graph_metadata(
-    graph, cfg, *, mode: str | None, steps: int, max_batch: int, puzzle_emb: str, precision: str = "fp32"
+    graph,
+    cfg,
+    *,
+    mode: str | None,
+    steps: int,
+    max_batch: int,
+    puzzle_emb: str,
+    precision: str = "fp32",
+    halt: str | None = None,
 ) -> None:
     """Write the ``hrm_deploy.*`` metadata of an export of model config ``cfg`` into ``graph``
-    (an ``onnx.ModelProto``, in place)."""
+    (an ``onnx.ModelProto``, in place); ``halt``: a loop graph's built-in halting rule."""
     import onnx
 
     meta = {
@@ -34,6 +42,7 @@ def write_graph_metadata(
         "precision": precision,
         "puzzle_emb": puzzle_emb,
         "config": json.dumps(cfg.to_dict(), sort_keys=True),
+        **({"halt": halt} if halt is not None else {}),
     }
     onnx.helper.set_model_props(graph, {PREFIX + key: value for key, value in meta.items()})
 

@@ -24,13 +24,14 @@ from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
 from hrm_deploy.model.families import family_of
 from hrm_deploy.progress import Stages, progress
+from hrm_deploy.provenance import reference_files
 from hrm_deploy.puzzle_table import Placement, table_path, write_table
 from hrm_deploy.sources import file_sha256, hub_origin
 
 if TYPE_CHECKING:
     import onnx
 
-MODES = ("unrolled", "step")
+MODES = ("unrolled", "step", "loop")
 MIN_OPSET = 17
 MAX_OPSET = 20  # torch.onnx TorchScript exporter maximum (ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET)
 MAX_BATCH = 1 << 16
@@ -61,6 +62,8 @@ class ExportConfig:
     fold: bool = True
     # EXTERNAL: the table goes beside the graph (.puzzle_emb.npy), the graph takes puzzle_emb_rows
     puzzle_emb: Placement = Placement.EMBEDDED
+    # mode loop: the halting rule the graph tests after each step (off | q | threshold:X)
+    halt: str = "off"
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in MODES:
@@ -73,6 +76,11 @@ class ExportConfig:
             raise ConfigError(f"--steps must be between 1 and {MAX_STEPS}, got {self.steps}")
         if not self.parity_batches or any(not 1 <= b <= MAX_BATCH for b in self.parity_batches):
             raise ConfigError(f"parity batches must be between 1 and {MAX_BATCH}, got {self.parity_batches}")
+        if self.halt != "off" and self.mode not in ("loop", None):
+            raise ConfigError(
+                f"--halt {self.halt}: only a loop graph fixes its halting rule at export (--mode loop); "
+                "step graphs take --halt at run time (verify, solve, serve)"
+            )
         try:
             object.__setattr__(self, "puzzle_emb", Placement(self.puzzle_emb))
         except ValueError:
@@ -340,6 +348,8 @@ def export_onnx(
     from hrm_deploy.export.parity import check_parity, check_segment
 
     stages = Stages(quiet)
+    if out is not None and not Path(out).is_dir():  # a file path: refused before even the model loads
+        check_replaceable(check_output_path(out), [model_or_ckpt if isinstance(model_or_ckpt, (str, Path)) else None])
     with stages.stage("loading model"):
         source_file, source_sha256 = _source_file(model_or_ckpt)
         model, source = _resolve_source(model_or_ckpt, {k: v for k, v in checkpoint_overrides.items() if v is not None})
@@ -358,7 +368,14 @@ def export_onnx(
     external_table = config.puzzle_emb is Placement.EXTERNAL
     if external_table and cfg.puzzle_emb_ndim <= 0:
         raise ConfigError("--puzzle-emb external: this model has no puzzle-embedding table (puzzle_emb_ndim 0)")
-    suffix = ".step.onnx" if config.mode == "step" else ".onnx"
+    loop_halt = None
+    if mode == "loop":
+        from hrm_deploy.export.loop import LoopHalt
+
+        loop_halt = LoopHalt.parse(config.halt, q_halt_only=cfg.halts_on_q_halt_alone)
+    elif config.halt != "off":
+        raise ConfigError(f"--halt {config.halt}: only --mode loop fixes a halting rule at export")
+    suffix = {"step": ".step.onnx", "loop": ".loop.onnx"}.get(mode, ".onnx")
     name = default_name(source if source else model_or_ckpt) + suffix
     out = DEFAULT_WORKSPACE / name if out is None else output_path(out, name)  # -o FOLDER: FOLDER/<name>
     out = check_output_path(out)  # fail before the work, not after
@@ -367,14 +384,29 @@ def export_onnx(
     folding: dict[str, Any] = {}
     with stages.stage("tracing embedding and one ACT segment" + (", folding shapes" if config.fold else "")):
         embed, step = trace_pieces(core, config.opset, config.fold, folding, external_table)
-    with stages.stage(f"assembling {'the single-step graph' if config.mode == 'step' else f'{steps}-step unroll'}"):
-        graph, io_spec = assemble(embed, step, cfg, mode, steps, config.step_predictions, external_table)
+    what = {"step": "the single-step graph", "loop": f"the ACT loop (at most {steps} steps)"}
+    with stages.stage(f"assembling {what.get(mode, f'{steps}-step unroll')}"):
+        if loop_halt is not None:
+            from hrm_deploy.export.loop import assemble_loop
+
+            io_spec = _io_contract(cfg, mode, steps, False, external_table)
+            graph = assemble_loop(embed, step, cfg, steps, loop_halt, io_spec, external_table)
+            # the same segment as a step graph: the per-step parity check and the loop's host-loop twin
+            step_graph, _ = assemble(embed, step, cfg, "step", steps, False, external_table)
+        else:
+            graph, io_spec = assemble(embed, step, cfg, mode, steps, config.step_predictions, external_table)
     folding["graph_nodes"] = len(graph.graph.node)
     external = (
         config.external_data if config.external_data is not None else initializer_bytes(graph) > EXTERNAL_DATA_BYTES
     )
     write_graph_metadata(
-        graph, cfg, mode=config.mode, steps=steps, max_batch=config.max_batch, puzzle_emb=config.puzzle_emb.value
+        graph,
+        cfg,
+        mode=config.mode,
+        steps=steps,
+        max_batch=config.max_batch,
+        puzzle_emb=config.puzzle_emb.value,
+        halt=loop_halt.text if loop_halt is not None else None,
     )
 
     if source_file is not None and sha256_file(source_file) != source_sha256:
@@ -390,25 +422,38 @@ def export_onnx(
                 onnx.load(staged, load_external_data=False) if external else graph,
                 io_spec,
                 path=str(staged) if external else None,
+                loop=loop_halt is not None,
             )
         parity = None
         if config.parity:
             with stages.stage("parity vs PyTorch on ONNX Runtime CPU"):
                 batches = tuple(min(b, config.max_batch) for b in config.parity_batches)
+                checked = str(staged)
+                if loop_halt is not None:  # the segment vs PyTorch per step, through the step graph
+                    checked = str(staging / "segment.step.onnx")
+                    _save(step_graph, Path(checked), external)
                 with progress(len(batches), "parity", quiet, unit="batch sizes") as advance:
                     report = check_parity(
-                        str(staged),
+                        checked,
                         FixedStepHRM(core, steps).eval(),
                         cfg,
                         steps,
                         batches,
-                        stepwise=config.mode == "step",
+                        stepwise=config.mode in ("step", "loop"),
                         advance=advance,
                         puzzle_table=table,
                     )
                 if report.method == "end to end":  # loose on chaotic weights, so also one segment, tight
                     report.segment = check_segment(step.SerializeToString(), core)
                 parity = report.to_dict()
+                if loop_halt is not None and report.passed:
+                    from hrm_deploy.export.loop import check_loop_parity
+
+                    parity["loop"] = check_loop_parity(
+                        str(staged), checked, cfg, loop_halt, batches, steps, puzzle_table=table
+                    )
+                    Path(checked).unlink()
+                    Path(checked + ".data").unlink(missing_ok=True)
             if not report.passed:
                 raise ParityError(f"ONNX Runtime output differs from PyTorch: {report.message}")
         with stages.stage(f"writing {out}"):
@@ -428,12 +473,14 @@ def export_onnx(
                 source=getattr(model, "checkpoint_info", None),
                 # a published checkpoint: repository, commit, the refs naming it, file sha256s
                 hub=hub_origin(source_file),
+                reference_files=reference_files(source_file),  # upstream's config and dataset.json, hashed
                 # fields the checkpoint lacked, given on the command line: shown by inspect and
                 # verify, and applied when verify loads the reference
                 checkpoint_overrides=(getattr(model, "checkpoint_info", None) or {}).get("overrides") or {},
                 precision="fp32",
                 mode=config.mode,
                 unroll={"steps": steps, **family.describe(cfg)},
+                halt=loop_halt.to_dict() if loop_halt is not None else None,
                 io={
                     k: {n: [onnx.TensorProto.DataType.Name(t), list(s)] for n, (t, s) in v.items()}
                     for k, v in io_spec.items()

@@ -148,6 +148,18 @@ def _pieces(node: onnx.NodeProto, constants, shapes) -> list[Piece] | None:
     return None
 
 
+def _read_names(nodes: list[onnx.NodeProto]) -> set[str]:
+    """Every tensor ``nodes`` read, the reads of their sub-graphs included (a loop graph's body reads
+    the outer graph's weights)."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(i for i in node.input if i)
+        for attribute in node.attribute:
+            for sub in [attribute.g] * attribute.HasField("g") + list(attribute.graphs):
+                names |= _read_names(list(sub.node))
+    return names
+
+
 def slices_to_gathers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Replace every ``Slice``/``Split`` along a static axis with constant bounds by ``Gather``s.
 
@@ -192,7 +204,7 @@ def slices_to_gathers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         return model, 0
     # the slices' bounds and the splits' sizes are left without readers: drop them
     kept = prune_dead_nodes(nodes, [o.name for o in graph.output])
-    used = {i for n in kept for i in n.input} | {i.name for i in graph.input}
+    used = _read_names(kept) | {i.name for i in graph.input}
     initializers = [t for t in graph.initializer if t.name in used]
     del graph.node[:], graph.initializer[:]
     graph.node.extend(kept)

@@ -110,6 +110,61 @@ class SingleStepHRM(nn.Module):
         return self.step(torch.where(mask, z_H0, z_H), torch.where(mask, z_L0, z_L), x)
 
 
+class LoopHRM(nn.Module):
+    """The ACT loop as one ``torch.while_loop`` (the ``.pt2`` twin of ``export --mode loop``): runs
+    segments until every row halted by ``halt`` (a :class:`hrm_deploy.export.loop.LoopHalt`) or the
+    last step; halted rows frozen by masks. (inputs [B,S], puzzle_identifiers [B]) -> (logits
+    [B,S,V] of each row's halting step, q_halt_logits [B,N], q_continue_logits [B,N] (NaN after a
+    row's halting step), steps_used int32 [B]): the loop graph's outputs, the host loop's values.
+    AOTInductor lowers the loop into the package (a device loop on CUDA, no host sync per step)."""
+
+    def __init__(self, model: HRMACT | HRMCore, halt, steps: int | None = None):
+        super().__init__()
+        core = _core(model)
+        self.embed_init = EmbedInit(core)
+        self.step = StepCore(core)
+        self.steps = int(steps if steps is not None else core.config.halt_max_steps)
+        self.halt = halt
+        self.bound: float | None = halt.bound  # what q_halt must exceed (None: q_continue)
+
+    def forward(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor):
+        from torch._higher_order_ops.while_loop import while_loop
+
+        x, z_H, z_L = self.embed_init(inputs, puzzle_identifiers)
+        cfg, batch, steps = self.step.core.config, inputs.shape[0], self.steps
+        nan = torch.full((batch, steps), float("nan"), device=x.device, dtype=x.dtype)
+        state = (
+            torch.zeros((), dtype=torch.int64, device=x.device),  # steps run so far
+            z_H.contiguous(),
+            z_L.contiguous(),
+            torch.zeros(batch, dtype=torch.bool, device=x.device),  # halted
+            torch.zeros(batch, dtype=torch.int32, device=x.device),  # steps_used
+            x.new_zeros(batch, cfg.seq_len, cfg.vocab_size),  # logits of each row's halting step
+            nan,
+            nan.clone(),
+        )
+
+        def running(i, z_H, z_L, halted, used, logits, q_halts, q_continues):
+            return (~halted).any()
+
+        def segment(i, z_H, z_L, halted, used, logits, q_halts, q_continues):
+            z_H, z_L, new_logits, q_halt, q_continue = self.step(z_H, z_L, x)
+            live, step = ~halted, i + 1
+            logits = torch.where(live.view(-1, 1, 1), new_logits, logits)
+            used = torch.where(live, step.to(torch.int32), used)
+            column = (torch.arange(steps, device=x.device) == i).view(1, -1) & live.view(-1, 1)  # [B, N]
+            q_halts = torch.where(column, q_halt.view(-1, 1), q_halts)
+            q_continues = torch.where(column, q_continue.view(-1, 1), q_continues)
+            stop = step >= steps
+            if self.halt.mode != "off":
+                rule = q_halt > (q_continue if self.bound is None else self.bound)
+                stop = stop | (rule & (step >= self.halt.min_steps))
+            return step, z_H.clone(), z_L.clone(), halted | stop, used, logits, q_halts, q_continues
+
+        out = while_loop(running, segment, state)
+        return out[5], out[6], out[7], out[4]
+
+
 def unroll(model: HRMACT | HRMCore, steps: int | None = None, step_predictions: bool = False) -> FixedStepHRM:
     """Unroll ``model`` to exactly ``steps`` (default ``halt_max_steps``) ACT segments."""
     return FixedStepHRM(model, steps, step_predictions).eval()

@@ -161,17 +161,23 @@ def _infer_from_weights(state: dict[str, Any], family: ModelFamily) -> dict[str,
 
 
 def _dataset_source(
-    path: Path, train_cfg: dict[str, Any], overrides: dict[str, Any]
+    path: Path, train_cfg: dict[str, Any], overrides: dict[str, Any], family: ModelFamily
 ) -> tuple[str, dict[str, Any]] | None:
-    """(origin, fields) from the dataset.json of the run's data: HRM's ``data_path`` or TRM's
-    ``data_paths`` list (upstream merges those: same seq_len and vocab, puzzle ids summed)."""
+    """(origin, fields) from the dataset.json of the run's data: under the family row's
+    ``data_key`` (then upstream's two spellings, ``data_path`` and ``data_paths``), one path or a
+    list (upstream merges those: same seq_len and vocab, puzzle ids summed)."""
+    paths: list[str] = []
     if overrides.get("data_path"):
         paths = [str(overrides["data_path"])]
-    elif isinstance(train_cfg.get("data_paths"), list) and train_cfg["data_paths"]:
-        paths = [str(p) for p in train_cfg["data_paths"]]
-    elif train_cfg.get("data_path"):
-        paths = [str(train_cfg["data_path"])]
-    else:
+    for key in dict.fromkeys((family.data_key, "data_paths", "data_path")):
+        if paths:
+            break
+        given = train_cfg.get(key)
+        if isinstance(given, list):
+            paths = [str(p) for p in given]
+        elif given:
+            paths = [str(given)]
+    if not paths:
         return None
     found: list[tuple[Path, dict[str, Any]]] = []
     for data_path in paths:
@@ -220,7 +226,7 @@ def _upstream_config(
     sources: list[tuple[str, dict[str, Any]]] = [
         ("arch.{} in " + cfg_file.name, {k: v for k, v in arch.items() if k not in ("name", "loss") and v is not None})
     ]
-    dataset = _dataset_source(path, train_cfg, overrides)
+    dataset = _dataset_source(path, train_cfg, overrides, family)
     if dataset is not None:
         sources.append(dataset)
     sources.append(("{flag}", {k: v for k, v in overrides.items() if k not in ("data_path", "forward_dtype")}))

@@ -1,4 +1,7 @@
-"""HRMConfig: the architecture of one HRM, as a typed, versioned, frozen dataclass.
+"""HRMConfig: the architecture of one HRM, as a typed, versioned, frozen dataclass, and the HRM
+family's helpers (key layout, fields its weights tell, description). Every family's config class
+derives from it (the checks and sizes every family shares live here); each family keeps its own
+class and helpers in its own module (TRM: :mod:`hrm_deploy.model.trm_config`).
 
 Field names follow upstream's ``arch`` section of ``all_config.yaml`` so an upstream
 config maps one to one. No torch import here: the CLI reads configs cheaply.
@@ -8,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -188,73 +191,38 @@ class HRMConfig:
             raise ConfigError(f"config is missing {missing}")
         return cls(**kwargs)
 
+    # The family's helpers (its registry row names this class; see hrm_deploy.model.families) ----
+    @classmethod
+    def has_layout(cls, keys: Iterable[str]) -> bool:
+        """True when a state dict's (prefix-free) keys are this family's: HRM has an ``H_level``."""
+        return any(k.startswith("H_level.") for k in keys)
 
-TRM_POS_ENCODINGS = ("rope", "learned", "none")
+    @classmethod
+    def infer_fields(cls, state: Mapping[str, Any], found: dict[str, Any]) -> None:
+        """Add to ``found`` the fields only HRM's weights tell: RoPE unless the weights hold learned
+        positions (it has no other encoding with no weights); with learned positions, seq_len is
+        their width less the puzzle prefix (``found['_total_seq_len']``)."""
+        if "_total_seq_len" not in found:
+            found["pos_encodings"] = "rope"
+        elif "hidden_size" in found:
+            found["seq_len"] = found["_total_seq_len"] - (-(found["puzzle_emb_ndim"] // -found["hidden_size"]))
 
+    @classmethod
+    def derive_fields(cls, fields: dict[str, Any], hidden: Mapping[str, Any]) -> None:
+        """Fill fields that follow from the others (HRM's puzzle prefix follows from puzzle_emb_ndim:
+        nothing to derive)."""
 
-@dataclass(frozen=True)
-class TRMConfig(HRMConfig):
-    """Architecture and ACT settings of a Tiny Recursive Model (upstream
-    ``TinyRecursiveReasoningModel_ACTV1``): one ``L_level`` network of ``L_layers`` blocks
-    applied ``H_cycles * (L_cycles + 1)`` times per ACT step.
-
-    ``puzzle_emb_len`` is upstream's field: the puzzle-prefix length (upstream: 0 means
-    ceil(puzzle_emb_ndim / hidden_size), which is what is stored). ``mlp_t`` swaps attention
-    for a SwiGLU across the sequence axis; ``pos_encodings`` may be ``none``.
-    ``no_ACT_continue``: training halted on ``q_halt > 0`` and the continue logit is untrained.
-    ``H_layers`` is ignored by upstream TRM and kept at 0.
-    """
-
-    H_layers: int = 0
-    H_cycles: int = 3
-    L_cycles: int = 6
-    L_layers: int = 2
-    puzzle_emb_len: int = 16  # type: ignore[assignment]  # a field here, derived in HRMConfig
-    mlp_t: bool = False
-    no_ACT_continue: bool = True
-
-    family: ClassVar[str] = "trm"
-    pos_choices: ClassVar[tuple[str, ...]] = TRM_POS_ENCODINGS
-
-    def __post_init__(self) -> None:
-        self._check_common(())
-        if self.H_layers != 0:
-            raise ConfigError(f"TRM has no H level: H_layers must be 0 (upstream ignores it), got {self.H_layers}")
-        if not isinstance(self.puzzle_emb_len, int) or self.puzzle_emb_len < 0:
-            raise ConfigError(f"TRMConfig.puzzle_emb_len must be an integer >= 0, got {self.puzzle_emb_len!r}")
-        if self.puzzle_emb_ndim == 0 and self.puzzle_emb_len > 0:
-            raise ConfigError(
-                f"puzzle_emb_len {self.puzzle_emb_len} without a puzzle embedding (puzzle_emb_ndim 0): upstream's "
-                "carry would have prefix positions its input lacks; set puzzle_emb_len 0"
-            )
-        if self.puzzle_emb_len == 0:  # upstream: 0 means "as many positions as the embedding needs"
-            object.__setattr__(self, "puzzle_emb_len", -(self.puzzle_emb_ndim // -self.hidden_size))
-        if self.puzzle_emb_len * self.hidden_size < self.puzzle_emb_ndim:
-            raise ConfigError(
-                f"puzzle_emb_len {self.puzzle_emb_len} x hidden_size {self.hidden_size} cannot hold "
-                f"puzzle_emb_ndim {self.puzzle_emb_ndim}; fix arch.puzzle_emb_len"
-            )
-
-    @property
-    def halts_on_q_halt_alone(self) -> bool:
-        return self.no_ACT_continue
-
-    @property
-    def mlp_t_intermediate_size(self) -> int:
-        """Width of the sequence-axis SwiGLU (``mlp_t``): upstream's rule applied to seq_len + prefix."""
-        return _find_multiple(round(self.expansion * self.total_seq_len * 2 / 3), 256)
-
-    @property
-    def blocks_per_step(self) -> int:
-        """Blocks evaluated in one ACT step: the L_level runs H_cycles * (L_cycles + 1) times."""
-        return self.H_cycles * (self.L_cycles + 1) * self.L_layers
-
-    def parameter_count(self) -> int:
-        d, inter = self.hidden_size, self.intermediate_size
-        t = self.total_seq_len
-        mixer = t * 2 * self.mlp_t_intermediate_size + self.mlp_t_intermediate_size * t if self.mlp_t else 4 * d * d
-        block = mixer + d * 2 * inter + inter * d
-        total = block * self.L_layers + 2 * self.vocab_size * d + 2 * d + 2
-        if self.pos_encodings == "learned":
-            total += t * d
-        return total
+    def describe(self) -> dict[str, Any]:
+        """The family and its recursion, as ``inspect`` shows them."""
+        return {
+            "family": "hrm",
+            "H_cycles": self.H_cycles,
+            "L_cycles": self.L_cycles,
+            "H_layers": self.H_layers,
+            "L_layers": self.L_layers,
+            "mixer": "attention",
+            "pos_encodings": self.pos_encodings,
+            "blocks_per_step": self.blocks_per_step,
+            "recursion": f"{self.H_cycles} H cycles x ({self.L_cycles} L-level passes of {self.L_layers} layers "
+            f"+ 1 H-level pass of {self.H_layers} layers) per ACT step",
+        }

@@ -4,8 +4,9 @@ Every family implements the same one-segment core interface (``HRMCore``'s):
 ``input_embeddings`` + ``initial_state`` (embed and initial carry), ``recur`` (the cycles of one
 ACT segment), ``heads`` (logits, q_halt, q_continue), so export, parity, runners, halting and
 training work on any family without naming it. A row says how to recognise a checkpoint of the
-family (upstream's ``arch.name`` and the state-dict key layout), its config class and model
-classes, what upstream writes into ``all_config.yaml`` and how to describe its recursion.
+family (upstream's ``arch.name``), where its config class (with the family's helpers: key
+layout, fields its weights tell, description) and model classes live, and what upstream writes
+into ``all_config.yaml``. A row is plain data; the behaviour lives in the family's own module.
 
 No torch import at module level: the CLI reads configs cheaply.
 """
@@ -13,120 +14,79 @@ No torch import at module level: the CLI reads configs cheaply.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from hrm_deploy.errors import CheckpointError, ConfigError
-from hrm_deploy.model.config import HRMConfig, TRMConfig
+from hrm_deploy.model.config import HRMConfig
 
 
 @dataclass(frozen=True)
 class ModelFamily:
-    """One registry row.
+    """One registry row: plain data (names, field lists, ``module:Class`` paths imported lazily).
 
     ``arch_names``: upstream ``arch.name`` values (``module@Class``) of the family, the first is
-    written by ``--export-upstream``. ``has_layout``: True when a state dict's (prefix-free) keys
-    are this family's. ``act_path``: ``module:Class`` of the ACT wrapper (imported lazily: torch).
+    written by ``--export-upstream``. ``config_path``: ``module:Class`` of its config class (a
+    :class:`~hrm_deploy.model.config.HRMConfig` subclass holding the family's helpers, in the
+    family's own module; no torch). ``act_path``: ``module:Class`` of the ACT wrapper (torch).
     ``upstream_arch_fields``: the config fields upstream's ``all_config.yaml`` arch section holds.
     ``required_fields``: arch fields the weights cannot tell, never defaulted when loading.
     ``default_mode``: the export/engine mode used when none is asked for (``step`` where the
     unroll would repeat a deep recursion ``halt_max_steps`` times in one graph).
+    ``data_key``: the key of ``all_config.yaml`` naming its datasets; ``data_list``: upstream
+    writes a list there (and an empty ``<data_key>_test``), else one path.
 
     What the checkpoint loader (:mod:`hrm_deploy.model.checkpoint`) asks of a family, which it
-    never names: ``infer_fields(state, found)`` adds the config fields only this family's weights
-    tell to ``found`` (the shared sizes are already there; ``_``-prefixed keys are widths the loader
-    checks but does not store, e.g. ``_total_seq_len``: prefix + tokens); ``derive_fields(fields,
-    hidden)`` fills fields that follow from the others and those widths; ``data_key`` is the key
-    of ``all_config.yaml`` naming its datasets (for messages).
+    never names, is the config class's: ``has_layout(keys)``, ``infer_fields(state, found)`` (the
+    fields only this family's weights tell; ``_``-prefixed keys are widths the loader checks but
+    does not store, e.g. ``_total_seq_len``: prefix + tokens), ``derive_fields(fields, hidden)``
+    (fields that follow from the others and those widths) and ``describe()``.
     """
 
     name: str
     title: str
     arch_names: tuple[str, ...]
-    config_class: type[HRMConfig]
-    has_layout: Callable[[Iterable[str]], bool]
+    config_path: str
     act_path: str
     upstream_arch_fields: tuple[str, ...]
     required_fields: tuple[str, ...]
-    describe: Callable[[Any], dict[str, Any]]
     default_mode: str
-    infer_fields: Callable[[dict[str, Any], dict[str, Any]], None]
-    derive_fields: Callable[[dict[str, Any], dict[str, Any]], None]
     data_key: str
+    data_list: bool = False
+
+    @property
+    def config_class(self) -> type[HRMConfig]:
+        """The family's config class (its module imported on first use)."""
+        cls: type[HRMConfig] = _load(self.config_path)
+        return cls
 
     def act_class(self) -> Any:
-        module, _, cls = self.act_path.partition(":")
-        return getattr(importlib.import_module(module), cls)
+        return _load(self.act_path)
+
+    def has_layout(self, keys: Iterable[str]) -> bool:
+        return self.config_class.has_layout(keys)
+
+    def infer_fields(self, state: dict[str, Any], found: dict[str, Any]) -> None:
+        self.config_class.infer_fields(state, found)
+
+    def derive_fields(self, fields: dict[str, Any], hidden: dict[str, Any]) -> None:
+        self.config_class.derive_fields(fields, hidden)
+
+    def describe(self, config: HRMConfig) -> dict[str, Any]:
+        """The family and its recursion of ``config``, as ``inspect`` and export manifests show them."""
+        return config.describe()
+
+    def upstream_data(self, data_path: str) -> dict[str, Any]:
+        """What upstream's ``all_config.yaml`` says of the dataset ``data_path``, under ``data_key``."""
+        if self.data_list:
+            return {self.data_key: [data_path], f"{self.data_key}_test": []}
+        return {self.data_key: data_path}
 
 
-def _hrm_layout(keys: Iterable[str]) -> bool:
-    return any(k.startswith("H_level.") for k in keys)
-
-
-def _trm_layout(keys: Iterable[str]) -> bool:
-    keys = list(keys)
-    return not _hrm_layout(keys) and any(k.startswith("L_level.") for k in keys)
-
-
-def _hrm_infer(state: dict[str, Any], found: dict[str, Any]) -> None:
-    """HRM: RoPE unless the weights hold learned positions (it has no other encoding with no
-    weights); with learned positions, seq_len is their width less the puzzle prefix."""
-    if "_total_seq_len" not in found:
-        found["pos_encodings"] = "rope"
-    elif "hidden_size" in found:
-        found["seq_len"] = found["_total_seq_len"] - (-(found["puzzle_emb_ndim"] // -found["hidden_size"]))
-
-
-def _hrm_derive(fields: dict[str, Any], hidden: dict[str, Any]) -> None:
-    """HRM's puzzle prefix follows from puzzle_emb_ndim (nothing to derive here)."""
-
-
-def _trm_infer(state: dict[str, Any], found: dict[str, Any]) -> None:
-    """TRM: mlp_t from its weights, whose width is the prefix + token positions."""
-    mlp_t = state.get("L_level.layers.0.mlp_t.gate_up_proj.weight")
-    found["mlp_t"] = mlp_t is not None
-    if mlp_t is not None:
-        found["_total_seq_len"] = int(mlp_t.shape[1])
-        found["_mlp_t_intermediate_size"] = int(mlp_t.shape[0]) // 2
-
-
-def _trm_derive(fields: dict[str, Any], hidden: dict[str, Any]) -> None:
-    """TRM: the puzzle prefix length is the position width less seq_len, unless given."""
-    if "_total_seq_len" in hidden and fields.get("puzzle_emb_len") is None:
-        fields["puzzle_emb_len"] = hidden["_total_seq_len"] - int(fields["seq_len"])
-
-
-def _hrm_describe(cfg: HRMConfig) -> dict[str, Any]:
-    return {
-        "family": "hrm",
-        "H_cycles": cfg.H_cycles,
-        "L_cycles": cfg.L_cycles,
-        "H_layers": cfg.H_layers,
-        "L_layers": cfg.L_layers,
-        "mixer": "attention",
-        "pos_encodings": cfg.pos_encodings,
-        "blocks_per_step": cfg.blocks_per_step,
-        "recursion": f"{cfg.H_cycles} H cycles x ({cfg.L_cycles} L-level passes of {cfg.L_layers} layers "
-        f"+ 1 H-level pass of {cfg.H_layers} layers) per ACT step",
-    }
-
-
-def _trm_describe(cfg: TRMConfig) -> dict[str, Any]:
-    mixer = "mlp-t" if cfg.mlp_t else "attention"
-    return {
-        "family": "trm",
-        "H_cycles": cfg.H_cycles,
-        "L_cycles": cfg.L_cycles,
-        "L_layers": cfg.L_layers,
-        "mixer": mixer,
-        "pos_encodings": cfg.pos_encodings,
-        "puzzle_emb_len": cfg.puzzle_emb_len,
-        "no_ACT_continue": cfg.no_ACT_continue,
-        "blocks_per_step": cfg.blocks_per_step,
-        "recursion": f"T={cfg.H_cycles} x (n={cfg.L_cycles} z_L updates + 1 z_H update), one {cfg.L_layers}-layer "
-        f"{mixer} network: {cfg.H_cycles * (cfg.L_cycles + 1)} passes per ACT step",
-    }
+def _load(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 _COMMON_ARCH = ("halt_exploration_prob", "halt_max_steps", "H_cycles", "L_cycles", "H_layers", "L_layers")
@@ -139,38 +99,26 @@ FAMILIES: dict[str, ModelFamily] = {
         name="hrm",
         title="Hierarchical Reasoning Model",
         arch_names=("hrm.hrm_act_v1@HierarchicalReasoningModel_ACTV1",),
-        config_class=HRMConfig,
-        has_layout=_hrm_layout,
+        config_path="hrm_deploy.model.config:HRMConfig",
         act_path="hrm_deploy.model.hrm:HRMACT",
         upstream_arch_fields=_COMMON_ARCH + _SIZES,
         required_fields=_REQUIRED,
-        describe=_hrm_describe,
         default_mode="unrolled",
-        infer_fields=_hrm_infer,
-        derive_fields=_hrm_derive,
         data_key="data_path",
     ),
     "trm": ModelFamily(
         name="trm",
         title="Tiny Recursive Model",
         arch_names=("recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1",),
-        config_class=TRMConfig,
-        has_layout=_trm_layout,
+        config_path="hrm_deploy.model.trm_config:TRMConfig",
         act_path="hrm_deploy.model.trm:TRMACT",
         upstream_arch_fields=_COMMON_ARCH + _SIZES + ("mlp_t", "puzzle_emb_len", "no_ACT_continue", "forward_dtype"),
-        required_fields=_REQUIRED
-        + (
-            "pos_encodings",
-            "puzzle_emb_len",
-            "no_ACT_continue",
-        ),
-        describe=_trm_describe,
+        required_fields=_REQUIRED + ("pos_encodings", "puzzle_emb_len", "no_ACT_continue"),
         # T*(n+1) passes of the network per ACT step (21 at upstream's 3 x 6): an unroll of 16 steps
         # inlines 336 network passes, so one segment with the carry in and out is the default.
         default_mode="step",
-        infer_fields=_trm_infer,
-        derive_fields=_trm_derive,
         data_key="data_paths",
+        data_list=True,
     ),
 }
 
@@ -232,4 +180,4 @@ def config_from_dict(data: dict[str, Any], *, strict: bool = False) -> HRMConfig
 
 def describe(config: HRMConfig) -> dict[str, Any]:
     """The family and its recursion, as ``inspect`` shows them."""
-    return family_of(config).describe(config)
+    return config.describe()

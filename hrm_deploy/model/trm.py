@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hrm_deploy.model.config import TRMConfig
 from hrm_deploy.model.hrm import HRMACT, Carry, HRMCore
 from hrm_deploy.model.layers import Attention, SwiGLU, rms_norm
+from hrm_deploy.model.trm_config import TRMConfig
 
 
 class TRMBlock(nn.Module):

@@ -49,7 +49,7 @@ def write_upstream_run(
     prefix: str = "_orig_mod.model.inner.",
 ) -> Path:
     """Write upstream's checkpoint layout: ``<run_dir>/step_N`` and ``all_config.yaml`` (arch +
-    the dataset: HRM's ``data_path``, TRM's ``data_paths`` list + hyper-parameters). Returns step_N."""
+    the dataset under the family row's ``data_key`` + hyper-parameters). Returns step_N."""
     import torch
     import yaml
 
@@ -58,11 +58,10 @@ def write_upstream_run(
     cfg = getattr(model, "inner", model).config
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    data: dict[str, Any] = (
-        {"data_paths": [data_path], "data_paths_test": []} if cfg.family == "trm" else {"data_path": data_path}
-    )
+    family = family_of(cfg)
+    data = family.upstream_data(data_path)
     # the dataset is named once, under the family's key (TRM's upstream config has no data_path)
-    hyper = {k: v for k, v in (train_config or {}).items() if k not in ("data_path", "data_paths")}
+    hyper = {k: v for k, v in (train_config or {}).items() if k not in (family.data_key, "data_path", "data_paths")}
     all_config = {"arch": upstream_arch(cfg, loss_type), "checkpoint_path": str(run), **hyper, **data}
     target = run / f"step_{step}"
     with atomic_path(target) as tmp:

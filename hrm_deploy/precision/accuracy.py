@@ -6,14 +6,17 @@ backend."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.metrics import accuracy
 
 # The default accuracy check of every quantized build (INT8, FP8, NVFP4; the cpu target's own too):
-DEFAULT_BUDGET_POINTS = 1.0  # exact-accuracy points a quantized graph may lose on the holdout
-MIN_AGREEMENT_PCT = 98.0  # argmax agreement with FP32 over every output cell of the holdout
+# the rule and how a holdout decides it are in hrm_deploy.precision.rule
+from hrm_deploy.precision.rule import DEFAULT_BUDGET_POINTS, MIN_AGREEMENT_PCT  # noqa: E402,F401 - the rule's
+
 # The holdout: as many puzzles as HOLDOUT_FLOPS of FP32 work, between MIN_HOLDOUT and
 # HOLDOUT_SAMPLES. On the bundled model 128 puzzles measured minmax static INT8 0.8 points
 # *above* FP32 where 1,000 measured it 1.5 below: one puzzle is 0.1 point of 1,000, 0.8 of 128.
@@ -60,27 +63,26 @@ def holdout_examples(data: str, calibration: Examples, count: int) -> Examples:
     return Examples(everything.inputs[keep], everything.puzzle_identifiers[keep], labels, str(data), "")
 
 
-def against_fp32(fp32: str, candidate: str, holdout: Examples) -> dict[str, float | int | None]:
-    """The quantized graph ``candidate`` against its FP32 graph on ``holdout`` (ONNX Runtime CPU; an
-    NVFP4 graph through its CPU simulation): argmax agreement over every output cell, exact
-    accuracy of both (None without labels) and the points lost."""
+def quantized_logits(path: str | Path, examples: Examples) -> np.ndarray:
+    """Final logits of a graph of any precision on ONNX Runtime CPU (an NVFP4 graph through its CPU
+    simulation): how the precision stage's holdout runs candidate graphs."""
     from hrm_deploy.precision.nvfp4 import cpu_runnable
 
-    reference = onnx_logits(fp32, holdout)
-    with cpu_runnable(candidate) as runnable:
-        logits = onnx_logits(runnable, holdout)
-    agreement = 100.0 * float((logits.argmax(-1) == reference.argmax(-1)).mean())
-    base = exact = None
-    if holdout.labels is not None:
-        base = 100.0 * accuracy(reference, holdout.labels)["exact_accuracy"]
-        exact = 100.0 * accuracy(logits, holdout.labels)["exact_accuracy"]
-    return {
-        "fp32_exact_pct": base,
-        "exact_pct": exact,
-        "loss_points": round(base - exact, 4) if base is not None and exact is not None else None,
-        "argmax_agreement_pct": round(agreement, 4),
-        "holdout_puzzles": len(holdout),
-    }
+    with cpu_runnable(str(path)) as runnable:
+        return onnx_logits(runnable, examples)
+
+
+def holdout_runner(fp32: Path, meta: dict):
+    """The precision stage's ``run`` for a :class:`~hrm_deploy.precision.rule.Holdout`: the FP32
+    graph ``fp32`` with the metadata the stage parsed (no second parse), any other graph by
+    :func:`quantized_logits`."""
+
+    def run(path: Path, examples: Examples) -> np.ndarray:
+        if Path(path) == Path(fp32):
+            return onnx_logits(str(path), examples, meta=meta)
+        return quantized_logits(path, examples)
+
+    return run
 
 
 def onnx_accuracy(path: str, examples: Examples, batch: int = 64) -> dict[str, float]:
@@ -88,16 +90,17 @@ def onnx_accuracy(path: str, examples: Examples, batch: int = 64) -> dict[str, f
     return accuracy(onnx_logits(path, examples, batch), examples.labels)
 
 
-def onnx_logits(path: str, examples: Examples, batch: int = 64) -> np.ndarray:
+def onnx_logits(path: str, examples: Examples, batch: int = 64, meta: dict | None = None) -> np.ndarray:
     """Final logits of an ONNX graph (either mode) on ONNX Runtime CPU: an unrolled graph in one call
-    per batch, a single-step graph driven through all its ACT steps."""
+    per batch, a single-step graph driven through all its ACT steps. ``meta``: the graph's
+    ``hrm_deploy.*`` metadata where the caller has it (else the graph is parsed for it)."""
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.manifest import check_artifact
     from hrm_deploy.onnx_runtime import load_onnx, ort_session, run_stepwise
     from hrm_deploy.puzzle_table import rows_session
 
     manifest = check_artifact(path)  # a graph whose manifest describes other bytes is refused
-    meta = graph_metadata(load_onnx(path))
+    meta = meta or graph_metadata(load_onnx(path))
     # export --puzzle-emb external: the session gathers the rows of the ids it is fed
     session = rows_session(ort_session(path, provider="cpu"), path, manifest)
     logits = []

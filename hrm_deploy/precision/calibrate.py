@@ -97,12 +97,12 @@ def calibration_provider() -> str:
     return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
 
 
-def _runs(examples: Examples, batch: int, mode: str, steps: int) -> int:
+def batch_runs(examples: Examples, batch: int, mode: str, steps: int) -> int:
     """Session runs of one calibration pass: one per batch, times ``steps`` for a single-step graph."""
     return -(-len(examples) // batch) * (steps if mode == "step" else 1)
 
 
-def _drive(session, fetch: list[str], examples: Examples, batch: int, mode: str, steps: int) -> Iterator[list]:
+def drive_examples(session, fetch: list[str], examples: Examples, batch: int, mode: str, steps: int) -> Iterator[list]:
     """Run the examples through ``session`` batch by batch, yielding the ``fetch`` outputs of each
     run. A single-step graph runs ``steps`` times per batch from a zero carry (``reset`` on the
     first step, as the host loop does) and reads its next carry from the same run, so ranges
@@ -151,15 +151,17 @@ def _with_range_outputs(model, tensors: list[str], method: str) -> list[str]:
     return [RANGES_OUTPUT]
 
 
-def _range_session(fp32_path: str, tensors: list[str], method: str):
-    """One ONNX Runtime session over the FP32 graph plus the range outputs of ``tensors``, on
+def range_session(model, source: str | Path, tensors: list[str], method: str):
+    """One ONNX Runtime session over a copy of the FP32 graph ``model`` (from ``source``, whose
+    puzzle table an external-table graph reads) plus the range outputs of ``tensors``, on
     :func:`calibration_provider`. Returns (session, output names to fetch per run)."""
     import onnx
 
-    model = onnx.load(fp32_path)
-    fetch = _with_range_outputs(model, tensors, method)
-    serialized = model.SerializeToString()
-    del model  # one copy of the weights at a time besides the session's
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    fetch = _with_range_outputs(copy, tensors, method)
+    serialized = copy.SerializeToString()
+    del copy  # one copy of the weights at a time besides the session's and the caller's
     # ORT's default order runs the reductions late and keeps every calibrated activation alive
     # until then (4x the plain peak memory on the bundled unroll, GBs on a 16-step Sudoku unroll,
     # and runs up to 1.5x slower); the priority-based order runs each one as soon as it can.
@@ -167,7 +169,7 @@ def _range_session(fp32_path: str, tensors: list[str], method: str):
     session = ort_session(serialized, provider=calibration_provider(), allow_fallback=True, priority_order=True)
     from hrm_deploy.puzzle_table import rows_session
 
-    return rows_session(session, fp32_path), fetch  # an external-table graph: rows gathered per batch
+    return rows_session(session, str(source)), fetch  # an external-table graph: rows gathered per batch
 
 
 def calibration_key(onnx_sha: str, method: str, data_sha: str, samples: int, mode_steps: str) -> str:
@@ -182,7 +184,7 @@ def _progress(total: int, label: str, quiet: bool):
     return progress(total, label, quiet, unit="batches")
 
 
-class _Ranges:
+class RangeCollector:
     """Ranges accumulated run by run: a running max |x| per tensor for minmax, ORT's
     HistogramCollector for entropy/percentile. ``add`` takes one run's fetched outputs."""
 
@@ -222,7 +224,8 @@ class _Ranges:
 
 
 def _calibrate(
-    fp32_path: str,
+    model,
+    source: str | Path,
     tensors: list[str],
     examples: Examples,
     config: QuantConfig,
@@ -235,15 +238,15 @@ def _calibrate(
 
     ORT's own calibrators first add ReduceMin/Max (or output) nodes for every tensor and rebuild
     a value-info map per tensor: quadratic in graph size, hours on a 16-step Sudoku unroll. Here
-    only the tensors that get Q/DQ are read (:func:`_range_session`), in one pass over the data
-    (:func:`_drive`), and reduced run by run (:class:`_Ranges`)."""
+    only the tensors that get Q/DQ are read (:func:`range_session`), in one pass over the data
+    (:func:`drive_examples`), and reduced run by run (:class:`RangeCollector`)."""
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     from hrm_deploy.io import atomic_path
 
-    session, fetch = _range_session(fp32_path, tensors, config.method)
-    ranges = _Ranges(tensors, config)
-    for values in _drive(session, fetch, examples, config.batch, mode, steps):
+    session, fetch = range_session(model, source, tensors, config.method)
+    ranges = RangeCollector(tensors, config)
+    for values in drive_examples(session, fetch, examples, config.batch, mode, steps):
         ranges.add(values)
         if on_feed:
             on_feed()
@@ -303,62 +306,54 @@ def _cache_readable(cache_file: Path) -> bool:
     return cache_file.is_file() and cache_problem(cache_file) is None
 
 
-def ensure_calibration(
-    fp32_path: str,
+def calibrate_ranges(
+    model,
+    source: str | Path,
     examples: Examples,
     config: QuantConfig,
     cache_file: Path,
-    mode: str,
-    steps: int,
-    extra_exclude: tuple[str, ...] = (),
+    meta: dict[str, Any],
     quiet: bool = True,
-) -> QuantPlan:
-    """The plan of ``fp32_path`` under ``config``, with the activation ranges of every weight
-    MatMul/Gemm input in ``cache_file`` (read when it is there and readable, else calibrated on
-    ``examples`` and written there). Every Q/DQ format (INT8, FP8) reads the same cache."""
-    import onnx
-
-    model = onnx.load(fp32_path)
-    plan = plan_nodes(model, config, extra_exclude)
-    by_name = {n.name: n for n in model.graph.node}
-    # Calibrate every weight MatMul's input (not only this plan's), so one cache serves any exclusion.
-    all_weighted = plan_nodes(model, QuantConfig(method=config.method, exclude_patterns=()))
-    tensors = sorted({by_name[n].input[0] for n in all_weighted.quantize})
-    del model, by_name
+) -> bool:
+    """The activation ranges of every weight MatMul/Gemm input of the FP32 graph ``model`` (parsed
+    from ``source``) in ``cache_file``: kept when a trusted entry is there, else measured on
+    ``examples`` through all ``meta['steps']`` ACT steps and written there. Every Q/DQ format
+    (INT8, FP8, NVFP4) reads the same cache, and every exclusion: the ranges of all weight inputs
+    are measured, not only one plan's. Returns True when it calibrated."""
     problem = cache_problem(cache_file) if cache_file.is_file() else None
     if problem:  # derived data: an untrusted entry is measured again, never used
         logger.warning("calibration cache %s %s: calibrating again", cache_file, problem)
         cache_file.unlink()
         _seal_path(cache_file).unlink(missing_ok=True)
-    if not cache_file.is_file():
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        total = _runs(examples, config.batch, mode, steps)
-        with _progress(total, "calibrating", quiet) as on_feed:
-            _calibrate(fp32_path, tensors, examples, config, mode, steps, cache_file, on_feed)
-    return plan
+    if cache_file.is_file():
+        return False
+    by_name = {n.name: n for n in model.graph.node}
+    all_weighted = plan_nodes(model, QuantConfig(method=config.method, exclude_patterns=()))
+    tensors = sorted({by_name[n].input[0] for n in all_weighted.quantize})
+    del by_name
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    mode, steps = meta["mode"], int(meta["steps"])
+    total = batch_runs(examples, config.batch, mode, steps)
+    with _progress(total, "calibrating", quiet) as on_feed:
+        _calibrate(model, source, tensors, examples, config, mode, steps, cache_file, on_feed)
+    return True
 
 
 def quantize_qdq(
     write: Callable[[Any, QuantPlan, Path], None],
     label: str,
-    fp32_path: str,
-    out_path: str,
-    examples: Examples,
-    config: QuantConfig,
-    cache_file: Path,
-    mode: str,
-    steps: int,
-    extra_exclude: tuple[str, ...] = (),
-    quiet: bool = True,
+    job: Any,
+    out_path: str | Path,
+    exclude: tuple[str, ...] = (),
 ) -> QuantPlan:
-    """A Q/DQ graph whose format ``write(model, plan, cache_file)`` writes into the loaded FP32
-    graph (FP8, NVFP4): ranges from ``cache_file`` when it exists (the key INT8 uses), else
-    calibrated on ``examples`` and cached; the graph saved to ``out_path``."""
+    """A Q/DQ graph whose format ``write(model, plan, cache_file)`` writes into a copy of the job's
+    FP32 graph (FP8, NVFP4) from the job's cached ranges; saved to ``out_path``. ``job``: a
+    :class:`~hrm_deploy.precision.job.QuantJob` (calibrated already: nothing is measured here)."""
     import onnx
 
-    plan = ensure_calibration(fp32_path, examples, config, cache_file, mode, steps, extra_exclude, quiet)
-    model = onnx.load(fp32_path)
-    write(model, plan, cache_file)
-    onnx.save(model, out_path)
+    plan = job.plan_for(exclude)
+    model = job.copy_model()
+    write(model, plan, job.cache)
+    onnx.save(model, str(out_path))
     logger.info("%s: %d MatMul/Gemm nodes quantized, %d kept in float", label, len(plan.quantize), len(plan.excluded))
     return plan

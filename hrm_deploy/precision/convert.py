@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.errors import ArtifactError, ConfigError, require
+from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.export.metadata import set_graph_precision
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
-from hrm_deploy.precision.calibrate import QuantConfig, _cache_readable, calibration_key
+from hrm_deploy.onnx_runtime import load_onnx
+from hrm_deploy.precision.calibrate import QuantConfig
 from hrm_deploy.precision.registry import PRECISIONS, PrecisionEntry, converted, load
 from hrm_deploy.progress import Stages
 
@@ -62,14 +63,6 @@ class PrecisionResult:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def _load(path: Path):
-    onnx = require("onnx", "onnx", "Precision conversion")
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types
-        raise ArtifactError(f"{path} is not a readable ONNX file ({type(exc).__name__}); re-export it") from None
-
-
 def _write_cast(model, config: PrecisionConfig, tmp: Path, stages: Stages) -> dict[str, Any]:
     """A float graph with float32 islands (the row's cast writer), saved to ``tmp``."""
     import onnx
@@ -81,110 +74,95 @@ def _write_cast(model, config: PrecisionConfig, tmp: Path, stages: Stages) -> di
     return {"float32_nodes": len(kept)}
 
 
-def _write_qdq(src: Path, src_sha256: str, meta, config: PrecisionConfig, tmp: Path, stages: Stages, quiet: bool):
-    """A calibrated Q/DQ graph: ranges measured into the cache (the row's calibration, skipped when
-    the cache holds them), the row's writer, then the accuracy-budget fallback when one is asked."""
+def _write_qdq(
+    src: Path, src_sha256: str, model, meta, config: PrecisionConfig, tmp: Path, stages: Stages, quiet: bool
+):
+    """A calibrated Q/DQ graph: one job (the parsed FP32 ``model``, its ranges measured into the
+    cache once by the row's calibration, skipped when the cache holds them), the row's writer,
+    then the accuracy check and its fallback on the same job."""
     import onnx
 
     from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.precision.job import new_job
 
     entry = config.entry
     examples = load_examples(str(config.calib_data), config.quant.samples)
-    key = calibration_key(
-        src_sha256, config.quant.method, examples.sha256, len(examples), f"{meta['mode']}{meta['steps']}"
-    )
-    cache = Path(config.cache_dir) / f"{key}.json"
-    cached = cache.is_file() and _cache_readable(cache)
+    job = new_job(src, model, meta, examples, config.quant, config.cache_dir, src_sha256)
     label = (
         "reusing cached calibration"
-        if cached
+        if job.report["reused"]
         else f"calibrating {config.precision.upper()} ({config.quant.method}, {len(examples)} examples, all {meta['steps']} ACT steps)"
     )
     with stages.stage(label):
-        load(entry.calibration or "")(str(src), examples, config.quant, cache, meta["mode"], meta["steps"], quiet=quiet)
-        plan = load(entry.writer or "")(
-            str(src), str(tmp), examples, config.quant, cache, meta["mode"], meta["steps"], quiet=quiet
-        )
+        load(entry.calibration or "")(job, quiet)
+        plan = load(entry.writer or "")(job, tmp)
     report: dict[str, Any] = {
-        "calibration": {
-            "key": key,
-            "cache": str(cache),
-            "reused": cached,
-            "method": config.quant.method,
-            "samples": len(examples),
-            "data": examples.source,
-            "data_sha256": examples.sha256,
-        },
+        "calibration": job.report,
         "quantized_nodes": len(plan.quantize),
         "excluded": plan.excluded,
     }
-    report["accuracy"] = _check_accuracy(src, tmp, examples, meta, config, cache, plan, stages, report)
+    report["accuracy"] = _check_accuracy(job, tmp, config, stages, report)
     quantized = onnx.load(str(tmp))
     set_graph_precision(quantized, config.precision)
     onnx.save(quantized, str(tmp))
     return report
 
 
-def _check_accuracy(src: Path, tmp: Path, examples, meta, config: PrecisionConfig, cache, plan, stages, report):
-    """The quantized graph against FP32 on held-out puzzles, by default: one line (argmax agreement,
-    exact-accuracy delta) and the manifest's ``accuracy`` record. Over the budget, the most harmful
-    layers stay float until it holds (:func:`hrm_deploy.precision.fallback.sensitivity_fallback`),
-    or the build stops saying it could not."""
+def _check_accuracy(job, tmp: Path, config: PrecisionConfig, stages, report):
+    """The quantized graph against FP32 on held-out puzzles, by default, judged by the rule of
+    :mod:`hrm_deploy.precision.rule` (the holdout grows while the verdict is within its noise): one
+    line and the manifest's ``accuracy`` record. Outside the budget, the most harmful layers stay
+    float (:func:`hrm_deploy.precision.fallback.sensitivity_fallback`) and the graph that will be
+    published is measured again and judged by the same rule; outside it the build stops with one
+    line (nothing is written)."""
     from dataclasses import replace
 
-    from hrm_deploy.precision.accuracy import (
-        DEFAULT_BUDGET_POINTS,
-        MIN_AGREEMENT_PCT,
-        against_fp32,
-        holdout_examples,
-        holdout_size,
-    )
+    from hrm_deploy.precision.accuracy import DEFAULT_BUDGET_POINTS, holdout_examples, holdout_runner, holdout_size
+    from hrm_deploy.precision.rule import Holdout, accuracy_line, growth_cap, measuring, refusal
 
     if not config.accuracy_check:
         return {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
     budget = DEFAULT_BUDGET_POINTS if config.accuracy_budget is None else config.accuracy_budget
-    count = config.holdout_samples or holdout_size(meta)
-    holdout = holdout_examples(str(config.calib_data), examples, count)
-    with stages.stage(f"measuring {config.precision.upper()} against FP32 on {len(holdout)} held-out puzzles"):
-        first = quality = against_fp32(str(src), str(tmp), holdout)
-
-    def outside(q) -> bool:
-        lost = q["loss_points"] or 0.0
-        return lost > budget or q["argmax_agreement_pct"] < MIN_AGREEMENT_PCT
-
-    if outside(quality):
+    count = config.holdout_samples or holdout_size(job.meta)
+    cap = growth_cap(count)
+    pool = holdout_examples(str(config.calib_data), job.examples, cap)
+    holdout = Holdout(job.source, pool, holdout_runner(job.source, job.meta), count)
+    name = config.precision.upper()
+    with stages.stage(measuring(name, holdout.size, min(cap, len(pool)))):
+        first, decided = holdout.decide(tmp, budget, cap)
+    quality = first
+    if not first.within(budget):
         from hrm_deploy.precision.fallback import sensitivity_fallback
 
         budgeted = replace(config, accuracy_budget=budget)
-        report["accuracy_budget"] = sensitivity_fallback(
-            src, tmp, examples, holdout, budgeted, cache, meta, plan, stages
-        )
+        report["accuracy_budget"] = sensitivity_fallback(job, tmp, holdout, budgeted, stages)
         # the published graph's count (layers kept in float are no longer quantized)
-        report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(plan.quantize))
-        with stages.stage("measuring the budgeted graph against FP32"):
-            quality = against_fp32(str(src), str(tmp), holdout)
-    lost = "" if quality["loss_points"] is None else f", exact {quality['loss_points']:+.2f} points lost"
-    log.info(
-        "%s vs FP32 on %d held-out puzzles: argmax agreement %.2f %%%s (budget %g points%s)",
-        config.precision.upper(),
-        quality["holdout_puzzles"],
-        quality["argmax_agreement_pct"],
-        lost.replace("+-", "-"),
-        budget,
-        "; sensitive layers kept float" if quality is not first else "",
-    )
+        report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(job.plan.quantize))
+        with stages.stage(f"measuring the {name} graph with its float layers against FP32"):
+            quality, decided = holdout.decide(tmp, budget, cap)
+        if not quality.within(budget):
+            raise ConfigError(refusal(name, first, quality, len(report["accuracy_budget"]["kept_float"]), budget))
+    log.info(accuracy_line(name, quality, budget, quality is not first))
+    exact_key = "exact_pct"
     return {
         "checked": True,
         "budget_points": budget,
-        **quality,
-        **({"before_fallback": first} if quality is not first else {}),
+        **quality.as_dict(exact_key),
+        "decided": decided,
+        **({"before_fallback": first.as_dict(exact_key)} if quality is not first else {}),
     }
 
 
 def make_precision_graph(
-    onnx_path: str | os.PathLike, config: PrecisionConfig, out: str | os.PathLike | None = None, quiet: bool = False
+    onnx_path: str | os.PathLike,
+    config: PrecisionConfig,
+    out: str | os.PathLike | None = None,
+    quiet: bool = False,
+    model: Any = None,
 ) -> PrecisionResult:
-    """Write ``<name>.<precision>.onnx`` (beside the FP32 graph unless ``out``) and its manifest."""
+    """Write ``<name>.<precision>.onnx`` (beside the FP32 graph unless ``out``) and its manifest.
+    ``model``: the graph at ``onnx_path`` already parsed with its weights (the build stage's one
+    parse); None parses it here, once."""
     from hrm_deploy.export.metadata import graph_metadata
 
     src = Path(onnx_path)
@@ -192,7 +170,8 @@ def make_precision_graph(
         raise ArtifactError(f"{src} does not exist; export one first with `hrm-deploy export`")
     # the FP32 graph is what its manifest says (then its recorded sha256 is the file's)
     src_sha256 = (check_artifact(src) or {}).get("sha256") or sha256_file(src)
-    model = _load(src)
+    if model is None:
+        model = load_onnx(src, weights=True)  # the one parse of the FP32 graph on this path
     meta = graph_metadata(model)
     if meta.get("precision", "fp32") != "fp32":
         raise ConfigError(f"{src} is already {meta['precision']}; convert the FP32 export instead")
@@ -202,8 +181,7 @@ def make_precision_graph(
     with staging_dir(target.parent if str(target.parent) else Path("."), "stage") as staging:
         tmp = staging / target.name
         if config.entry.calibrated:
-            del model  # the Q/DQ writers load the graph themselves
-            report = _write_qdq(src, src_sha256, meta, config, tmp, stages, quiet)
+            report = _write_qdq(src, src_sha256, model, meta, config, tmp, stages, quiet)
         else:
             report = _write_cast(model, config, tmp, stages)
         # artifact + manifest as one unit (manifest renamed last, sha256 of the staged bytes)

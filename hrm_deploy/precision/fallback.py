@@ -1,8 +1,9 @@
-"""The accuracy-budget fallback every Q/DQ path shares: keep the most harmful layers in float
-until a measured loss fits the budget. Two searches over the same groups (all unrolled copies of one
-weight, :func:`weight_groups`): :func:`keep_sensitive_float` (greedy, one layer at a time: the
-precision stage) and :func:`bisect_fallback` (rank once, then bisect: the cpu target's static INT8,
-whose probes are cheap graph edits)."""
+"""The accuracy-budget fallback every Q/DQ path shares: keep the fewest most harmful layers in
+float until the graph is within the accuracy rule. One search over the groups (all unrolled copies
+of one weight, :func:`weight_groups`): :func:`bisect_fallback` (rank once by a cheap signal, then
+bisect with whole-holdout measurements, bounded in probes and time), used by the precision stage
+(:func:`sensitivity_fallback`, every probe written from the job) and the cpu target's static INT8
+(whose probes are graph edits)."""
 
 from __future__ import annotations
 
@@ -12,58 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from hrm_deploy.errors import ConfigError
-from hrm_deploy.precision.calibrate import QuantPlan
 from hrm_deploy.precision.registry import get_precision, load
+from hrm_deploy.precision.rule import Holdout, Quality, refusal
 from hrm_deploy.progress import Stages
 
 if TYPE_CHECKING:
     from hrm_deploy.precision.convert import PrecisionConfig
+    from hrm_deploy.precision.job import QuantJob
 
-M = TypeVar("M")  # one measurement of a quantized graph (e.g. exact accuracy)
 Q = TypeVar("Q")  # one measurement of a probe graph (bisect_fallback)
-
-
-@dataclass
-class Fallback(Generic[M]):
-    """What :func:`keep_sensitive_float` chose: the groups kept in float (most harmful first),
-    each group's measured sensitivity, and the measurement of the chosen mix."""
-
-    kept_float: list[str]
-    sensitivity: dict[str, float]
-    measured: M
-
-
-def keep_sensitive_float(
-    groups: dict[str, list[str]],
-    measure: Callable[[tuple[str, ...]], M],
-    severity: Callable[[M], float],
-    within: Callable[[M], bool],
-    refuse: Callable[[M], str],
-    whole: M,
-) -> Fallback[M]:
-    """Greedy float fallback shared by the INT8 paths: keep whole groups of quantized nodes
-    (e.g. all unrolled copies of one weight) in float, most harmful first, until ``within``.
-
-    ``measure(excluded)`` quantizes every planned node except ``excluded`` and measures the
-    result; ``whole`` is the measurement with nothing excluded (already outside the budget).
-    Sensitivity of a group = ``severity`` of the graph where only that group is quantized.
-    Raises ConfigError(``refuse(last measurement)``) when only one group would be left quantized
-    and the budget still does not hold."""
-    everything = [n for nodes in groups.values() for n in nodes]
-    sensitivity: dict[str, float] = {}
-    for name, nodes in groups.items():
-        others = tuple(n for n in everything if n not in nodes)
-        sensitivity[name] = severity(measure(others) if others else whole)
-    kept: list[str] = []
-    measured = whole
-    for name in sorted(sensitivity, key=lambda g: sensitivity[g], reverse=True):
-        kept.append(name)
-        if len(kept) == len(groups):
-            raise ConfigError(refuse(measured))
-        measured = measure(tuple(n for g in kept for n in groups[g]))
-        if within(measured):
-            break
-    return Fallback(kept, sensitivity, measured)
 
 
 def weight_groups(model: Any, quantized: set[str] | list[str]) -> dict[str, list[str]]:
@@ -77,15 +35,23 @@ def weight_groups(model: Any, quantized: set[str] | list[str]) -> dict[str, list
     return groups
 
 
+# The bisection's bounds: whole-holdout probes and seconds (a bisection over a Sudoku-size model's
+# ~50 weights needs 6 probes; the bounds keep a model whose probes are slow from running on for hours)
+MAX_PROBES = 12
+MAX_SECONDS = 600.0
+
+
 @dataclass
 class Choice(Generic[Q]):
     """What :func:`bisect_fallback` chose: the weights kept FP32 (most sensitive first), every
-    weight's sensitivity (ranking holdout), the chosen mix's measurement and the probes run."""
+    weight's ranking signal, the chosen mix's measurement, the whole-holdout probes run and the
+    bounds they ran under (``stopped``: why the search ended before it narrowed the count down)."""
 
     kept_float: list[str]
     sensitivity: dict[str, float]
     measured: Q
     probes: int
+    limits: dict[str, Any]
 
 
 def bisect_fallback(
@@ -94,18 +60,29 @@ def bisect_fallback(
     measure: Callable[[list[str]], Q],
     within: Callable[[Q], bool],
     refuse: Callable[[Q | None], str],
+    max_probes: int = MAX_PROBES,
+    max_seconds: float = MAX_SECONDS,
 ) -> Choice[Q]:
     """The fewest most-sensitive ``groups`` to keep FP32: ``rank(group)`` = its sensitivity
-    (higher = more harmful INT8), ``measure(kept)`` = the graph with ``kept`` FP32, ``within``
-    the budget test. Bisects k in 1..len-1 (all FP32 is no INT8 graph); raises ConfigError
-    (``refuse(last measurement)``) when even len-1 groups kept FP32 is outside the budget."""
+    (higher = more harmful INT8; a cheap signal, not a probe), ``measure(kept)`` = the graph with
+    ``kept`` FP32, ``within`` the budget test. Bisects k in 1..len-1 (all FP32 is no INT8 graph)
+    with at most ``max_probes`` measurements and ``max_seconds``; past either it keeps the smallest
+    k measured within (saying it stopped) or, with none, refuses. Raises ConfigError
+    (``refuse(last measurement)``) when no measured mix is within the budget."""
+    import time
+
+    start = time.monotonic()
     sensitivity = {g: rank(g) for g in groups}
     order = sorted(groups, key=lambda g: -sensitivity[g])
-    probes = len(groups)
+    probes = 0
     low, high = 1, len(groups) - 1  # the answer is in [low, high], if any
     best: tuple[int, Q] | None = None
     last: Q | None = None
+    stopped = None
     while low <= high:
+        if probes >= max_probes or time.monotonic() - start > max_seconds:
+            stopped = f"bounds reached after {probes} probes in {time.monotonic() - start:.0f} s"
+            break
         k = (low + high) // 2
         last = measure(order[:k])
         probes += 1
@@ -113,70 +90,75 @@ def bisect_fallback(
             best, high = (k, last), k - 1
         else:
             low = k + 1
+    limits: dict[str, Any] = {"max_probes": max_probes, "max_seconds": max_seconds, "stopped": stopped}
     if best is None:
-        raise ConfigError(refuse(last))
-    return Choice(order[: best[0]], sensitivity, best[1], probes)
-
-
-def _holdout_accuracy(path: str, examples, meta) -> float:
-    """Exact accuracy in points on ONNX Runtime CPU (an NVFP4 graph through its CPU simulation)."""
-    from hrm_deploy.precision.accuracy import onnx_accuracy
-    from hrm_deploy.precision.nvfp4 import cpu_runnable
-
-    with cpu_runnable(path) as runnable:
-        return 100.0 * onnx_accuracy(runnable, examples)["exact_accuracy"]
+        message = refuse(last)
+        if stopped:
+            message = f"{message} (the fallback search stopped: {stopped})"
+        raise ConfigError(message)
+    return Choice(order[: best[0]], sensitivity, best[1], probes, limits)
 
 
 def sensitivity_fallback(
-    fp32: Path,
-    out_tmp: Path,
-    examples,
-    holdout,
-    config: PrecisionConfig,
-    cache: Path,
-    meta,
-    plan: QuantPlan,
-    stages: Stages,
+    job: QuantJob, out_tmp: Path, holdout: Holdout, config: PrecisionConfig, stages: Stages
 ) -> dict[str, Any]:
-    """Keep whole layers (all unrolled copies of one weight) in float, most harmful first,
-    until the Q/DQ graph loses at most the budget on the holdout. Sensitivity of a layer = accuracy lost
-    when only that layer is quantized (ranges come from the cache: no recalibration)."""
+    """Keep the fewest most harmful layers (all unrolled copies of one weight) in float so that the
+    Q/DQ graph at ``out_tmp`` is within the rule (:meth:`~hrm_deploy.precision.rule.Quality.within`:
+    the points lost *and* the argmax agreement) on ``holdout``: the same search as the cpu target's
+    (:func:`bisect_fallback`). Ranking: each weight's own output error in one pass
+    (:func:`hrm_deploy.precision.sensitivity.local_errors`); where a format's activations are not
+    Q/DQ pairs it can read (NVFP4's dynamic FP4), one probe per weight with only it quantized. Every
+    probe is written by the row's writer from the same job (no recalibration, no parse). The caller
+    measures the published graph again and judges it."""
     import onnx
 
+    from hrm_deploy.precision import sensitivity
+
     budget = float(config.accuracy_budget or 0.0)
-    base = _holdout_accuracy(str(fp32), holdout, meta)
-    current = _holdout_accuracy(str(out_tmp), holdout, meta)
+    current = holdout.measure(out_tmp)
     measured_key = f"{config.precision}_exact"
     quantize = load(get_precision(config.precision).writer or "")
-    report: dict[str, Any] = {"fp32_exact": base, measured_key: current, "budget_points": budget, "kept_float": []}
-    if base - current <= budget:
+    report: dict[str, Any] = {
+        "fp32_exact": current.fp32_exact,
+        measured_key: current.int8_exact,
+        "budget_points": budget,
+        "kept_float": [],
+    }
+    if current.within(budget):
         return report
-    by_weight = weight_groups(onnx.load(str(fp32)), plan.quantize)
+    by_weight = weight_groups(job.model, job.plan.quantize)
     probe = out_tmp.with_name(out_tmp.name + ".probe.onnx")
 
-    def measure(exclude: tuple[str, ...]) -> float:
-        quantize(
-            str(fp32), str(probe), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
-        )
-        return _holdout_accuracy(str(probe), holdout, meta)
+    def measure(kept: list[str]) -> Quality:
+        quantize(job, probe, tuple(n for w in kept for n in by_weight[w]))
+        return holdout.measure(probe)
 
-    with stages.stage(f"sensitivity of {len(by_weight)} layers"):
-        chosen = keep_sensitive_float(
-            by_weight,
-            measure,
-            severity=lambda exact: base - exact,
-            within=lambda exact: base - exact <= budget,
-            refuse=lambda exact: (
-                f"{config.precision.upper()} cannot meet the {budget} point budget even with one layer quantized; "
-                "use --fp16 or a larger --accuracy-budget"
-            ),
-            whole=current,
-        )
-    exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    final = quantize(
-        str(fp32), str(out_tmp), examples, config.quant, cache, meta["mode"], meta["steps"], extra_exclude=exclude
+    def refuse(q: Quality | None) -> str:
+        return refusal(config.precision.upper(), current, q or current, len(by_weight) - 1, budget)
+
+    signal = sensitivity.local_errors(
+        onnx.load(str(out_tmp)), job.model, by_weight, holdout.examples, job.source, job.meta
     )
-    probe.unlink(missing_ok=True)
-    report.update({measured_key: chosen.measured}, kept_float=chosen.kept_float, layer_loss_points=chosen.sensitivity)
+    ranking = "each weight's own output error (one pass)"
+    if not any(signal.values()):  # no Q/DQ activation to read: measure each weight alone quantized
+        ranking = "points lost with only that weight quantized (one probe per weight)"
+
+        def alone(weight: str) -> float:
+            q = measure([w for w in by_weight if w != weight])
+            return q.loss + (100.0 - q.agreement)
+
+        signal = {w: alone(w) for w in by_weight}
+    try:
+        with stages.stage(f"keeping the most harmful of {len(by_weight)} layers float (ranked by {ranking})"):
+            chosen = bisect_fallback(list(by_weight), signal.__getitem__, measure, lambda q: q.within(budget), refuse)
+    finally:
+        probe.unlink(missing_ok=True)
+    final = quantize(job, out_tmp, tuple(n for w in chosen.kept_float for n in by_weight[w]))
+    report.update(
+        {measured_key: chosen.measured.int8_exact},
+        kept_float=chosen.kept_float,
+        layer_loss_points={w: round(v, 6) for w, v in chosen.sensitivity.items()},
+        search={"ranking": ranking, "probes": chosen.probes, "limits": chosen.limits},
+    )
     report["quantized_nodes"] = len(final.quantize)  # in the published graph (the layers kept float are out)
     return report

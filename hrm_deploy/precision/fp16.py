@@ -83,6 +83,28 @@ def _retype_float16_to_bfloat16(model) -> None:
             value.type.tensor_type.elem_type = TensorProto.BFLOAT16
 
 
+def _casts_into_bodies(graph) -> None:
+    """Put back into a ``Loop`` body the boundary casts the converter wrote into the outer graph for
+    the body's float32 islands (it inserts every cast at the top level): a node of the outer graph
+    whose inputs are all made inside one body moves into that body (in place; a loop graph only)."""
+    for loop in [n for n in graph.node if n.op_type == "Loop"]:
+        body = next(a.g for a in loop.attribute if a.name == "body")
+        made = {i.name for i in body.input} | {out for n in body.node for out in n.output}
+        outer = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        outer |= {out for n in graph.node for out in n.output if n is not loop}
+        moved = True
+        while moved:  # chains of casts move one link per pass
+            moved = False
+            for node in list(graph.node):
+                if node is loop or not node.input or not all(i in made and i not in outer for i in node.input if i):
+                    continue
+                body.node.append(node)
+                graph.node.remove(node)
+                made.update(node.output)
+                outer.difference_update(node.output)
+                moved = True
+
+
 def convert_half(
     model,
     dtype: str = "fp16",
@@ -103,6 +125,7 @@ def convert_half(
         node_block_list=keep_nodes,
         disable_shape_infer=False,
     )
+    _casts_into_bodies(converted.graph)
     topological_sort(converted.graph)
     if dtype == "bf16":
         _retype_float16_to_bfloat16(converted)

@@ -10,7 +10,7 @@ What the graph holds (what TensorRT / TensorRT-RTX read as FP8 GEMMs on compute 
   adds, embeddings, lm_head, q_head) are never touched.
 
 The planning (:func:`~hrm_deploy.precision.calibrate.plan_nodes`), calibration and cache are the
-INT8 path's (:func:`~hrm_deploy.precision.calibrate.ensure_calibration`). ONNX Runtime's static
+INT8 path's (:func:`~hrm_deploy.precision.job.calibrate_job`). ONNX Runtime's static
 quantizer is not used here: its FP8 mode is a QDQ variant with its own calibration path, and
 our graph rewrite is a few dozen lines. Float8 Q/DQ needs opset 19: the graph's default-domain
 opset is raised to 19 (the operators that changed from 18 to 19 only gained float8 types).
@@ -163,7 +163,7 @@ def _write_fp8(model, plan: QuantPlan, cache_file: Path) -> None:
     write_fp8_qdq(model, plan, activation_scales(cache_file))
 
 
-# quantize_fp8(fp32_path, out_path, examples, config, cache_file, mode, steps, extra_exclude=(), quiet=True):
+# quantize_fp8(job, out_path, exclude=()): the row's writer
 # the FP8 Q/DQ graph of fp32_path, calibrated like (and from the same cache as) INT8
 quantize_fp8 = partial(quantize_qdq, _write_fp8, "FP8")
 

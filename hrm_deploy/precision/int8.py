@@ -12,12 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hrm_deploy.data.examples import Examples
 from hrm_deploy.onnx_runtime import quiet_ort
-from hrm_deploy.precision.calibrate import QuantConfig, QuantPlan, ensure_calibration
+from hrm_deploy.precision.calibrate import QuantPlan
 
 if TYPE_CHECKING:
     import onnx
+
+    from hrm_deploy.precision.job import QuantJob
 
 
 def _restrict_qdq_to_matmul_inputs(path: str) -> None:
@@ -57,19 +58,10 @@ def drop_unread_qdq(graph: onnx.GraphProto) -> None:
 
 
 def quantize_int8(
-    fp32_path: str,
-    out_path: str,
-    examples: Examples,
-    config: QuantConfig,
-    cache_file: Path,
-    mode: str,
-    steps: int,
-    extra_exclude: tuple[str, ...] = (),
-    quiet: bool = True,
-    activations: str = "int8",
+    job: QuantJob, out_path: str | Path, exclude: tuple[str, ...] = (), activations: str = "int8"
 ) -> QuantPlan:
-    """Write the Q/DQ graph of ``fp32_path`` to ``out_path``; ranges from ``cache_file``
-    when it exists (same key), else calibrated on ``examples`` and cached there.
+    """Write the Q/DQ graph of the job's FP32 graph to ``out_path`` from the job's cached ranges
+    (``exclude``: node names also kept float).
 
     ``activations``: ``int8`` (TensorRT's convention) or ``uint8`` (zero point 128, the U8S8
     form ONNX Runtime's CPU integer GEMMs take); both read the same symmetric ranges, so one
@@ -81,7 +73,7 @@ def quantize_int8(
         quantize_static,
     )
 
-    plan = ensure_calibration(fp32_path, examples, config, cache_file, mode, steps, extra_exclude, quiet)
+    plan, config = job.plan_for(exclude), job.quant
     method = {
         "entropy": CalibrationMethod.Entropy,
         "minmax": CalibrationMethod.MinMax,
@@ -95,8 +87,8 @@ def quantize_int8(
     }
     with quiet_ort():
         quantize_static(
-            fp32_path,
-            out_path,
+            job.copy_model(),  # ORT reads the parsed graph (it saves its own shape-inferred copy)
+            str(out_path),
             None,
             quant_format=QuantFormat.QDQ,
             per_channel=True,
@@ -106,7 +98,7 @@ def quantize_int8(
             op_types_to_quantize=["MatMul", "Gemm"],
             calibrate_method=method,
             extra_options=extra,
-            calibration_cache_path=str(cache_file),
+            calibration_cache_path=str(job.cache),
         )
-    _restrict_qdq_to_matmul_inputs(out_path)
+    _restrict_qdq_to_matmul_inputs(str(out_path))
     return plan

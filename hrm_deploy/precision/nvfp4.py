@@ -270,7 +270,7 @@ def _write_nvfp4(model: Any, plan: QuantPlan, cache_file: Path) -> None:
     write_nvfp4_qdq(model, plan, activation_amax(cache_file))
 
 
-# quantize_nvfp4(fp32_path, out_path, examples, config, cache_file, mode, steps, extra_exclude=(), quiet=True):
+# quantize_nvfp4(job, out_path, exclude=()): the row's writer
 # the NVFP4 graph of fp32_path, its activation ranges from the cache INT8 and FP8 use
 quantize_nvfp4 = partial(quantize_qdq, _write_nvfp4, "NVFP4")
 

@@ -7,10 +7,10 @@ the command line, the targets, ``verify`` and the TensorRT layer check read the 
   islands) or ``"qdq"`` (explicit Q/DQ, calibrated on real examples);
 - ``writer``: the graph writer the precision stage calls. A cast writer is
   ``(model, precision, keep_io_types) -> (model, kept_float_nodes)``; a Q/DQ writer is
-  ``(fp32_path, out_path, examples, QuantConfig, cache_file, mode, steps, extra_exclude=(), quiet=True)
-  -> QuantPlan``;
-- ``calibration``: for Q/DQ rows, the function that measures the ranges into the cache before the
-  writer runs (:func:`hrm_deploy.precision.calibrate.ensure_calibration`: one cache serves every row);
+  ``(job, out_path, exclude=()) -> QuantPlan`` (``job``: a :class:`~hrm_deploy.precision.job.QuantJob`,
+  the FP32 graph parsed once and calibrated; a writer copies its model and never calibrates);
+- ``calibration``: for Q/DQ rows, the function that measures the ranges into the job's cache once,
+  before any writer runs (:func:`hrm_deploy.precision.job.calibrate_job`: one cache serves every row);
 - ``min_capability``: the lowest GPU compute capability whose tensor cores run it, checked against
   every GPU target's architectures (None: every GPU); ``gpus`` names those GPUs for the error line;
 - ``thresholds``: what ``verify`` asks of an artifact of this precision;
@@ -69,7 +69,7 @@ class PrecisionEntry:
         return self.kind == "qdq"
 
 
-_CALIBRATE = "hrm_deploy.precision.calibrate:ensure_calibration"
+_CALIBRATE = "hrm_deploy.precision.job:calibrate_job"
 
 PRECISIONS: dict[str, PrecisionEntry] = {
     entry.name: entry

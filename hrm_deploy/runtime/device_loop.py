@@ -14,7 +14,7 @@ is one buffer whose *contents* switch (True for step 1, False after: a device co
 
 Per call: inputs are staged into pinned memory and uploaded; then
 
-- unrolled engine: one enqueue;
+- unrolled engine (or a loop engine: the ACT loop inside it, its steps_used passed on): one enqueue;
 - step engine, no halting: the whole ``steps``-iteration loop, captured once as a CUDA graph
   (on the first call of a batch size, after one eager warm-up run) and replayed; if a capture
   fails (a backend that cannot be captured), the loop warns once with the reason, frees the
@@ -52,6 +52,7 @@ from hrm_deploy.contract import (
     RESET,
     STEP_INPUTS,
     STEP_OUTPUTS,
+    STEPS_USED,
     HaltFn,
 )
 from hrm_deploy.errors import ConfigError, EngineError
@@ -362,6 +363,11 @@ class DeviceLoop:
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Outputs (host numpy, float32 logits) and phase timings of one batch (within the profile)."""
         if halt is not None and self.mode != "step":
+            if STEPS_USED in self.adapter.tensors:
+                raise ConfigError(
+                    "this is a loop engine: it halts by the rule fixed at its export; run it without --halt, or "
+                    "export --mode loop --halt RULE (or --mode step) and build that"
+                )
             raise ConfigError(
                 "early halting needs a step engine (its loop can stop); this engine is unrolled: "
                 "export --mode step and build that"
@@ -435,6 +441,8 @@ class DeviceLoop:
                 out["q_continue_logits"] = to_float32(stage["q_continue_logits"], specs["q_continue_logits"].dtype)
             if "step_predictions" in stage:
                 out["step_predictions"] = stage["step_predictions"].astype(np.int32)
+            if STEPS_USED in stage:  # a loop engine: the ACT loop inside it said where each row stopped
+                used = stage[STEPS_USED].astype(np.int32).copy()
         else:
             out = {"logits": to_float32(stage["logits"], specs["logits"].dtype)}
             for name in Q_LOGITS:

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from hrm_deploy.errors import DependencyError
+from hrm_deploy.errors import DependencyError, install_hint
 
 DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
 _HOST_STORAGE = {
@@ -245,7 +245,7 @@ class CudaPythonMemory:
             except ImportError:
                 raise DependencyError(
                     "the light TensorRT runtime needs cuda-python for device memory: "
-                    "pip install 'hrm-deploy[jetson]' (or install a CUDA torch)"
+                    f"{install_hint('jetson')} (or install a CUDA torch)"
                 ) from None
         rt = self.rt
         self.device_index = device

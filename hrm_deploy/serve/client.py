@@ -16,8 +16,17 @@ def host_port(url: str) -> str:
     """``host:port`` of a server URL (port 8000 when none is given); anything but HTTP is a :class:`RemoteError`."""
     parsed = urlparse(url if "://" in url else f"http://{url}")
     if parsed.scheme not in ("http", "") or not parsed.hostname:
-        raise RemoteError(f"--url {url!r}: give the server's HTTP address, e.g. http://127.0.0.1:8000")
+        raise RemoteError(f"--url {shown_url(url)!r}: give the server's HTTP address, e.g. http://127.0.0.1:8000")
     return f"{parsed.hostname}:{parsed.port or 8000}"
+
+
+def shown_url(url: str) -> str:
+    """``url`` as messages may show it: a password in it (``user:pass@``) replaced by ``***``."""
+    parsed = urlparse(url if "://" in url else f"http://{url}")
+    if parsed.password is None:
+        return url
+    netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@", 1)
+    return parsed._replace(netloc=netloc).geturl() if "://" in url else parsed._replace(netloc=netloc).geturl()[7:]
 
 
 def _server_message(exc: Exception) -> str:
@@ -55,7 +64,7 @@ def infer_remote(
     try:
         client = httpclient.InferenceServerClient(address, connection_timeout=timeout_s, network_timeout=timeout_s)
     except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
-        raise RemoteError(f"cannot reach {url}: {exc}") from None
+        raise RemoteError(f"cannot reach {shown_url(url)}: {exc}") from None
     try:
         inputs = [
             httpclient.InferInput("inputs", list(tokens.shape), "INT32"),
@@ -68,9 +77,11 @@ def infer_remote(
         requested = [httpclient.InferRequestedOutput(n, binary_data=True) for n in outputs] if outputs else None
         result = client.infer(model_name, inputs, outputs=requested, timeout=int(timeout_s * 1e6))
     except InferenceServerException as exc:
-        raise RemoteError(f"{url} model '{model_name}': {_server_message(exc)}") from None
+        raise RemoteError(f"{shown_url(url)} model '{model_name}': {_server_message(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - connection refused / reset, socket timeouts (gevent/geventhttpclient types)
-        raise RemoteError(f"{url} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}") from None
+        raise RemoteError(
+            f"{shown_url(url)} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}"
+        ) from None
     finally:
         client.close()
     response = result.get_response() or {}
@@ -79,7 +90,7 @@ def infer_remote(
     missing = [n for n in ("q_halt_logits",) + (() if "answer" in out else ("logits",)) if n not in out]
     if missing:
         raise RemoteError(
-            f"{url} model '{model_name}' answered without {' and '.join(repr(m) for m in missing)} "
+            f"{shown_url(url)} model '{model_name}' answered without {' and '.join(repr(m) for m in missing)} "
             f"(it sent {sorted(out) or 'no outputs'}); serve the model with hrm-deploy serve or a triton-repo repository"
         )
     out["q_halt_logits"] = out["q_halt_logits"].reshape(len(tokens), -1)
@@ -88,6 +99,8 @@ def infer_remote(
             out[name] = out[name].reshape(-1)
     if "answer" not in out:
         out["answer"] = out["logits"].argmax(-1).astype(np.int32)
+    if "steps" not in out and "steps_used" in out:  # a loop graph served directly says it itself
+        out["steps"] = out["steps_used"].reshape(-1)
     if "steps" not in out:
         out["steps"] = np.full(len(tokens), out["q_halt_logits"].shape[1], np.int32)
     out["steps_used"] = out["steps"]  # Runner.infer's name for it
@@ -112,13 +125,15 @@ def model_config(url: str, model_name: str = "hrm", *, timeout_s: float = 30.0) 
             host_port(url), connection_timeout=timeout_s, network_timeout=timeout_s
         )
     except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
-        raise RemoteError(f"cannot reach {url}: {exc}") from None
+        raise RemoteError(f"cannot reach {shown_url(url)}: {exc}") from None
     try:
         config = client.get_model_config(model_name)
     except InferenceServerException as exc:
-        raise RemoteError(f"{url} model '{model_name}': {_server_message(exc)}") from None
+        raise RemoteError(f"{shown_url(url)} model '{model_name}': {_server_message(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - connection refused / reset, socket timeouts
-        raise RemoteError(f"{url} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}") from None
+        raise RemoteError(
+            f"{shown_url(url)} model '{model_name}': {type(exc).__name__}: {exc or 'no answer'}"
+        ) from None
     finally:
         client.close()
     return dict(config)

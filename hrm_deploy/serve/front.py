@@ -10,15 +10,19 @@ puts this front on the user's port. Per request it:
 - parses an inference request's JSON header (the whole body, or the first
   ``Inference-Header-Content-Length`` bytes with the binary-data extension) and checks every input
   against the model: known name, ``INT32``, a shape of ``[B, S]`` with 1 <= B <= max batch, and
-  data (JSON or binary) of exactly that many elements; requested outputs must exist. Any failure is
-  HTTP 400 with Triton's error body ``{"error": "..."}`` naming the problem;
+  data (JSON or binary) of exactly that many elements, every value inside the model's vocabulary (puzzle
+  identifiers inside their range; never wrapped to int32), a binary size that is an integer; requested
+  outputs must exist. Any failure is HTTP 400 with Triton's error body ``{"error": "..."}`` naming the
+  problem, in every batching mode;
 - forwards everything else unchanged (health, metadata, statistics) and streams Triton's answer back.
 
 With in-flight batching (:mod:`hrm_deploy.serve.endpoint`), checked inference requests for the
 served model are answered by the front itself (each request alone, through the ACT loop), and
 ``GET /metrics`` on this port gives the loop's gauges.
 
-Memory per request is bounded by the body limit, which follows from the model's largest batch.
+Memory per request is bounded by the body limit, which follows from the model's largest batch. Connections,
+workers and per-connection deadlines are bounded by :mod:`hrm_deploy.serve.listener`: past them 503 with
+``Retry-After``, never a reset.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ import logging
 import re
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
+
+import numpy as np
+
+from hrm_deploy.serve.listener import Capacity, Listener, Reply, Request
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +45,7 @@ _INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/[^/]+)?/infer
 # A JSON token of an int32 costs at most 11 characters plus a separator; the header's own keys.
 _BYTES_PER_ELEMENT = 12
 _HEADER_SLACK = 64 << 10
+_INT32_END = 2**31
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 
@@ -72,6 +80,10 @@ class Limits:
     max_batch: int
     inputs: tuple[tuple[str, int], ...] = ()  # (name, row length); default: inputs [S], puzzle_identifiers [1]
     outputs: tuple[str, ...] = ()
+    bounds: tuple[tuple[str, int], ...] = ()  # (name, values in 0..bound-1); default: the int32 range
+
+    def bound(self, name: str) -> int:
+        return dict(self.bounds).get(name, _INT32_END)
 
     def rows(self) -> dict[str, int]:
         return dict(self.inputs) or {"inputs": self.seq_len, "puzzle_identifiers": 1}
@@ -94,18 +106,24 @@ def check_infer_request(body: bytes, header_length: int | None, limits: Limits) 
         ) from None
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise Refused(400, "the request has no 'inputs' list; send Triton's inference JSON")
-    rows, seen, binary_total = limits.rows(), set(), 0
+    rows, seen, binary_total, binary_inputs = limits.rows(), set(), 0, []
     for item in request["inputs"]:
         name = item.get("name") if isinstance(item, dict) else None
         if name not in rows or name in seen:
             raise Refused(400, f"input {name!r} is unknown or repeated; send each of {sorted(rows)} once")
         seen.add(name)
         count = _check_shape(name, item, rows[name], limits.max_batch)
-        binary_total += _check_data(name, item, count)
+        size = _check_data(name, item, count, limits.bound(name))
+        if size:
+            binary_inputs.append((name, len(body) - binary + binary_total, count))
+        binary_total += size
     if seen != set(rows):
         raise Refused(400, f"missing input(s) {sorted(set(rows) - seen)}; send {sorted(rows)}")
     if binary_total != binary:
         raise Refused(400, f"binary data of {binary} bytes, but the inputs declare {binary_total}")
+    for name, offset, count in binary_inputs:
+        values = np.frombuffer(body, np.dtype("<i4"), count=count, offset=offset)
+        _check_values(name, values, limits.bound(name), rows[name])
     for out in request.get("outputs") or []:
         name = out.get("name") if isinstance(out, dict) else None
         if limits.outputs and name not in limits.outputs:
@@ -130,152 +148,140 @@ def _check_shape(name: str, item: dict[str, Any], row: int, max_batch: int) -> i
     return shape[0] * row
 
 
-def _check_data(name: str, item: dict[str, Any], count: int) -> int:
-    """Bytes of binary data the input declares (0 for JSON data, whose element count is checked)."""
+def _check_data(name: str, item: dict[str, Any], count: int, bound: int) -> int:
+    """Bytes of binary data the input declares (0 for JSON data, whose element count and values are checked)."""
     params = item.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     if size is not None:
-        if size != 4 * count:
-            raise Refused(400, f"input '{name}' declares {size} bytes of binary data; its shape needs {4 * count}")
+        if not isinstance(size, int) or isinstance(size, bool) or size != 4 * count:
+            raise Refused(
+                400, f"input '{name}' declares {size!r} bytes of binary data; its shape needs the integer {4 * count}"
+            )
         return size
-    data = item.get("data")
-    if _count(data) != count:
-        raise Refused(400, f"input '{name}' holds {_count(data)} values; its shape needs {count}")
+    leaves: list[int] = []
+    try:
+        integers = _leaves(item.get("data"), leaves)
+    except RecursionError:  # nested deeper than any [B, S] tensor
+        integers = False
+    if not integers:
+        raise Refused(400, f"input '{name}' holds values that are not integers; its shape needs {count} integers")
+    if len(leaves) != count:
+        raise Refused(400, f"input '{name}' holds {len(leaves)} values; its shape needs {count}")
+    _check_values(name, leaves, bound, count // int(item["shape"][0]))
     return 0
 
 
-def _count(data: Any) -> int:
-    """Integer leaves of a (nested) JSON list; -1 for anything else."""
-    if isinstance(data, bool):
-        return -1
-    if isinstance(data, int):
-        return 1
-    if not isinstance(data, list):
-        return -1
-    total = 0
-    for x in data:
-        n = _count(x)
-        if n < 0:
-            return -1
-        total += n
-    return total
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    wbufsize = -1  # buffered: a response's head and body leave in one write (flushed after each request)
-    server: _FrontServer
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        log.debug("front: " + format, *args)
-
-    def _stopping(self) -> bool:
-        """After SIGTERM/SIGINT nothing new is taken: 503 (health included, so a balancer moves on)."""
-        if not self.server.stopping:
-            return False
-        self.close_connection = True
-        self._answer(
-            503, {"error": "the server is stopping; send the request to another instance"}, {"Retry-After": "5"}
+def _check_values(name: str, values: list[int] | np.ndarray, bound: int, row: int) -> None:
+    """Every value of input ``name`` in ``0..bound-1``, never wrapped to int32 (the lines of :mod:`.wire`)."""
+    low, high = (min(values), max(values)) if isinstance(values, list) else (int(values.min()), int(values.max()))
+    if low >= 0 and high < bound:  # the common case: no array of Python ints
+        return
+    flat = np.asarray(values, dtype=object if isinstance(values, list) else None)
+    bad = np.flatnonzero((flat < 0) | (flat >= bound))
+    if not len(bad):
+        return
+    value, at = flat[bad[0]], int(bad[0])
+    if bound == _INT32_END:
+        raise Refused(400, f"input '{name}' holds {value}, outside 0..{bound - 1}")
+    if name == "inputs":
+        raise Refused(
+            400,
+            f"token {value} at position {at % row} is outside the vocabulary 0..{bound - 1}; "
+            "encode puzzles as the model's data",
         )
+    raise Refused(400, f"puzzle identifier {value} is outside 0..{bound - 1}")
+
+
+def _leaves(data: Any, out: list[int]) -> bool:
+    """Appends the integer leaves of a (nested) JSON list to ``out``; False for anything else."""
+    if isinstance(data, bool):
+        return False
+    if isinstance(data, int):
+        out.append(data)
         return True
+    return isinstance(data, list) and all(_leaves(x, out) for x in data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        if self._stopping():
-            return
-        local = self.server.local
-        if local is not None and self.path.split("?", 1)[0] == "/metrics":
-            self._reply(200, local.metrics().encode(), {"Content-Type": "text/plain; version=0.0.4"})
-            return
-        self._forward(b"")
 
-    def do_POST(self) -> None:  # noqa: N802
-        if self._stopping():
-            return
-        try:
-            body = self._read_body()
-            match = _INFER_PATH.match(self.path.split("?", 1)[0])
-            if match:
-                header = self.headers.get("Inference-Header-Content-Length")
-                length = int(header) if header is not None and header.isdigit() else None
-                if header is not None and length is None:
-                    raise Refused(400, f"Inference-Header-Content-Length {header!r} is not a byte count")
-                request = check_infer_request(body, length, self.server.limits)
-                local = self.server.local
-                if local is not None and match.group("name") == self.server.limits.model_name:
-                    reply = local.answer(request, body, length, self.connection)
-                    if reply is None:  # the client went away: nobody to answer
-                        self.close_connection = True
-                    else:
-                        self._reply(*reply)
-                    return
-        except Refused as refused:
-            log.info("refused a request: %s", refused)
-            self._answer(refused.status, {"error": str(refused)}, refused.headers)
-            return
-        self._forward(body)
+class _App:
+    """The front's answers (:class:`hrm_deploy.serve.listener.App`): checks, the local endpoint, or Triton."""
 
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise Refused(411, "chunked bodies are not accepted; send a Content-Length")
-        length = self.headers.get("Content-Length")
+    def __init__(self, limits: Limits, backend_port: int, timeout_s: float, local: LocalInference | None):
+        self.limits, self.backend_port, self.timeout_s, self.local = limits, backend_port, timeout_s, local
+        self.stopping = False
+        self._upstream = threading.local()  # one kept-alive connection to Triton per worker
+
+    def admit(self, request: Request) -> Reply | None:
+        if self.stopping:  # after SIGTERM/SIGINT nothing new is taken (health included, so a balancer moves on)
+            return Reply.error(
+                503, "the server is stopping; send the request to another instance", {"Retry-After": "5"}
+            )
+        if request.method not in ("GET", "POST"):
+            return Reply.error(501, f"method {request.method} is not supported; use GET or POST")
+        if request.headers.get("Transfer-Encoding"):
+            return Reply.error(411, "chunked bodies are not accepted; send a Content-Length")
+        length = request.headers.get("Content-Length")
+        if length is None and request.method == "GET":
+            return None
         if length is None or not length.isdigit():
-            self.close_connection = True
-            raise Refused(411, "the request has no valid Content-Length")
-        if int(length) > self.server.limits.max_body():
-            self.close_connection = True  # the body is never read
-            raise Refused(
+            return Reply.error(411, "the request has no valid Content-Length")
+        if int(length) > self.limits.max_body():
+            return Reply.error(
                 413,
                 f"the request body of {int(length)} bytes exceeds this server's limit of "
-                f"{self.server.limits.max_body()} bytes (max batch {self.server.limits.max_batch}); send smaller batches",
+                f"{self.limits.max_body()} bytes (max batch {self.limits.max_batch}); send smaller batches",
             )
-        return self.rfile.read(int(length))
+        return None
 
-    def _answer(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        self._reply(status, json.dumps(payload).encode(), {"Content-Type": "application/json", **(headers or {})})
-
-    def _reply(self, status: int, data: bytes, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _forward(self, body: bytes) -> None:
-        upstream = http.client.HTTPConnection("127.0.0.1", self.server.backend_port, timeout=self.server.timeout_s)
+    def handle(self, request: Request) -> Reply | None:
+        path = request.target.split("?", 1)[0]
+        if request.method == "GET" and self.local is not None and path == "/metrics":
+            return Reply(200, self.local.metrics().encode(), (("Content-Type", "text/plain; version=0.0.4"),))
+        match = _INFER_PATH.match(path) if request.method == "POST" else None
+        if match is None:
+            return self._forward(request)
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS | {"host"}}
-            upstream.request(self.command, self.path, body=body or None, headers=headers)
-            reply = upstream.getresponse()
-            data = reply.read()
-        except OSError as exc:
-            self._answer(503, {"error": f"the model server is not answering ({exc.__class__.__name__}); retry later"})
-            return
-        finally:
-            upstream.close()
-        self.send_response(reply.status)
-        for key, value in reply.getheaders():
-            if key.lower() not in _HOP_HEADERS | {"content-length"}:
-                self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            header = request.headers.get("Inference-Header-Content-Length")
+            length = int(header) if header is not None and header.isdigit() else None
+            if header is not None and length is None:
+                raise Refused(400, f"Inference-Header-Content-Length {header!r} is not a byte count")
+            checked = check_infer_request(request.body, length, self.limits)
+            if self.local is not None and match.group("name") == self.limits.model_name:
+                reply = self.local.answer(checked, request.body, length, request.connection)
+                return None if reply is None else Reply(reply[0], reply[1], tuple(reply[2].items()))
+        except Refused as refused:
+            log.info("refused a request: %s", refused)
+            return Reply.error(refused.status, str(refused), refused.headers)
+        return self._forward(request)
 
-
-class _FrontServer(ThreadingHTTPServer):
-    daemon_threads = True
-    stopping = False
-    limits: Limits
-    backend_port: int
-    timeout_s: float
-    local: LocalInference | None
+    def _forward(self, request: Request) -> Reply:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS | {"host"}}
+        for attempt in range(2):  # a kept-alive connection Triton closed meanwhile is opened again once
+            upstream = getattr(self._upstream, "connection", None)
+            fresh = upstream is None
+            if upstream is None:
+                upstream = http.client.HTTPConnection("127.0.0.1", self.backend_port, timeout=self.timeout_s)
+                self._upstream.connection = upstream
+            try:
+                upstream.request(request.method, request.target, body=request.body or None, headers=headers)
+                reply = upstream.getresponse()
+                data = reply.read()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                upstream.close()
+                self._upstream.connection = None
+                if fresh or attempt:
+                    return Reply.error(
+                        503, f"the model server is not answering ({exc.__class__.__name__}); retry later"
+                    )
+        kept = tuple((k, v) for k, v in reply.getheaders() if k.lower() not in _HOP_HEADERS | {"content-length"})
+        return Reply(reply.status, data, kept)
 
 
 class Front:
-    """The checking front on ``host:port`` for a tritonserver HTTP endpoint on 127.0.0.1:``backend_port``."""
+    """The checking front on ``host:port`` for a tritonserver HTTP endpoint on 127.0.0.1:``backend_port``.
+
+    Connections are bounded as :class:`~hrm_deploy.serve.listener.Capacity` says (by default sized from the
+    model's largest batch): past them a client gets 503 with ``Retry-After``."""
 
     def __init__(
         self,
@@ -285,24 +291,18 @@ class Front:
         limits: Limits,
         timeout_s: float = 600.0,
         local: LocalInference | None = None,
+        capacity: Capacity | None = None,
     ):
-        import socket
-
-        _FrontServer.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.server = _FrontServer((host, port), _Handler)
-        self.server.limits, self.server.backend_port, self.server.timeout_s = limits, backend_port, timeout_s
-        self.server.local = local  # in-flight batching: inference answered here, not by Triton
-        self.thread = threading.Thread(target=self.server.serve_forever, name="hrm-deploy-front", daemon=True)
+        self.app = _App(limits, backend_port, timeout_s, local)  # local: in-flight batching, answered here
+        self.listener = Listener(host, port, self.app, capacity or Capacity.for_batch(limits.max_batch))
 
     def __enter__(self) -> Front:
-        self.thread.start()
+        self.listener.start()
         return self
 
     def stop_accepting(self) -> None:
         """From now on every new request is answered 503 (safe to call from a signal handler)."""
-        self.server.stopping = True
+        self.app.stopping = True
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        self.listener.close()

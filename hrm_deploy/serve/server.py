@@ -306,15 +306,16 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     the in-flight loop answers what it finishes within :data:`DRAIN_GRACE_S` and fails the rest."""
     check_bind(config)
     halt = halt_function(config.halt, config.artifact)
-    pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
     from hrm_deploy.backends import open_runner
     from hrm_deploy.runtime.artifact import read_contract
     from hrm_deploy.serve import binding
 
-    check_ports_free(config)
+    check_ports_free(config)  # the user's options are checked first: they are wrong with or without the extra
     contract = read_contract(config.artifact)
     max_batch = check_max_batch(config.max_batch, contract.max_batch, config.artifact.name)
     check_queue_limit(config.queue_limit, max_batch)
+    pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
+
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
     endpoint = None
@@ -326,7 +327,8 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     # tritonserver's HTTP endpoint is private (loopback, a free port); the user's port is the front's,
     # which checks every request against the model before Triton allocates anything (front.py).
     backend_http_port = _private_port()
-    limits = Limits(config.model_name, contract.seq_len, max_batch, outputs=OUTPUTS)
+    bounds = (("inputs", contract.vocab_size), ("puzzle_identifiers", contract.num_puzzle_identifiers))
+    limits = Limits(config.model_name, contract.seq_len, max_batch, outputs=OUTPUTS, bounds=bounds)
     fronts: list[Front] = []
     signalled, previous = _stop_on_signals(fronts)
     binding.quiet_logs()

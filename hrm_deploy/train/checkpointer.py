@@ -37,6 +37,11 @@ def run_lock(out: Path) -> Iterator[None]:
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_NAME
+    if path.is_dir() and not path.is_symlink():  # not ours to remove: say what it is and what to do
+        raise ConfigError(
+            f"{path} is a folder where train keeps its run lock (a file); remove or rename that folder, "
+            "or pick another --out"
+        )
     check_output_path(path)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
@@ -204,3 +209,15 @@ class Checkpointer:
         if agree(due, self.dist_info, device) and position < end:
             self.save(self.last, position, carry, metrics)  # the final save follows at ``end`` anyway
             self._last_save = time.monotonic()
+
+
+def written_by_us(path: str) -> bool:
+    """Whether ``path`` is a checkpoint file in hrm-deploy's own format (False if unreadable)."""
+    from hrm_deploy.model.checkpoint import CHECKPOINT_FORMAT, _torch_load
+    from hrm_deploy.sources import resolve_checkpoint_path
+
+    try:
+        obj = _torch_load(resolve_checkpoint_path(path))
+    except Exception:  # noqa: BLE001 - unreadable: not ours to describe further
+        return False
+    return isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT

@@ -14,7 +14,6 @@ import gc
 import json
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,19 +44,10 @@ from hrm_deploy.train.losses import act_loss
 from hrm_deploy.train.optim import AdamATan2, PuzzleEmbeddingSignSGD
 from hrm_deploy.train.sampler import EpochSampler, to_batch
 from hrm_deploy.train.sinks import MetricSinks
+from hrm_deploy.train.start import Start
 from hrm_deploy.train.state import carry_from, seed_all, set_rng_state
 
-__all__ = [
-    "EpochSampler",
-    "Start",
-    "TrainConfig",
-    "TrainResult",
-    "TrainingDiverged",
-    "evaluate",
-    "lr_at",
-    "to_batch",
-    "train",
-]
+__all__ = ["EpochSampler", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "lr_at", "to_batch", "train"]
 
 
 OPTIMIZERS = ("adam_atan2", "adamw")
@@ -279,16 +269,6 @@ class _Setup:
         return self.ema.copy_of(self.model) if self.ema is not None else self.model
 
 
-@dataclass(frozen=True)
-class Start:
-    """Training from given weights (``arc.adapt``): ``model`` for a new run (on resume the checkpoint's),
-    ``frozen_weights``: only looked-up puzzle-embedding rows learn; ``should_stop(step)``: a time budget."""
-
-    model: HRMACT | None = None
-    frozen_weights: bool = False
-    should_stop: Callable[[int], bool] | None = None
-
-
 def _setup(
     model_config: HRMConfig, config: TrainConfig, resume: str | None, dist_info: Distributed, start: Start
 ) -> _Setup:
@@ -296,13 +276,20 @@ def _setup(
     position, carry_saved, contents = 0, None, None
     shadow: dict[str, torch.Tensor] | None = None  # EMA weights of a resumed run
     if resume:
-        contents = read_checkpoint(resume)
+        from hrm_deploy.train.checkpointer import written_by_us
+
+        not_ours = CheckpointError(
+            f"{resume} is not a trainer checkpoint (it has weights but no optimizer and random state, e.g. an "
+            "upstream step_N or a bundled preset); --resume takes a last.pt/step_N.pt written by hrm-deploy train"
+        )
+        try:
+            contents = read_checkpoint(resume)
+        except (CheckpointError, ConfigError):  # an upstream file's hints name export's flags, not train's
+            if written_by_us(resume):
+                raise
+            raise not_ours from None
         if contents.kind != "hrm-deploy" or not all(k in contents.extra for k in ("optimizer", "rng")):
-            raise CheckpointError(
-                f"{resume} is not a trainer checkpoint (it has weights but no optimizer and "
-                "random state, e.g. an upstream step_N or a bundled preset); --resume takes a "
-                "last.pt/step_N.pt written by hrm-deploy train"
-            )
+            raise not_ours
         model = model_from_contents(contents)  # the weights saved for inference (the EMA copy with ema)
         if contents.extra.get("live_state") is not None:
             shadow = {"inner." + k: v for k, v in contents.state_dict.items()}
@@ -310,6 +297,11 @@ def _setup(
         if contents.config != model_config:
             raise ConfigError(f"{resume} was trained with a different model config; resume it without overrides")
         position = int(contents.step or 0)
+        if config.steps <= position:  # nothing would run: say so instead of finishing silently
+            raise ConfigError(
+                f"--steps {config.steps}: {resume} is already at step {position} (steps count from the run's "
+                f"start); give --steps above {position} to train further"
+            )
         carry_saved = contents.extra.get("carry")
     else:
         model = start.model if start.model is not None else build_model(model_config, seed=config.seed)
@@ -433,14 +425,8 @@ def _train(
     sampler = EpochSampler(train_split, config.global_batch_size, config.seed)
     example_pids = train_split.example_puzzle_ids()
     run = _setup(model_config, config, resume, dist_info, start)
-    model, optimizer, emb_opt, device, position, carry = (
-        run.model,
-        run.optimizer,
-        run.emb_opt,
-        run.device,
-        run.position,
-        run.carry,
-    )
+    model, optimizer, emb_opt = run.model, run.optimizer, run.emb_opt
+    device, position, carry = run.device, run.position, run.carry
     out.mkdir(parents=True, exist_ok=True)
     if resume and dist_info.main:  # the log continues exactly where the checkpoint left off
         rewind_metrics(out, position)
@@ -455,8 +441,7 @@ def _train(
     stop, ckpt = StopRequest(), Checkpointer(out, config, dist_info, model, optimizer, emb_opt, run.ema)
     try:
         stop.__enter__()
-        budget_over = start.should_stop or (lambda _: False)
-        while position < end and not agree(stop.signal is not None or budget_over(position), dist_info, device):
+        while position < end and not agree(stop.signal is not None or start.over(position), dist_info, device):
             t0 = time.perf_counter()
             idx = dist_info.my_rows(sampler.batch_at(position), rows)
             batch = to_batch(train_split, idx, train_split.metadata.ignore_label_id, example_pids, device)

@@ -45,6 +45,29 @@ def test_cpu_target_builds_and_verifies(trm_deploy, tmp_path, variant):
         assert report["logits"]["argmax_agreement"] == 1.0
 
 
+def test_cpu_target_static_int8_of_the_trained_trm_builds_and_verifies(tmp_path):
+    """The cpu target's static INT8 reads a TRM graph's config as TRM's (it once read every graph's
+    as HRM's and refused TRM after calibrating). The bundled trained TRM (a random one is too
+    chaotic to quantize), calibrated and held out on its own dataset by default: the graph is
+    measured on the whole test split and keeps FP32's answers as verify judges them."""
+    from hrm_deploy.engines.build import EngineConfig, build_engine
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.manifest import read_manifest
+    from hrm_deploy.provenance import default_data
+    from hrm_deploy.train.presets import bundled_checkpoint
+    from hrm_deploy.verify import verify
+
+    fp32 = export_onnx(bundled_checkpoint("trm-sudoku-small"), tmp_path / "trm.onnx", ExportConfig(parity=False))
+    config = EngineConfig("int8", target="cpu", calib_samples=64)
+    engine = build_engine(fp32.path, config, tmp_path / "trm.int8.cpu.ort.onnx", quiet=True)
+    accuracy = read_manifest(engine.path)["recipe"]["accuracy"]
+    assert accuracy["checked"] and accuracy["measured"]["holdout_puzzles"] >= 64  # not the 1-puzzle test split
+    data = default_data(fp32.path, "--data", {"test": None}).path
+    report = verify(engine.path, data, samples=128, quiet=True)
+    assert report["logits"]["argmax_agreement"] >= 0.99
+    assert report["exact_drop_points"] <= 2.0
+
+
 def test_torch_engine_builds_from_the_checkpoint_in_step_mode(trm_deploy, tmp_path):
     from hrm_deploy.engines.build import EngineConfig, build_engine
     from hrm_deploy.manifest import read_manifest

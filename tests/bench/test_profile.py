@@ -269,3 +269,25 @@ def test_top_level_modules_of_the_core_have_their_block():
 
     assert classify("lm_head") == Block.LM_HEAD and classify("q_head") == Block.Q_HEAD
     assert classify("puzzle_emb") == Block.EMBEDDING and classify("embed_tokens") == Block.EMBEDDING
+
+
+def test_a_loop_node_is_not_counted_beside_its_body() -> None:
+    """ORT profiles a loop graph's body node by node and the ``Loop`` node with their total: the
+    container is left out, so a loop graph's blocks add up to the call (once)."""
+    from hrm_deploy.bench.blocks import fold
+
+    layers = fold([("loop/Loop", "Loop", 10.0), ("loop/step/MatMul", "MatMul", 6.0), ("loop/step/Add", "Add", 3.0)])
+    assert sorted((layer.op, layer.ms) for layer in layers) == [("Add", 3.0), ("MatMul", 6.0)]
+
+
+def test_profile_and_bench_share_helpers_without_importing_each_other() -> None:
+    """No circle between the two measurements: what both need lives in bench/common.py."""
+    import ast
+
+    import hrm_deploy.bench.common as common
+    import hrm_deploy.bench.profile as profile_module
+
+    for module, forbidden in ((profile_module, "hrm_deploy.bench.run"), (common, "hrm_deploy.bench")):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {m for m in imported if m == forbidden or m.startswith("hrm_deploy.bench.run")}, module.__name__

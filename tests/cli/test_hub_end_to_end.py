@@ -58,6 +58,16 @@ def test_published_name_to_verified_engine_offline(tmp_path, tiny_model):
     shown = json.loads(_cli(["inspect", str(engine)], env, tmp_path).stdout)
     assert shown["manifest"]["hub"] == hub  # the engine names the published weights through its parents
 
+    # the cached config edited after export: no verdict against it, and the PASSED report stays
+    report = engine.with_name(engine.name + ".verify.json")
+    passed = report.read_text()
+    config = home / "hub" / "models--acme--HRM-checkpoint-tiny" / "snapshots" / commit / "all_config.yaml"
+    config.write_text(config.read_text() + "\n# edited\n")
+    done = _cli(["verify", str(engine), "--data", "hf:acme/sudoku-tiny"], env, tmp_path)
+    assert done.returncode == 2 and "all_config.yaml changed since" in done.stderr, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr and report.read_text() == passed
+
 
 def test_offline_and_not_cached_is_one_line_on_the_command_line(tmp_path, monkeypatch):
     from typer.testing import CliRunner

@@ -16,8 +16,9 @@ import torch
 from hrm_deploy.export.graph import fold_constants, initializer_bytes
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 from hrm_deploy.model.checkpoint import save_checkpoint
-from hrm_deploy.model.config import HRMConfig, TRMConfig
+from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.hrm import build_model
+from hrm_deploy.model.trm_config import TRMConfig
 from tests.conftest import TRM_TINY, TRM_VARIANTS
 
 # small enough that one export with parity takes about a second

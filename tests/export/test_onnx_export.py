@@ -232,4 +232,4 @@ def test_bad_export_options():
     with pytest.raises(ConfigError, match="opset"):
         ExportConfig(opset=13)
     with pytest.raises(ConfigError, match="mode"):
-        ExportConfig(mode="loop")
+        ExportConfig(mode="scan")

@@ -9,8 +9,9 @@ import yaml
 
 from hrm_deploy.errors import CheckpointError, ConfigError
 from hrm_deploy.model.checkpoint import load_checkpoint, read_checkpoint
-from hrm_deploy.model.config import HRMConfig, TRMConfig
+from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.families import config_from_dict, describe, detect_family
+from hrm_deploy.model.trm_config import TRMConfig
 from tests.conftest import TRM_TINY, TRM_VARIANTS, make_trm, write_trm_upstream_run
 from tests.model.trm_oracle import build_oracle, upstream_eval
 

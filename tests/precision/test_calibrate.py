@@ -67,7 +67,8 @@ def test_minmax_ranges_are_each_tensors_peak_in_one_pass(tiny_onnx, tmp_path, mo
 
     monkeypatch.setattr(ort, "InferenceSession", Counting)
     cache = tmp_path / "ranges.json"
-    _calibrate(str(path), tensors, examples, QuantConfig(samples=8, batch=4), graph, steps, cache, None)
+    model = onnx.load(str(path))
+    _calibrate(model, path, tensors, examples, QuantConfig(samples=8, batch=4), graph, steps, cache, None)
     assert len(sessions) == 1 and len(runs) == 2 * (steps if graph == "step" else 1)
     monkeypatch.undo()
     ranges = load_tensors_data(str(cache))
@@ -104,7 +105,9 @@ def test_the_calibration_session_is_created_on_the_chosen_providers(tiny_onnx, m
 
     monkeypatch.setattr(ort, "InferenceSession", Recording)
     monkeypatch.setattr(int8, "calibration_provider", lambda: "cuda")
-    session, fetch = int8._range_session(str(tiny_onnx.step), _weighted_inputs(tiny_onnx.step), "minmax")
+    session, fetch = int8.range_session(
+        onnx.load(str(tiny_onnx.step)), tiny_onnx.step, _weighted_inputs(tiny_onnx.step), "minmax"
+    )
     assert asked == [["CUDAExecutionProvider", "CPUExecutionProvider"]] and fetch == [int8.RANGES_OUTPUT]
 
 

@@ -18,13 +18,11 @@ from hrm_deploy.precision.calibrate import QuantConfig
 from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
 
 
-def write_toy(fp32_path, out_path, examples, config, cache_file, mode, steps, extra_exclude=(), quiet=True):
-    """The toy writer: INT8 Q/DQ with unsigned activations (the U8S8 form), from the shared ranges."""
+def write_toy(job, out_path, exclude=()):
+    """The toy writer: INT8 Q/DQ with unsigned activations (the U8S8 form), from the job's shared ranges."""
     from hrm_deploy.precision.int8 import quantize_int8
 
-    return quantize_int8(
-        fp32_path, out_path, examples, config, cache_file, mode, steps, extra_exclude, quiet, activations="uint8"
-    )
+    return quantize_int8(job, out_path, exclude, activations="uint8")
 
 
 TOY = registry.PrecisionEntry(
@@ -32,7 +30,7 @@ TOY = registry.PrecisionEntry(
     "qdq",
     registry.Thresholds(0.5, 50.0, 0.5, 5.0, 5.0),
     "toy_precision:write_toy",
-    "hrm_deploy.precision.calibrate:ensure_calibration",
+    "hrm_deploy.precision.job:calibrate_job",
     min_capability=(9, 0),
     gpus="Hopper or Blackwell",
     engine_dtype="int8",

@@ -135,6 +135,29 @@ def test_a_manifest_field_edited_by_hand_is_refused(tmp_path, field, value):
         check_artifact(artifact)
 
 
+@pytest.mark.parametrize("tool_version", ["0.1.0", "7.3", None, "not a version"])
+def test_a_manifest_whose_seal_was_removed_is_refused(tmp_path, tool_version):
+    """Deleting the seal does not make a manifest read as one from before seals: hrm-deploy 0.1.0 on
+    seals every manifest, so a missing seal there (or an unreadable version) is an edit."""
+    artifact = _publish(tmp_path, "a.onnx", b"graph bytes")
+    data = json.loads(manifest_path(artifact).read_text())
+    data.pop("manifest_sha256")
+    data["precision"] = "bf16"
+    data["tool_version"] = tool_version
+    manifest_path(artifact).write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="has no seal"):
+        check_artifact(artifact)
+
+
+def test_a_manifest_older_than_the_seal_is_read_without_one(tmp_path):
+    artifact = _publish(tmp_path, "a.onnx", b"graph bytes")
+    data = json.loads(manifest_path(artifact).read_text())
+    data.pop("manifest_sha256")
+    data["tool_version"] = "0.0.9"
+    manifest_path(artifact).write_text(json.dumps(data))
+    assert check_artifact(artifact)["tool_version"] == "0.0.9"
+
+
 @pytest.mark.parametrize(
     "content,message",
     [

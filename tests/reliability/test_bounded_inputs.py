@@ -111,7 +111,7 @@ def test_pt2_is_accepted_by_inspect_solve_and_the_provenance_lookup(pt2, trained
     monkeypatch.setattr(torch, "compile", lambda module, **kw: module)
     result = runner.invoke(app, ["solve", PUZZLE, str(pt2), "--json"])
     assert result.exit_code == 0, result.output
-    assert len(json.loads(result.output.splitlines()[0])["answer"]) == 81
+    assert len(json.loads(result.stdout.splitlines()[0])["answer"]) == 81
 
 
 def test_pt2_in_a_triton_repository_is_one_line_naming_what_to_do(pt2, tmp_path):

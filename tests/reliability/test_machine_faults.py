@@ -169,3 +169,24 @@ def test_the_missing_extra_hint_matches_the_installation(tmp_path):
     installed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(installed)
     assert installed.install_hint("rtx") == "pip install 'hrm-deploy[rtx]'"
+
+
+def test_train_on_a_full_disk_is_one_line(full_disk, tmp_path):
+    """torch.save reports a failed write as RuntimeError('... unexpected pos ...'): named as the full disk."""
+    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+
+    data = tmp_path / "sudoku"
+    generate_sudoku(SudokuSpec(train=16, test=4, blanks=(4, 8), seed=0), str(data))
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--out", str(full_disk / "run"), "--steps", "2", "--batch-size", "4"]
+        + ["--device", "cpu", "--threads", "1"],
+    )
+    _one_line(result, "no space left")
+
+
+def test_a_torch_write_failure_elsewhere_keeps_its_traceback(tmp_path):
+    from hrm_deploy.io import naming_faults
+
+    with pytest.raises(RuntimeError, match="shape mismatch"), naming_faults(tmp_path / "x.pt"):
+        raise RuntimeError("shape mismatch")

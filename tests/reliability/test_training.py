@@ -261,3 +261,39 @@ def test_a_second_writer_of_a_run_is_refused_naming_the_holder(micro_data, tmp_p
     train(MICRO, _cfg(micro_data, out, steps=4), resume=str(out / "last.pt"), progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "step" in r] == [1, 2, 3, 4]
+
+
+def test_a_lock_file_that_is_a_folder_is_named_as_one(tmp_path):
+    from hrm_deploy.train.checkpointer import LOCK_NAME, run_lock
+
+    (tmp_path / "run" / LOCK_NAME).mkdir(parents=True)
+    with (
+        pytest.raises(ConfigError, match=r"\.train\.lock is a folder where train keeps its run lock"),
+        run_lock(tmp_path / "run"),
+    ):
+        pass
+    assert (tmp_path / "run" / LOCK_NAME).is_dir()  # not ours: left as it was
+
+
+def test_resume_of_an_upstream_step_file_names_what_resume_takes(micro_data, tmp_path):
+    """An upstream step_N without its dataset.json used to suggest --seq-len, a flag train does not have."""
+    from hrm_deploy.model.checkpoint import write_upstream_run
+    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.hrm import build_model
+    from tests.conftest import TINY
+
+    model = build_model(HRMConfig(**TINY), seed=0)
+    step = write_upstream_run(tmp_path / "upstream", model, step=10, data_path="data/nowhere")
+    result = runner.invoke(
+        app, ["train", "--data", micro_data, "--out", str(tmp_path / "r"), "--resume", str(step), "--steps", "2"]
+    )
+    assert result.exit_code == 2 and "not a trainer checkpoint" in result.output, result.output
+    assert "--seq-len" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_resume_with_steps_at_or_below_the_checkpoints_step_says_so(micro_data, tmp_path):
+    out = tmp_path / "run"
+    train(MICRO, _cfg(micro_data, out, steps=3), progress=False)
+    with pytest.raises(ConfigError, match=r"--steps 2: .*last.pt is already at step 3"):
+        train(MICRO, _cfg(micro_data, out, steps=2), resume=str(out / "last.pt"), progress=False)

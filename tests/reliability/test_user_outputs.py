@@ -149,3 +149,38 @@ def test_profile_never_replaces_a_users_profile(tiny_onnx, tmp_path):
     with pytest.raises(ArtifactError, match="replaces only its own"):
         profile([str(tiny_onnx.step)], ProfileConfig(data=tiny_onnx.data, batch=1, out_dir=str(out)))
     assert (out / "profile.json").read_text() == '{"mine": true}'
+
+
+@pytest.mark.parametrize("markers", [("last.pt",), ("step_3.pt", "metrics.jsonl"), ("model.pt", ".train.lock")])
+def test_solve_never_writes_into_a_trainer_run_folder_it_reads(tmp_path, markers):
+    """A run folder of our trainer counts as one whatever it holds (no all_config.yaml needed)."""
+    import shutil
+
+    from hrm_deploy.cli.common import bundled_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    checkpoint = run / markers[0]
+    shutil.copy(bundled_checkpoint(), checkpoint)
+    for extra in markers[1:]:
+        (run / extra).write_text("")
+    before = sorted(p.name for p in run.iterdir())
+    result = runner.invoke(app, ["solve", PUZZLE, str(checkpoint), "-o", str(run / "answers.txt")])
+    _one_line(result, "an input")
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_arc_eval_of_a_trainer_checkpoint_writes_its_default_output_outside_the_run(arc_run, tmp_path, monkeypatch):  # noqa: F811
+    import shutil
+
+    checkpoint, data, _ = arc_run
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(checkpoint, run / "last.pt")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    result = runner.invoke(app, ["arc-eval", str(run / "last.pt"), "--data", str(data), "--k", "1,2"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in run.iterdir()) == ["last.pt"]  # nothing written into the run it read
+    assert (here / "last.pt.arc-submission.json").is_file()

@@ -166,3 +166,25 @@ def serving_unavailable() -> str | None:
     if reason and os.environ.get("HRM_REQUIRE_SERVE") == "1":
         raise RuntimeError(f"HRM_REQUIRE_SERVE=1 but the serving tests cannot run: {reason}")
     return reason
+
+
+@contextlib.contextmanager
+def repository_server(repo: Path):
+    """PyTriton's bundled tritonserver serving the model repository ``repo`` on free loopback
+    ports; yields its HTTP URL."""
+    from pytriton.triton import Triton, TritonConfig
+
+    http, grpc, metrics = free_ports(3)
+    config = TritonConfig(
+        model_repository=repo,
+        http_address="127.0.0.1",
+        http_port=http,
+        grpc_address="127.0.0.1",
+        grpc_port=grpc,
+        metrics_address="127.0.0.1",
+        metrics_port=metrics,
+        allow_gpu_metrics=False,
+    )
+    with Triton(config=config) as triton:
+        triton.run()
+        yield f"http://127.0.0.1:{http}"

@@ -21,8 +21,8 @@ from tests.serve.helpers import (
     ServeProcess,
     alive,
     describe,
-    free_ports,
     puzzles,
+    repository_server,
     serving_unavailable,
 )
 
@@ -289,8 +289,6 @@ def test_generated_repository_answers_in_bundled_tritonserver(tiny_onnx, referen
     PyTriton's tritonserver and answers as the in-process runner. That server has only the Python
     backend, so the ONNX graphs run with --onnx-backend python (ONNX Runtime inside the stub);
     the onnxruntime / tensorrt_plan configs are checked structurally (test_repo.py)."""
-    from pytriton.triton import Triton, TritonConfig
-
     from hrm_deploy.serve.client import infer_remote
     from hrm_deploy.serve.repo import OnnxBackend, RepoConfig, write_triton_repo
 
@@ -300,20 +298,7 @@ def test_generated_repository_answers_in_bundled_tritonserver(tiny_onnx, referen
         [tiny_onnx.unrolled, tiny_onnx.step],
         RepoConfig(output=repo, onnx_backend=OnnxBackend.python, names=("unrolled", "act"), max_batch=8),
     )
-    http, grpc, metrics = free_ports(3)
-    config = TritonConfig(
-        model_repository=repo,
-        http_address="127.0.0.1",
-        http_port=http,
-        grpc_address="127.0.0.1",
-        grpc_port=grpc,
-        metrics_address="127.0.0.1",
-        metrics_port=metrics,
-        allow_gpu_metrics=False,
-    )
-    with Triton(config=config) as triton:
-        triton.run()
-        url = f"http://127.0.0.1:{http}"
+    with repository_server(repo) as url:
         for name in ("unrolled", "act"):
             out = infer_remote(url, {"inputs": tokens[:8], "puzzle_identifiers": ids[:8]}, model_name=name)
             assert np.array_equal(out["answer"], ref["logits"][:8].argmax(-1)), name
@@ -327,8 +312,6 @@ def test_act_driver_halting_in_bundled_tritonserver(tiny_model, tmp_path):
     """A 4-step random-weight step graph behind the generated ACT driver (BLS loop in Triton):
     halt off gives the host loop's outputs; threshold:X stops each row at its first step with
     sigmoid(q_halt) > X, with that step's answer, while other rows go on in a smaller batch."""
-    from pytriton.triton import Triton, TritonConfig
-
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.checkpoint import save_checkpoint
     from hrm_deploy.onnx_runtime import ort_session, run_stepwise
@@ -363,20 +346,7 @@ def test_act_driver_halting_in_bundled_tritonserver(tiny_model, tmp_path):
     )
     for folder in (tmp_path / "r2").iterdir():
         folder.rename(repo / folder.name)
-    http, grpc, metrics = free_ports(3)
-    config = TritonConfig(
-        model_repository=repo,
-        http_address="127.0.0.1",
-        http_port=http,
-        grpc_address="127.0.0.1",
-        grpc_port=grpc,
-        metrics_address="127.0.0.1",
-        metrics_port=metrics,
-        allow_gpu_metrics=False,
-    )
-    with Triton(config=config) as triton:
-        triton.run()
-        url = f"http://127.0.0.1:{http}"
+    with repository_server(repo) as url:
         off = infer_remote(url, {"inputs": tokens, "puzzle_identifiers": ids}, model_name="off")
         assert np.array_equal(off["answer"], ref["logits"].argmax(-1)) and (off["steps"] == 4).all()
         assert np.abs(off["q_halt_logits"] - ref["q_halt_logits"]).max() < 1e-4

@@ -77,10 +77,12 @@ def gauges(proc: ServeProcess) -> dict[str, float]:
     }
 
 
-def _post(proc: ServeProcess, body: bytes, timeout_s: float = 60) -> tuple[int, dict, dict]:
+def _post(
+    proc: ServeProcess, body: bytes, timeout_s: float = 60, headers: dict[str, str] | None = None
+) -> tuple[int, dict, dict]:
     conn = http.client.HTTPConnection("127.0.0.1", proc.http, timeout=timeout_s)
     try:
-        conn.request("POST", "/v2/models/hrm/infer", body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", "/v2/models/hrm/infer", body=body, headers=headers or {"Content-Type": "application/json"})
         reply = conn.getresponse()
         text = reply.read().decode(errors="replace")
         return reply.status, dict(reply.getheaders()), json.loads(text)
@@ -149,7 +151,10 @@ def test_a_bad_request_fails_alone(server, reference):
     bad = {
         "out of vocabulary": (_json_request(tokens[:2] + 11, ids[:2]), "outside the vocabulary 0..10"),
         "puzzle id": (_json_request(tokens[:2], ids[:2] + 5), "puzzle identifier 5 is outside"),
-        "values beyond int32": (_json_request(tokens[:1], ids[:1], [99999999999] + [1] * 80), "int32"),
+        "values beyond int32": (
+            _json_request(tokens[:1], ids[:1], [99999999999] + [1] * 80),
+            "token 99999999999 at position 0 is outside",
+        ),
     }
     stop = threading.Event()
     good: list[bool] = []
@@ -174,6 +179,14 @@ def test_a_bad_request_fails_alone(server, reference):
             for name, (body, needle) in bad.items():
                 status, _, payload = _post(server, body)
                 assert status == 400 and needle in payload["error"], (name, status, payload)
+            # a binary size given as a float: 400, not a dropped connection
+            request = json.loads(_json_request(tokens[:1], ids[:1]))
+            request["inputs"][0].pop("data")
+            request["inputs"][0]["parameters"] = {"binary_data_size": float(tokens[:1].nbytes)}
+            head = json.dumps(request).encode()
+            length = {"Inference-Header-Content-Length": str(len(head))}
+            status, _, payload = _post(server, head + tokens[:1].astype("<i4").tobytes(), headers=length)
+            assert status == 400 and "bytes of binary data" in payload["error"], (status, payload)
         settled = len(good) + 4
         while len(good) < settled and time.monotonic() < deadline:
             time.sleep(0.01)

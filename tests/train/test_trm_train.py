@@ -9,7 +9,7 @@ import yaml
 
 from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
 from hrm_deploy.model.checkpoint import load_checkpoint, read_checkpoint
-from hrm_deploy.model.config import TRMConfig
+from hrm_deploy.model.trm_config import TRMConfig
 from hrm_deploy.train.loop import TrainConfig, train
 
 MICRO_TRM = TRMConfig(

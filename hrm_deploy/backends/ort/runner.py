@@ -34,6 +34,7 @@ class OrtRunner(Runner):
         puzzle_table: PuzzleTable | None = None,
         tuning: SessionTuning | None = None,
         profile_prefix: str | Path | None = None,
+        meta: dict[str, Any] | None = None,
     ):
         provider_name(provider)  # an unknown provider fails here, before any work
         self.path, self.provider, self.threads = Path(path), provider, threads
@@ -45,7 +46,11 @@ class OrtRunner(Runner):
         # speed settings (spinning, arena, memory pattern) and ORT's per-node profiler (hrm_deploy.bench.profile)
         self.tuning, self.profile_prefix = tuning or SessionTuning(), profile_prefix
         self.precision, self.mode, self.steps = "fp32", "unrolled", steps or 1
+        self.halt_rule = "off"
         self._session: Any = None
+        # the graph's hrm_deploy.* metadata where a builder has parsed the graph already (its FP32
+        # source: no second parse, and an FP32 graph holds no FP4)
+        self.known_meta = meta
 
     def _activate(self) -> None:
         require("onnx", "onnx", "The ONNX Runtime runner")
@@ -53,16 +58,19 @@ class OrtRunner(Runner):
         from hrm_deploy.manifest import check_artifact
 
         manifest = check_artifact(self.path)  # a graph whose manifest describes other bytes is refused
-        model = load_onnx(self.path)
-        if holds_fp4(model):
-            raise ArtifactError(
-                f"{self.path.name} is an NVFP4 graph and ONNX Runtime has no FP4 kernels: verify its TensorRT engine "
-                "on a Blackwell GPU (build-engine --nvfp4); its accuracy on CPU is measured through a simulation "
-                "(benchmarks/nvfp4_accuracy.py)"
-            )
-        meta = graph_metadata(model)
-        del model
+        meta = self.known_meta
+        if meta is None:
+            model = load_onnx(self.path)
+            if holds_fp4(model):
+                raise ArtifactError(
+                    f"{self.path.name} is an NVFP4 graph and ONNX Runtime has no FP4 kernels: verify its TensorRT "
+                    "engine on a Blackwell GPU (build-engine --nvfp4); its accuracy on CPU is measured through a "
+                    "simulation (benchmarks/nvfp4_accuracy.py)"
+                )
+            meta = graph_metadata(model)
+            del model
         self.precision, self.mode = meta.get("precision", "fp32"), meta["mode"]
+        self.halt_rule = meta.get("halt", "off")  # a loop graph's built-in rule
         self.steps = self.requested_steps or meta["steps"]
         # A cpu-target graph was built for a thread count (build-engine --target cpu --threads N);
         # it runs with that count unless the caller asks for another.
@@ -100,6 +108,8 @@ class OrtRunner(Runner):
         """Outputs for one batch; ``halt`` (e.g. ``HaltRule.should_halt``) stops rows early on
         a step graph (see hrm_deploy.halting); ``steps_used`` int32 [B] says where each stopped."""
         batch = len(feeds["inputs"])
+        if self.mode == "loop":
+            return self._infer_loop(feeds, halt)
         if self.mode != "step":
             if halt is not None:
                 from hrm_deploy.errors import ConfigError
@@ -115,6 +125,18 @@ class OrtRunner(Runner):
         from hrm_deploy.halting import drive
 
         return drive(OrtStep(self._session, self.steps), feeds["inputs"], feeds["puzzle_identifiers"], halt)
+
+    def _infer_loop(self, feeds: dict[str, np.ndarray], halt: HaltFn | None) -> dict[str, np.ndarray]:
+        """A loop graph halts by the rule fixed at its export (``halt_rule``)."""
+        if halt is not None:
+            from hrm_deploy.errors import ConfigError
+
+            raise ConfigError(
+                f"{self.path.name} is a loop graph: it halts by its own rule ({self.halt_rule}, fixed at export); "
+                "run it without --halt, or export --mode loop --halt RULE / --mode step for another rule"
+            )
+        names = ["logits", "q_halt_logits", "q_continue_logits", "steps_used"]
+        return dict(zip(names, self._session.run(names, feeds)))
 
     def step_function(self):
         """The step graph as a :class:`hrm_deploy.contract.StepFunction` (continuous batching)."""

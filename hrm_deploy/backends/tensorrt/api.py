@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hrm_deploy.errors import ConfigError, DependencyError
+from hrm_deploy.errors import ConfigError, DependencyError, install_hint
 from hrm_deploy.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -92,13 +92,13 @@ def load_backend(name: str) -> Backend:
     except ImportError as exc:
         raise DependencyError(
             f"the {name} backend needs the Python package {MODULES[name]} ({exc}); install it with "
-            f"pip install 'hrm-deploy[{EXTRAS[name]}]' (on Jetson: JetPack's TensorRT, see jetson/)"
+            f"{install_hint(EXTRAS[name])} (on Jetson: JetPack's TensorRT, see jetson/)"
         ) from None
     if not hasattr(module, "Builder"):
         # tensorrt-stubs alone makes `import tensorrt` succeed with no library behind it
         raise DependencyError(
             f"{MODULES[name]} is importable but has no Builder (type stubs only?); install the real "
-            f"package: pip install 'hrm-deploy[{EXTRAS[name]}]'"
+            f"package: {install_hint(EXTRAS[name])}"
         )
     return Backend(name, module)
 

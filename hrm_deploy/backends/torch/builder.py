@@ -51,8 +51,8 @@ class TorchEngineConfig:
             raise ConfigError(
                 f"the torch backend builds {' or '.join(TORCH_PRECISIONS)}, not {self.precision}; pass --fp32 or --bf16"
             )
-        if self.mode not in (None, "step", "unrolled"):
-            raise ConfigError(f"mode {self.mode!r}: use step or unrolled")
+        if self.mode not in (None, "step", "unrolled", "loop"):
+            raise ConfigError(f"mode {self.mode!r}: use step, unrolled or loop")
         if self.compiler not in COMPILERS:
             raise ConfigError(f"compiler {self.compiler!r}: use one of {', '.join(COMPILERS)}")
         if self.max_batch < 2:
@@ -133,7 +133,16 @@ def build_torch_engine(
         model_config = model.inner.config
     mode = config.mode or meta.get("mode", "step")
     steps = int(config.steps or meta.get("steps") or model_config.halt_max_steps)
-    module = (single_step(model) if mode == "step" else unroll(model, steps, step_predictions=True)).to(device)
+    halt = None
+    module: Any
+    if mode == "loop":  # the loop export's rule, as one torch.while_loop (a device loop, early exit)
+        from hrm_deploy.export.loop import LoopHalt
+        from hrm_deploy.export.unroll import LoopHRM
+
+        halt = LoopHalt.parse(meta.get("halt", "off"), q_halt_only=model_config.halts_on_q_halt_alone)
+        module = LoopHRM(model, halt, steps).to(device)
+    else:
+        module = (single_step(model) if mode == "step" else unroll(model, steps, step_predictions=True)).to(device)
     batch, S, T, D = 2, model_config.seq_len, model_config.total_seq_len, model_config.hidden_size
     args: tuple[Any, ...] = (
         torch.zeros(batch, S, dtype=torch.int32, device=device),
@@ -155,7 +164,9 @@ def build_torch_engine(
         raise ConfigError(f"a torch engine's file name must end in .pt2 (the runner table reads it): {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    what = "the single step" if mode == "step" else f"the {steps}-step unroll"
+    what = {"step": "the single step", "loop": f"the ACT loop (torch.while_loop, at most {steps} steps)"}.get(
+        mode, f"the {steps}-step unroll"
+    )
     with stages.stage(f"torch.export of {what}"), torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation chatter
         program = torch.export.export(module, args, dynamic_shapes=dynamic)
@@ -187,6 +198,7 @@ def build_torch_engine(
             precision=config.precision,
             mode=mode,
             steps=steps,
+            halt=halt.to_dict() if halt is not None else None,
             device=device.split(":")[0],
             compile_path=compile_path,
             compile_fallback_reason=fallback_reason,

@@ -172,7 +172,7 @@ class TorchEngineRunner(LoopRunner):
         device = torch.device("cuda", self.device_index) if on_cuda else None
         if self.compile_path != "aoti":  # the build could not AOT-compile: the exported program runs here
             return load_program(torch, self.path, device), True
-        verdict = self._probe(torch, on_cuda)
+        verdict = self.load_verdict(torch, on_cuda)
         if verdict.ok:
             return load_aoti_package(
                 torch,
@@ -198,7 +198,9 @@ class TorchEngineRunner(LoopRunner):
         self.runtime_settings["load_fallback"] = verdict.reason
         return load_program(torch, companion, device), True
 
-    def _probe(self, torch: Any, on_cuda: bool) -> Any:
+    def load_verdict(self, torch: Any, on_cuda: bool) -> Any:
+        """Whether this package may be loaded in this process: the probe's (cached, sealed) verdict
+        from a child process that loaded it as this runner would (:mod:`.probe`)."""
         from hrm_deploy.backends.torch.probe import ProbeSpec, probe_load
 
         spec = ProbeSpec(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 
 def _step(name: str) -> None:
@@ -87,7 +88,7 @@ def child(spec: dict) -> None:
         print(f"FACT amx tile data granted before CUDA: {torch.cpu._init_amx()}", flush=True)
     if cuda and spec["cuda"] == "tool":  # hrm_deploy: TorchMemory, then the runner's torch.cuda.init/set_device
         _step("cuda-init")
-        d = torch.device("cuda", idx)
+        d: Any = torch.device("cuda", idx)
         torch.cuda.Stream(d)
         cap, name = torch.cuda.get_device_capability(d), torch.cuda.get_device_name(d)
         torch.cuda.init()
@@ -116,10 +117,11 @@ def child(spec: dict) -> None:
         loader = torch._C._aoti.AOTIModelPackageLoader(spec["pkg"], "model", st, 1, dev)
         run_fn = lambda xs: loader.run(xs)  # noqa: E731
     elif method == "runner":
+        r: Any
         if cuda:
             dstr = "cuda" if dev < 0 else f"cuda:{dev}"
             try:
-                r = torch._C._aoti.AOTIModelContainerRunnerCuda(spec["so"], 1, dstr, spec["cubin_dir"], st)
+                r = torch._C._aoti.AOTIModelContainerRunnerCuda(spec["so"], 1, dstr, spec["cubin_dir"], st)  # type: ignore[call-overload]
             except TypeError:  # builds whose binding has no run_single_threaded argument
                 r = torch._C._aoti.AOTIModelContainerRunnerCuda(spec["so"], 1, dstr, spec["cubin_dir"])
         else:
@@ -132,9 +134,10 @@ def child(spec: dict) -> None:
         from hrm_deploy.backends.torch import runner as torch_runner
         from hrm_deploy.backends.torch.probe import LoadVerdict
 
-        torch_runner.TorchEngineRunner._probe = lambda self, torch, on_cuda: LoadVerdict(True)  # load in-process
+        # load in-process: the verdict a probe would have given for a package that loads
+        torch_runner.TorchEngineRunner.load_verdict = lambda self, torch, on_cuda: LoadVerdict(True)  # type: ignore[method-assign]
         hrm = open_runner(spec["pkg"], device=max(idx, 0), step_predictions=False).activate()
-        seq = int(hrm.seq_len)
+        seq = int(hrm.seq_len or 0)
 
         def run_fn(xs):
             b = int(xs[0].shape[0])

@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 CHILD = str(Path(__file__).resolve().parent / "aoti_load_child.py")
 CHILD_ENV = "AOTI_MATRIX_CHILD"
@@ -154,7 +155,8 @@ class Child:
         fd, path = tempfile.mkstemp(prefix=f"{spec.get('name', 'child')}-", dir=logs)
         os.close(fd)
         self.out_path, self.err_path = Path(path + ".out"), Path(path + ".err")
-        self.start, self.limit, self.rc = time.perf_counter(), timeout, None
+        self.start, self.limit = time.perf_counter(), timeout
+        self.rc: int | None = None
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(
                 child_argv(spec, wrap),
@@ -255,7 +257,9 @@ def run_matrix(
     variant. The /tmp extraction folders are attributed per run only with jobs == 1."""
     pending = [(k, i) for k in range(repeat) for i in range(len(todo))]
     runs: dict[str, list[Outcome]] = {v.name: [] for v, _ in todo}
-    skipped, left_at, notes = Counter(), {}, {v.name: [] for v, _ in todo}
+    skipped: Counter[str] = Counter()
+    left_at: dict[str, Any] = {}
+    notes: dict[str, list[str]] = {v.name: [] for v, _ in todo}
     running: list[tuple[int, Child, set]] = []
     printed, leaked, before_all = 0, 0, tmp_dirs()
     try:

@@ -95,6 +95,24 @@ def test_bisection_finds_the_fewest_and_counts_probes():
 
     chosen = bisect_fallback(list(sens), sens.__getitem__, measure, lambda loss: loss <= 0.7, lambda q: "no")
     assert chosen.kept_float == ["a", "b", "c"]  # 0.66 left; keeping two leaves 1.66
-    assert chosen.probes == 8 + len(seen) and len(seen) <= 3  # log2(8) bisection probes, not up to 7 greedy
+    assert chosen.probes == len(seen) <= 3  # log2(8) bisection probes, not up to 7 greedy; ranking is no probe
+    assert chosen.limits["stopped"] is None
     with pytest.raises(ConfigError, match="never"):
         bisect_fallback(list(sens), sens.__getitem__, measure, lambda loss: False, lambda q: "never")
+
+
+def test_the_bisection_is_bounded_in_probes_and_says_so():
+    """Past its probe bound the search keeps the smallest mix it measured within the budget, and
+    the record says it stopped; with none within, the refusal says the search stopped."""
+    sens = {name: float(10 - i) for i, name in enumerate("abcdefghij")}
+    seen: list[int] = []
+
+    def measure(kept):
+        seen.append(len(kept))
+        return len(kept)
+
+    chosen = bisect_fallback(list(sens), sens.__getitem__, measure, lambda n: n >= 2, lambda q: "no", max_probes=1)
+    assert len(seen) == 1 and chosen.probes == 1 and len(chosen.kept_float) == seen[0]
+    assert "after 1 probes" in chosen.limits["stopped"]
+    with pytest.raises(ConfigError, match=r"never \(the fallback search stopped: bounds reached after 2 probes"):
+        bisect_fallback(list(sens), sens.__getitem__, measure, lambda n: False, lambda q: "never", max_probes=2)

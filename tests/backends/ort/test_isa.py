@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hrm_deploy.backends.ort.builder.isa import ISA_FLAGS, _qdq_matmul, choose_activations, isa_flags
+from hrm_deploy.backends.ort.builder.isa import ISA_FLAGS, choose_activations, isa_flags, qdq_matmul_graph
 from hrm_deploy.errors import ConfigError
 
 
@@ -31,7 +31,7 @@ def test_u8s8_and_s8s8_graphs_compute_the_same_values():
     from hrm_deploy.onnx_runtime import ort_session
 
     x = np.random.default_rng(3).standard_normal((8, 32)).astype(np.float32)
-    outs = [ort_session(_qdq_matmul(8, 32, 16, a), threads=1).run(None, {"x": x})[0] for a in ("uint8", "int8")]
+    outs = [ort_session(qdq_matmul_graph(8, 32, 16, a), threads=1).run(None, {"x": x})[0] for a in ("uint8", "int8")]
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 

@@ -28,6 +28,7 @@ level, intra-op threads, node counts), runnable by ``hrm_deploy.backends.open_ru
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -39,8 +40,10 @@ from hrm_deploy.contract import CARRY, PUZZLE_ROWS, RESET
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
-from hrm_deploy.onnx_runtime import Optimization, ort_session
+from hrm_deploy.onnx_runtime import Optimization, load_onnx, ort_session
 from hrm_deploy.progress import Stages
+
+log = logging.getLogger(__name__)
 
 CPU_PRECISIONS = ("fp32", "fp16", "int8")
 MAX_FUSED_BYTES = 1_900_000_000  # under protobuf's 2 GiB: graphs the fusion check can serialize
@@ -216,12 +219,12 @@ def _make_graph(
         if config.precision == "int8" and calib is not None:
             from hrm_deploy.backends.ort.builder.static import quantize_static
 
-            label = "cached calibration" if calib.cache.is_file() else "calibrating"
+            label = "cached calibration" if calib.report["reused"] else "calibrating"
             with stages.stage(
                 f"static INT8 of the weight MatMuls ({label}: {calib.report['method']}, "
                 f"{calib.report['samples']} examples, all {meta['steps']} ACT steps)"
             ):
-                build["quantized_nodes"] = len(quantize_static(src, work, calib, meta, config, exclude))
+                build["quantized_nodes"] = len(quantize_static(calib, work, config, exclude))
             source = str(work)
         elif config.precision == "int8":
             with stages.stage(f"{config.int8_recipe} INT8 of the weight MatMuls: {RECIPES[config.int8_recipe]}"):
@@ -265,11 +268,13 @@ def _within_budget(
         holdout,
         holdout_size,
     )
+    from hrm_deploy.precision.rule import accuracy_line, growth_cap, measuring, refusal
 
-    count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
-    with stages.stage(f"measuring INT8 against FP32 on up to {count} held-out puzzles"):
-        check = holdout(src, calib, meta, config)
-        whole = quality = check.measure(tmp)
+    cap = growth_cap(config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES))
+    check = holdout(src, calib, meta, config)  # the examples only: FP32's answers are computed when measured
+    with stages.stage(measuring("INT8", check.size, min(cap, len(check.pool)))):
+        whole, decided = check.decide(tmp, config.budget, cap)
+    quality = whole
     record: dict[str, Any] = {
         "checked": True,
         "budget_points": config.budget,
@@ -282,18 +287,18 @@ def _within_budget(
     if not whole.within(config.budget):
         probe = tmp.with_name(tmp.name + ".probe.onnx")
         with stages.stage(f"outside the budget ({whole.describe()}): keeping the most sensitive layers FP32"):
-            kept, exclude, sensitivity, search = fit_budget(src, calib, meta, config, whole, check, probe)
+            kept, exclude, sensitivity, search = fit_budget(calib, config, whole, check, probe)
         build.update(_make_graph(src, tmp, meta, config, stages, calib, exclude))
+        # the published graph, measured and judged by the same rule (the fallback's probes were not it)
         with stages.stage(f"measuring the mix ({len(kept)} layers FP32) against FP32"):
-            quality = check.measure(tmp)
+            quality, decided = check.decide(tmp, config.budget, cap)
         if not quality.within(config.budget):
-            raise ConfigError(
-                f"static INT8 with {len(kept)} layers FP32 measured {quality.describe()} as built, outside the "
-                f"budget (<= {config.budget} points, >= {MIN_AGREEMENT_PCT:.0f} % agreement); build --fp32, or pass "
-                "a larger --accuracy-budget"
-            )
+            raise ConfigError(refusal("static INT8", whole, quality, len(kept), config.budget))
         record.update(kept_float=kept, kept_float_nodes=len(exclude), sensitivity=sensitivity, fallback=search)
     record["measured"] = quality.as_dict()
+    record["decided"] = decided
+    if not stages.quiet:
+        log.info(accuracy_line("INT8", quality, config.budget, quality is not whole))
     return record
 
 
@@ -301,9 +306,9 @@ def _activations(meta: dict[str, Any], config: CpuBuildConfig, stages: Stages) -
     """Static INT8's activation type (``config.activations``; auto: the faster integer GEMM on
     this CPU for the model's MLP input projection at batch 1, see builder/isa.py)."""
     from hrm_deploy.backends.ort.builder.isa import choose_activations
-    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.families import config_from_dict
 
-    model = HRMConfig.from_dict(meta["config"])
+    model = config_from_dict(meta["config"])
     with stages.stage("choosing the integer GEMM for this CPU (U8S8 or S8S8, measured)"):
         return choose_activations(
             config.activations, model.total_seq_len, model.hidden_size, 2 * model.intermediate_size, config.threads
@@ -311,10 +316,15 @@ def _activations(meta: dict[str, Any], config: CpuBuildConfig, stages: Stages) -
 
 
 def build_cpu(
-    onnx_path: str | os.PathLike, config: CpuBuildConfig, out: str | os.PathLike | None = None, quiet: bool = False
+    onnx_path: str | os.PathLike,
+    config: CpuBuildConfig,
+    out: str | os.PathLike | None = None,
+    quiet: bool = False,
+    model: Any = None,
 ) -> CpuBuildResult:
-    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export. (Long on
-    purpose: one staging folder holds the graph from calibration to the published manifest.)"""
+    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export (``model``:
+    it already parsed, weights loaded for INT8; None parses it here, once). (Long on purpose: one
+    staging folder holds the graph from calibration to the published manifest.)"""
     onnx = require("onnx", "onnx", "The cpu target")
     ort = require("onnxruntime", "onnx", "The cpu target")
     from hrm_deploy.export.metadata import graph_metadata
@@ -323,11 +333,12 @@ def build_cpu(
     if not src.is_file():
         raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first or pass the ONNX path")
     src_sha256 = (check_artifact(src) or {}).get("sha256")  # the export is what its manifest says
-    model = onnx.load(str(src), load_external_data=False)
+    static = config.precision == "int8" and config.int8_recipe == "static"
+    if model is None:
+        model = load_onnx(src, weights=static)  # the one parse of the FP32 graph (static INT8's job keeps it)
     meta = graph_metadata(model)
     props = {p.key: p.value for p in model.metadata_props}
     nodes_in = len(model.graph.node)
-    del model
     have = meta.get("precision", "fp32")
     if have != "fp32":
         raise ConfigError(f"{src} is a {have} graph; the cpu target starts from the FP32 export")
@@ -342,13 +353,14 @@ def build_cpu(
     with staging_dir(target.parent, "cpu-build") as staging:
         tmp = staging / target.name
         calib = None
-        if config.precision == "int8" and config.int8_recipe == "static":
+        if static:
             from hrm_deploy.backends.ort.builder.static import calibration
 
-            calib = calibration(src, src_sha256 or sha256_file(src), meta, config, quiet)
+            calib = calibration(src, model, src_sha256 or sha256_file(src), meta, config, quiet)
             recipe["calibration"] = calib.report
             recipe["activations"] = _activations(meta, config, stages)
             config = replace(config, activations=recipe["activations"]["activations"])
+        del model  # the job holds it where static INT8 needs it
         build.update(_make_graph(src, tmp, meta, config, stages, calib))
         if calib is not None and config.check_accuracy:
             recipe["accuracy"] = _within_budget(src, tmp, meta, config, stages, calib, build)

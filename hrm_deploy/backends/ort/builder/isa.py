@@ -33,7 +33,7 @@ def isa_flags() -> list[str]:
     return [f for f in ISA_FLAGS if f in flags]
 
 
-def _qdq_matmul(tokens: int, k: int, n: int, activation: str) -> bytes:
+def qdq_matmul_graph(tokens: int, k: int, n: int, activation: str) -> bytes:
     """One ``x [tokens, k] @ W [k, n]`` with Q/DQ on both inputs, the way the static recipe writes it."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -92,7 +92,7 @@ def choose_activations(requested: str, tokens: int, k: int, n: int, threads: int
     x = np.random.default_rng(1).standard_normal((tokens, k)).astype(np.float32)
     # no spinning: an idle pool busy-waiting after its run would slow the other session's next run
     sessions = {
-        a: ort_session(_qdq_matmul(tokens, k, n, a), threads=threads, spinning=False) for a in ("uint8", "int8")
+        a: ort_session(qdq_matmul_graph(tokens, k, n, a), threads=threads, spinning=False) for a in ("uint8", "int8")
     }
     times = time_sessions(sessions, {"x": x}, ROUNDS, 3)
     medians = {a: statistics.median(t) for a, t in times.items()}

@@ -16,16 +16,13 @@
 
 from __future__ import annotations
 
-import copy
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
-from hrm_deploy.errors import DataError
 
 # the budget and the holdout's size are every quantized build's (the precision stage's accuracy check)
 from hrm_deploy.precision.accuracy import (  # noqa: F401 - re-exported for the cpu builder and its tests
@@ -35,51 +32,27 @@ from hrm_deploy.precision.accuracy import (  # noqa: F401 - re-exported for the 
     MIN_HOLDOUT,
     holdout_size,
 )
+from hrm_deploy.precision.rule import Holdout, Quality, growth_cap, refusal
+
+if TYPE_CHECKING:
+    from hrm_deploy.precision.job import QuantJob
 
 log = logging.getLogger(__name__)
 
 HOLDOUT_BATCH = 32
 
 
-@dataclass(frozen=True)
-class Quality:
-    """INT8 against FP32 on the holdout. ``*_exact`` in percent (None without labels);
-    ``agreement`` = % of output cells whose argmax is FP32's."""
-
-    fp32_exact: float | None
-    int8_exact: float | None
-    agreement: float
-    puzzles: int
-
-    @property
-    def loss(self) -> float:
-        """Exact-accuracy points lost (0 without labels)."""
-        if self.fp32_exact is None or self.int8_exact is None:
-            return 0.0
-        return self.fp32_exact - self.int8_exact
-
-    def within(self, budget: float) -> bool:
-        return self.loss <= budget and self.agreement >= MIN_AGREEMENT_PCT
-
-    def describe(self) -> str:
-        exact = "" if self.fp32_exact is None else f"exact {self.int8_exact:.2f} % vs FP32 {self.fp32_exact:.2f} % "
-        return f"{exact}(-{self.loss:.2f} points), argmax agreement {self.agreement:.2f} % on {self.puzzles} puzzles"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "fp32_exact_pct": self.fp32_exact,
-            "int8_exact_pct": self.int8_exact,
-            "loss_points": round(self.loss, 4),
-            "argmax_agreement_pct": round(self.agreement, 4),
-            "holdout_puzzles": self.puzzles,
-        }
-
-
-def _logits(path: str | Path, examples: Examples, threads: int | None, table_of: Path | None = None) -> np.ndarray:
+def _logits(
+    path: str | Path,
+    examples: Examples,
+    threads: int | None,
+    table_of: Path | None = None,
+    meta: dict[str, Any] | None = None,
+) -> np.ndarray:
     from hrm_deploy.backends.ort.runner import OrtRunner
     from hrm_deploy.runtime.infer import predict
 
-    runner = OrtRunner(path, threads=threads, table_of=table_of)  # a staged graph: the FP32 export's table
+    runner = OrtRunner(path, threads=threads, table_of=table_of, meta=meta)  # a staged graph: the FP32 export's table
     runner.activate()
     try:
         return predict(runner, examples, batch=HOLDOUT_BATCH)
@@ -87,165 +60,101 @@ def _logits(path: str | Path, examples: Examples, threads: int | None, table_of:
         runner.close()
 
 
-class Holdout:
-    """Held-out puzzles and FP32's answers on them (computed once), to measure INT8 graphs."""
+def ort_holdout(
+    fp32: Path, pool: Examples, threads: int | None, size: int | None = None, meta: dict[str, Any] | None = None
+) -> Holdout:
+    """A :class:`~hrm_deploy.precision.rule.Holdout` whose graphs run on this backend's runner
+    (a staged candidate reads the FP32 export's puzzle table; the FP32 graph's ``meta``, where
+    given, spares its second parse)."""
+    fp32 = Path(fp32)
 
-    def __init__(self, fp32: Path, examples: Examples, threads: int | None):
-        from hrm_deploy.metrics import accuracy
+    def run(path: Path, examples: Examples) -> np.ndarray:
+        if Path(path) == fp32:
+            return _logits(path, examples, threads, None, meta or None)
+        return _logits(path, examples, threads, fp32)
 
-        self.examples, self.threads, self.fp32 = examples, threads, fp32
-        self.reference = reference = _logits(fp32, examples, threads)
-        self.answers = reference.argmax(-1)
-        self.fp32_exact = None
-        if examples.labels is not None:
-            self.fp32_exact = 100.0 * accuracy(reference, examples.labels)["exact_accuracy"]
-
-    def first(self, count: int) -> Holdout:
-        """The first ``count`` puzzles of this holdout (FP32's answers reused, not recomputed)."""
-        from hrm_deploy.metrics import accuracy
-
-        if count >= len(self.examples):
-            return self
-        part = copy.copy(self)
-        e = self.examples
-        labels = None if e.labels is None else e.labels[:count]
-        part.examples = Examples(e.inputs[:count], e.puzzle_identifiers[:count], labels, e.source, "")
-        part.reference, part.answers = self.reference[:count], self.answers[:count]
-        if labels is not None:
-            part.fp32_exact = 100.0 * accuracy(part.reference, labels)["exact_accuracy"]
-        return part
-
-    def measure(self, path: str | Path) -> Quality:
-        from hrm_deploy.metrics import accuracy
-
-        logits = _logits(path, self.examples, self.threads, self.fp32)
-        exact = None
-        if self.examples.labels is not None:
-            exact = 100.0 * accuracy(logits, self.examples.labels)["exact_accuracy"]
-        agreement = 100.0 * float((logits.argmax(-1) == self.answers).mean())
-        return Quality(self.fp32_exact, exact, agreement, len(self.examples))
+    return Holdout(fp32, pool, run, size)
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """The examples and the range cache one static build uses (and what the manifest says of them)."""
-
-    examples: Examples
-    cache: Path
-    report: dict[str, Any]
-
-
-def calibration(src: Path, src_sha256: str, meta: dict[str, Any], config: Any, quiet: bool) -> Calibration:
-    """Calibration examples (``config.calib_data``, default: the checkpoint's own dataset from
-    its provenance, announced) and the cache file of their ranges, keyed as the precision stage keys them."""
+def calibration(src: Path, model: Any, src_sha256: str, meta: dict[str, Any], config: Any, quiet: bool) -> QuantJob:
+    """The quantization job of the parsed FP32 graph ``model``: calibration examples
+    (``config.calib_data``, default: the checkpoint's own dataset from its provenance, announced)
+    and the cache entry of their ranges, keyed as the precision stage keys them (calibrated once,
+    by :func:`quantize_static`'s first call)."""
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.precision.calibrate import _cache_readable, calibration_key
+    from hrm_deploy.precision.calibrate import QuantConfig
+    from hrm_deploy.precision.job import new_job
 
     data = config.calib_data
     if not data:
         from hrm_deploy.provenance import default_data
 
-        choice = default_data(src, "--calib-data", {"train": config.calib_samples})
+        # the holdout is the test split: all of it when the build measures INT8 (its size is the holdout's)
+        splits: dict[str, int | None] = {"train": config.calib_samples}
+        if config.check_accuracy:
+            splits["test"] = None
+        choice = default_data(src, "--calib-data", splits)
         if not quiet:
             log.info(choice.message)
         data = str(choice.path)
     examples = load_examples(str(data), config.calib_samples)
-    key = calibration_key(
-        src_sha256, config.calib_method, examples.sha256, len(examples), f"{meta['mode']}{meta['steps']}"
-    )
-    cache = Path(config.cache_dir) / f"{key}.json"
-    report = {
-        "key": key,
-        "cache": str(cache),
-        "reused": cache.is_file() and _cache_readable(cache),
-        "method": config.calib_method,
-        "samples": len(examples),
-        "data": examples.source,
-        "data_sha256": examples.sha256,
-    }
-    return Calibration(examples, cache, report)
-
-
-def quantize_static(
-    src: Path, out: Path, calib: Calibration, meta: dict[str, Any], config: Any, exclude: tuple[str, ...] = ()
-) -> list[str]:
-    """Q/DQ graph of ``src`` at ``out``, uint8 or int8 activations by ``config.activations``
-    (U8S8 or S8S8 integer GEMMs; ``auto`` not yet resolved: uint8), int8 weights per channel
-    (``exclude``: node names kept FP32); returns the quantized nodes."""
-    from hrm_deploy.precision.calibrate import QuantConfig
-    from hrm_deploy.precision.int8 import quantize_int8
-
     quant = QuantConfig(
         method=config.calib_method, samples=config.calib_samples, exclude_patterns=config.exclude_patterns
     )
-    plan = quantize_int8(
-        str(src),
-        str(out),
-        calib.examples,
-        quant,
-        calib.cache,
-        meta["mode"],
-        meta["steps"],
-        extra_exclude=exclude,
-        quiet=True,
-        activations="int8" if getattr(config, "activations", "uint8") == "int8" else "uint8",
-    )
-    return plan.quantize
+    return new_job(src, model, meta, examples, quant, config.cache_dir, src_sha256)
 
 
-def holdout(src: Path, calib: Calibration, meta: dict[str, Any], config: Any) -> Holdout:
-    """The held-out puzzles (``config.holdout_samples``, or None: :func:`holdout_size`): from a
-    dataset folder's ``test`` split; from a ``.npz`` (one set), its examples calibration did not use."""
-    from hrm_deploy.data.examples import load_examples
+def quantize_static(job: QuantJob, out: Path, config: Any, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Q/DQ graph of the job's FP32 graph at ``out`` (its ranges measured first if the cache lacks
+    them: once per build), uint8 or int8 activations by ``config.activations`` (U8S8 or S8S8
+    integer GEMMs; ``auto`` not yet resolved: uint8), int8 weights per channel (``exclude``: node
+    names kept FP32); returns the quantized nodes."""
+    from hrm_deploy.precision.int8 import quantize_int8
+    from hrm_deploy.precision.job import calibrate_job
 
-    source = Path(calib.examples.source)
+    calibrate_job(job, quiet=True)
+    activations = "int8" if getattr(config, "activations", "uint8") == "int8" else "uint8"
+    return quantize_int8(job, out, exclude, activations=activations).quantize
+
+
+def holdout(src: Path, calib: Any, meta: dict[str, Any], config: Any) -> Holdout:
+    """The held-out puzzles (``config.holdout_samples``, or None: :func:`holdout_size`, with up to
+    :func:`~hrm_deploy.precision.rule.growth_cap` more to grow into), as every quantized build's
+    (:func:`hrm_deploy.precision.accuracy.holdout_examples`): a dataset folder's ``test`` split; from
+    a ``.npz`` (one set), the examples calibration (``calib.examples``) did not use."""
+    from hrm_deploy.precision.accuracy import holdout_examples
+
     count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
-    if not source.is_file():
-        return Holdout(src, load_examples(source, count, split="test"), config.threads)
-    everything = load_examples(source, None)
-    seen = {row.tobytes() for row in calib.examples.inputs}
-    keep = np.array(
-        [i for i, row in enumerate(everything.inputs) if row.tobytes() not in seen][: config.holdout_samples]
-    )
-    if not len(keep):
-        raise DataError(
-            f"{source}: calibration used every example, none is left to measure INT8 on; pass a dataset folder "
-            "(its test split is the holdout), a larger .npz or a smaller --calib-samples"
-        )
-    labels = everything.labels[keep] if everything.labels is not None else None
-    rest = Examples(everything.inputs[keep], everything.puzzle_identifiers[keep], labels, str(source), "")
-    return Holdout(src, rest, config.threads)
+    pool = holdout_examples(calib.examples.source, calib.examples, growth_cap(count))
+    return ort_holdout(src, pool, config.threads, count, meta)
 
 
 def fit_budget(
-    src: Path,
-    calib: Calibration,
-    meta: dict[str, Any],
+    job: QuantJob,
     config: Any,
     whole: Quality,
     check: Holdout,
     probe: Path,
 ) -> tuple[list[dict[str, Any]], tuple[str, ...], list[dict[str, Any]], dict[str, Any]]:
-    """The weights to keep FP32 so that INT8 is within ``config`` 's budget: each weight ranked
-    by sensitivity (points of exact accuracy lost + points of argmax agreement lost with only
-    that weight INT8) on a quarter of the holdout, then the fewest most sensitive ones found by
-    bisection on the whole holdout (:func:`hrm_deploy.precision.fallback.bisect_fallback`; one
-    quantization, every probe a graph edit). Returns the kept weights, their node names, every
-    weight's sensitivity and how the search ran (probes, holdout sizes); refuses when no mix fits."""
+    """The weights to keep FP32 so that INT8 is within ``config`` 's budget: each weight ranked by
+    its own output error in one pass (:func:`hrm_deploy.precision.sensitivity.local_errors`), then
+    the fewest most sensitive ones found by bisection on the whole holdout
+    (:func:`hrm_deploy.precision.fallback.bisect_fallback`, bounded in probes and time; one
+    quantization of the job, every probe a graph edit). Returns the kept weights, their node names,
+    every weight's signal and how the search ran (probes, limits); refuses when no mix fits."""
     import onnx
 
     from hrm_deploy.backends.ort.builder.fallback import float_probe
-    from hrm_deploy.precision.calibrate import QuantConfig, plan_nodes
     from hrm_deploy.precision.fallback import bisect_fallback, weight_groups
 
     budget = config.budget
-    model = onnx.load(str(src))
-    by_weight = weight_groups(model, plan_nodes(model, QuantConfig(exclude_patterns=config.exclude_patterns)).quantize)
-    weights = {t.name: t for t in model.graph.initializer if t.name in by_weight}
-    del model
-    quantize_static(src, probe, calib, meta, config)  # once: every probe is this graph, edited
+    by_weight = weight_groups(job.model, job.plan.quantize)
+    weights = {t.name: t for t in job.model.graph.initializer if t.name in by_weight}
+    quantize_static(job, probe, config)  # once: every probe is this graph, edited
     qdq = onnx.load(str(probe))
-    ranking = check.first(max(MIN_HOLDOUT // 4, len(check.examples) // 4))
+    from hrm_deploy.precision.sensitivity import RANK_PUZZLES, local_errors
+
+    signal = local_errors(qdq, job.model, by_weight, check.examples, job.source, job.meta)
 
     def measure_on(holdout: Holdout, kept: list[str]) -> Quality:
         exclude = {n for w in kept for n in by_weight[w]}
@@ -254,34 +163,31 @@ def fit_budget(
         log.info("INT8 with %d nodes kept FP32: %s", len(exclude), quality.describe())
         return quality
 
-    def sensitivity(weight: str) -> float:
-        q = measure_on(ranking, [w for w in by_weight if w != weight])  # only this weight INT8
-        return q.loss + (100.0 - q.agreement)  # both in points
-
     def refuse(q: Quality | None) -> str:
-        return (
-            f"static INT8 does not meet the accuracy budget (<= {budget} points lost, >= {MIN_AGREEMENT_PCT:.0f} % "
-            f"argmax agreement) even with all but one layer FP32: {q.describe() if q else 'not measured'} "
-            f"(all INT8: {whole.describe()}); build --fp32, or pass a larger --accuracy-budget"
-        )
+        return refusal("static INT8", whole, q or whole, len(by_weight) - 1, budget)
 
     try:
         chosen = bisect_fallback(
-            list(by_weight), sensitivity, lambda kept: measure_on(check, kept), lambda q: q.within(budget), refuse
+            list(by_weight),
+            signal.__getitem__,
+            lambda kept: measure_on(check, kept),
+            lambda q: q.within(budget),
+            refuse,
         )
     finally:
         probe.unlink(missing_ok=True)
-    log.info("fallback: %d probes (%d ranking, the rest bisecting)", chosen.probes, len(by_weight))
+    log.info("fallback: %d whole-holdout probes (%s)", chosen.probes, chosen.limits)
     exclude = tuple(n for w in chosen.kept_float for n in by_weight[w])
-    # named by weight and by its first node (the readable one); sensitivity in points, most first
+    # named by weight and by its first node (the readable one); sensitivity: the weight's own relative output error
     kept = [{"weight": w, "node": by_weight[w][0], "nodes": len(by_weight[w])} for w in chosen.kept_float]
     ranked = sorted(chosen.sensitivity.items(), key=lambda kv: -kv[1])
-    sensitivity_rows = [{"weight": w, "node": by_weight[w][0], "sensitivity": round(s, 4)} for w, s in ranked]
+    sensitivity_rows = [{"weight": w, "node": by_weight[w][0], "sensitivity": round(s, 6)} for w, s in ranked]
     search = {
-        "method": "rank on a quarter of the holdout, bisect on all of it",
+        "method": "rank by each weight's own output error (one pass), bisect on the whole holdout",
         "probes": chosen.probes,
-        "ranking_puzzles": len(ranking.examples),
-        "bisection_probes": chosen.probes - len(by_weight),
+        "ranking_puzzles": min(RANK_PUZZLES, len(check.examples)),
+        "bisection_probes": chosen.probes,
+        "limits": chosen.limits,
     }
     return kept, exclude, sensitivity_rows, search
 

@@ -29,7 +29,7 @@ def build_for_cpu(request: BuildRequest) -> Any:
         accuracy_budget=config.accuracy_budget,
         check_accuracy=config.accuracy_check,
     )
-    built = build_cpu(request.ready, cpu, request.out, request.quiet)
+    built = build_cpu(request.ready, cpu, request.out, request.quiet, model=request.model)
     return EngineResult(built.path, built.manifest, built.source_onnx, built.build)
 
 

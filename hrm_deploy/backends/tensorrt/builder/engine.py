@@ -28,9 +28,10 @@ from hrm_deploy.backends.tensorrt.builder.options import reproduce_command, timi
 from hrm_deploy.engines.request import BuildRequest, GraphInput, StepInstead
 from hrm_deploy.engines.result import EngineResult
 from hrm_deploy.engines.targets import TargetProfile, target_architectures
-from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, require
+from hrm_deploy.errors import ConfigError, EngineError
 from hrm_deploy.io import check_output_path, sha256_bytes, staging_dir
 from hrm_deploy.manifest import publish_artifact, read_verified
+from hrm_deploy.onnx_runtime import load_onnx, load_onnx_bytes
 from hrm_deploy.precision.registry import PRECISIONS
 from hrm_deploy.progress import Stages
 from hrm_deploy.system import gpu_identity
@@ -64,18 +65,13 @@ class _Job:
     stages: Stages
 
 
-def _graph_info(path: Path, data: bytes | None = None) -> _Graph:
-    onnx = require("onnx", "onnx", "Building engines")
+def _graph_info(path: Path, data: bytes | None = None, model: Any = None) -> _Graph:
+    """Metadata, input dims and node counts of the graph at ``path`` (from ``data``, its bytes, or
+    ``model``, already parsed, where given; a file that does not parse is one line)."""
     from hrm_deploy.export.metadata import graph_metadata
 
-    try:
-        model = (
-            onnx.load_model_from_string(data) if data is not None else onnx.load(str(path), load_external_data=False)
-        )
-    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, RuntimeWarning, ...
-        raise ArtifactError(
-            f"{path} is not a readable ONNX file ({type(exc).__name__}); it is truncated or damaged: re-export it"
-        ) from None
+    if model is None:
+        model = load_onnx(path) if data is None else load_onnx_bytes(data, path)
     dims = {
         i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
         for i in model.graph.input
@@ -217,6 +213,8 @@ class TensorRTBuilder:
         config, target = request.config, request.target
         if request.backend not in target.backends:
             raise ConfigError(f"target {target.name} builds with {' or '.join(target.backends)}, not {request.backend}")
+        if target.architectures or config.compute_capability:  # GPUs the precision cannot run: before any package
+            target_architectures(target, config.precision, config.compute_capability)
         backend = load_backend(request.backend)
         backend.compute_capability(config.compute_capability or target.compute_capability)  # validate early
         machine = gpu_identity()
@@ -228,7 +226,7 @@ class TensorRTBuilder:
     def step_instead(self, graph: Path, request: BuildRequest) -> StepInstead | None:
         """The single-step graph when ``graph`` is an unroll whose build is over budget and
         ``--allow-unrolled`` was not given (:mod:`.cost`)."""
-        given = _graph_info(graph)
+        given = _graph_info(graph, model=request.model if graph == request.source else None)
         over = unrolled_over_budget(given.meta, given.compute_nodes, request.config.precision)
         if over is None or request.config.allow_unrolled:
             return None
