@@ -61,9 +61,14 @@ def load_adapted_table(artifact: str | Path, given: str | Path) -> PuzzleTable:
     from hrm_deploy.puzzle_table import table_path
     from hrm_deploy.registry import artifact_kind
 
+    if "://" in str(artifact):
+        raise ConfigError(
+            f"--puzzle-table needs a local ONNX graph or engine; the server at {artifact} keeps its own table: "
+            "serve the adapted checkpoint, or score its graph here"
+        )
     artifact, given = Path(artifact), Path(given)
-    if "://" in str(artifact) or not artifact.exists():
-        raise ConfigError(f"--puzzle-table needs a local ONNX graph or engine; {artifact} is not one")
+    if not artifact.exists():
+        raise ConfigError(f"--puzzle-table needs a local ONNX graph or engine; {artifact} does not exist")
     if artifact_kind(artifact) == "checkpoint":
         raise ConfigError(
             f"--puzzle-table is for a graph or engine exported with --puzzle-emb external; {artifact.name} is a "

@@ -55,6 +55,9 @@ def test_external_export_of_the_base_answers_the_adapted_tasks(arc_run):
     # a checkpoint has its own table
     with pytest.raises(ConfigError, match="is a checkpoint with its own table"):
         load_adapted_table(checkpoint, tmp / "adapted")
+    # a server keeps its own table
+    with pytest.raises(ConfigError, match="the server at http://127.0.0.1:9 keeps its own table"):
+        load_adapted_table("http://127.0.0.1:9", tmp / "adapted")
     # not an adapt output
     with pytest.raises(ConfigError, match="no adapt.json there"):
         load_adapted_table(external.path, tmp)
