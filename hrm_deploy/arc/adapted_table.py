@@ -52,9 +52,27 @@ def _adapted_checkpoint(given: Path) -> tuple[Path, dict[str, Any]]:
     return (folder / CHECKPOINT if given.is_dir() else given), read_record(folder)
 
 
-def load_adapted_table(artifact: str | Path, given: str | Path) -> PuzzleTable:
+def _check_dataset(data: Path, folder: Path, record: dict[str, Any]) -> None:
+    """The dataset to score must be the adapt run's own (or a copy): its identifiers and test rows, byte
+    for byte. Another run's rows would answer other tasks without a word."""
+    import filecmp
+
+    adapted = folder / str(record.get("data", "data"))
+    names = ["identifiers.json", "test/all__inputs.npy", "test/all__puzzle_identifiers.npy"]
+    for name in names:
+        if not (data / name).is_file() or not (adapted / name).is_file():
+            return  # a layout of another builder: the dataset's own checks speak for it
+        if not filecmp.cmp(data / name, adapted / name, shallow=False):
+            raise ConfigError(
+                f"--data {data} is not the dataset of the adapt run in {folder} ({name} differs): its table "
+                f"answers that run's tasks; score {adapted} with it"
+            )
+
+
+def load_adapted_table(artifact: str | Path, given: str | Path, data: str | Path | None = None) -> PuzzleTable:
     """The adapted table ``given`` names, checked against the external-table ``artifact`` (an ONNX
-    graph or an engine) it will be fed to; see the module's docstring."""
+    graph or an engine) it will be fed to and, when given, the dataset ``data`` to be scored; see
+    the module's docstring."""
     import torch
 
     from hrm_deploy.model.checkpoint import read_checkpoint
@@ -76,6 +94,8 @@ def load_adapted_table(artifact: str | Path, given: str | Path) -> PuzzleTable:
         )
     export_path, export = _export_record(artifact)
     checkpoint, record = _adapted_checkpoint(given)
+    if data is not None:
+        _check_dataset(Path(data), checkpoint.parent, record)
     if record.get("train") != "embeddings":
         raise ConfigError(
             f"--puzzle-table {given}: it was adapted with --train {record.get('train')}, which changed the model's "

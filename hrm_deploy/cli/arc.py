@@ -138,7 +138,7 @@ def arc_eval(
     if puzzle_table is not None:  # checked against the artifact first: a wrong table is one line, not a wrong score
         from hrm_deploy.arc.adapted_table import load_adapted_table
 
-        options["puzzle_table"] = load_adapted_table(artifact, puzzle_table)
+        options["puzzle_table"] = load_adapted_table(artifact, puzzle_table, data)
     report = run_arc_eval(artifact, data, output, against=against, config=config, **options)  # a path or a URL
     typer.echo(markdown(report).split("\n| task |")[0].rstrip())
     typer.echo(f"wrote {report['submission']}")

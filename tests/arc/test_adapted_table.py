@@ -55,6 +55,14 @@ def test_external_export_of_the_base_answers_the_adapted_tasks(arc_run):
     # a checkpoint has its own table
     with pytest.raises(ConfigError, match="is a checkpoint with its own table"):
         load_adapted_table(checkpoint, tmp / "adapted")
+    # another run's dataset (same task names, other grids): one line, not a silently wrong score
+    other = adapt(
+        _config(checkpoint, new_tasks(tmp / "other", seed=9), tmp / "other-run", steps=1, base_data=str(data)),
+        progress=False,
+    )
+    assert load_adapted_table(external.path, tmp / "adapted", result.data).rows == 25
+    with pytest.raises(ConfigError, match=r"is not the dataset of the adapt run in .*test/all__inputs.npy differs"):
+        load_adapted_table(external.path, tmp / "adapted", other.data)
     # a server keeps its own table
     with pytest.raises(ConfigError, match="the server at http://127.0.0.1:9 keeps its own table"):
         load_adapted_table("http://127.0.0.1:9", tmp / "adapted")
