@@ -7,7 +7,7 @@ table rows, gathered on the host, instead of puzzle identifiers (:mod:`hrm_deplo
 with the longer table is the adapted model. What makes that true is checked here, each fault one
 line: the table's width and dtype are the export's, it extends the export's table (its first rows
 are the export's, bit for bit), the adapt run's record names the checkpoint the export was made
-from (by sha256), and only the table was trained.
+from (by sha256), only the table was trained, and the dataset scored is the adapt run's own.
 """
 
 from __future__ import annotations
