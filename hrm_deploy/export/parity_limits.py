@@ -57,7 +57,7 @@ class Float32Noise:
         import torch
 
         if step not in self._cache:
-            z_H, z_L = (torch.as_tensor(np.ascontiguousarray(np.asarray(c)[::-1])) for c in self.carries[step])
+            z_H, z_L = (torch.as_tensor(np.asarray(c)[::-1].copy()) for c in self.carries[step])
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
