@@ -40,6 +40,7 @@ def test_the_shell_entries_are_clean_no_ops_without_a_gpu(tmp_path, script):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_stage_that_times_out_keeps_its_output_as_text_and_takes_its_children(check, tmp_path):
     # the stage started a child of its own (as verify starts its load probe) that holds the pipes
     code = (
@@ -52,6 +53,7 @@ def test_a_stage_that_times_out_keeps_its_output_as_text_and_takes_its_children(
     assert "partial résumé" in log and "(stopped after 1 s)" in log and "b'" not in log
 
 
+@pytest.mark.slow
 def test_a_background_stage_is_stopped_at_its_limit_with_its_output(check, tmp_path):
     job = check.lib.Background(
         "bg",

@@ -152,6 +152,7 @@ def _top_level_imports(path: Path, known: set[str]) -> set[str]:
     return {m for m in found if m in known}
 
 
+@pytest.mark.slow
 def test_no_module_level_import_circle():
     """Module-level imports between hrm_deploy modules form no cycle (lazy imports inside
     functions are how a lower room reaches an optional higher one)."""
@@ -184,6 +185,7 @@ def test_stages_look_backends_up_in_the_table():
     assert not by_name, by_name
 
 
+@pytest.mark.slow
 def test_the_stages_below_the_applications_import_no_backend():
     """engines, precision and halting reach a backend only through the tables: the halting scheduler
     drives any step function of the step contract (contract.StepFunction; the ORT and reference

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("torch", "onnx", "onnxruntime", "tensorrt", "tensorrt_rtx")
 
 PROBE = """
@@ -22,6 +24,7 @@ def test_import_package_is_lean():
     assert _loaded_after("import hrm_deploy, hrm_deploy.model, hrm_deploy.errors, hrm_deploy.manifest") == ""
 
 
+@pytest.mark.slow
 def test_cli_help_is_lean():
     body = (
         "from typer.testing import CliRunner\nfrom hrm_deploy.cli import app\n"
@@ -32,6 +35,7 @@ def test_cli_help_is_lean():
     assert _loaded_after(body) == ""
 
 
+@pytest.mark.slow
 def test_console_script_help_runs():
     out = subprocess.run([sys.executable, "-m", "hrm_deploy", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "export" in out.stdout

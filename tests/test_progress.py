@@ -51,6 +51,7 @@ def _progress_threads():
     return [t for t in threading.enumerate() if t.name.startswith("progress: ")]
 
 
+@pytest.mark.slow
 def test_stage_heartbeat_in_a_log_then_silence(capsys):
     stages = Stages(every=0.01, heartbeat=0.03)
     with stages.stage("folding with onnxslim"):

@@ -97,6 +97,7 @@ def test_solve_a_dataset_folder_from_onnx_with_halting(tiny_onnx):
         solve(PUZZLE, tiny_onnx.unrolled, "q")
 
 
+@pytest.mark.slow
 def test_solving_more_than_a_batch_shows_progress_unless_quiet(tiny_onnx, capsys, monkeypatch):
     import itertools
 

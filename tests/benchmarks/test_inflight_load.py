@@ -47,6 +47,7 @@ def _wait(requests):
     assert all(r["done"].wait(10) for r in requests)
 
 
+@pytest.mark.slow
 def test_the_dynamic_batcher_sends_full_batches_at_once_and_partial_ones_after_the_delay():
     bench = _load()
     runner = EchoRunner()

@@ -94,6 +94,7 @@ def built(monkeypatch):
     return run
 
 
+@pytest.mark.slow
 def test_precision_option_and_short_flag_are_the_same_setting(built):
     assert built("--precision", "int8") == built("--int8")
     assert built("--precision", "int8", "--int8").precision == "int8"  # saying it twice is fine

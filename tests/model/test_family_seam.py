@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("hrm_deploy", "benchmarks", "scripts")
 
@@ -23,6 +25,7 @@ def _family_from_dict_calls(path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_no_module_outside_model_reads_a_config_with_a_familys_from_dict():
     calls = [
         call

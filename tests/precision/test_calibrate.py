@@ -111,6 +111,7 @@ def test_the_calibration_session_is_created_on_the_chosen_providers(tiny_onnx, m
     assert asked == [["CUDAExecutionProvider", "CPUExecutionProvider"]] and fetch == [int8.RANGES_OUTPUT]
 
 
+@pytest.mark.slow
 def test_a_tampered_or_damaged_cache_entry_is_measured_again(tiny_onnx, tmp_path, caplog):
     """Scaled ranges in a calib/ entry once made an INT8 graph that solved nothing, announced only as
     'cached calibration': an entry that does not match its seal, or holds a non-finite range even

@@ -119,6 +119,7 @@ def test_fp8_engine_for_jetson_or_cpu_is_refused_before_any_work(tiny_onnx, tmp_
     assert not (tmp_path / "calib").exists()  # refused before calibrating
 
 
+@pytest.mark.slow
 @pytest.mark.trt
 @pytest.mark.parametrize("capability", ["SM89", "SM120"])
 def test_rtx_builds_an_fp8_engine_on_cpu(tiny_onnx, tmp_path, monkeypatch, capability):

@@ -61,6 +61,7 @@ def test_the_precision_stage_parses_and_calibrates_once(tiny_onnx, tmp_path, cou
     assert (counts["parses"], counts["calibrations"]) == (1, 1)
 
 
+@pytest.mark.slow
 def test_the_cpu_targets_static_int8_parses_and_calibrates_once(tiny_onnx, tmp_path, counts):
     from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
 

@@ -237,6 +237,7 @@ def test_targets_refuse_nvfp4_below_blackwell_before_any_work(tiny_onnx, tmp_pat
     assert not (tmp_path / "calib").exists()  # refused before calibrating
 
 
+@pytest.mark.slow
 @pytest.mark.trt
 def test_rtx_builds_an_nvfp4_engine_on_cpu_for_blackwell(tiny_onnx, tmp_path, monkeypatch):
     """TensorRT-RTX parses the NVFP4 graph (FP4 weights, DynamicQuantize activations) and builds it

@@ -45,6 +45,7 @@ def test_bf16_is_a_valid_bfloat16_graph(tiny_onnx, tmp_path):
     assert TensorProto.BFLOAT16 in kinds and TensorProto.FLOAT16 not in kinds
 
 
+@pytest.mark.slow
 def test_int8_qdq_follows_tensorrt_convention_and_keeps_accuracy(tiny_onnx, heldout, tmp_path):
     cfg = PrecisionConfig(
         "int8", calib_data=tiny_onnx.data, quant=QuantConfig(samples=128), cache_dir=str(tmp_path / "calib")
@@ -65,6 +66,7 @@ def test_int8_qdq_follows_tensorrt_convention_and_keeps_accuracy(tiny_onnx, held
     assert fp32["exact_accuracy"] - int8["exact_accuracy"] <= 0.02, (fp32, int8)
 
 
+@pytest.mark.slow
 def test_calibration_cache_is_keyed_and_reused(tiny_onnx, tmp_path):
     def run(samples, method="minmax"):
         cfg = PrecisionConfig(
@@ -134,6 +136,7 @@ def test_step_and_unrolled_precision_graphs_give_the_same_answers(tiny_onnx, hel
     assert (answers[0] == answers[1]).mean() >= 0.9999
 
 
+@pytest.mark.slow
 def test_every_quantized_graph_is_measured_against_fp32_by_default(tiny_onnx, tmp_path, caplog):
     """No default is silently worse: the INT8 graph's argmax agreement and exact-accuracy delta on
     held-out puzzles are printed in one line and recorded; --no-accuracy-check says it was skipped."""

@@ -136,6 +136,7 @@ def test_the_published_graph_is_measured_again_and_judged(tiny_onnx, tmp_path, m
     assert not (tmp_path / "m.int8.onnx").exists()
 
 
+@pytest.mark.slow
 def test_the_accuracy_line_is_logged_once(tiny_onnx, tmp_path, capsys):
     """ORT's quantizer configures the root logger on its first module-level log call; the stage's
     accuracy line then printed twice (once as ``INFO:hrm_deploy.precision.convert:...``)."""

@@ -46,6 +46,7 @@ def toy(monkeypatch):
     return TOY
 
 
+@pytest.mark.slow
 def test_a_toy_precision_is_one_row_and_one_writer(toy, tiny_onnx, tmp_path):
     config = PrecisionConfig(
         "toyu8", calib_data=tiny_onnx.data, quant=QuantConfig(samples=32), cache_dir=str(tmp_path / "calib")

@@ -397,6 +397,7 @@ def test_an_export_landing_during_verify_gets_no_stale_verdict(tiny_onnx, tmp_pa
     assert "verify" not in read_manifest(copy) and not (tmp_path / "m.onnx.verify.md").exists()
 
 
+@pytest.mark.slow
 def test_a_damaged_int8_calibration_cache_is_recomputed_not_used(tiny_onnx, tmp_path):
     from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph

@@ -114,6 +114,7 @@ def test_pt2_is_accepted_by_inspect_solve_and_the_provenance_lookup(pt2, trained
     assert len(json.loads(result.stdout.splitlines()[0])["answer"]) == 81
 
 
+@pytest.mark.slow
 def test_pt2_in_a_triton_repository_is_one_line_naming_what_to_do(pt2, tmp_path):
     result = runner.invoke(app, ["triton-repo", str(pt2), "-o", str(tmp_path / "r")])
     _one_line(result, "hrm-deploy serve")

@@ -22,6 +22,7 @@ except DependencyError:
     HAVE_RTX = False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_RTX, reason="tensorrt-rtx is not installed (pip install 'hrm-deploy[rtx]')")
 @pytest.mark.trt
 def test_export_replacing_the_graph_during_a_build(tiny_onnx, tmp_path, monkeypatch):

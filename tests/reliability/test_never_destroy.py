@@ -209,6 +209,7 @@ def test_the_cache_folder_is_the_platforms_user_cache(monkeypatch, tmp_path):
 
 
 # ------------------------------------------------------------------------------- training log
+@pytest.mark.slow
 def test_metrics_log_continues_exactly_after_resume(tmp_path):
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.train.loop import TrainConfig, train

@@ -210,6 +210,7 @@ def test_an_empty_test_split_is_refused(micro_data, tmp_path):
         train(MICRO, _cfg(str(data), tmp_path / "run"), progress=False)
 
 
+@pytest.mark.slow
 def test_overwrite_starts_over(micro_data, tmp_path):
     out = tmp_path / "run"
     train(MICRO, _cfg(micro_data, out, steps=2), progress=False)

@@ -75,6 +75,7 @@ def test_a_report_companion_of_someone_else_is_refused(tmp_path):
     check_user_output(tmp_path / "other.json", companions=[tmp_path / "other.report.json"])
 
 
+@pytest.mark.slow
 def test_solve_keeps_finished_answers_through_a_kill(tmp_path):
     """kill -9 after two batches of two: the four answers computed are in <out>.partial; the next
     run refuses to start over them; a finished run leaves only <out>."""

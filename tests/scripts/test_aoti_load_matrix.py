@@ -62,6 +62,7 @@ def test_an_unknown_only_name_is_one_line_listing_the_names(matrix):
     assert rc == 2 and len(lines) == 1 and "--jobs 0" in lines[0]
 
 
+@pytest.mark.slow
 def test_jobs_run_at_once_and_print_in_variant_order(matrix):
     # each waits until all three have started: run one at a time, the first would give up (an error)
     plan = {"dlopen-extracted": "barrier:3+sleep:0.5", "runner-extracted": "barrier:3+segv"}
@@ -78,6 +79,7 @@ def test_jobs_run_at_once_and_print_in_variant_order(matrix):
     assert "dlopen-extracted ok but runner-extracted dies => model container creation" in read
 
 
+@pytest.mark.slow
 def test_no_more_than_jobs_children_at_once(matrix):
     names = ["dlopen-extracted", "runner-extracted", "runner-import-ort", "runner-import-onnx"]
     _, lines, log = matrix(dict.fromkeys(names, "sleep:0.3"), "--jobs", "2", "--only", ",".join(names))

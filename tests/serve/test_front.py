@@ -166,6 +166,7 @@ def test_past_its_workers_and_queue_a_request_gets_503(backend):
         assert sorted(results) == [200, 200, 503, 503], results
 
 
+@pytest.mark.slow
 def test_a_half_sent_body_is_dropped_at_its_deadline_and_holds_no_worker(backend):
     with _front(backend, workers=1, queue=0, body_timeout_s=0.5, header_timeout_s=0.5) as front:
         port = front.listener.sock.getsockname()[1]

@@ -98,6 +98,7 @@ def test_oldest_first_and_cancelled_requests_leave():
         sched.stop(1)
 
 
+@pytest.mark.slow
 def test_queue_limit_deadline_and_stop():
     gate = threading.Semaphore(0)
     sched = InflightScheduler(CountingStep(gate=gate), halt_positive, slots=1, queue_limit=3)

@@ -148,6 +148,7 @@ def test_bundled_default_is_trained(trained_tiny):
     assert metrics["count"] == 200 and metrics["exact_accuracy"] >= 0.9, metrics
 
 
+@pytest.mark.slow
 def test_trainer_metrics_are_the_metrics_module_s(micro_data, tmp_path):
     """The trainer logs and evaluates under hrm_deploy.metrics' names, and its evaluation is
     metrics.accuracy of the unrolled model's logits (what verify and bench compute)."""
@@ -218,6 +219,7 @@ def test_bundled_act_model_uses_its_steps(trained_small):
         bundled_checkpoint("nope")
 
 
+@pytest.mark.slow
 def test_metric_sinks_log_when_asked_and_fail_clearly_when_missing(micro_data, tmp_path, monkeypatch):
     import sys
     import types

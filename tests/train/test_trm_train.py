@@ -113,6 +113,7 @@ def test_ema_checkpoint_and_exact_resume(micro_data, tmp_path):
         assert torch.equal(a.extra["live_state"][key], b.extra["live_state"][key]), key
 
 
+@pytest.mark.slow
 def test_export_upstream_writes_trm_layout(micro_data, tmp_path, monkeypatch):
     from tests.model.trm_oracle import build_oracle, upstream_eval
 

@@ -77,6 +77,7 @@ def test_fused_bundled_model_gives_the_same_answers_with_far_fewer_nodes(small_e
     assert abs(exact[0] - exact[1]) <= (0.0 if precision == "fp32" else 2.0), exact  # 100 puzzles
 
 
+@pytest.mark.slow
 def test_fused_step_graph_matches_on_every_step(tiny_onnx, trained_tiny, tmp_path):
     fused, plain = _build(tiny_onnx.step, tmp_path, "fp32", True), _build(tiny_onnx.step, tmp_path, "fp32", False)
     report = fused.build["fusions"]
@@ -140,6 +141,7 @@ def test_the_block_check_catches_a_wrong_fusion(small_export, tmp_path):
     assert checked == 12 + 24 and error > 1e-2
 
 
+@pytest.mark.slow
 def test_a_failed_block_check_stops_the_build_without_debris(small_export, tmp_path, monkeypatch):
     folder, fp32 = small_export
     monkeypatch.setattr("hrm_deploy.backends.ort.builder.fusion.check_rewrites", lambda *a, **k: 0.5)

@@ -103,6 +103,7 @@ def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(trained_small, tm
     assert ratio <= 1.0, f"CPU INT8 takes {ratio:.2f}x the FP32 time on the bundled ACT model"
 
 
+@pytest.mark.slow
 def test_cpu_graph_runs_with_its_built_thread_count_and_bench_reports_it(cpu_graphs, tiny_onnx, tmp_path):
     from hrm_deploy.bench.run import BenchConfig, bench
 

@@ -70,6 +70,7 @@ def test_a_child_killed_by_a_signal_is_a_cached_verdict_and_the_parent_lives_on(
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("hrm-deploy-probe-*"))  # its TMPDIR is gone
 
 
+@pytest.mark.slow
 def test_a_probe_error_and_a_hang_are_reported_a_hang_is_not_cached(cache, tmp_path, monkeypatch):
     from hrm_deploy.backends.torch import probe
 
