@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hrm_deploy.arc.score import SUBMISSION_K, Votes, rank
-from hrm_deploy.data.arc_grids import crop_batch, grid_hash, inverse_augment, parse_name
+from hrm_deploy.arc.score import SUBMISSION_K, Votes, rank, vote_key
+from hrm_deploy.data.arc_grids import crop_batch
 
 
 def _votes_at(ranked: list[tuple[str, int, float]], position: int) -> int:
@@ -87,7 +87,7 @@ def row_groups(identifiers: Sequence[str], ids: np.ndarray, inputs: np.ndarray) 
                 keys.append(None)
                 continue
             name = identifiers[int(ident)]
-            keys.append((parse_name(name)[0], grid_hash(inverse_augment(name, grid))))
+            keys.append(vote_key(name, grid))
     return keys
 
 

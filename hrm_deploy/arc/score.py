@@ -46,6 +46,11 @@ def _checked_ids(puzzle_identifiers: np.ndarray, identifier_map: Sequence[str]) 
     return ids
 
 
+def vote_key(name: str, cropped_input: np.ndarray) -> tuple[str, str]:
+    """The test input a row votes for: (its task, the hash of its un-augmented input grid)."""
+    return parse_name(name)[0], grid_hash(inverse_augment(name, cropped_input))
+
+
 @dataclass
 class Votes:
     """Predictions grouped as upstream does: task -> input hash -> [(grid hash, sigmoid q_halt)]."""
@@ -75,12 +80,12 @@ class Votes:
             q[keep],
         ):
             name = identifier_map[ident]
-            task = parse_name(name)[0]
+            task, input_hash = vote_key(name, inp)
             pred = inverse_augment(name, pred)
             pred_hash = grid_hash(pred)
             self.grids[pred_hash] = pred
             by_input = self.preds.setdefault(task, {})
-            by_input.setdefault(grid_hash(inverse_augment(name, inp)), []).append((pred_hash, float(qv)))
+            by_input.setdefault(input_hash, []).append((pred_hash, float(qv)))
             self.rows += 1
 
 
