@@ -302,9 +302,16 @@ def check_replaceable(
 
 
 def output_path(out: str | os.PathLike, default_name: str | None, *, flag: str = "-o") -> Path:
-    """``out``, or ``<out>/<default_name>`` when ``out`` is an existing folder (one error line
-    without a default name)."""
+    """``out``, or ``<out>/<default_name>`` when ``out`` is an existing folder or ends with a
+    separator (``-o NEWDIR/``: the folder is made; one error line without a default name)."""
+    folder = str(out).endswith((os.sep, "/"))
     out = Path(out)
+    if folder and not out.is_dir():
+        if default_name is None:
+            raise ArtifactError(f"{flag} {out}{os.sep} names a folder; give the output's file name inside it")
+        if out.exists():
+            raise ArtifactError(f"{flag} {out}{os.sep} names a folder but {out} is a file; choose another path")
+        out.mkdir(parents=True)
     if out.is_dir():
         if default_name is None:
             raise ArtifactError(f"{flag} {out} is a folder; give the output's file name inside it")

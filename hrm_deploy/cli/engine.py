@@ -133,7 +133,7 @@ def build_engine(
         ),
     ] = False,
     output: Annotated[
-        Path | None,
+        str | None,  # a string, not a Path: "-o DIR/" keeps its slash and is told to name a file
         typer.Option(
             "-o",
             "--out",
@@ -190,12 +190,13 @@ def build_engine(
         from hrm_deploy.onnx_runtime import load_onnx
 
         load_onnx(onnx)
+    engine_path = None
     if output is not None:  # before any work: never over an input or a file we did not write
         from hrm_deploy.manifest import check_replaceable, output_path
 
-        output = output_path(output, None)
-        check_replaceable(output, [onnx, calib_data])
-    result = build(onnx, config, output, quiet=quiet)
+        engine_path = output_path(output, None)
+        check_replaceable(engine_path, [onnx, calib_data])
+    result = build(onnx, config, engine_path, quiet=quiet)
     seconds = result.build.get("build_seconds", 0.0)
     typer.echo(
         f"wrote {result.path} ({result.build.get('engine_bytes', 0) / 2**20:.1f} MiB, built in {seconds:.1f} s) "

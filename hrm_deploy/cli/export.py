@@ -24,7 +24,8 @@ def export(
         ),
     ] = None,
     output: Annotated[
-        Path | None, typer.Option("-o", "--out", "--output", help="Output .onnx (default export/<name>.onnx).")
+        str | None,  # a string, not a Path: "-o NEWDIR/" keeps its slash (a folder to make)
+        typer.Option("-o", "--out", "--output", help="Output .onnx, or a folder (default export/<name>.onnx)."),
     ] = None,
     mode: Annotated[
         ExportMode | None,

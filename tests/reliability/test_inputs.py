@@ -276,3 +276,18 @@ def test_verify_refuses_data_the_model_cannot_take(tiny_onnx, tmp_path, change, 
     import re
 
     assert re.search(message, result.output), result.output
+
+
+def test_an_output_ending_with_a_slash_is_a_folder(tmp_path):
+    """``-o NEWDIR/`` is a folder to make (never a file named NEWDIR); where the stage has no default
+    file name, or a file has that name, one line."""
+    from hrm_deploy.manifest import output_path
+
+    assert output_path(f"{tmp_path}/new/", "model.onnx") == tmp_path / "new" / "model.onnx"
+    assert (tmp_path / "new").is_dir()
+    with pytest.raises(ArtifactError, match="names a folder; give the output's file name"):
+        output_path(f"{tmp_path}/other/", None)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ArtifactError, match="is a file"):
+        output_path(f"{tmp_path}/file/", "model.onnx")
+    assert output_path(str(tmp_path / "plain.onnx"), "model.onnx") == tmp_path / "plain.onnx"
