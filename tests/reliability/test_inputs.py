@@ -61,6 +61,29 @@ def test_verify_refuses_bad_samples_before_any_work(tiny_onnx):
     _one_line_error(result, "--samples")
 
 
+def test_a_flipped_cell_counts_against_agreement_not_closeness():
+    """One confidently flipped cell (INT8 may flip up to 2 %): its logit error is about the logits'
+    range, so closeness is judged on the cells whose answers agree; the flip shows in the agreement
+    and in the report's overall ``max_rel``."""
+    from hrm_deploy.precision.registry import PRECISIONS
+    from hrm_deploy.verify import compare, judge
+
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(64, 81, 11)).astype(np.float32)
+    q = rng.normal(size=(64, 4)).astype(np.float32)
+    flipped = logits.copy()
+    flipped[3, 5] = -flipped[3, 5] * 3  # one cell of 5,184 answers otherwise
+    report = compare({"logits": logits, "q_halt_logits": q}, {"logits": flipped, "q_halt_logits": q}, None)
+    assert report["logits"]["argmax_agreement"] < 1.0 and report["logits"]["max_rel"] > 1.0
+    assert report["logits"]["max_rel_agreeing"] == 0.0
+    assert not judge(report, PRECISIONS["int8"].thresholds)
+    near = flipped.copy()
+    near[0, 0] += 0.7 * np.abs(logits).max()  # an agreeing cell far off still fails
+    near[0, 0, logits[0, 0].argmax()] += 10.0
+    report = compare({"logits": logits, "q_halt_logits": q}, {"logits": near, "q_halt_logits": q}, None)
+    assert any("where the answers agree" in f for f in judge(report, PRECISIONS["int8"].thresholds))
+
+
 def test_logits_far_off_fail_even_when_argmax_agrees():
     from hrm_deploy.precision.registry import PRECISIONS
     from hrm_deploy.verify import compare, judge
