@@ -115,9 +115,7 @@ def judge(report: dict[str, Any], thresholds: Thresholds) -> list[str]:
         )
     q_rel = report["q_halt"].get("max_rel_agreeing", report["q_halt"].get("max_rel", 0.0))
     if q_rel > thresholds.max_q_halt_rel_error:
-        failures.append(
-            f"q_halt relative error where the signs agree {q_rel:.4g} > {thresholds.max_q_halt_rel_error}"
-        )
+        failures.append(f"q_halt relative error where the signs agree {q_rel:.4g} > {thresholds.max_q_halt_rel_error}")
     if report["q_halt"]["sign_agreement"] < thresholds.min_q_halt_sign_agreement:
         failures.append(
             f"q_halt sign agreement {report['q_halt']['sign_agreement']:.4f} < {thresholds.min_q_halt_sign_agreement}"
