@@ -71,7 +71,7 @@ class EngineConfig:
     compute_capability: str | None = None
     calib_data: str | None = None
     calib_method: str = "minmax"  # see QuantConfig: measured defaults
-    calib_samples: int = 128
+    calib_samples: int | None = None  # None: by the model's cost (precision.accuracy.calibration_size)
     accuracy_budget: float | None = None
     timing_cache: str | None = DEFAULT_TIMING_CACHE  # base name; the file is keyed by GPU + TensorRT version
     threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
@@ -110,7 +110,7 @@ class EngineConfig:
             raise ConfigError(
                 f"--opt-level must be between 0 and 5 (TensorRT's builder levels), got {self.optimization_level}"
             )
-        if not 1 <= self.calib_samples <= 1_000_000:
+        if self.calib_samples is not None and not 1 <= self.calib_samples <= 1_000_000:
             raise ConfigError(f"--calib-samples must be between 1 and 1000000, got {self.calib_samples}")
         if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
             raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
@@ -256,15 +256,19 @@ def _precision_graph(onnx_path: Path, model: Any, config: EngineConfig, quiet: b
     precision stage's graph of the FP32 export (calibrated on the checkpoint's own data unless
     --calib-data), made from ``model`` without parsing the file again."""
     from hrm_deploy.export.metadata import graph_metadata
+    from hrm_deploy.precision.accuracy import CALIB_SAMPLES, calibration_size
     from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
 
-    have = graph_metadata(model).get("precision", "fp32")
+    meta = graph_metadata(model)
+    have = meta.get("precision", "fp32")
     if have == config.precision:
         return onnx_path
     if have != "fp32":
         raise ConfigError(f"{onnx_path} is a {have} graph but {config.precision} was asked for; pass the FP32 export")
     calibrated = get_precision(config.precision).calibrated
+    # by the model's cost unless asked (a float conversion records the default, calibrating nothing)
+    samples = config.calib_samples or (calibration_size(meta) if calibrated else CALIB_SAMPLES)
     if not quiet:
         what = "calibrating and quantizing" if calibrated else "converting"
         log.info(f"{onnx_path.name} is FP32: {what} it to {config.precision} first")
@@ -272,10 +276,10 @@ def _precision_graph(onnx_path: Path, model: Any, config: EngineConfig, quiet: b
         from hrm_deploy.provenance import default_data
 
         # the calibration samples; the holdout of the accuracy check from the test split
-        choice = default_data(onnx_path, "--calib-data", {"train": config.calib_samples, "test": None})
+        choice = default_data(onnx_path, "--calib-data", {"train": samples, "test": None})
         log.info(choice.message)
         config = replace(config, calib_data=str(choice.path))
-    quant = QuantConfig(method=config.calib_method, samples=config.calib_samples)
+    quant = QuantConfig(method=config.calib_method, samples=samples)
     precision = PrecisionConfig(
         config.precision,
         calib_data=config.calib_data,

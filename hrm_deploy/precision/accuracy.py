@@ -15,7 +15,7 @@ from hrm_deploy.metrics import accuracy
 
 # The default accuracy check of every quantized build (INT8, FP8, NVFP4; the cpu target's own too):
 # the rule and how a holdout decides it are in hrm_deploy.precision.rule
-from hrm_deploy.precision.rule import DEFAULT_BUDGET_POINTS, MIN_AGREEMENT_PCT  # noqa: E402,F401 - the rule's
+from hrm_deploy.precision.rule import DEFAULT_BUDGET_POINTS, MIN_AGREEMENT_PCT, Holdout  # noqa: E402,F401 - the rule's
 
 # The holdout: as many puzzles as HOLDOUT_FLOPS of FP32 work, between MIN_HOLDOUT and
 # HOLDOUT_SAMPLES. On the bundled model 128 puzzles measured minmax static INT8 0.8 points
@@ -27,17 +27,73 @@ HOLDOUT_FLOPS = 1e13
 MIN_HOLDOUT = 64
 
 
-def holdout_size(meta: dict, most: int = HOLDOUT_SAMPLES) -> int:
-    """Held-out puzzles for a model: as many as :data:`HOLDOUT_FLOPS` of FP32 work allow (at
-    least :data:`MIN_HOLDOUT`, at most ``most``). Fixed by the model's shape, not by a clock, so
-    one build gives the same engine on an idle or a busy machine."""
+def _affordable(meta: dict) -> int:
+    """Puzzles that :data:`HOLDOUT_FLOPS` of FP32 work run through all the graph's ACT steps."""
     from hrm_deploy.model.families import config_from_dict
 
     config = config_from_dict(meta["config"])
     d, inter = config.hidden_size, config.intermediate_size
     per_token_block = 2 * (4 * d * d + 3 * d * inter)  # qkv + o, gate_up + down: multiply-adds x 2
     flops = per_token_block * config.total_seq_len * config.blocks_per_step * int(meta["steps"])
-    return max(MIN_HOLDOUT, min(most, int(HOLDOUT_FLOPS // max(flops, 1))))
+    return int(HOLDOUT_FLOPS // max(flops, 1))
+
+
+def holdout_size(meta: dict, most: int = HOLDOUT_SAMPLES) -> int:
+    """Held-out puzzles for a model: as many as :data:`HOLDOUT_FLOPS` of FP32 work allow (at
+    least :data:`MIN_HOLDOUT`, at most ``most``). Fixed by the model's shape, not by a clock, so
+    one build gives the same engine on an idle or a busy machine."""
+    return max(MIN_HOLDOUT, min(most, _affordable(meta)))
+
+
+# Calibration examples when none are asked for: QuantConfig's measured default (128; on the bundled
+# model no K in 32..512 was reliably better, benchmarks/results/calib_size.json), or, for a model so
+# costly that even the minimum holdout is over HOLDOUT_FLOPS (a Sudoku-size model: 46 puzzles' worth),
+# MIN_HOLDOUT examples that are also the holdout: the calibration pass's FP32 answers are then the
+# check's reference, so FP32 runs once per build, not twice (with minmax ranges the holdout sees no
+# clipping the calibration did not see; the manifest says the holdout is the calibration set).
+CALIB_SAMPLES = 128
+
+
+def shares_holdout(meta: dict) -> bool:
+    """Whether a build of this graph that asks for no holdout size measures on its calibration set."""
+    return _affordable(meta) < MIN_HOLDOUT
+
+
+def calibration_size(meta: dict) -> int:
+    """Calibration examples of a build that asks for none (see :data:`CALIB_SAMPLES`)."""
+    return MIN_HOLDOUT if shares_holdout(meta) else CALIB_SAMPLES
+
+
+def job_holdout(job, data: str, samples: int | None, run) -> tuple[Holdout, int]:
+    """The holdout a quantized build of ``job`` is measured on, and how far it may grow: the
+    calibration set itself (FP32's answers from the calibration pass where it ran, ``job.reference``)
+    when the job shares it, then the dataset's ``test`` split to grow into; else ``samples`` (None:
+    :func:`holdout_size`) puzzles of the test split (:func:`holdout_examples`). ``run`` computes
+    a graph's logits (the FP32 graph's where not known)."""
+    from hrm_deploy.precision.rule import growth_cap
+
+    if not job.share_holdout:
+        count = samples or holdout_size(job.meta)
+        cap = growth_cap(count)
+        return Holdout(job.source, holdout_examples(data, job.examples, cap), run, count), cap
+    from hrm_deploy.errors import DataError
+
+    count = len(job.examples)
+    cap = growth_cap(count)
+    pool = job.examples
+    try:  # puzzles to grow into while the verdict is within the noise: the test split
+        more = holdout_examples(data, job.examples, cap - count)
+    except DataError:  # a .npz calibration used entirely: the calibration set alone
+        more = None
+    if more is not None and len(more) and more.labels is not None and job.examples.labels is not None:
+        pool = Examples(
+            np.concatenate([job.examples.inputs, more.inputs]),
+            np.concatenate([job.examples.puzzle_identifiers, more.puzzle_identifiers]),
+            np.concatenate([job.examples.labels, more.labels]),
+            job.examples.source,
+            "",
+        )
+    return Holdout(job.source, pool, run, count, job.reference), min(cap, len(pool))
 
 
 def holdout_examples(data: str, calibration: Examples, count: int) -> Examples:

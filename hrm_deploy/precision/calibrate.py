@@ -233,20 +233,29 @@ def _calibrate(
     steps: int,
     cache_file: Path,
     on_feed: Callable[[], None] | None,
+    logits: list[np.ndarray] | None = None,
 ) -> None:
     """Ranges of the MatMul activation inputs only, written as ORT's calibration cache.
 
     ORT's own calibrators first add ReduceMin/Max (or output) nodes for every tensor and rebuild
     a value-info map per tensor: quadratic in graph size, hours on a 16-step Sudoku unroll. Here
     only the tensors that get Q/DQ are read (:func:`range_session`), in one pass over the data
-    (:func:`drive_examples`), and reduced run by run (:class:`RangeCollector`)."""
+    (:func:`drive_examples`), and reduced run by run (:class:`RangeCollector`). ``logits``: where
+    given, each batch's final FP32 logits are appended to it (the same runs: the holdout's
+    reference where the calibration set is the holdout)."""
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     from hrm_deploy.io import atomic_path
 
     session, fetch = range_session(model, source, tensors, config.method)
     ranges = RangeCollector(tensors, config)
-    for values in drive_examples(session, fetch, examples, config.batch, mode, steps):
+    per_batch = steps if mode == "step" else 1  # runs per batch: the last one gives the answer
+    fetch = fetch + ["logits"] if logits is not None else fetch
+    for run, values in enumerate(drive_examples(session, fetch, examples, config.batch, mode, steps)):
+        if logits is not None:
+            *values, answer = values
+            if (run + 1) % per_batch == 0:
+                logits.append(np.asarray(answer, np.float32))
         ranges.add(values)
         if on_feed:
             on_feed()
@@ -314,19 +323,21 @@ def calibrate_ranges(
     cache_file: Path,
     meta: dict[str, Any],
     quiet: bool = True,
-) -> bool:
+    keep_logits: bool = False,
+) -> np.ndarray | None:
     """The activation ranges of every weight MatMul/Gemm input of the FP32 graph ``model`` (parsed
     from ``source``) in ``cache_file``: kept when a trusted entry is there, else measured on
     ``examples`` through all ``meta['steps']`` ACT steps and written there. Every Q/DQ format
     (INT8, FP8, NVFP4) reads the same cache, and every exclusion: the ranges of all weight inputs
-    are measured, not only one plan's. Returns True when it calibrated."""
+    are measured, not only one plan's. Returns the examples' final FP32 logits [K, S, V] when it
+    calibrated and ``keep_logits`` asks for them (from the same runs), else None."""
     problem = cache_problem(cache_file) if cache_file.is_file() else None
     if problem:  # derived data: an untrusted entry is measured again, never used
         logger.warning("calibration cache %s %s: calibrating again", cache_file, problem)
         cache_file.unlink()
         _seal_path(cache_file).unlink(missing_ok=True)
     if cache_file.is_file():
-        return False
+        return None
     by_name = {n.name: n for n in model.graph.node}
     all_weighted = plan_nodes(model, QuantConfig(method=config.method, exclude_patterns=()))
     tensors = sorted({by_name[n].input[0] for n in all_weighted.quantize})
@@ -334,9 +345,10 @@ def calibrate_ranges(
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     mode, steps = meta["mode"], int(meta["steps"])
     total = batch_runs(examples, config.batch, mode, steps)
+    logits: list[np.ndarray] | None = [] if keep_logits else None
     with _progress(total, "calibrating", quiet) as on_feed:
-        _calibrate(model, source, tensors, examples, config, mode, steps, cache_file, on_feed)
-    return True
+        _calibrate(model, source, tensors, examples, config, mode, steps, cache_file, on_feed, logits)
+    return np.concatenate(logits) if logits else None
 
 
 def quantize_qdq(

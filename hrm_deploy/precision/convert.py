@@ -83,11 +83,13 @@ def _write_qdq(
     import onnx
 
     from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.precision.accuracy import shares_holdout
     from hrm_deploy.precision.job import new_job
 
     entry = config.entry
     examples = load_examples(str(config.calib_data), config.quant.samples)
-    job = new_job(src, model, meta, examples, config.quant, config.cache_dir, src_sha256)
+    share = config.accuracy_check and config.holdout_samples is None and shares_holdout(meta)
+    job = new_job(src, model, meta, examples, config.quant, config.cache_dir, src_sha256, share)
     label = (
         "reusing cached calibration"
         if job.report["reused"]
@@ -117,18 +119,16 @@ def _check_accuracy(job, tmp: Path, config: PrecisionConfig, stages, report):
     line (nothing is written)."""
     from dataclasses import replace
 
-    from hrm_deploy.precision.accuracy import DEFAULT_BUDGET_POINTS, holdout_examples, holdout_runner, holdout_size
-    from hrm_deploy.precision.rule import Holdout, accuracy_line, growth_cap, measuring, refusal
+    from hrm_deploy.precision.accuracy import DEFAULT_BUDGET_POINTS, holdout_runner, job_holdout
+    from hrm_deploy.precision.rule import accuracy_line, measuring, refusal
 
     if not config.accuracy_check:
         return {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
     budget = DEFAULT_BUDGET_POINTS if config.accuracy_budget is None else config.accuracy_budget
-    count = config.holdout_samples or holdout_size(job.meta)
-    cap = growth_cap(count)
-    pool = holdout_examples(str(config.calib_data), job.examples, cap)
-    holdout = Holdout(job.source, pool, holdout_runner(job.source, job.meta), count)
+    runner = holdout_runner(job.source, job.meta)
+    holdout, cap = job_holdout(job, str(config.calib_data), config.holdout_samples, runner)
     name = config.precision.upper()
-    with stages.stage(measuring(name, holdout.size, min(cap, len(pool)))):
+    with stages.stage(measuring(name, holdout.size, min(cap, len(holdout.pool)))):
         first, decided = holdout.decide(tmp, budget, cap)
     quality = first
     if not first.within(budget):

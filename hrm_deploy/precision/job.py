@@ -45,6 +45,10 @@ class QuantJob:
     cache: Path
     plan: QuantPlan
     report: dict[str, Any] = field(default_factory=dict)
+    # the calibration set is also the accuracy check's holdout (a costly model:
+    # precision.accuracy.shares_holdout); ``reference``: its FP32 logits from the calibration pass
+    share_holdout: bool = False
+    reference: Any = None
 
     def copy_model(self) -> Any:
         """A copy of the FP32 graph for a writer to edit."""
@@ -67,6 +71,7 @@ def new_job(
     quant: QuantConfig,
     cache_dir: str | Path,
     source_sha256: str,
+    share_holdout: bool = False,
 ) -> QuantJob:
     """The job of ``model`` (the FP32 graph at ``source``, already parsed): its cache entry keyed by
     the graph's sha256, the method, the data and the sample count (``report['reused']``: a trusted
@@ -82,10 +87,17 @@ def new_job(
         "data": examples.source,
         "data_sha256": examples.sha256,
     }
-    return QuantJob(Path(source), model, meta, examples, quant, cache, plan_nodes(model, quant), report)
+    if share_holdout:
+        report["holdout"] = "the calibration set (its FP32 answers from the calibration pass)"
+    plan = plan_nodes(model, quant)
+    return QuantJob(Path(source), model, meta, examples, quant, cache, plan, report, share_holdout)
 
 
 def calibrate_job(job: QuantJob, quiet: bool = True) -> None:
     """Measure the ranges of every weight MatMul/Gemm input of ``job.model`` into ``job.cache``
     unless a trusted entry is there (the Q/DQ rows' ``calibration``)."""
-    calibrate_ranges(job.model, job.source, job.examples, job.quant, job.cache, job.meta, quiet)
+    reference = calibrate_ranges(
+        job.model, job.source, job.examples, job.quant, job.cache, job.meta, quiet, job.share_holdout
+    )
+    if reference is not None:
+        job.reference = reference

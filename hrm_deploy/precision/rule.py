@@ -114,10 +114,14 @@ class Holdout:
     """Held-out puzzles (``pool``, of which the first ``size`` are in use; :meth:`grow` takes more)
     and FP32's answers on them (each computed once), to measure quantized graphs with ``run``."""
 
-    def __init__(self, fp32: Path, pool: Examples, run: Run, size: int | None = None):
+    def __init__(
+        self, fp32: Path, pool: Examples, run: Run, size: int | None = None, reference: np.ndarray | None = None
+    ):
         self.fp32, self.pool, self.run = Path(fp32), pool, run
         self.size = min(size or len(pool), len(pool))
-        self._reference = np.zeros((0,), np.float32)
+        # FP32's answers already known for the pool's first rows (the calibration pass's, where the
+        # holdout is the calibration set): never computed again
+        self._reference = np.zeros((0,), np.float32) if reference is None else np.asarray(reference, np.float32)
         # the last candidate's logits, keyed by its file's identity: measured again after the
         # holdout grew, only the new puzzles run
         self._candidate: tuple[tuple[str, int, int, int], np.ndarray] | None = None

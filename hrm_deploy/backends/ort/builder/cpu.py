@@ -66,7 +66,7 @@ class CpuBuildConfig:
     int8_recipe: str = "static"  # int8.py: RECIPES
     calib_data: str | None = None  # None: the checkpoint's own dataset, from its provenance
     calib_method: str = "minmax"  # precision.calibrate.QuantConfig's measured defaults
-    calib_samples: int = 128
+    calib_samples: int | None = None  # None: by the model's cost (precision.accuracy.calibration_size)
     accuracy_budget: float | None = None  # exact-accuracy points; None: DEFAULT_BUDGET_POINTS
     check_accuracy: bool = True  # static: measure against FP32 on held-out puzzles, fall back to FP32 layers
     holdout_samples: int | None = None  # held-out puzzles of that check; None: by the model's cost (cpu_static)
@@ -89,7 +89,9 @@ class CpuBuildConfig:
             raise ConfigError("--threads must be >= 1")
         if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
             raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
-        if self.calib_samples < 1 or (self.holdout_samples is not None and self.holdout_samples < 1):
+        if (self.calib_samples is not None and self.calib_samples < 1) or (
+            self.holdout_samples is not None and self.holdout_samples < 1
+        ):
             raise ConfigError("--calib-samples and the holdout size must be >= 1")
         static = self.precision == "int8" and self.int8_recipe == "static"
         given = [
@@ -97,7 +99,7 @@ class CpuBuildConfig:
             for flag, on in (
                 ("--calib-data", self.calib_data is not None),
                 ("--calib-method", self.calib_method != "minmax"),
-                ("--calib-samples", self.calib_samples != 128),
+                ("--calib-samples", self.calib_samples is not None),
                 ("--accuracy-budget", self.accuracy_budget is not None),
                 ("--no-accuracy-check", not self.check_accuracy),
             )
@@ -261,17 +263,10 @@ def _within_budget(
 ) -> dict[str, Any]:
     """Measure the static INT8 graph at ``tmp`` against FP32; outside the budget, rebuild it with
     the most sensitive weights FP32 (``build`` updated). Returns the manifest's accuracy record."""
-    from hrm_deploy.backends.ort.builder.static import (
-        HOLDOUT_SAMPLES,
-        MIN_AGREEMENT_PCT,
-        fit_budget,
-        holdout,
-        holdout_size,
-    )
-    from hrm_deploy.precision.rule import accuracy_line, growth_cap, measuring, refusal
+    from hrm_deploy.backends.ort.builder.static import MIN_AGREEMENT_PCT, fit_budget, holdout
+    from hrm_deploy.precision.rule import accuracy_line, measuring, refusal
 
-    cap = growth_cap(config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES))
-    check = holdout(src, calib, meta, config)  # the examples only: FP32's answers are computed when measured
+    check, cap = holdout(src, calib, meta, config)  # FP32's answers are computed when measured, where not known
     with stages.stage(measuring("INT8", check.size, min(cap, len(check.pool)))):
         whole, decided = check.decide(tmp, config.budget, cap)
     quality = whole
@@ -279,8 +274,7 @@ def _within_budget(
         "checked": True,
         "budget_points": config.budget,
         "min_agreement_pct": MIN_AGREEMENT_PCT,
-        "holdout": check.examples.source
-        + (" (examples calibration did not use)" if Path(check.examples.source).is_file() else " (test split)"),
+        "holdout": _holdout_words(calib, check.examples.source),
         "all_int8": whole.as_dict(),
         "kept_float": [],
     }
@@ -300,6 +294,13 @@ def _within_budget(
     if not stages.quiet:
         log.info(accuracy_line("INT8", quality, config.budget, quality is not whole))
     return record
+
+
+def _holdout_words(calib: Any, source: str) -> str:
+    """Where the holdout's puzzles came from, for the manifest."""
+    if calib.share_holdout:
+        return f"{source} (the calibration set, FP32's answers from its pass; then the test split to grow into)"
+    return source + (" (examples calibration did not use)" if Path(source).is_file() else " (test split)")
 
 
 def _activations(meta: dict[str, Any], config: CpuBuildConfig, stages: Stages) -> dict[str, Any]:

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ from hrm_deploy.precision.accuracy import (  # noqa: F401 - re-exported for the 
     MIN_HOLDOUT,
     holdout_size,
 )
-from hrm_deploy.precision.rule import Holdout, Quality, growth_cap, refusal
+from hrm_deploy.precision.rule import Holdout, Quality, refusal
 
 if TYPE_CHECKING:
     from hrm_deploy.precision.job import QuantJob
@@ -60,12 +61,9 @@ def _logits(
         runner.close()
 
 
-def ort_holdout(
-    fp32: Path, pool: Examples, threads: int | None, size: int | None = None, meta: dict[str, Any] | None = None
-) -> Holdout:
-    """A :class:`~hrm_deploy.precision.rule.Holdout` whose graphs run on this backend's runner
-    (a staged candidate reads the FP32 export's puzzle table; the FP32 graph's ``meta``, where
-    given, spares its second parse)."""
+def ort_run(fp32: Path, threads: int | None, meta: dict[str, Any] | None = None) -> Callable[..., np.ndarray]:
+    """A holdout's ``run`` on this backend's runner: a staged candidate reads the FP32 export's
+    puzzle table; the FP32 graph's ``meta``, where given, spares its second parse."""
     fp32 = Path(fp32)
 
     def run(path: Path, examples: Examples) -> np.ndarray:
@@ -73,7 +71,14 @@ def ort_holdout(
             return _logits(path, examples, threads, None, meta or None)
         return _logits(path, examples, threads, fp32)
 
-    return Holdout(fp32, pool, run, size)
+    return run
+
+
+def ort_holdout(
+    fp32: Path, pool: Examples, threads: int | None, size: int | None = None, meta: dict[str, Any] | None = None
+) -> Holdout:
+    """A :class:`~hrm_deploy.precision.rule.Holdout` whose graphs run on this backend's runner."""
+    return Holdout(Path(fp32), pool, ort_run(fp32, threads, meta), size)
 
 
 def calibration(src: Path, model: Any, src_sha256: str, meta: dict[str, Any], config: Any, quiet: bool) -> QuantJob:
@@ -82,26 +87,27 @@ def calibration(src: Path, model: Any, src_sha256: str, meta: dict[str, Any], co
     and the cache entry of their ranges, keyed as the precision stage keys them (calibrated once,
     by :func:`quantize_static`'s first call)."""
     from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.precision.accuracy import calibration_size, shares_holdout
     from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.job import new_job
 
+    samples = config.calib_samples or calibration_size(meta)
     data = config.calib_data
     if not data:
         from hrm_deploy.provenance import default_data
 
         # the holdout is the test split: all of it when the build measures INT8 (its size is the holdout's)
-        splits: dict[str, int | None] = {"train": config.calib_samples}
+        splits: dict[str, int | None] = {"train": samples}
         if config.check_accuracy:
             splits["test"] = None
         choice = default_data(src, "--calib-data", splits)
         if not quiet:
             log.info(choice.message)
         data = str(choice.path)
-    examples = load_examples(str(data), config.calib_samples)
-    quant = QuantConfig(
-        method=config.calib_method, samples=config.calib_samples, exclude_patterns=config.exclude_patterns
-    )
-    return new_job(src, model, meta, examples, quant, config.cache_dir, src_sha256)
+    examples = load_examples(str(data), samples)
+    quant = QuantConfig(method=config.calib_method, samples=samples, exclude_patterns=config.exclude_patterns)
+    share = config.check_accuracy and config.holdout_samples is None and shares_holdout(meta)
+    return new_job(src, model, meta, examples, quant, config.cache_dir, src_sha256, share)
 
 
 def quantize_static(job: QuantJob, out: Path, config: Any, exclude: tuple[str, ...] = ()) -> list[str]:
@@ -117,16 +123,15 @@ def quantize_static(job: QuantJob, out: Path, config: Any, exclude: tuple[str, .
     return quantize_int8(job, out, exclude, activations=activations).quantize
 
 
-def holdout(src: Path, calib: Any, meta: dict[str, Any], config: Any) -> Holdout:
-    """The held-out puzzles (``config.holdout_samples``, or None: :func:`holdout_size`, with up to
-    :func:`~hrm_deploy.precision.rule.growth_cap` more to grow into), as every quantized build's
-    (:func:`hrm_deploy.precision.accuracy.holdout_examples`): a dataset folder's ``test`` split; from
-    a ``.npz`` (one set), the examples calibration (``calib.examples``) did not use."""
-    from hrm_deploy.precision.accuracy import holdout_examples
+def holdout(src: Path, calib: QuantJob, meta: dict[str, Any], config: Any) -> tuple[Holdout, int]:
+    """The held-out puzzles and how far they may grow, as every quantized build's
+    (:func:`hrm_deploy.precision.accuracy.job_holdout`): ``config.holdout_samples`` (None: by the
+    model's cost) of a dataset folder's ``test`` split, or from a ``.npz`` (one set) the examples
+    calibration did not use; for a costly model the calibration set itself, FP32's answers from its
+    pass. Run on this backend's runner."""
+    from hrm_deploy.precision.accuracy import job_holdout
 
-    count = config.holdout_samples or holdout_size(meta, HOLDOUT_SAMPLES)
-    pool = holdout_examples(calib.examples.source, calib.examples, growth_cap(count))
-    return ort_holdout(src, pool, config.threads, count, meta)
+    return job_holdout(calib, calib.examples.source, config.holdout_samples, ort_run(src, config.threads, meta))
 
 
 def fit_budget(
