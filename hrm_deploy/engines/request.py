@@ -10,6 +10,7 @@ table (:data:`hrm_deploy.registry.BACKENDS`, ``builder``); :func:`builder` finds
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -95,7 +96,7 @@ class SimpleBuilder:
     """A builder with nothing to check first and no preference for the step graph: a build
     function ``build(request) -> EngineResult`` plus what graph it takes."""
 
-    def __init__(self, build: Any, takes: GraphInput):
+    def __init__(self, build: Callable[[BuildRequest], EngineResult], takes: GraphInput):
         self.takes, self._build = takes, build
 
     def preflight(self, request: BuildRequest) -> BuildRequest:
@@ -105,7 +106,7 @@ class SimpleBuilder:
         return None
 
     def build(self, request: BuildRequest) -> EngineResult:
-        return self._build(request)  # type: ignore[no-any-return]
+        return self._build(request)
 
 
 def builder(backend: str) -> Builder:

@@ -6,18 +6,16 @@ for other targets) by ``EngineConfig``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from hrm_deploy.engines.request import BuildRequest, GraphInput, SimpleBuilder
+from hrm_deploy.engines.result import EngineResult
 
 
-def build_for_cpu(request: BuildRequest) -> Any:
+def build_for_cpu(request: BuildRequest) -> EngineResult:
     """The build stage's options (an ``EngineConfig``) on the cpu target: its options' ``int8_recipe``
     is the INT8 recipe asked for (None: ``static``); ``config.accuracy_check`` False skips static
     INT8's comparison with FP32. Returns the ``EngineResult``."""
     from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
     from hrm_deploy.backends.ort.builder.options import CpuOptions
-    from hrm_deploy.engines.result import EngineResult
 
     config = request.config
     options = config.options_as(CpuOptions)
@@ -36,7 +34,7 @@ def build_for_cpu(request: BuildRequest) -> Any:
     return EngineResult(built.path, built.manifest, built.source_onnx, built.build)
 
 
-def _build(request: BuildRequest) -> Any:
+def _build(request: BuildRequest) -> EngineResult:
     return build_for_cpu(request)  # looked up at call time (tests replace it)
 
 
