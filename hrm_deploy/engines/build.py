@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,19 +51,6 @@ log = logging.getLogger(__name__)
 OptionsT = TypeVar("OptionsT", bound=BuildOptions)
 
 MAX_BATCH = 1 << 16  # TensorRT profiles: int32 dims, and far beyond any GPU's memory for this model
-COMMON_FIELDS = (
-    "precision",
-    "target",
-    "backend",
-    "min_batch",
-    "opt_batch",
-    "max_batch",
-    "calib_data",
-    "calib_method",
-    "calib_samples",
-    "accuracy_budget",
-    "accuracy_check",
-)
 
 
 @dataclass(frozen=True)
@@ -126,7 +113,8 @@ class EngineConfig:
 
     def record(self) -> dict[str, Any]:
         """The manifest's ``config``: the common fields and the backend's options, side by side."""
-        return {**{name: getattr(self, name) for name in COMMON_FIELDS}, **asdict(self.options)}
+        common = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        return {**common, **asdict(self.options)}
 
     def _check_ranges(self) -> None:
         for name, flag in BATCH_FIELDS:
