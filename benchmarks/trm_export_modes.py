@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 from hrm_deploy.model.hrm import build_model
 from hrm_deploy.model.trm_config import TRMConfig
@@ -61,7 +62,7 @@ def rtx_build_seconds(onnx_path: Path, folder: Path) -> float | None:
     t0 = time.perf_counter()
     build_engine(
         onnx_path,
-        EngineConfig("fp16", max_batch=8, allow_unrolled=True),
+        EngineConfig("fp16", max_batch=8, options=TensorRTOptions(allow_unrolled=True)),
         folder / (onnx_path.stem + ".engine"),
         quiet=True,
     )

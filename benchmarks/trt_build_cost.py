@@ -23,10 +23,12 @@ from pathlib import Path
 
 CHILD = """
 import json, sys
+from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions
 from hrm_deploy.engines.build import EngineConfig, build_engine
 graph, precision, engine, result = sys.argv[1:5]
+options = TensorRTOptions(timing_cache=None, allow_unrolled=True)
 r = build_engine(graph, EngineConfig(precision, target="desktop", backend="tensorrt-rtx", max_batch=64,
-                                     timing_cache=None, allow_unrolled=True), out=engine, quiet=True)
+                                     options=options), out=engine, quiet=True)
 json.dump(r.build, open(result, "w"))
 """
 

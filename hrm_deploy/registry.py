@@ -2,8 +2,9 @@
 
 Plain data with lazy ``"module:attr"`` strings, so importing it imports no backend (it sits in
 the base: every room can tell an engine from a checkpoint without loading TensorRT or torch).
-:mod:`hrm_deploy.backends` turns a row into a runner or a builder; ``verify``, ``bench``,
-``solve``, ``serve`` and ``build-engine`` go through it and never import a backend by name.
+:mod:`hrm_deploy.backends` turns a row into a runner, :func:`hrm_deploy.engines.request.builder` into
+a typed builder and :mod:`hrm_deploy.engines.options` into its build options; ``verify``, ``bench``,
+``solve``, ``serve`` and ``build-engine`` go through them and never import a backend by name.
 
 Adding a backend = one package under ``hrm_deploy/backends/`` (a :class:`~hrm_deploy.runtime.base.Runner`
 subclass, optionally a builder) + one :class:`BackendEntry` row here (see docs/architecture.md).
@@ -27,7 +28,7 @@ class BackendEntry:
     runner: str  # "module:Class", a Runner subclass
     suffixes: tuple[str, ...] = ()  # artifact file suffixes it runs
     # "module:object": its build side, a hrm_deploy.engines.request.Builder (what graph it takes,
-    # a preflight, build(BuildRequest) -> EngineResult)
+    # a preflight, build(BuildRequest) -> EngineResult), looked up by engines.request.builder
     builder: str | None = None
     builds_for: tuple[str, ...] = ()  # `build-engine --backend` names (a target's backends) it builds for
     # runner options only this backend takes (e.g. ONNX Runtime's provider): a stage that offers one
@@ -41,6 +42,9 @@ class BackendEntry:
     default_precision: str = "fp16"
     builds_from_checkpoint: bool = False
     title: str = ""  # what it builds, for messages ("TensorRT", "the cpu target")
+    # "module:Class": the options only its builds take, a hrm_deploy.engines.options.BuildOptions
+    # subclass with its own checks (None: none of its own); EngineConfig.options holds one
+    build_options: str | None = None
 
 
 BACKENDS: dict[str, BackendEntry] = {
@@ -58,6 +62,7 @@ BACKENDS: dict[str, BackendEntry] = {
             "onnx",
             default_precision="fp32",
             title="the cpu target",
+            build_options="hrm_deploy.backends.ort.builder.options:CpuOptions",
         ),
         BackendEntry(
             "tensorrt",
@@ -66,17 +71,19 @@ BACKENDS: dict[str, BackendEntry] = {
             "hrm_deploy.backends.tensorrt.builder.engine:BUILDER",
             ("tensorrt", "tensorrt-rtx"),
             title="TensorRT",
+            build_options="hrm_deploy.backends.tensorrt.builder.options:TensorRTOptions",
         ),
         BackendEntry(
             "torch",
             "hrm_deploy.backends.torch.runner:TorchEngineRunner",
             (".pt2",),
-            "hrm_deploy.backends.torch.builder:BUILDER",
+            "hrm_deploy.backends.torch.builder.engine:BUILDER",
             ("torch",),
             kind="pt2",
             default_precision="fp32",
             builds_from_checkpoint=True,
             title="PyTorch AOTInductor",
+            build_options="hrm_deploy.backends.torch.builder.options:TorchOptions",
         ),
     )
 }
@@ -100,12 +107,6 @@ def build_entry(backend: str) -> BackendEntry:
             return entry
     known = [name for entry in BACKENDS.values() for name in entry.builds_for]
     raise ConfigError(f"no builder for backend {backend!r}; use one of {', '.join(known)}")
-
-
-def builder(backend: str) -> Any:
-    """The builder of ``build-engine --backend BACKEND`` (a :class:`hrm_deploy.engines.request.Builder`),
-    from the row that builds for it: the build stage reaches a backend only through this table."""
-    return load(build_entry(backend).builder or "")
 
 
 def runner_name(artifact: str | Path) -> str:

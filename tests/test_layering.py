@@ -191,7 +191,7 @@ def test_the_stages_below_the_applications_import_no_backend():
     drives any step function of the step contract (contract.StepFunction; the ORT and reference
     steps live with their backends), budget calibration, which opens runners, sits beside verify
     (halting_report), the precision stage runs graphs through the base's ONNX Runtime session, and
-    the build stage finds builders in the backend table (registry.builder)."""
+    the build stage finds builders in the backend table (engines.request.builder)."""
     rooms = ("hrm_deploy.halting", "hrm_deploy.engines", "hrm_deploy.precision")
     reaching = [
         (src, dst)

@@ -49,3 +49,14 @@ def test_engine_runner_and_device_loop_are_light():
         "hrm_deploy.runtime.memory, hrm_deploy.runtime.adapter, hrm_deploy.backends.tensorrt.adapter, hrm_deploy.runtime.base"
     )
     assert _loaded_after(body) == ""
+
+
+@pytest.mark.slow
+def test_every_backends_build_options_are_light():
+    """The build options of every backend (read by EngineConfig and the command line) import no
+    torch, onnx or TensorRT: a wrong option is refused before any heavy library loads."""
+    body = (
+        "from hrm_deploy.engines.build import EngineConfig\nfrom hrm_deploy.engines.options import every_class\n"
+        "assert len(every_class()) == 3\nEngineConfig('int8', target='cpu')\nEngineConfig('fp32', backend='torch')"
+    )
+    assert _loaded_after(body) == ""

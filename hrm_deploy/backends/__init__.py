@@ -1,6 +1,6 @@
-"""The backends, one package each, and the two lookups every stage uses: :func:`open_runner`
-(an artifact -> its runner) and :func:`builder` (a ``build-engine --backend`` name -> its
-builder). Both read the table in :mod:`hrm_deploy.registry` and import the backend only then.
+"""The backends, one package each, and the lookup every stage uses to run one: :func:`open_runner`
+(an artifact -> its runner). It reads the table in :mod:`hrm_deploy.registry` and imports the
+backend only then; the build stage finds a builder there too (:func:`hrm_deploy.engines.request.builder`).
 
 - :mod:`.reference`: a checkpoint, our PyTorch SDPA model (the reference);
 - :mod:`.ort`: ``.onnx`` graphs on ONNX Runtime, and the ``cpu`` target's builds;
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.errors import ArtifactError, ConfigError
-from hrm_deploy.registry import BACKENDS, CHECKPOINT_RUNNER, builder as registry_builder, load, runner_name
+from hrm_deploy.registry import BACKENDS, CHECKPOINT_RUNNER, load, runner_name
 
 if TYPE_CHECKING:
     from hrm_deploy.runtime.base import Runner
@@ -44,8 +44,3 @@ def reference_runner(checkpoint: str | Path, **options: Any) -> Runner:
     """The reference every other artifact is compared with: the checkpoint on the PyTorch SDPA
     model (the table's checkpoint row), whatever its file name."""
     return open_runner(checkpoint, runner=CHECKPOINT_RUNNER, **options)
-
-
-def builder(backend: str) -> Any:
-    """The builder for ``build-engine --backend BACKEND`` (:func:`hrm_deploy.registry.builder`)."""
-    return registry_builder(backend)

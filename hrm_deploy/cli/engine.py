@@ -158,36 +158,39 @@ def build_engine(
         refuse_checkpoint_source,
     )
     from hrm_deploy.sources import resolve_artifact
-    from hrm_deploy.system import check_threads
 
-    check_threads(threads)
     # before any work: a run folder -> its newest step file, hf:... -> the cached snapshot's file
     onnx = resolve_artifact(onnx)
     refuse_checkpoint_source(onnx, str(target), str(backend) if backend else None)
     calib_data = prepare_dataset(calib_data, splits=("train", "test"), quiet=quiet)
     flags = {"fp16": fp16, "bf16": bf16, "int8": int8, "fp8": fp8, "nvfp4": nvfp4, "fp32": fp32}
     default = default_precision(str(target), str(backend) if backend else None)
-    config = EngineConfig(
+    # every backend's options by field name; the building backend's row takes its own and refuses
+    # another backend's option that was given (set away from its default) in one line
+    options = {
+        "workspace_mib": workspace,
+        "optimization_level": opt_level,
+        "compute_capability": compute_capability,
+        "allow_unrolled": allow_unrolled,
+        "timing_cache": None if timing_cache.lower() in ("", "none") else timing_cache,
+        "threads": threads,
+        "fuse": not no_fuse,
+        "int8_recipe": cpu_int8.value if cpu_int8 else None,
+        "tf32": tf32,
+    }
+    config = EngineConfig.from_values(
+        options,
         precision=_precision(str(precision) if precision else None, flags, default),
         target=str(target),
         backend=str(backend) if backend else None,
         min_batch=min_batch,
         opt_batch=opt_batch,
         max_batch=max_batch,
-        workspace_mib=workspace,
-        optimization_level=opt_level,
-        compute_capability=compute_capability,
         calib_data=str(calib_data) if calib_data else None,
         calib_method=calib_method.value,
         calib_samples=calib_samples,
         accuracy_budget=accuracy_budget,
-        timing_cache=None if timing_cache.lower() in ("", "none") else timing_cache,
-        threads=threads,
-        fuse=not no_fuse,
-        cpu_int8=cpu_int8.value if cpu_int8 else None,  # refused off the cpu target (EngineConfig)
         accuracy_check=not no_accuracy_check,
-        allow_unrolled=allow_unrolled,
-        tf32=tf32,
     )
     if (
         onnx is not None and onnx.suffix == ".onnx" and os.path.lexists(onnx)

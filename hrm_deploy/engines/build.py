@@ -2,7 +2,7 @@
 
 ``build_engine`` is one function from artifact to artifact, and it composes the pipeline: the
 options are validated once (:class:`EngineConfig`), the chosen backend's builder is looked up in the
-backend table (:func:`hrm_deploy.registry.builder`) and asked to refuse what it cannot build before
+backend table (:func:`hrm_deploy.engines.request.builder`) and asked to refuse what it cannot build before
 any work, then the stage resolves the source (the newest export by default), exports the
 single-step graph where the builder prefers it to an unroll, makes the precision graph where the
 builder takes one (:func:`hrm_deploy.precision.convert.make_precision_graph`) and hands the
@@ -16,18 +16,26 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from hrm_deploy.engines.request import BuildRequest, GraphInput
+from hrm_deploy.engines.options import (
+    BATCH_FIELDS,
+    BuildOptions,
+    batch_given,
+    options_class,
+    refuse_foreign,
+    split_values,
+)
+from hrm_deploy.engines.request import BuildRequest, GraphInput, builder
 from hrm_deploy.engines.result import EngineResult, newest_export, recorded_data_fields
 from hrm_deploy.engines.targets import ENGINE_PRECISIONS, get_target
-from hrm_deploy.errors import ArtifactError, ConfigError
+from hrm_deploy.errors import ArtifactError, ConfigError, InternalError
 from hrm_deploy.manifest import check_artifact, manifest_path
 from hrm_deploy.onnx_runtime import load_onnx
 from hrm_deploy.precision.registry import PRECISIONS, get_precision
-from hrm_deploy.registry import builder
 
 __all__ = [
     "ENGINE_PRECISIONS",
@@ -40,104 +48,92 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+OptionsT = TypeVar("OptionsT", bound=BuildOptions)
 
 MAX_BATCH = 1 << 16  # TensorRT profiles: int32 dims, and far beyond any GPU's memory for this model
-MAX_WORKSPACE_MIB = 1 << 20  # 1 TiB
-DEFAULT_TIMING_CACHE = "engines/timing.cache"
-# Options only TensorRT builds read: (EngineConfig field, flag, its default); the cpu target refuses them.
-TENSORRT_ONLY = (
-    ("min_batch", "--min-batch", None),
-    ("opt_batch", "--opt-batch", None),
-    ("max_batch", "--max-batch", None),
-    ("workspace_mib", "--workspace", None),
-    ("optimization_level", "--opt-level", None),
-    ("compute_capability", "--compute-capability", None),
-    ("allow_unrolled", "--allow-unrolled", False),
-)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What to build; None fields take the target profile's default."""
+    """What to build: the fields every build reads, plus ``options``, the building backend's own
+    (its row's :class:`~hrm_deploy.engines.options.BuildOptions` class; left out: its defaults).
+    None fields take the target profile's default."""
 
     precision: str = "fp16"
     target: str = "desktop"
     backend: str | None = None
-    min_batch: int | None = None
+    min_batch: int | None = None  # the batch profile (TensorRT; PyTorch reads max_batch; the cpu target none)
     opt_batch: int | None = None
     max_batch: int | None = None
-    workspace_mib: int | None = None
-    optimization_level: int | None = None
-    compute_capability: str | None = None
     calib_data: str | None = None
     calib_method: str = "minmax"  # see QuantConfig: measured defaults
     calib_samples: int | None = None  # None: by the model's cost (precision.accuracy.calibration_size)
     accuracy_budget: float | None = None
-    timing_cache: str | None = DEFAULT_TIMING_CACHE  # base name; the file is keyed by GPU + TensorRT version
-    threads: int | None = None  # cpu target: ONNX Runtime intra-op threads (None: one per core)
-    fuse: bool = True  # cpu target: attention and RMSNorm into ORT's fused CPU kernels
-    cpu_int8: str | None = None  # cpu target: INT8 recipe (backends/ort/builder/int8.py; None: static)
     accuracy_check: bool = True  # INT8, FP8, NVFP4 (every target): compared with FP32 on held-out puzzles
-    allow_unrolled: bool = False  # TensorRT: build an unrolled graph whose estimated cost is over budget (backends/tensorrt/builder/cost.py)
-    device: str = "auto"  # torch backend: compile for "cuda", "cpu" or "auto" (cuda when torch sees a GPU)
-    tf32: bool = False  # torch backend: float32 CUDA matmuls may use TF32 (default: exact float32); recorded
+    options: BuildOptions = field(default_factory=BuildOptions)
 
     def __post_init__(self) -> None:
-        """Every option checked here, once: its range, and whether the target takes it."""
+        """Every option checked here, once: its range, and whether the building backend takes it."""
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(PRECISIONS)}")
         self._check_ranges()
-        if self.target == "cpu":
-            self._check_cpu()
-        elif not self.fuse or self.cpu_int8 is not None:
-            given = "--no-fuse" if not self.fuse else f"--cpu-int8 {self.cpu_int8}"
-            raise ConfigError(f"{given} is an option of --target cpu; the {self.target} target does not take it")
-        if self.cpu_int8 is not None and self.precision != "int8":
-            raise ConfigError(f"--cpu-int8 {self.cpu_int8} chooses the INT8 recipe; add --int8 (got {self.precision})")
-        if self.tf32 and self.backend != "torch":
+        _check_target(self.target, self.backend)
+        receiver = options_class(self.target, self.backend)
+        if type(self.options) is BuildOptions and receiver is not BuildOptions:  # none given: the defaults
+            object.__setattr__(self, "options", receiver())
+        wrong = not isinstance(self.options, receiver)
+        foreign = batch_given(receiver, vars(self)) + (self.options.given() if wrong else [])
+        refuse_foreign(foreign, self.target, receiver)
+        if wrong:
             raise ConfigError(
-                "--tf32 is an option of --backend torch; drop it (TensorRT engines take their precision from the ONNX)"
+                f"{type(self.options).__name__} are the options of {type(self.options).taker}; this build "
+                f"({receiver.taker}) takes {receiver.__name__}"
             )
+        self.options.check(self)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], **common: Any) -> EngineConfig:
+        """An EngineConfig from the ``common`` fields and every backend's options by field name
+        (``values``: unset ones at their defaults, as the command line passes them): the building
+        backend's options class takes its own; another backend's option set away from its default
+        is refused in one line."""
+        target, backend = common.get("target", "desktop"), common.get("backend")
+        _check_target(target, backend)
+        receiver = options_class(target, backend)
+        options, foreign = split_values(receiver, values)
+        if foreign:
+            refuse_foreign(batch_given(receiver, common) + foreign, target, receiver)
+        return cls(**common, options=options)
+
+    def options_as(self, kind: type[OptionsT]) -> OptionsT:
+        """The options as ``kind``, the building backend's class (a builder reads its own)."""
+        if not isinstance(self.options, kind):
+            raise InternalError(f"a {kind.__name__} builder got {type(self.options).__name__}")
+        return self.options
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's ``config``: the common fields and the backend's options, side by side."""
+        common = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        return {**common, **asdict(self.options)}
 
     def _check_ranges(self) -> None:
-        for name, flag in (("min_batch", "--min-batch"), ("opt_batch", "--opt-batch"), ("max_batch", "--max-batch")):
+        for name, flag in BATCH_FIELDS:
             value = getattr(self, name)
             if value is not None and not 1 <= value <= MAX_BATCH:
                 raise ConfigError(f"{flag} must be between 1 and {MAX_BATCH}, got {value}")
-        if self.workspace_mib is not None and not 16 <= self.workspace_mib <= MAX_WORKSPACE_MIB:
-            raise ConfigError(f"--workspace must be between 16 and {MAX_WORKSPACE_MIB} MiB, got {self.workspace_mib}")
-        if self.optimization_level is not None and not 0 <= self.optimization_level <= 5:
-            raise ConfigError(
-                f"--opt-level must be between 0 and 5 (TensorRT's builder levels), got {self.optimization_level}"
-            )
         if self.calib_samples is not None and not 1 <= self.calib_samples <= 1_000_000:
             raise ConfigError(f"--calib-samples must be between 1 and 1000000, got {self.calib_samples}")
         if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
             raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
 
-    def _check_cpu(self) -> None:
-        """The cpu target (ONNX Runtime's CPU provider): no --backend, no TensorRT options, no GPU precision."""
-        need_gpu = PRECISIONS[self.precision].min_capability
-        if need_gpu:
-            need = "{}.{}".format(*need_gpu)
-            raise ConfigError(
-                f"{self.precision} engines need a GPU of compute capability >= {need} (TensorRT); for the cpu "
-                f"target use --int8 or --fp32 ({self.precision.upper()} accuracy is measured on CPU by "
-                f"benchmarks/{self.precision}_accuracy.py)"
-            )
-        if self.backend is not None:
-            raise ConfigError(
-                f"--backend {self.backend} does not build for --target cpu (ONNX Runtime's CPU provider); drop "
-                "--backend, or drop --target cpu (--backend torch builds a PyTorch engine for this machine's CPU)"
-            )
-        given = [flag for name, flag, default in TENSORRT_ONLY if getattr(self, name) != default]
-        if self.timing_cache not in (None, DEFAULT_TIMING_CACHE):
-            given.append("--timing-cache")
-        if given:
-            raise ConfigError(
-                f"{', '.join(given)}: TensorRT build option{'s' if len(given) > 1 else ''}; the cpu target runs any "
-                "batch and has no builder to tune: drop them"
-            )
+
+def _check_target(target: str, backend: str | None) -> None:
+    """The cpu target (ONNX Runtime's CPU provider) builds with its own backend only."""
+    if target == "cpu" and backend is not None:
+        raise ConfigError(
+            f"--backend {backend} does not build for --target cpu (ONNX Runtime's CPU provider); drop "
+            "--backend, or drop --target cpu (--backend torch builds a PyTorch engine for this machine's CPU)"
+        )
 
 
 def build_row(target: str, backend: str | None):

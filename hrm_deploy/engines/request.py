@@ -4,15 +4,16 @@ through one :class:`Builder` protocol.
 The stage (:func:`hrm_deploy.engines.build.build_engine`) does the composing: it resolves the
 source, exports the single-step graph where a builder prefers it, and makes the precision graph;
 a builder only builds. Each backend's builder is one object named by its row of the backend
-table (:data:`hrm_deploy.registry.BACKENDS`, ``builder``).
+table (:data:`hrm_deploy.registry.BACKENDS`, ``builder``); :func:`builder` finds it there.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from hrm_deploy.engines.build import EngineConfig
@@ -69,8 +70,10 @@ class StepInstead:
     record: dict[str, Any]
 
 
+@runtime_checkable
 class Builder(Protocol):
-    """A backend's build side. ``takes`` says what graph the stage hands it."""
+    """A backend's build side. ``takes`` says what graph the stage hands it. Every builder returns
+    an :class:`~hrm_deploy.engines.result.EngineResult`."""
 
     takes: GraphInput
 
@@ -93,7 +96,7 @@ class SimpleBuilder:
     """A builder with nothing to check first and no preference for the step graph: a build
     function ``build(request) -> EngineResult`` plus what graph it takes."""
 
-    def __init__(self, build: Any, takes: GraphInput):
+    def __init__(self, build: Callable[[BuildRequest], EngineResult], takes: GraphInput):
         self.takes, self._build = takes, build
 
     def preflight(self, request: BuildRequest) -> BuildRequest:
@@ -103,4 +106,17 @@ class SimpleBuilder:
         return None
 
     def build(self, request: BuildRequest) -> EngineResult:
-        return self._build(request)  # type: ignore[no-any-return]
+        return self._build(request)
+
+
+def builder(backend: str) -> Builder:
+    """The builder of ``build-engine --backend BACKEND``, from the row that builds for it (one clear
+    error when none does): the build stage reaches a backend only through the table."""
+    from hrm_deploy.errors import InternalError
+    from hrm_deploy.registry import build_entry, load
+
+    ref = build_entry(backend).builder or ""
+    found = load(ref)
+    if not isinstance(found, Builder):
+        raise InternalError(f"{ref} is not a Builder (takes, preflight, step_instead, build: engines/request.py)")
+    return found

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from hrm_deploy.backends.ort.builder.options import CpuOptions
 from hrm_deploy.cli import app, choices
 
 runner = CliRunner()
@@ -150,7 +151,7 @@ def test_the_library_builds_the_cpu_target_like_the_cli(monkeypatch, tiny_onnx):
     monkeypatch.setattr(cpu_target, "build_for_cpu", lambda request: calls.append(request) or "built")
     assert build.build_engine(tiny_onnx.unrolled, build.EngineConfig(precision="int8", target="cpu")) == "built"
     (request,) = calls
-    assert request.config.cpu_int8 is None and request.config.accuracy_check  # recipe None: static, checked
+    assert request.config.options.int8_recipe is None and request.config.accuracy_check  # recipe None: static, checked
     assert request.ready == tiny_onnx.unrolled and request.backend == "ort"
     with pytest.raises(ConfigError, match="--cpu-int8 dynamic is an option of --target cpu"):
-        build.EngineConfig(precision="int8", cpu_int8="dynamic")
+        build.EngineConfig(precision="int8", options=CpuOptions(int8_recipe="dynamic"))

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from hrm_deploy.engines.build import default_precision, refuse_checkpoint_source
-from hrm_deploy.engines.request import GraphInput
+from hrm_deploy.engines.request import GraphInput, builder
 from hrm_deploy.errors import ConfigError
-from hrm_deploy.registry import BACKENDS, builder
+from hrm_deploy.registry import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 from hrm_deploy.backends.tensorrt.api import load_backend
 from hrm_deploy.backends.tensorrt.builder.engine import layers_path
+from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions
 from hrm_deploy.engines.build import EngineConfig, build_engine, newest_export
 from hrm_deploy.engines.targets import TARGETS, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, DependencyError, EngineError
@@ -74,7 +75,10 @@ def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkey
 @pytest.mark.trt
 def test_rtx_builds_the_single_step_engine(tiny_onnx, tmp_path):
     result = build_engine(
-        tiny_onnx.step, EngineConfig("fp16", timing_cache=None), out=tmp_path / "s.engine", quiet=True
+        tiny_onnx.step,
+        EngineConfig("fp16", options=TensorRTOptions(timing_cache=None)),
+        out=tmp_path / "s.engine",
+        quiet=True,
     )
     manifest = json.loads(result.manifest.read_text())
     assert manifest["timing_cache"] is None and "--timingCacheFile" not in manifest["trtexec_command"]
@@ -104,7 +108,10 @@ def test_parser_errors_name_the_node(tmp_path):
     onnx.save(model, tmp_path / "bad.onnx")
     with pytest.raises(EngineError, match="broken_node"):
         build_engine(
-            tmp_path / "bad.onnx", EngineConfig("fp32", timing_cache=None), out=tmp_path / "bad.engine", quiet=True
+            tmp_path / "bad.onnx",
+            EngineConfig("fp32", options=TensorRTOptions(timing_cache=None)),
+            out=tmp_path / "bad.engine",
+            quiet=True,
         )
     assert not (tmp_path / "bad.engine").exists()
 

@@ -5,6 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
+from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions
 from hrm_deploy.data.examples import load_examples
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.precision.calibrate import QuantConfig
@@ -135,7 +136,11 @@ def test_rtx_builds_an_fp8_engine_on_cpu(tiny_onnx, tmp_path, monkeypatch, capab
         pytest.skip("tensorrt-rtx is not installed")
     monkeypatch.chdir(tmp_path)
     config = EngineConfig(
-        "fp8", calib_data=tiny_onnx.data, calib_samples=64, max_batch=16, compute_capability=capability
+        "fp8",
+        calib_data=tiny_onnx.data,
+        calib_samples=64,
+        max_batch=16,
+        options=TensorRTOptions(compute_capability=capability),
     )
     result = build_engine(tiny_onnx.unrolled, config, out=tmp_path / "m.fp8.engine", quiet=True)
     manifest = json.loads(result.manifest.read_text())

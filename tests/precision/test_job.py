@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 import hrm_deploy.precision.calibrate as calibrate
+from hrm_deploy.backends.ort.builder.options import CpuOptions
 from hrm_deploy.precision.rule import Holdout, Quality
 
 
@@ -96,7 +97,12 @@ def test_build_engine_cpu_int8_parses_the_export_once(tiny_onnx, tmp_path, count
     monkeypatch.chdir(tmp_path)  # the calibration cache: calib/ here
     counts["source"] = Path(tiny_onnx.unrolled).resolve()
     config = EngineConfig(
-        "int8", target="cpu", calib_data=tiny_onnx.data, calib_samples=16, accuracy_check=False, threads=1
+        "int8",
+        target="cpu",
+        calib_data=tiny_onnx.data,
+        calib_samples=16,
+        accuracy_check=False,
+        options=CpuOptions(threads=1),
     )
     build_engine(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx", quiet=True)
     assert (counts["parses"], counts["calibrations"]) == (1, 1)

@@ -5,6 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.precision.calibrate import QuantConfig
 from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
@@ -257,8 +258,8 @@ def test_rtx_builds_an_nvfp4_engine_on_cpu_for_blackwell(tiny_onnx, tmp_path, mo
         calib_data=tiny_onnx.data,
         calib_samples=64,
         max_batch=16,
-        compute_capability="SM120",
         accuracy_check=False,  # the engine's form; the default check has tests of its own
+        options=TensorRTOptions(compute_capability="SM120"),
     )
     result = build_engine(tiny_onnx.unrolled, config, out=tmp_path / "m.nvfp4.engine", quiet=True)
     manifest = json.loads(result.manifest.read_text())

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from hrm_deploy.backends.tensorrt.api import load_backend
+from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions
 from hrm_deploy.errors import DependencyError
 from hrm_deploy.io import staging_dir
 from hrm_deploy.manifest import manifest_path, publish_artifact, read_manifest
@@ -52,7 +53,10 @@ def test_export_replacing_the_graph_during_a_build(tiny_onnx, tmp_path, monkeypa
 
     monkeypatch.setattr(trt_build.subprocess, "run", export_lands_now)
     result = build.build_engine(
-        graph, build.EngineConfig("fp32", timing_cache=None), out=tmp_path / "m.engine", quiet=True
+        graph,
+        build.EngineConfig("fp32", options=TensorRTOptions(timing_cache=None)),
+        out=tmp_path / "m.engine",
+        quiet=True,
     )
     manifest = json.loads(result.manifest.read_text())
     assert manifest["onnx_sha256"] == step_sha == manifest["parent"]["sha256"]

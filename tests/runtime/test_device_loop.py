@@ -224,8 +224,8 @@ def test_halting_rows_keep_their_output_of_the_halting_step(tmp_path):
 
 def test_the_backend_table_is_the_one_source(tmp_path):
     from hrm_deploy.artifacts import is_checkpoint, runner_name
-    from hrm_deploy.backends import builder, runner_class
-    from hrm_deploy.engines.request import GraphInput
+    from hrm_deploy.backends import runner_class
+    from hrm_deploy.engines.request import GraphInput, builder
     from hrm_deploy.registry import BACKENDS, engine_suffixes
 
     assert runner_name("a.onnx") == "ort" and runner_name("a.plan") == "tensorrt" and runner_name("a.pt2") == "torch"

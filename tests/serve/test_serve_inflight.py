@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hrm_deploy.backends.torch.builder.options import TorchOptions
 from tests.serve.helpers import ServeProcess, puzzles, serving_unavailable
 
 _WHY_NOT = serving_unavailable()
@@ -338,7 +339,7 @@ def small_engine(trained_small, tmp_path_factory):
     from hrm_deploy.engines.build import EngineConfig, build_engine
 
     folder = tmp_path_factory.mktemp("inflight_engine")
-    config = EngineConfig(precision="fp32", backend="torch", max_batch=16, device="cpu")
+    config = EngineConfig(precision="fp32", backend="torch", max_batch=16, options=TorchOptions(device="cpu"))
     return build_engine(trained_small.checkpoint, config, folder / "small.step.pt2", quiet=True).path
 
 

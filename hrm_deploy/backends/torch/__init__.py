@@ -1,7 +1,8 @@
 """PyTorch AOTInductor engines (``.pt2``), built from a checkpoint and run through the shared device loop.
 
-- :mod:`.builder`: ``build-engine --backend torch``: the single step, the unroll or the ACT loop (a
-  ``torch.while_loop``) exported and compiled into a package, its fresh-process load checked;
+- :mod:`.builder`: ``build-engine --backend torch``: its options (device, TF32), and the single step,
+  the unroll or the ACT loop (a ``torch.while_loop``) exported and compiled into a package, its
+  fresh-process load checked (preflight, build, publish);
 - :mod:`.runner`: the runner (an adapter into the device loop, torch or host memory);
 - :mod:`.package`: loading a package through torch's C++ loader (the call spec parsed once), the
   per-process extraction folder;

@@ -8,7 +8,9 @@ import pytest
 
 from hrm_deploy.backends import open_runner
 from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+from hrm_deploy.backends.ort.builder.options import CpuOptions
 from hrm_deploy.backends.ort.builder.static import Holdout, Quality
+from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions
 from hrm_deploy.data.examples import load_examples
 from hrm_deploy.engines.build import EngineConfig
 from hrm_deploy.errors import ConfigError
@@ -168,11 +170,11 @@ def test_options_the_cpu_target_cannot_honour_are_refused():
     with pytest.raises(ConfigError, match="--backend torch does not build for --target cpu"):
         EngineConfig("fp32", target="cpu", backend="torch")
     with pytest.raises(ConfigError, match="--max-batch, --opt-level: TensorRT build options"):
-        EngineConfig("int8", target="cpu", max_batch=8, optimization_level=2)
+        EngineConfig("int8", target="cpu", max_batch=8, options=TensorRTOptions(optimization_level=2))
     with pytest.raises(ConfigError, match="--timing-cache: TensorRT build option"):
-        EngineConfig("fp32", target="cpu", timing_cache="t.cache")
+        EngineConfig("fp32", target="cpu", options=TensorRTOptions(timing_cache="t.cache"))
     with pytest.raises(ConfigError, match="add --int8"):
-        EngineConfig("fp32", target="cpu", cpu_int8="static")
+        EngineConfig("fp32", target="cpu", options=CpuOptions(int8_recipe="static"))
     with pytest.raises(ConfigError, match="--calib-data, --accuracy-budget: only the static INT8 recipe"):
         CpuBuildConfig("int8", int8_recipe="dynamic", calib_data="d", accuracy_budget=1.0)
     with pytest.raises(ConfigError, match="--calib-method: only the static"):

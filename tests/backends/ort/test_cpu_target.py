@@ -10,6 +10,7 @@ import pytest
 
 from hrm_deploy.backends import open_runner
 from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu, cpu_output_path
+from hrm_deploy.backends.ort.builder.options import CpuOptions
 from hrm_deploy.data.examples import load_examples
 from hrm_deploy.engines.build import EngineConfig, build_engine
 from hrm_deploy.errors import ConfigError
@@ -224,9 +225,9 @@ def test_an_older_onnxruntime_that_cannot_load_a_cpu_graph_says_so_in_one_line(c
 
 def test_cpu_only_options_are_refused_elsewhere():
     with pytest.raises(ConfigError, match="--cpu-int8 blockwise is an option of --target cpu"):
-        EngineConfig("int8", target="desktop", cpu_int8="blockwise")
+        EngineConfig("int8", target="desktop", options=CpuOptions(int8_recipe="blockwise"))
     with pytest.raises(ConfigError, match="--no-fuse is an option of --target cpu"):
-        EngineConfig("fp16", target="jetson-orin-8gb", fuse=False)
+        EngineConfig("fp16", target="jetson-orin-8gb", options=CpuOptions(fuse=False))
     with pytest.raises(ConfigError, match="add --int8"):
-        EngineConfig("fp32", target="cpu", cpu_int8="blockwise")
-    EngineConfig("int8", target="cpu", cpu_int8="blockwise", fuse=False)  # fine
+        EngineConfig("fp32", target="cpu", options=CpuOptions(int8_recipe="blockwise"))
+    EngineConfig("int8", target="cpu", options=CpuOptions(int8_recipe="blockwise", fuse=False))  # fine

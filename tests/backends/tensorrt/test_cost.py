@@ -14,6 +14,7 @@ import onnx
 import pytest
 
 from hrm_deploy.backends.tensorrt.builder import cost, engine as trt_build, worker
+from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions
 from hrm_deploy.engines import build
 from hrm_deploy.engines.build import EngineConfig, build_engine
 from hrm_deploy.errors import ConfigError
@@ -114,7 +115,10 @@ def unrolled(tiny_onnx, tmp_path):
 def test_small_unrolled_graph_builds_without_the_flag(unrolled, tmp_path, monkeypatch):
     specs = _worker_in_process(monkeypatch, fake_tensorrt(Calls()))
     result = build_engine(
-        unrolled, EngineConfig("fp32", backend="tensorrt", timing_cache=None), out=tmp_path / "m.engine", quiet=True
+        unrolled,
+        EngineConfig("fp32", backend="tensorrt", options=TensorRTOptions(timing_cache=None)),
+        out=tmp_path / "m.engine",
+        quiet=True,
     )
     manifest = json.loads(result.manifest.read_text())
     assert len(specs) == 1 and manifest["mode"] == "unrolled"
@@ -131,7 +135,10 @@ def test_large_unrolled_graph_builds_its_step_graph_unless_asked(unrolled, tmp_p
         trt_build, "compute_nodes", lambda model: SUDOKU_SIZE_UNROLL if len(model.graph.node) > 60 else real(model)
     )
     step = build_engine(
-        unrolled, EngineConfig("fp32", backend="tensorrt", timing_cache=None), out=tmp_path / "s.engine", quiet=False
+        unrolled,
+        EngineConfig("fp32", backend="tensorrt", options=TensorRTOptions(timing_cache=None)),
+        out=tmp_path / "s.engine",
+        quiet=False,
     )
     err = capsys.readouterr().err
     assert "building its single-step graph instead" in err and "about 8 min and 3.8 GB" in err
@@ -140,14 +147,17 @@ def test_large_unrolled_graph_builds_its_step_graph_unless_asked(unrolled, tmp_p
     assert manifest["step_instead_of_unrolled"]["unrolled_graph"] == str(unrolled)
     assert json.loads((tmp_path / "tiny.step.onnx.manifest.json").read_text())["mode"] == "step"
     again = build_engine(  # the step export of the same checkpoint is reused, not redone
-        unrolled, EngineConfig("fp32", backend="tensorrt", timing_cache=None), out=tmp_path / "s2.engine", quiet=True
+        unrolled,
+        EngineConfig("fp32", backend="tensorrt", options=TensorRTOptions(timing_cache=None)),
+        out=tmp_path / "s2.engine",
+        quiet=True,
     )
     assert again.source_onnx == step.source_onnx and len(specs) == 2
     specs.clear()
 
     result = build_engine(
         unrolled,
-        EngineConfig("fp32", backend="tensorrt", timing_cache=None, allow_unrolled=True),
+        EngineConfig("fp32", backend="tensorrt", options=TensorRTOptions(timing_cache=None, allow_unrolled=True)),
         out=tmp_path / "m.engine",
     )
     err = capsys.readouterr().err
@@ -191,4 +201,4 @@ def test_build_engine_cli_passes_allow_unrolled(monkeypatch):
     for flags, expected in (([], False), (["--allow-unrolled"], True)):
         run = CliRunner().invoke(app, ["build-engine", "m.onnx", *flags])
         assert run.exit_code == 0, run.output
-        assert seen["config"].allow_unrolled is expected
+        assert seen["config"].options.allow_unrolled is expected

@@ -283,4 +283,4 @@ def test_build_engine_cli_passes_the_timing_cache(monkeypatch, flag, expected):
     monkeypatch.setattr(build, "build_engine", fake_build)
     run = CliRunner().invoke(app, ["build-engine", "m.onnx", *flag])
     assert run.exit_code == 0, run.output
-    assert seen["config"].timing_cache == expected
+    assert seen["config"].options.timing_cache == expected

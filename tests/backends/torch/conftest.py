@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hrm_deploy.backends.torch.builder.options import TorchOptions
+
 pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
 
@@ -20,13 +22,13 @@ def torch_engines(tiny_onnx, tmp_path_factory):
     checkpoint = find_reference(tiny_onnx.unrolled)
     step = build_engine(
         checkpoint,
-        EngineConfig(precision="fp32", backend="torch", max_batch=64, device="cpu"),
+        EngineConfig(precision="fp32", backend="torch", max_batch=64, options=TorchOptions(device="cpu")),
         folder / "tiny.step.pt2",
         quiet=True,
     )
     unrolled = build_engine(
         tiny_onnx.unrolled,
-        EngineConfig(precision="fp32", backend="torch", max_batch=64, device="cpu"),
+        EngineConfig(precision="fp32", backend="torch", max_batch=64, options=TorchOptions(device="cpu")),
         folder / "tiny.unrolled.pt2",
         quiet=True,
     )

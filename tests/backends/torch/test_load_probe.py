@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hrm_deploy.backends.torch.builder.options import TorchOptions
 from hrm_deploy.errors import ConfigError, EngineError
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
@@ -238,8 +239,8 @@ def test_tf32_is_an_option_of_cuda_torch_engines_and_restored_after_a_build():
         assert torch.backends.cuda.matmul.allow_tf32 is (not before)
     assert torch.backends.cuda.matmul.allow_tf32 is before
     with pytest.raises(ConfigError, match="--tf32 is an option of --backend torch"):
-        EngineConfig(precision="fp16", tf32=True)
-    assert EngineConfig(precision="fp32", backend="torch", tf32=True).tf32
+        EngineConfig(precision="fp16", options=TorchOptions(tf32=True))
+    assert EngineConfig(precision="fp32", backend="torch", options=TorchOptions(tf32=True)).options.tf32
 
 
 def test_cli_refuses_tf32_for_a_cpu_engine(trained_tiny, tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hrm_deploy.backends.torch.builder.options import TorchOptions
 from hrm_deploy.errors import ConfigError
 from tests.backends.torch.helpers import examples as _examples, reference as _reference
 
@@ -400,7 +401,7 @@ def test_torch_engine_of_an_upstream_step_export_without_its_dataset(tmp_path, t
     )
     result = build_engine(
         onnx.path,
-        EngineConfig(precision="fp32", backend="torch", max_batch=8, device="cpu"),
+        EngineConfig(precision="fp32", backend="torch", max_batch=8, options=TorchOptions(device="cpu")),
         tmp_path / "up.pt2",
         quiet=True,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hrm_deploy.backends.torch.builder.options import TorchOptions
 from hrm_deploy.errors import ConfigError
 
 pytestmark = pytest.mark.slow  # an AOTInductor compile and its load probe: a minute or two
@@ -25,7 +26,7 @@ def test_a_cpu_loop_engine_halts_each_row_where_the_host_loop_does(trained_small
     step = export_onnx(trained_small.checkpoint, tmp_path / "m.step.onnx", ExportConfig(mode="step"), quiet=True)
     engine = build_engine(
         loop.path,
-        EngineConfig(precision="fp32", backend="torch", max_batch=64, device="cpu"),
+        EngineConfig(precision="fp32", backend="torch", max_batch=64, options=TorchOptions(device="cpu")),
         tmp_path / "m.pt2",
         quiet=True,
     ).path

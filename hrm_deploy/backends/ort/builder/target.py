@@ -1,28 +1,29 @@
 """``build-engine --target cpu``: the build stage's entry into the cpu target's build (:mod:`.cpu`).
 
 :data:`BUILDER` takes the FP32 export (the cpu target writes its own precision: integer GEMMs,
-FP16 with float32 islands); the options it cannot honour were refused by ``EngineConfig``."""
+FP16 with float32 islands); its options are a :class:`~.options.CpuOptions`, checked (and refused
+for other targets) by ``EngineConfig``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from hrm_deploy.engines.request import BuildRequest, GraphInput, SimpleBuilder
+from hrm_deploy.engines.result import EngineResult
 
 
-def build_for_cpu(request: BuildRequest) -> Any:
-    """The build stage's options (an ``EngineConfig``) on the cpu target: ``config.cpu_int8`` is
-    the INT8 recipe asked for (None: ``static``); ``config.accuracy_check`` False skips static
+def build_for_cpu(request: BuildRequest) -> EngineResult:
+    """The build stage's options (an ``EngineConfig``) on the cpu target: its options' ``int8_recipe``
+    is the INT8 recipe asked for (None: ``static``); ``config.accuracy_check`` False skips static
     INT8's comparison with FP32. Returns the ``EngineResult``."""
     from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
-    from hrm_deploy.engines.result import EngineResult
+    from hrm_deploy.backends.ort.builder.options import CpuOptions
 
     config = request.config
+    options = config.options_as(CpuOptions)
     cpu = CpuBuildConfig(
         config.precision,
-        config.threads,
-        fuse=config.fuse,
-        int8_recipe=config.cpu_int8 or "static",
+        options.threads,
+        fuse=options.fuse,
+        int8_recipe=options.int8_recipe or "static",
         calib_data=config.calib_data,
         calib_method=config.calib_method,
         calib_samples=config.calib_samples,
@@ -33,7 +34,7 @@ def build_for_cpu(request: BuildRequest) -> Any:
     return EngineResult(built.path, built.manifest, built.source_onnx, built.build)
 
 
-def _build(request: BuildRequest) -> Any:
+def _build(request: BuildRequest) -> EngineResult:
     return build_for_cpu(request)  # looked up at call time (tests replace it)
 
 

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from hrm_deploy.backends.tensorrt.api import load_backend
 from hrm_deploy.backends.tensorrt.builder.cost import check_unrolled_build, compute_nodes, unrolled_over_budget
 from hrm_deploy.backends.tensorrt.builder.layers import precision_verdict
-from hrm_deploy.backends.tensorrt.builder.options import reproduce_command, timing_cache_path
+from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions, reproduce_command, timing_cache_path
 from hrm_deploy.engines.request import BuildRequest, GraphInput, StepInstead
 from hrm_deploy.engines.result import EngineResult
 from hrm_deploy.engines.targets import TargetProfile, target_architectures
@@ -211,16 +211,15 @@ class TensorRTBuilder:
         """Before any conversion work: the flavour fits the target and is installed, and the
         target's GPUs run the precision (the architectures and this machine go to ``facts``)."""
         config, target = request.config, request.target
+        asked = config.options_as(TensorRTOptions).compute_capability
         if request.backend not in target.backends:
             raise ConfigError(f"target {target.name} builds with {' or '.join(target.backends)}, not {request.backend}")
-        if target.architectures or config.compute_capability:  # GPUs the precision cannot run: before any package
-            target_architectures(target, config.precision, config.compute_capability)
+        if target.architectures or asked:  # GPUs the precision cannot run: before any package
+            target_architectures(target, config.precision, asked)
         backend = load_backend(request.backend)
-        backend.compute_capability(config.compute_capability or target.compute_capability)  # validate early
+        backend.compute_capability(asked or target.compute_capability)  # validate early
         machine = gpu_identity()
-        architectures = target_architectures(
-            target, config.precision, config.compute_capability, machine.get("compute_capability")
-        )
+        architectures = target_architectures(target, config.precision, asked, machine.get("compute_capability"))
         return replace(request, facts={**request.facts, "machine": machine, "architectures": architectures})
 
     def step_instead(self, graph: Path, request: BuildRequest) -> StepInstead | None:
@@ -228,7 +227,7 @@ class TensorRTBuilder:
         ``--allow-unrolled`` was not given (:mod:`.cost`)."""
         given = _graph_info(graph, model=request.model if graph == request.source else None)
         over = unrolled_over_budget(given.meta, given.compute_nodes, request.config.precision)
-        if over is None or request.config.allow_unrolled:
+        if over is None or request.config.options_as(TensorRTOptions).allow_unrolled:
             return None
         why = (
             f"{graph.name} is a {given.meta.get('steps', '?')}-step unrolled graph whose TensorRT build would take "
@@ -244,7 +243,8 @@ class TensorRTBuilder:
         # replacing the file cannot slip in between the check, the shapes and the build.
         onnx_bytes, graph_manifest = read_verified(graph)
         meta, dims, nodes, compute = _graph_info(graph, onnx_bytes)
-        unrolled_cost = check_unrolled_build(meta, compute, config.precision, config.allow_unrolled, graph.name)
+        allow = config.options_as(TensorRTOptions).allow_unrolled
+        unrolled_cost = check_unrolled_build(meta, compute, config.precision, allow, graph.name)
         if unrolled_cost is not None and not request.quiet:
             log.info(f"building the unrolled graph as asked (--allow-unrolled): {unrolled_cost.describe()}")
         backend = load_backend(request.backend)
@@ -265,6 +265,7 @@ def _spec(request: BuildRequest, backend: Any, dims: dict[str, list[Any]], onnx_
     """The worker's build spec: the batch profile, workspace, optimization level, compute
     capability and timing cache, each from the options or the target's profile."""
     config, target = request.config, request.target
+    options = config.options_as(TensorRTOptions)
     estimate = _check_memory_budget(target, nodes, onnx_bytes)
     lo = config.min_batch or target.min_batch
     hi = config.max_batch or target.max_batch
@@ -276,13 +277,13 @@ def _spec(request: BuildRequest, backend: Any, dims: dict[str, list[Any]], onnx_
         "backend": backend.name,
         "version": backend.version,
         "shapes": _shapes(dims, lo, opt, hi),
-        "workspace_mib": config.workspace_mib or target.workspace_mib,
-        "optimization_level": config.optimization_level
-        if config.optimization_level is not None
+        "workspace_mib": options.workspace_mib or target.workspace_mib,
+        "optimization_level": options.optimization_level
+        if options.optimization_level is not None
         else target.builder_optimization_level,
-        "compute_capability": config.compute_capability or target.compute_capability,
-        "timing_cache": str(timing_cache_path(config.timing_cache, backend, machine))
-        if config.timing_cache and backend.supports_timing_cache()
+        "compute_capability": options.compute_capability or target.compute_capability,
+        "timing_cache": str(timing_cache_path(options.timing_cache, backend, machine))
+        if options.timing_cache and backend.supports_timing_cache()
         else None,
         "estimated_build_mib": estimate,
         "nodes": nodes,
@@ -335,7 +336,7 @@ def _publish(job: _Job, staged: Path, build: dict[str, Any], facts: dict[str, An
         stage="engine",
         parent=job.graph,
         parent_sha256=spec["onnx_sha256"],
-        config=asdict(config),
+        config=config.record(),
         sidecars=[(Path(spec["layers_out"]), layers_file)] if have_layers else [],
         remove=[] if have_layers else [layers_file],
         backend={"name": backend.name, "version": backend.version},

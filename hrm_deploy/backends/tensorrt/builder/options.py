@@ -1,13 +1,50 @@
-"""What a TensorRT build is told beyond the graph: the timing-cache file for this GPU and release,
-and the NVIDIA command line (``trtexec`` / ``tensorrt_rtx``) that builds the same engine."""
+"""What a TensorRT build is told beyond the graph: its build options (:class:`TensorRTOptions`, the
+row's ``build_options``), the timing-cache file for this GPU and release, and the NVIDIA command
+line (``trtexec`` / ``tensorrt_rtx``) that builds the same engine."""
 
 from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from hrm_deploy.backends.tensorrt.api import Backend
+from hrm_deploy.engines.options import BuildOptions, Given, option
+from hrm_deploy.errors import ConfigError
+
+MAX_WORKSPACE_MIB = 1 << 20  # 1 TiB
+DEFAULT_TIMING_CACHE = "engines/timing.cache"
+
+
+@dataclass(frozen=True)
+class TensorRTOptions(BuildOptions):
+    """TensorRT / TensorRT-RTX build options; None fields take the target profile's default.
+    ``timing_cache`` is a base name (the file is keyed by GPU and TensorRT version; None: no
+    cache); ``allow_unrolled`` builds an unrolled graph whose estimated cost is over budget
+    (:mod:`.cost`) instead of its single-step graph."""
+
+    taker: ClassVar[str] = "TensorRT"
+
+    workspace_mib: int | None = option(None, "--workspace")
+    optimization_level: int | None = option(None, "--opt-level")
+    compute_capability: str | None = option(None, "--compute-capability")
+    allow_unrolled: bool = option(False, "--allow-unrolled")
+    timing_cache: str | None = option(DEFAULT_TIMING_CACHE, "--timing-cache")
+
+    def __post_init__(self) -> None:
+        if self.workspace_mib is not None and not 16 <= self.workspace_mib <= MAX_WORKSPACE_MIB:
+            raise ConfigError(f"--workspace must be between 16 and {MAX_WORKSPACE_MIB} MiB, got {self.workspace_mib}")
+        if self.optimization_level is not None and not 0 <= self.optimization_level <= 5:
+            raise ConfigError(
+                f"--opt-level must be between 0 and 5 (TensorRT's builder levels), got {self.optimization_level}"
+            )
+
+    @classmethod
+    def refuse(cls, given: list[Given], target: str, receiver: type[BuildOptions]) -> str:
+        many = len(given) > 1
+        return f"{', '.join(g.flag for g in given)}: TensorRT build option{'s' if many else ''}; {receiver.declines}: drop them"
 
 
 def _slug(text: str) -> str:
