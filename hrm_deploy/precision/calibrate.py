@@ -8,7 +8,8 @@ ranges of those inputs measured on real examples, and ONNX Runtime's calibration
 Calibration runs the model through all ACT steps: the unrolled graph contains every step
 (each step's MatMul is its own node, with its own activation range); a single-step graph is
 driven segment by segment, its carry read from the same run that reads the ranges, so one
-range covers every step. Ranges are reduced inside the graph on ONNX Runtime, on CUDA when
+range covers every step; a loop graph measures its body inside the loop, one run per batch
+(:func:`_with_range_outputs`). Ranges are reduced inside the graph on ONNX Runtime, on CUDA when
 this onnxruntime has it (:func:`calibration_provider`).
 """
 
