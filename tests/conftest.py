@@ -289,6 +289,16 @@ def tiny_onnx(trained_tiny, tmp_path_factory):
     return SimpleNamespace(unrolled=unrolled.path, step=step.path, data=trained_tiny.data, folder=folder)
 
 
+@pytest.fixture(scope="session")
+def tiny_loop(trained_tiny, tmp_path_factory):
+    """The trained fixture's loop graph (``export --mode loop``, halting off; parity not checked here)."""
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+
+    folder = tmp_path_factory.mktemp("export_loop")
+    config = ExportConfig(mode="loop", parity=False)
+    return export_onnx(trained_tiny.checkpoint, folder / "tiny.loop.onnx", config, quiet=True).path
+
+
 # -- markers: gpu / jetson skip with an actionable reason; every skip's reason is summarised ----------
 
 

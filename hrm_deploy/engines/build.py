@@ -184,7 +184,6 @@ def build_engine(
     # the one parse of the FP32 graph (weights loaded where a precision graph is made from it)
     weights = config.precision != "fp32"
     model = load_onnx(src, weights=weights)
-    _check_loop_graph(model, config, target.name)
     request = replace(request, source=src, model=model)
     instead = make.step_instead(src, request)
     if instead is not None:  # before calibration or conversion: build the same checkpoint's step graph
@@ -220,31 +219,6 @@ def _step_graph(unrolled: Path, quiet: bool) -> Path:
         mode="step", opset=int(exported.get("opset", 18)), max_batch=int(exported.get("max_batch", 64))
     )
     return export_onnx(checkpoint, step, export, quiet=quiet, **recorded_data_fields(unrolled)).path
-
-
-# Loop graphs (export --mode loop) build as float engines: the Q/DQ writers and the cpu target's
-# fusions place their nodes in the outer graph and cannot reach into the loop's body yet.
-LOOP_PRECISIONS = ("fp32", "fp16", "bf16")
-
-
-def _check_loop_graph(model: Any, config: EngineConfig, target: str) -> None:
-    """A loop graph with a quantized precision or for the cpu target: one line naming what works."""
-    from hrm_deploy.export.metadata import graph_metadata
-
-    if graph_metadata(model).get("mode") != "loop":
-        return
-    if config.precision not in LOOP_PRECISIONS:
-        raise ConfigError(
-            f"--{config.precision} of a loop graph is not offered: the Q/DQ writers calibrate and place scales in "
-            "the outer graph, not inside the loop's body; build the step graph (export --mode step) at "
-            f"{config.precision}, or this loop graph at --fp16/--bf16"
-        )
-    if target == "cpu":
-        raise ConfigError(
-            "--target cpu does not optimize loop graphs yet (its fusions and INT8 recipes do not reach the loop's "
-            "body); ONNX Runtime runs the loop graph as exported (verify, solve, serve), or build the step graph "
-            "for the cpu target"
-        )
 
 
 def _precision_graph(onnx_path: Path, model: Any, config: EngineConfig, quiet: bool) -> Path:

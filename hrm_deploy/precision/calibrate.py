@@ -8,7 +8,8 @@ ranges of those inputs measured on real examples, and ONNX Runtime's calibration
 Calibration runs the model through all ACT steps: the unrolled graph contains every step
 (each step's MatMul is its own node, with its own activation range); a single-step graph is
 driven segment by segment, its carry read from the same run that reads the ranges, so one
-range covers every step. Ranges are reduced inside the graph on ONNX Runtime, on CUDA when
+range covers every step; a loop graph measures its body inside the loop, one run per batch
+(:func:`_with_range_outputs`). Ranges are reduced inside the graph on ONNX Runtime, on CUDA when
 this onnxruntime has it (:func:`calibration_provider`).
 """
 
@@ -67,10 +68,14 @@ class QuantPlan:
 
 
 def plan_nodes(model, config: QuantConfig, extra_exclude: tuple[str, ...] = ()) -> QuantPlan:
-    """MatMul/Gemm nodes whose second input is a weight initializer, minus exclusions."""
+    """MatMul/Gemm nodes whose second input is a weight initializer, minus exclusions. A loop
+    graph's are its body's (the segment; node names ``loop/step/...``): the weights are outer
+    initializers the body reads."""
+    from hrm_deploy.export.loop_body import quantizable_nodes
+
     initializers = {i.name for i in model.graph.initializer}
     plan = QuantPlan()
-    for node in model.graph.node:
+    for node in quantizable_nodes(model):
         if node.op_type not in ("MatMul", "Gemm"):
             continue
         if len(node.input) < 2 or node.input[1] not in initializers:
@@ -124,8 +129,14 @@ def _with_range_outputs(model, tensors: list[str], method: str) -> list[str]:
 
     minmax: Abs -> ReduceMax per tensor inside the graph (ORT's threads, no activation copied
     out), the scalars concatenated into one vector output, so a run returns one small array
-    instead of hundreds. entropy/percentile need the values: each tensor becomes an output."""
+    instead of hundreds. entropy/percentile need the values: each tensor becomes an output.
+
+    A loop graph (minmax only, :func:`refuse_loop_histograms`): the vector is made inside the
+    body each step ([T]) and scanned out of the ``Loop`` ([steps run, T]); a ReduceMax over the
+    steps outside gives the same [T] output, so one run covers every step the loop ran."""
     from onnx import TensorProto, helper
+
+    from hrm_deploy.export.loop_body import find_loop, loop_body, scan_name
 
     if method != "minmax":
         present = {o.name for o in model.graph.output}
@@ -133,12 +144,15 @@ def _with_range_outputs(model, tensors: list[str], method: str) -> list[str]:
             if name not in present:
                 model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
         return list(tensors)
+    loop = find_loop(model)
+    graph = loop_body(model) if loop is not None else model.graph
+    vector = f"{RANGES_OUTPUT}/step" if loop is not None else RANGES_OUTPUT
     flat = f"{RANGES_OUTPUT}/shape_1"
-    model.graph.initializer.append(helper.make_tensor(flat, TensorProto.INT64, [1], [1]))
+    model.graph.initializer.append(helper.make_tensor(flat, TensorProto.INT64, [1], [1]))  # a body reads it too
     peaks = []
     for i, name in enumerate(tensors):
         base = f"{RANGES_OUTPUT}/{i}"
-        model.graph.node.extend(
+        graph.node.extend(
             [
                 helper.make_node("Abs", [name], [f"{base}/abs"], name=f"{base}/Abs"),
                 helper.make_node("ReduceMax", [f"{base}/abs"], [f"{base}/max"], name=f"{base}/ReduceMax", keepdims=1),
@@ -146,9 +160,31 @@ def _with_range_outputs(model, tensors: list[str], method: str) -> list[str]:
             ]
         )
         peaks.append(f"{base}/peak")
-    model.graph.node.append(helper.make_node("Concat", peaks, [RANGES_OUTPUT], name=f"{RANGES_OUTPUT}/Concat", axis=0))
+    graph.node.append(helper.make_node("Concat", peaks, [vector], name=f"{RANGES_OUTPUT}/Concat", axis=0))
+    if loop is not None:  # [T] per step -> scanned [steps, T] -> max over the steps [T]
+        graph.output.append(helper.make_tensor_value_info(vector, TensorProto.FLOAT, [len(tensors)]))
+        loop.output.append(scan_name(vector))
+        axis = f"{RANGES_OUTPUT}/axis_0"
+        model.graph.initializer.append(helper.make_tensor(axis, TensorProto.INT64, [1], [0]))
+        opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=18)
+        over_steps = [scan_name(vector), axis] if opset >= 18 else [scan_name(vector)]  # ReduceMax-18: axes input
+        reduce = helper.make_node("ReduceMax", over_steps, [RANGES_OUTPUT], name=f"{RANGES_OUTPUT}/ReduceMax_steps")
+        reduce.attribute.append(helper.make_attribute("keepdims", 0))
+        if opset < 18:
+            reduce.attribute.append(helper.make_attribute("axes", [0]))
+        model.graph.node.append(reduce)
     model.graph.output.append(helper.make_tensor_value_info(RANGES_OUTPUT, TensorProto.FLOAT, [len(tensors)]))
     return [RANGES_OUTPUT]
+
+
+def refuse_loop_histograms(method: str, mode: str) -> None:
+    """A loop graph calibrates with minmax only: entropy and percentile build histograms of every
+    value, which would have to leave the loop as scan outputs of every step (one line naming the fix)."""
+    if mode == "loop" and method != "minmax":
+        raise ConfigError(
+            f"--calib-method {method} of a loop graph is not offered: its histograms need every step's activations "
+            "out of the loop; calibrate it with minmax (the default), or the step graph with any method"
+        )
 
 
 def range_session(model, source: str | Path, tensors: list[str], method: str):
@@ -338,7 +374,9 @@ def calibrate_ranges(
         _seal_path(cache_file).unlink(missing_ok=True)
     if cache_file.is_file():
         return None
-    by_name = {n.name: n for n in model.graph.node}
+    from hrm_deploy.export.loop_body import quantizable_nodes
+
+    by_name = {n.name: n for n in quantizable_nodes(model)}
     all_weighted = plan_nodes(model, QuantConfig(method=config.method, exclude_patterns=()))
     tensors = sorted({by_name[n].input[0] for n in all_weighted.quantize})
     del by_name
@@ -361,11 +399,10 @@ def quantize_qdq(
     """A Q/DQ graph whose format ``write(model, plan, cache_file)`` writes into a copy of the job's
     FP32 graph (FP8, NVFP4) from the job's cached ranges; saved to ``out_path``. ``job``: a
     :class:`~hrm_deploy.precision.job.QuantJob` (calibrated already: nothing is measured here)."""
-    import onnx
 
     plan = job.plan_for(exclude)
-    model = job.copy_model()
+    model = job.copy_model()  # a loop graph's body, lifted: the writer edits it as any graph
     write(model, plan, job.cache)
-    onnx.save(model, str(out_path))
+    job.save(model, out_path)
     logger.info("%s: %d MatMul/Gemm nodes quantized, %d kept in float", label, len(plan.quantize), len(plan.excluded))
     return plan

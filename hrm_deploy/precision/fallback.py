@@ -27,9 +27,11 @@ Q = TypeVar("Q")  # one measurement of a probe graph (bisect_fallback)
 def weight_groups(model: Any, quantized: set[str] | list[str]) -> dict[str, list[str]]:
     """The quantized MatMul/Gemm nodes of ``model`` grouped by the weight they read (input 1): the
     unit the fallbacks keep in float, every unrolled copy of one layer together."""
+    from hrm_deploy.export.loop_body import quantizable_nodes
+
     names = set(quantized)
     groups: dict[str, list[str]] = {}
-    for node in model.graph.node:
+    for node in quantizable_nodes(model):
         if node.name in names:
             groups.setdefault(node.input[1], []).append(node.name)
     return groups

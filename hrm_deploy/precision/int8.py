@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hrm_deploy.export.loop_body import find_loop
 from hrm_deploy.onnx_runtime import quiet_ort
 from hrm_deploy.precision.calibrate import QuantPlan
 
@@ -87,7 +88,7 @@ def quantize_int8(
     }
     with quiet_ort():
         quantize_static(
-            job.copy_model(),  # ORT reads the parsed graph (it saves its own shape-inferred copy)
+            job.copy_model(),  # ORT reads the parsed graph (a loop graph: its body) and saves its own copy
             str(out_path),
             None,
             quant_format=QuantFormat.QDQ,
@@ -101,4 +102,8 @@ def quantize_int8(
             calibration_cache_path=str(job.cache),
         )
     _restrict_qdq_to_matmul_inputs(str(out_path))
+    if find_loop(job.model) is not None:  # the body's Q/DQ back into the Loop, its scales outer initializers
+        import onnx
+
+        job.save(onnx.load(str(out_path)), out_path)
     return plan

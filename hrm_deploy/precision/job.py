@@ -24,6 +24,7 @@ from hrm_deploy.precision.calibrate import (
     calibrate_ranges,
     calibration_key,
     plan_nodes,
+    refuse_loop_histograms,
 )
 
 log = logging.getLogger(__name__)
@@ -51,12 +52,29 @@ class QuantJob:
     reference: Any = None
 
     def copy_model(self) -> Any:
-        """A copy of the FP32 graph for a writer to edit."""
+        """A copy of the graph a writer edits: the FP32 graph, or a loop graph's body lifted as a
+        model of its own (:func:`hrm_deploy.export.loop_body.lift_body`: the segment, its weights
+        as initializers); :meth:`save` writes the edited copy as the whole graph."""
         import onnx
 
+        from hrm_deploy.export.loop_body import find_loop, lift_body
+
+        if find_loop(self.model) is not None:
+            return lift_body(self.model)
         copy = onnx.ModelProto()
         copy.CopyFrom(self.model)
         return copy
+
+    def save(self, edited: Any, out_path: str | Path) -> None:
+        """Save the writer's ``edited`` copy (:meth:`copy_model`) to ``out_path``; a loop graph's
+        body is seated back into its ``Loop`` first (new scales and weights in the outer graph)."""
+        import onnx
+
+        from hrm_deploy.export.loop_body import find_loop, seat_body
+
+        if find_loop(self.model) is not None:
+            edited = seat_body(self.model, edited)
+        onnx.save(edited, str(out_path))
 
     def plan_for(self, exclude: tuple[str, ...] = ()) -> QuantPlan:
         """The plan with the nodes ``exclude`` names also kept float."""
@@ -76,6 +94,7 @@ def new_job(
     """The job of ``model`` (the FP32 graph at ``source``, already parsed): its cache entry keyed by
     the graph's sha256, the method, the data and the sample count (``report['reused']``: a trusted
     entry is there). The caller runs the row's calibration (:func:`calibrate_job`) once, next."""
+    refuse_loop_histograms(quant.method, meta["mode"])
     key = calibration_key(source_sha256, quant.method, examples.sha256, len(examples), f"{meta['mode']}{meta['steps']}")
     cache = Path(cache_dir) / f"{key}.json"
     report = {

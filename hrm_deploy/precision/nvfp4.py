@@ -347,15 +347,34 @@ def simulate_on_cpu(model: Any) -> Any:
     """A copy of the NVFP4 ``model`` that ONNX Runtime's CPU provider runs with the same numerics:
     each FP4 weight (its two DequantizeLinear nodes) becomes the float32 tensor they produce, and
     each TensorRT dynamic FP4 quantization (with its two DequantizeLinear nodes) becomes float
-    operators doing the same quantize-dequantize. Opset back to 19, no ``trt`` domain."""
+    operators doing the same quantize-dequantize. Opset back to 19, no ``trt`` domain. A loop
+    graph's FP4 nodes are in its body: that is where they are simulated."""
     import onnx
+
+    from hrm_deploy.export.loop_body import on_graph
+
+    def simulate(graph_model: Any) -> Any:
+        sim = onnx.ModelProto()
+        sim.CopyFrom(graph_model)
+        _simulate_graph(sim.graph)
+        return sim
+
+    sim = on_graph(model, simulate)
+    for opset in sim.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = SIM_OPSET
+    kept = [o for o in sim.opset_import if o.domain != TRT_DOMAIN]
+    del sim.opset_import[:]
+    sim.opset_import.extend(kept)
+    return sim
+
+
+def _simulate_graph(graph: Any) -> None:
+    """:func:`simulate_on_cpu` 's rewrite of one graph, in place."""
     from onnx import numpy_helper
 
     from hrm_deploy.export.graph import topological_sort
 
-    sim = onnx.ModelProto()
-    sim.CopyFrom(model)
-    graph = sim.graph
     inits = {i.name: i for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
     consumers: dict[str, list] = {}
@@ -388,14 +407,7 @@ def simulate_on_cpu(model: Any) -> Any:
     kept_inits = [i for i in [*graph.initializer, *add_inits] if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(kept_inits)
-    for opset in sim.opset_import:
-        if opset.domain in ("", "ai.onnx"):
-            opset.version = SIM_OPSET
-    kept = [o for o in sim.opset_import if o.domain != TRT_DOMAIN]
-    del sim.opset_import[:]
-    sim.opset_import.extend(kept)
     topological_sort(graph)
-    return sim
 
 
 @contextlib.contextmanager

@@ -99,17 +99,30 @@ def local_errors(
     quantized), from one run on :data:`RANK_PUZZLES` of ``examples``; ``fp32``: the FP32 graph the
     float weights come from (same node names); ``source``: its path (an external puzzle table is
     read beside it). A group with no measurable node gets 0 (it ranks last)."""
+    from hrm_deploy.export.loop_body import find_loop, first_step_feeds, lift_body
     from hrm_deploy.onnx_runtime import ort_session
     from hrm_deploy.puzzle_table import rows_session
 
+    def tabled(session: Any) -> Any:
+        return rows_session(session, source)
+
+    body_feeds = None
+    if find_loop(qdq) is not None:  # a loop graph: its body, on the loop's first step (as a step graph's)
+        count = min(RANK_PUZZLES, len(examples))
+        whole = {k: np.asarray(v, np.int32) for k, v in examples.feeds(0, count).items()}
+        body_feeds = first_step_feeds(fp32, whole, tabled)
+        qdq, fp32 = lift_body(qdq), lift_body(fp32)
     model, pairs = _with_float_twins(qdq, fp32, groups)
     if not pairs:  # no Q/DQ activation to read (NVFP4's dynamic FP4): no signal, and no session to run
         return dict.fromkeys(groups, 0.0)
     serialized = model.SerializeToString()
     del model
-    session = rows_session(ort_session(serialized, provider="cpu"), source)
     fetch = [name for weight in pairs for pair in pairs[weight] for name in pair]
-    values = dict(zip(fetch, session.run(fetch, _feeds(session, examples, meta)), strict=True))
+    if body_feeds is not None:
+        values = dict(zip(fetch, ort_session(serialized, provider="cpu").run(fetch, body_feeds), strict=True))
+    else:
+        session = tabled(ort_session(serialized, provider="cpu"))
+        values = dict(zip(fetch, session.run(fetch, _feeds(session, examples, meta)), strict=True))
     errors: dict[str, float] = {}
     for weight in groups:
         worst = 0.0

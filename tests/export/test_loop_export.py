@@ -149,21 +149,3 @@ def test_bench_reports_a_loop_graphs_mean_steps_beside_the_unrolled_graph(tmp_pa
     steps = {Path(row["artifact"]).name: row["mean_steps"] for row in report["rows"]}
     assert steps[unrolled.name] == 8.0 and 1.0 <= steps[loop.name] < 8.0
     assert "Mean steps" in table(report)
-
-
-def test_quantized_and_cpu_target_builds_of_a_loop_graph_are_refused_in_one_line(tmp_path: Path) -> None:
-    import importlib.util
-
-    from hrm_deploy.engines.build import EngineConfig, build_engine
-
-    loop = _export(tmp_path, "sudoku-small", "loop", "q")
-    cases = [(EngineConfig(precision="fp32", target="cpu"), "--target cpu does not optimize loop graphs")]
-    if importlib.util.find_spec("tensorrt_rtx") is not None:  # the TensorRT-RTX builds' preflight needs it
-        cases += [
-            (EngineConfig(precision="int8", backend="tensorrt-rtx"), "--int8 of a loop graph"),
-            (EngineConfig(precision="fp8", backend="tensorrt-rtx"), "--fp8 of a loop graph"),
-        ]
-    for config, match in cases:
-        with pytest.raises(ConfigError, match=match):
-            build_engine(loop, config, tmp_path / "never.engine", quiet=True)
-    assert not (tmp_path / "never.engine").exists()

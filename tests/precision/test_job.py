@@ -12,6 +12,7 @@ import pytest
 
 import hrm_deploy.precision.calibrate as calibrate
 from hrm_deploy.backends.ort.builder.options import CpuOptions
+from hrm_deploy.export.loop_body import all_nodes
 from hrm_deploy.precision.rule import Holdout, Quality
 
 
@@ -40,9 +41,9 @@ def _punish_the_mlp(monkeypatch):
     short (so the fallback runs: probes and the rebuilt graph come from the same job)."""
 
     def measure(self, path):
-        model = onnx.load(str(path), load_external_data=False)
-        dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-        mlp = any("L_level" in n.name and "mlp" in n.name and n.input[0] in dq for n in model.graph.node)
+        nodes = all_nodes(onnx.load(str(path), load_external_data=False))  # a loop graph's body too
+        dq = {n.output[0] for n in nodes if n.op_type == "DequantizeLinear"}
+        mlp = any("L_level" in n.name and "mlp" in n.name and n.input[0] in dq for n in nodes)
         return Quality(90.0, 90.0, 95.0 if mlp else 100.0, self.size)
 
     monkeypatch.setattr(Holdout, "measure", measure)
@@ -59,6 +60,25 @@ def test_the_precision_stage_parses_and_calibrates_once(tiny_onnx, tmp_path, cou
     )
     result = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "m.int8.onnx", quiet=True)
     assert result.report["accuracy_budget"]["kept_float"]  # the fallback ran: many writes, one job
+    assert (counts["parses"], counts["calibrations"]) == (1, 1)
+
+
+@pytest.mark.slow
+def test_a_loop_graphs_precision_stage_parses_and_calibrates_once(
+    tiny_loop, trained_tiny, tmp_path, counts, monkeypatch
+):
+    """The same with the loop graph: its body planned, calibrated inside the loop in one pass, every
+    probe of the fallback written into the body from the same job."""
+    from hrm_deploy.precision.calibrate import QuantConfig
+    from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+
+    _punish_the_mlp(monkeypatch)
+    counts["source"] = Path(tiny_loop).resolve()
+    cfg = PrecisionConfig(
+        "int8", calib_data=trained_tiny.data, quant=QuantConfig(samples=16), cache_dir=str(tmp_path / "calib")
+    )
+    result = make_precision_graph(tiny_loop, cfg, out=tmp_path / "l.int8.onnx", quiet=True)
+    assert result.report["accuracy_budget"]["kept_float"]
     assert (counts["parses"], counts["calibrations"]) == (1, 1)
 
 

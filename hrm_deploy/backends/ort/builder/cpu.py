@@ -38,6 +38,7 @@ from typing import Any
 from hrm_deploy.backends.ort.builder.int8 import INTEGER_MATMULS, RECIPES, quantize_weights
 from hrm_deploy.contract import CARRY, PUZZLE_ROWS, RESET
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, require
+from hrm_deploy.export.loop_body import all_nodes, find_loop, first_step_feeds, lift_body, seat_body
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
 from hrm_deploy.onnx_runtime import Optimization, load_onnx, ort_session
@@ -145,26 +146,30 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
     from hrm_deploy.backends.ort.builder.static import sink_quantize
     from hrm_deploy.model.families import config_from_dict
 
-    unfused = onnx.load(str(path))
-    sink_quantize(unfused)  # static INT8: the attention output's Q back below its head merge (exact)
-    if unfused.ByteSize() > MAX_FUSED_BYTES:  # one protobuf: the block check serializes the graph
-        return {"skipped": f"graph of {unfused.ByteSize() / 2**30:.1f} GiB, over the 2 GiB protobuf limit: not fused"}
-    fused = onnx.ModelProto()
-    fused.CopyFrom(unfused)
+    whole = onnx.load(str(path))
+    if whole.ByteSize() > MAX_FUSED_BYTES:  # one protobuf: the block check serializes the graph
+        return {"skipped": f"graph of {whole.ByteSize() / 2**30:.1f} GiB, over the 2 GiB protobuf limit: not fused"}
     model_config = config_from_dict(meta["config"])
-    report, rewrites = fuse_for_cpu(fused, model_config.hidden_size)
     # One puzzle of random tokens; a step graph gets its first step (reset, zero carry).
     rng = np.random.default_rng(0)
     feed: dict[str, Any] = {
         "inputs": rng.integers(0, model_config.vocab_size, (1, model_config.seq_len), dtype=np.int32),
         "puzzle_identifiers": np.zeros(1, np.int32),
     }
-    if any(tensor.name == PUZZLE_ROWS for tensor in unfused.graph.input):  # export --puzzle-emb external
+    if any(tensor.name == PUZZLE_ROWS for tensor in whole.graph.input):  # export --puzzle-emb external
         feed[PUZZLE_ROWS] = np.zeros((1, model_config.puzzle_emb_ndim), np.float32)
         del feed["puzzle_identifiers"]
-    if any(tensor.name == CARRY[0] for tensor in unfused.graph.input):  # a step graph
+    if any(tensor.name == CARRY[0] for tensor in whole.graph.input):  # a step graph
         carry = np.zeros((1, model_config.total_seq_len, model_config.hidden_size), np.float32)
         feed.update({CARRY[0]: carry, CARRY[1]: carry, RESET: np.ones(1, bool)})
+    loop = find_loop(whole) is not None
+    if loop:  # a loop graph: its body is fused, checked on the inputs of the loop's first step
+        feed = first_step_feeds(whole, feed)
+    unfused = lift_body(whole, check=False) if loop else whole  # ORT's own operators
+    sink_quantize(unfused)  # static INT8: the attention output's Q back below its head merge (exact)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(unfused)
+    report, rewrites = fuse_for_cpu(fused, model_config.hidden_size)
     tensor_bytes = model_config.total_seq_len * model_config.hidden_size * 4  # one [1, positions, hidden] float32
     try:
         error, checked = check_rewrites(unfused, fused, rewrites, feed, threads, tensor_bytes)
@@ -176,7 +181,7 @@ def fuse_checked(path: Path, meta: dict[str, Any], threads: int | None) -> dict[
             f"(limit {FUSION_TOLERANCE:.0e}); build with --no-fuse and report this"
         )
     del unfused
-    onnx.save(fused, str(path))
+    onnx.save(seat_body(whole, fused, check=False) if loop else fused, str(path))
     return {**report.as_dict(), "checked_blocks": checked, "checked_max_error": float(f"{error:.3g}")}
 
 
@@ -306,9 +311,18 @@ def _holdout_words(calib: Any, source: str) -> str:
 def _activations(meta: dict[str, Any], config: CpuBuildConfig, stages: Stages) -> dict[str, Any]:
     """Static INT8's activation type (``config.activations``; auto: the faster integer GEMM on
     this CPU for the model's MLP input projection at batch 1, see builder/isa.py)."""
-    from hrm_deploy.backends.ort.builder.isa import choose_activations
+    from hrm_deploy.backends.ort.builder.isa import choose_activations, isa_flags
     from hrm_deploy.model.families import config_from_dict
 
+    if meta.get("mode") == "loop":  # ORT fuses only U8S8 in a Loop's body: S8S8 rewrites the outer weights
+        if config.activations == "int8":
+            raise ConfigError(
+                "int8 activations of a loop graph are not offered: ONNX Runtime turns S8S8 Q/DQ into integer "
+                "GEMMs only where it may rewrite the weights, and a loop's body reads them from the outer graph; "
+                "use uint8 or auto"
+            )
+        why = "a loop graph: ONNX Runtime fuses only U8S8 Q/DQ inside a Loop's body"
+        return {"activations": "uint8", "chosen_by": why, "isa": isa_flags()}
     model = config_from_dict(meta["config"])
     with stages.stage("choosing the integer GEMM for this CPU (U8S8 or S8S8, measured)"):
         return choose_activations(
@@ -343,6 +357,11 @@ def build_cpu(
     have = meta.get("precision", "fp32")
     if have != "fp32":
         raise ConfigError(f"{src} is a {have} graph; the cpu target starts from the FP32 export")
+    if meta.get("mode") == "loop" and config.precision == "int8" and not static:
+        raise ConfigError(
+            f"--cpu-int8 {config.int8_recipe} of a loop graph is not offered (its quantizer rewrites the outer graph "
+            "only); build it with --cpu-int8 static (the default), or the step graph with this recipe"
+        )
     target = Path(out) if out else cpu_output_path(src, config.precision)
     target.parent.mkdir(parents=True, exist_ok=True)
     stages = Stages(quiet)
@@ -370,7 +389,7 @@ def build_cpu(
         _restore_metadata(tmp, props, config.precision)
         optimized = onnx.load(str(tmp), load_external_data=False)
         ops: dict[str, int] = {}
-        for node in optimized.graph.node:
+        for node in all_nodes(optimized):  # a loop graph's body included
             key = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
             ops[key] = ops.get(key, 0) + 1
         build.update(onnx_nodes_out=len(optimized.graph.node), op_types=dict(sorted(ops.items())))

@@ -28,7 +28,13 @@ def float_probe(qdq: Any, weights: dict[str, Any], exclude: set[str]) -> Any:
     """A copy of the Q/DQ graph ``qdq`` whose MatMul nodes in ``exclude`` read float again: the
     activation their Q/DQ pair quantized and the FP32 weight (``weights``: name -> TensorProto
     of the FP32 export, by the MatMul's original weight name). Q/DQ nodes nobody reads any more
-    are dropped; the rest of the graph is unchanged."""
+    are dropped; the rest of the graph is unchanged. A loop graph's MatMuls are edited in its body."""
+    from hrm_deploy.export.loop_body import on_graph
+
+    return on_graph(qdq, lambda graph_model: _float_probe(graph_model, weights, exclude))
+
+
+def _float_probe(qdq: Any, weights: dict[str, Any], exclude: set[str]) -> Any:
     model = copy.deepcopy(qdq)
     nodes = model.graph.node
     made = {n.output[0]: n for n in nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear")}
