@@ -208,12 +208,13 @@ def test_an_npz_holdout_is_the_examples_calibration_did_not_use(tiny_onnx, tmp_p
     test = load_examples(tiny_onnx.data, 40, split="test")
     npz = tmp_path / "inputs.npz"
     np.savez(npz, inputs=test.inputs, puzzle_identifiers=test.puzzle_identifiers, labels=test.labels)
-    calib = SimpleNamespace(examples=load_examples(npz, 30))  # what the holdout reads of the job
+    # what the holdout reads of the job
+    calib = SimpleNamespace(examples=load_examples(npz, 30), share_holdout=False, source=tiny_onnx.unrolled, meta={})
     config = SimpleNamespace(holdout_samples=128, threads=1)
-    rest = holdout(tiny_onnx.unrolled, calib, {}, config).examples
+    rest = holdout(tiny_onnx.unrolled, calib, {}, config)[0].examples
     assert len(rest) == 10 and not {r.tobytes() for r in rest.inputs} & {r.tobytes() for r in calib.examples.inputs}
     with pytest.raises(DataError, match="calibration used every example"):
-        holdout(tiny_onnx.unrolled, SimpleNamespace(examples=load_examples(npz, 40)), {}, config)
+        holdout(tiny_onnx.unrolled, SimpleNamespace(**{**vars(calib), "examples": load_examples(npz, 40)}), {}, config)
 
 
 def test_the_holdout_is_sized_by_the_models_cost():
