@@ -98,14 +98,42 @@ def full_row(work: Path, checkpoint: str | None, tiny: bool) -> dict[str, Any]:
     hrm("export", checkpoint, "-o", "model.onnx", "--no-parity", cwd=work)
     seconds = hrm("build-engine", "model.onnx", "--target", "cpu", "--int8", *extra, cwd=work)
     manifest = manifest_of(work / "engines")
-    return {
+    row = {
         "row": "build-engine --target cpu --int8 (static INT8)",
         "model": what,
         "accuracy_check": "--no-accuracy-check" not in extra,
         "seconds": round(seconds, 1),
         "goal_seconds": 300,
         "timings": manifest.get("timings"),
+        "calibration": (manifest.get("recipe") or {}).get("calibration"),
         "accuracy": accuracy_of(manifest),
+    }
+    if "--no-accuracy-check" in extra:
+        cost = check_cost(work, manifest)
+        row.update(cost, seconds_with_check=round(seconds + cost["check_int8_pass_seconds"], 1))
+    return row
+
+
+def check_cost(work: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the accuracy check adds to a build that ran without it, timed here: the INT8 graph on the
+    holdout the check would use. A model this costly measures on its calibration set, whose FP32
+    answers the calibration pass already gave, so the check is that one INT8 pass (a random-weight
+    model fails any budget, which would time the fallback's search instead of the check)."""
+    from hrm_deploy.backends.ort.builder.static import ort_run
+    from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.export.metadata import graph_metadata
+    from hrm_deploy.onnx_runtime import load_onnx
+    from hrm_deploy.precision.accuracy import calibration_size, shares_holdout
+
+    meta = graph_metadata(load_onnx(work / "model.onnx"))
+    examples = load_examples(str(work / "data"), calibration_size(meta))
+    engine = sorted((work / "engines").glob("*.onnx"))[-1]
+    start = time.perf_counter()
+    ort_run(work / "model.onnx", None, meta)(engine, examples)
+    int8 = time.perf_counter() - start
+    return {
+        "check_shares_calibration_set": shares_holdout(meta),
+        "check_int8_pass_seconds": round(int8, 1),
     }
 
 
