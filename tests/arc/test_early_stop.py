@@ -97,7 +97,7 @@ class PlantedSource:
                 answer = np.asarray(x)
             preds.append(answer)
             q.append(rng.normal())
-        return np.stack(preds).astype(np.uint8), np.asarray(q)
+        return np.stack(preds).astype(np.uint8), np.asarray(q), np.ones(len(inputs), np.int64)
 
 
 @pytest.mark.slow
