@@ -178,6 +178,8 @@ def plot(results: dict, path: Path) -> bool:
         axis.set_ylabel("test inputs")
     for axis, (name, model) in zip(axes[0], results["models"].items()):
         for run, label in (("early_k12", "--k 1,2"), ("early_default_k", "default k (1..1000)")):
+            if run not in model["runs"]:
+                continue
             entry = model["runs"][run]
             axis.hist(
                 entry["skipped_per_test_input"],
@@ -208,6 +210,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="Torch threads for training.")
     parser.add_argument("--price-per-hour", type=float, default=1.0, help="Price of this machine per hour (cost).")
     parser.add_argument("--models", default="hrm,trm", help="Which models (comma-separated: hrm, trm).")
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"Which arc-eval runs besides full ({', '.join(RUNS)}).")
     parser.add_argument("--out", type=Path, default=RESULTS / "arc_early_stop.json")
     args = parser.parse_args()
     from hrm_deploy.bench.profile import cpu_description
@@ -235,7 +238,8 @@ def main() -> None:
         onnx = work / f"{name}.onnx"
         if not onnx.is_file():
             hrm_deploy(log, "export", str(work / name / "last.pt"), "-o", str(onnx), "-q")
-        runs = {run: evaluate(log, onnx, data, work, run, args) for run in RUNS}
+        chosen = ["full", *(r for r in RUNS if r != "full" and r in args.runs.split(","))]
+        runs = {run: evaluate(log, onnx, data, work, run, args) for run in chosen}
         full = runs["full"]
         cost = full["report"]["cost"]
         model = {
@@ -252,7 +256,7 @@ def main() -> None:
                     "mean_cost_per_task": cost["mean_cost_per_task"],
                     "cost_per_task": cost_stats(cost),
                 },
-                **{run: compare(full, runs[run], run) for run in RUNS if run != "full"},
+                **{run: compare(full, runs[run], run) for run in chosen if run != "full"},
             },
         }
         results["models"][name] = model
@@ -261,6 +265,11 @@ def main() -> None:
         )
     results["machine"]["load_average_at_end"] = os.getloadavg()
     results["commands"] = log
+    if args.out.is_file():  # a resumed run: the stages an earlier invocation ran (and its load) stay on record
+        old = json.loads(args.out.read_text())
+        if old.get("settings", {}).get("work") == str(args.work):
+            earlier = old.get("earlier_invocations", []) + [{"machine": old["machine"], "commands": old["commands"]}]
+            results["earlier_invocations"] = earlier
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     if plot(results, args.out.with_suffix(".png")):
