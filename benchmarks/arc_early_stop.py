@@ -129,6 +129,11 @@ def compare(full: dict, early: dict, run: str) -> dict:
     if not (same_scores and same_per_task and same_submission):
         raise SystemExit(f"{run}: the early-stopped run differs from the full run (scores or submission.json)")
     fractions = per_test_input_skipped(full["report"], early["report"])
+    copies = [
+        test["votes"] - stopped["votes"]
+        for task, entry in full["report"]["tasks"].items()
+        for test, stopped in zip(entry["tests"], early["report"]["tasks"][task]["tests"])
+    ]
     stop, cost = early["report"]["early_stop"], early["report"]["cost"]
     rows = stop["rows_run"] + stop["rows_skipped"]
     return {
@@ -141,6 +146,7 @@ def compare(full: dict, early: dict, run: str) -> dict:
         "test_inputs_with_skips": sum(f > 0 for f in fractions),
         "test_inputs": len(fractions),
         "skipped_per_test_input": [round(f, 4) for f in fractions],
+        "copies_skipped_per_test_input": dict(sorted(Counter(copies).items())),
         "inference_wall_s": cost["wall_s"],
         "command_wall_s": early["seconds"],
         "mean_cost_per_task": cost["mean_cost_per_task"],
@@ -161,7 +167,8 @@ def cost_stats(cost: dict) -> dict:
 
 
 def plot(results: dict, path: Path) -> bool:
-    """Histogram of the fraction of copies skipped per test input, per model and run."""
+    """Per model: how many test inputs skipped 0, 1, 2, ... copies in each early-stopped run (above)
+    and how many distinct answers their copies gave in the full run (below)."""
     try:
         import matplotlib
 
@@ -177,22 +184,25 @@ def plot(results: dict, path: Path) -> bool:
         axis.set_xlabel(f"distinct answers among a test input's {results['settings']['num_aug'] + 1} copies (full run)")
         axis.set_ylabel("test inputs")
     for axis, (name, model) in zip(axes[0], results["models"].items()):
-        for run, label in (("early_k12", "--k 1,2"), ("early_default_k", "default k (1..1000)")):
+        for offset, (run, label) in ((-0.2, ("early_k12", "--k 1,2")), (0.2, ("early_default_k", "default k"))):
             if run not in model["runs"]:
                 continue
             entry = model["runs"][run]
-            axis.hist(
-                entry["skipped_per_test_input"],
-                bins=[i / 10 for i in range(11)],
-                alpha=0.6,
+            counts = entry["copies_skipped_per_test_input"]
+            axis.bar(
+                [int(c) + offset for c in counts],
+                list(counts.values()),
+                width=0.4,
                 label=f"{label}: {100 * entry['fraction_skipped']:.1f}% of rows skipped",
             )
-        axis.set_yscale("log")
-        axis.set_ylim(bottom=0.7)
+        most = results["most_copies_a_test_input_can_skip"]
+        axis.axvline(most + 0.5, color="grey", linestyle=":", label=f"the most any test input can skip ({most})")
         axis.set_title(f"{name.upper()}: {model['runs']['full']['rows']} rows, {model['test_inputs']} test inputs")
-        axis.set_xlabel("fraction of a test input's copies skipped")
+        axis.set_xlabel(f"copies skipped, of a test input's {results['copies_per_test_input']}")
         axis.set_ylabel("test inputs")
         axis.legend(fontsize=8)
+        axis.set_yscale("log")
+        axis.set_ylim(bottom=0.7)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     return True
@@ -268,8 +278,14 @@ def main() -> None:
     if args.out.is_file():  # a resumed run: the stages an earlier invocation ran (and its load) stay on record
         old = json.loads(args.out.read_text())
         if old.get("settings", {}).get("work") == str(args.work):
-            earlier = old.get("earlier_invocations", []) + [{"machine": old["machine"], "commands": old["commands"]}]
-            results["earlier_invocations"] = earlier
+            if not log:  # nothing ran now (only the summary and plot redone): the last run's record stands
+                results.update({k: old[k] for k in ("machine", "commands", "earlier_invocations") if k in old})
+            else:
+                earlier = [
+                    *old.get("earlier_invocations", []),
+                    {"machine": old["machine"], "commands": old["commands"]},
+                ]
+                results["earlier_invocations"] = earlier
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     if plot(results, args.out.with_suffix(".png")):
