@@ -71,7 +71,15 @@ def settled(
 
 
 # ----------------------------------------------------------------------------- the scheduler
-CHUNK_ROWS = 32  # copies of one test input per batch: a decision is checked after each chunk
+# A test input's outcome is checked after each chunk of its copies, about DECISIONS times in all:
+# chunks of 32 copies on upstream's ~1,000 copies, of one copy on a small --num-aug (9 copies), where a
+# chunk of 32 would run every copy before the first check.
+DECISIONS = 32
+
+
+def chunk_rows(copies: int) -> int:
+    """Copies of one test input per batch, for a test input of ``copies`` rows."""
+    return max(1, -(-copies // DECISIONS))
 
 
 def row_groups(identifiers: Sequence[str], ids: np.ndarray, inputs: np.ndarray) -> list[tuple[str, str] | None]:
@@ -112,6 +120,7 @@ class EarlyStop:
         for row, key in enumerate(keys):
             if key is not None:
                 self.pending.setdefault(key, []).append(row)
+        self.chunks = {key: chunk_rows(len(rows)) for key, rows in self.pending.items()}
 
     def pending_rows(self) -> int:
         return sum(len(rows) for rows in self.pending.values())
@@ -130,7 +139,7 @@ class EarlyStop:
         for key, waiting in self.pending.items():
             if len(rows) >= size:
                 break
-            take = waiting[: min(CHUNK_ROWS, size - len(rows))]
+            take = waiting[: min(self.chunks[key], size - len(rows))]
             rows += take
             self.pending[key] = waiting[len(take) :]
         return rows

@@ -1,8 +1,11 @@
 """``arc_eval``: run any artifact over an ARC dataset's test split and score it as upstream does.
 
-Every test row runs all ACT steps (no early halting); its argmax prediction and final
+Every test row runs all ACT steps (as upstream's evaluation does); its argmax prediction and final
 ``q_halt`` logit are appended to ``<submission>.preds.bin`` as each batch finishes, so an
-interrupted run picks up where it stopped. Scoring (:mod:`hrm_deploy.arc.score`) then writes
+interrupted run picks up where it stopped. With ``halt`` (``arc-eval --halt q``, never the
+default) each row stops at its own halting step instead: its records also hold the steps it ran,
+the predictions file records the rule, and the report says that halting was on (scores can
+differ from the all-steps vote). Scoring (:mod:`hrm_deploy.arc.score`) then writes
 ``submission.json`` (ARC Prize format) and ``<submission>.report.json`` / ``.report.md``.
 With ``against`` (a checkpoint) the reference is evaluated the same way and the pass@2
 difference, in points, is judged against ``max_pass2_difference_points``.
@@ -51,6 +54,9 @@ class ArcEvalConfig:
     # the same scores and submission as the full run, fewer rows
     early_stop: bool = False
     price_per_hour: float | None = None  # the machine's price: cost per task in the report
+    # per-row ACT halting (hrm_deploy.halting: q, threshold:X, budget:P): each row stops at its own
+    # halting step, so scores can differ from upstream's all-steps vote; "off": every step
+    halt: str = "off"
 
 
 def output_paths(submission: Path) -> dict[str, Path]:
@@ -66,8 +72,10 @@ def output_paths(submission: Path) -> dict[str, Path]:
     }
 
 
-def _record_dtype(seq_len: int) -> np.dtype:
-    return np.dtype([("row", "<i8"), ("q_halt", "<f8"), ("pred", "u1", (seq_len,))])
+def _record_dtype(seq_len: int, halting: bool = False) -> np.dtype:
+    """One saved row: its index, final q_halt logit, argmax tokens [S] and, with halting, its ACT steps."""
+    fields = [("row", "<i8"), ("q_halt", "<f8"), ("pred", "u1", (seq_len,))]
+    return np.dtype(fields + ([("steps", "<i2")] if halting else []))
 
 
 def _resume(preds: Path, fingerprint: dict[str, Any], restart: bool) -> int:
@@ -83,12 +91,17 @@ def _resume(preds: Path, fingerprint: dict[str, Any], restart: bool) -> int:
         saved = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError):
         saved = None
+    if isinstance(saved, dict) and saved.get("halt", "off") != fingerprint.get("halt", "off"):
+        raise ConfigError(
+            f"{preds} holds predictions made with --halt {saved.get('halt', 'off')} and this run asks for --halt "
+            f"{fingerprint.get('halt', 'off')}; pass --restart to discard them, or choose another --output"
+        )
     if saved != fingerprint:
         raise ConfigError(
             f"{preds} holds predictions of another artifact or dataset ({meta_path.name} differs); "
             "pass --restart to discard them, or choose another --output"
         )
-    record = _record_dtype(fingerprint["seq_len"]).itemsize
+    record = _record_dtype(fingerprint["seq_len"], "halt" in fingerprint).itemsize
     size = preds.stat().st_size
     if size % record:  # a batch cut short by an interruption: drop its partial record
         with open(preds, "r+b") as f:
@@ -96,10 +109,10 @@ def _resume(preds: Path, fingerprint: dict[str, Any], restart: bool) -> int:
     return size // record
 
 
-def _load_records(preds: Path, seq_len: int, any_order: bool = False) -> np.ndarray:
+def _load_records(preds: Path, seq_len: int, any_order: bool = False, halting: bool = False) -> np.ndarray:
     """Saved records; in row order 0..n-1 (a full run) or, with ``any_order`` (an early-stopped
     run), distinct rows in the order they ran."""
-    records = np.fromfile(preds, dtype=_record_dtype(seq_len))
+    records = np.fromfile(preds, dtype=_record_dtype(seq_len, halting))
     rows = records["row"]
     ok = len(np.unique(rows)) == len(rows) if any_order else np.array_equal(rows, np.arange(len(records)))
     if not ok:
@@ -117,7 +130,8 @@ def predict(
     stopper: Any = None,
 ) -> np.ndarray:
     """Predictions of ``source`` (an artifact or a server) on the rows of ``data``'s test split
-    (records of row, final q_halt logit, argmax tokens), run or resumed into ``preds``; every row
+    (records of row, final q_halt logit, argmax tokens, with halting the steps run), run or resumed
+    into ``preds``; every row
     in order, or with ``stopper`` (an :class:`hrm_deploy.arc.early_stop.EarlyStop`) each test input's
     rows until its outcome is final. ``clock`` is charged with this run's time per task."""
     from hrm_deploy.data.format import load_split
@@ -137,8 +151,9 @@ def predict(
     early = stopper is not None
     fingerprint.update({"early_stop": True} if early else {})
     source.check_ids(ids, data, meta.num_puzzle_identifiers, split.inputs)
+    halting = "halt" in fingerprint
     done = _resume(preds, fingerprint, config.restart)
-    saved = _load_records(preds, meta.seq_len, any_order=early) if done else None
+    saved = _load_records(preds, meta.seq_len, any_order=early, halting=halting) if done else None
     if early:
         stopper.resume(saved, ids, split.inputs)
     todo = stopper.pending_rows() if early else len(split) - done
@@ -148,7 +163,7 @@ def predict(
             if done and saved is not None:
                 log.info("%s: resuming after %d of %d rows", preds, done, len(split))
                 source.check_resumed(saved, split.inputs, ids)
-            dtype = _record_dtype(meta.seq_len)
+            dtype = _record_dtype(meta.seq_len, halting)
             with progress(done + todo, label, config.quiet, unit="rows", done=done) as advance:
                 start = done
                 while rows := (
@@ -157,11 +172,13 @@ def predict(
                     start = rows[-1] + 1
                     index = np.asarray(rows, dtype=np.int64)
                     t0 = time.perf_counter()
-                    pred, q_halt = source.run(np.asarray(split.inputs[index]), ids[index])
+                    pred, q_halt, steps = source.run(np.asarray(split.inputs[index]), ids[index])
                     if clock is not None:
-                        clock.charge(index, time.perf_counter() - t0)
+                        clock.charge(index, time.perf_counter() - t0, steps)
                     records = np.empty(len(rows), dtype)
                     records["row"], records["q_halt"], records["pred"] = index, q_halt, pred
+                    if halting:
+                        records["steps"] = steps
                     with open(preds, "ab") as f:  # one write per batch; a cut-short one is truncated on resume
                         f.write(records.tobytes())
                         f.flush()
@@ -169,33 +186,36 @@ def predict(
                     advance(len(rows) + (stopper.add(records, ids, split.inputs) if early else 0))
         finally:
             source.close()
-    return _load_records(preds, meta.seq_len, any_order=early)
+    return _load_records(preds, meta.seq_len, any_order=early, halting=halting)
 
 
 class TaskClock:
-    """This run's wall time and rows per task: a batch's time is shared by its rows."""
+    """This run's wall time, rows and ACT steps per task: a batch's time is shared by its rows."""
 
     def __init__(self, row_tasks: Sequence[str | None]):
         self.row_tasks = row_tasks  # the task of each test row (None: padding)
         self.seconds: dict[str, float] = {}
         self.rows: dict[str, int] = {}
+        self.steps: dict[str, int] = {}
 
-    def charge(self, rows: np.ndarray, seconds: float) -> None:
-        for row in rows:
+    def charge(self, rows: np.ndarray, seconds: float, steps: np.ndarray) -> None:
+        """``rows`` [B] ran in ``seconds``, each for its ``steps`` [B] ACT steps."""
+        for row, used in zip(rows, steps):
             task = self.row_tasks[int(row)]
             if task is not None:
                 self.rows[task] = self.rows.get(task, 0) + 1
+                self.steps[task] = self.steps.get(task, 0) + int(used)
                 self.seconds[task] = self.seconds.get(task, 0.0) + seconds / len(rows)
 
-    def report(self, steps: int, price_per_hour: float | None, skipped: dict[str, int]) -> dict[str, Any]:
-        """Per task: wall seconds, rows run (and skipped), ACT steps; with a price, cost; totals."""
+    def report(self, price_per_hour: float | None, skipped: dict[str, int]) -> dict[str, Any]:
+        """Per task: wall seconds, rows run (and skipped), ACT steps run; with a price, cost; totals."""
         tasks = {}
         for task in sorted(set(self.rows) | set(skipped)):
             entry: dict[str, Any] = {
                 "wall_s": round(self.seconds.get(task, 0.0), 4),
                 "rows": self.rows.get(task, 0),
                 "rows_skipped": skipped.get(task, 0),
-                "act_steps": self.rows.get(task, 0) * steps,
+                "act_steps": self.steps.get(task, 0),
             }
             if price_per_hour is not None:
                 entry["cost"] = round(entry["wall_s"] / 3600 * price_per_hour, 6)
@@ -314,19 +334,27 @@ def arc_eval(
         from hrm_deploy.provenance import check_reference
 
         check_reference(path, against)
-    source = open_source(artifact, runner_options, config.model_name, config.remote_timeout_s)
+    source = open_source(artifact, runner_options, config.model_name, config.remote_timeout_s, config.halt)
     clock, stopper = _work_plan(data, config)
     preds = paths["early_preds" if stopper is not None else "preds"]
     records = predict(source, data, preds, config, f"{source.name}: ARC test rows", clock, stopper)
     result = _score(data, records, config)
     report: dict[str, Any] = {"artifact": str(artifact), "data": str(data), **result.to_json()}
-    steps = int(getattr(getattr(source, "contract", None), "steps", 0) or getattr(source, "widest", 0))
     skipped = stopper.skipped if stopper is not None else {}
-    report["cost"] = clock.report(steps, config.price_per_hour, skipped)
+    report["cost"] = clock.report(config.price_per_hour, skipped)
     if stopper is not None:
         report["early_stop"] = {"rows_run": len(records), "rows_skipped": sum(skipped.values())}
+    halting = getattr(source, "halting", None)
+    if halting is not None:
+        report["halting"] = {
+            "rule": halting,
+            "mean_act_steps": round(float(records["steps"].mean()), 4) if len(records) else 0.0,
+            "max_act_steps": int(source.contract.steps),  # type: ignore[attr-defined]
+            "note": "per-row ACT halting: each row stopped at its own halting step; scores can differ from "
+            "upstream's vote over all ACT steps",
+        }
     if against is not None:
-        reference_source = open_source(Path(against), {})
+        reference_source = open_source(Path(against), {}, halt=config.halt)
         _, ref_stopper = _work_plan(data, config)
         ref_path = paths["reference_early_preds" if ref_stopper is not None else "reference_preds"]
         ref_records = predict(reference_source, data, ref_path, config, "PyTorch reference", None, ref_stopper)

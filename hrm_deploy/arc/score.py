@@ -199,8 +199,9 @@ def score(
 def markdown(report: dict[str, Any]) -> str:
     """A short human-readable report: pass@k and the per-task table."""
     ks = list(report["pass_at"])
+    halting = report.get("halting")
     lines = [
-        "# ARC evaluation",
+        "# ARC evaluation" + (f" (per-row halting: --halt {halting['rule']})" if halting else ""),
         "",
         f"Tasks: {report['tasks_scored']}, prediction rows: {report['prediction_rows']}, "
         f"task score: {report['task_score']}.",
@@ -217,6 +218,12 @@ def markdown(report: dict[str, Any]) -> str:
         stop = report["early_stop"]
         lines.append(
             f"- early stop: {stop['rows_run']} rows run, {stop['rows_skipped']} skipped (scores as a full run)"
+        )
+    if halting:
+        lines.append(
+            f"- halting on (--halt {halting['rule']}): each row stopped at its own halting step, "
+            f"{halting['mean_act_steps']:.2f} of {halting['max_act_steps']} ACT steps per row on average; "
+            "scores can differ from the all-steps vote (upstream's)"
         )
     if "cost" in report:
         cost = report["cost"]

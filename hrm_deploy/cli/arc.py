@@ -105,6 +105,14 @@ def arc_eval(
     price_per_hour: Annotated[
         float | None, typer.Option(help="The machine's price per hour: the report gives the cost per task.")
     ] = None,
+    halt: Annotated[
+        str,
+        typer.Option(
+            help="Per-row ACT halting: q, threshold:X or budget:P (a threshold stored by verify). Each row stops at "
+            "its own halting step, so scores can differ from upstream's all-steps vote (the report says so). Needs "
+            "a checkpoint, a step graph or its engine, or a loop graph exported with this rule. Default off: every step."
+        ),
+    ] = "off",
     quiet: Quiet = False,
 ) -> None:
     """Upstream's ARC score (augmented voting, pass@k) and an ARC Prize submission.json for any artifact."""
@@ -133,6 +141,7 @@ def arc_eval(
         remote_timeout_s=timeout,
         early_stop=early_stop,
         price_per_hour=price_per_hour,
+        halt=halt,
     )
     options = {}
     if puzzle_table is not None:  # checked against the artifact first: a wrong table is one line, not a wrong score

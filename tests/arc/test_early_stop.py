@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from hrm_deploy.arc.early_stop import settled
+from hrm_deploy.arc.early_stop import chunk_rows, settled
 from hrm_deploy.arc.score import SUBMISSION_K, rank
 
 KS = (1, 2, 3)
@@ -58,6 +58,12 @@ def test_a_close_vote_and_a_large_k_are_not_settled() -> None:
     assert settled([("a", 0.5)] * 9 + [("b", 0.5)] * 5, 2, (1, 2), [None])
 
 
+def test_chunks_scale_with_the_copies_so_a_small_num_aug_can_stop_early() -> None:
+    assert chunk_rows(1001) == 32  # upstream's 1,000 augmentations: chunks of 32
+    assert chunk_rows(151) == 5
+    assert chunk_rows(9) == chunk_rows(1) == 1  # --num-aug 8: a decision after every copy
+
+
 class PlantedSource:
     """A stand-in model whose copies mostly agree, as a trained one's do: each row answers its own
     (augmented) label 70 % of the time, a consistent runner-up 25 %, noise 5 %, as a function of the
@@ -91,7 +97,7 @@ class PlantedSource:
                 answer = np.asarray(x)
             preds.append(answer)
             q.append(rng.normal())
-        return np.stack(preds).astype(np.uint8), np.asarray(q)
+        return np.stack(preds).astype(np.uint8), np.asarray(q), np.ones(len(inputs), np.int64)
 
 
 @pytest.mark.slow
@@ -99,8 +105,7 @@ class PlantedSource:
 def test_early_stop_scores_and_submission_equal_the_full_run(tmp_path, monkeypatch, model: str) -> None:
     """Two random tiny HRMs (their copies rarely agree: nothing to skip, scores equal) and two planted
     models (copies mostly agree: rows skipped, scores and submission still equal) on a dataset with
-    151 copies per test input; chunks of 8 copies so inputs can settle early."""
-    import hrm_deploy.arc.early_stop as early_stop
+    151 copies per test input (chunks of 5 copies: 32 decisions per test input)."""
     import hrm_deploy.arc.evaluate as evaluate
     from hrm_deploy.arc.evaluate import ArcEvalConfig, arc_eval
     from hrm_deploy.data.arc import ArcSpec, build_arc
@@ -110,7 +115,6 @@ def test_early_stop_scores_and_submission_equal_the_full_run(tmp_path, monkeypat
     from tests.arc.test_data import make_tasks
 
     kind, seed = model.split("-")[0], int(model.split("-")[1])
-    monkeypatch.setattr(early_stop, "CHUNK_ROWS", 8)
     data = tmp_path / "arc"
     _, identifiers = build_arc(ArcSpec(str(make_tasks(tmp_path / "src", seed=seed)), num_aug=150, max_grid=5), data)
     config = HRMConfig(
