@@ -25,12 +25,14 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from arc_adapt_heldout import run  # noqa: E402 - one way to run and log hrm-deploy in the ARC benchmarks
 
 RESULTS = Path(__file__).parent / "results"
 # name -> (preset, model overrides besides the width): an HRM of one H and one L layer and a TRM of
@@ -47,15 +49,9 @@ RUNS = {  # arc-eval run -> its extra options
 
 
 def hrm_deploy(log: list[dict], *args: str) -> float:
-    """Run ``hrm-deploy ARGS`` in a child process; record the command and its wall time."""
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "hrm_deploy", *args], capture_output=True, text=True, check=False)
-    seconds = round(time.perf_counter() - started, 1)
-    log.append({"command": "hrm-deploy " + " ".join(args), "seconds": seconds, "exit": done.returncode})
-    print(f"[{seconds:7.1f} s] hrm-deploy {' '.join(args)}", flush=True)
-    if done.returncode != 0:
-        raise SystemExit(f"failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return seconds
+    """Run ``hrm-deploy ARGS`` in a child process (recorded in ``log``); its wall seconds."""
+    run(log, *args)
+    return float(log[-1]["seconds"])
 
 
 def train_model(name: str, data: Path, out: Path, args: argparse.Namespace) -> dict:
@@ -184,10 +180,10 @@ def plot(results: dict, path: Path) -> bool:
         axis.set_xlabel(f"distinct answers among a test input's {results['settings']['num_aug'] + 1} copies (full run)")
         axis.set_ylabel("test inputs")
     for axis, (name, model) in zip(axes[0], results["models"].items()):
-        for offset, (run, label) in ((-0.2, ("early_k12", "--k 1,2")), (0.2, ("early_default_k", "default k"))):
-            if run not in model["runs"]:
+        for offset, (kind, label) in ((-0.2, ("early_k12", "--k 1,2")), (0.2, ("early_default_k", "default k"))):
+            if kind not in model["runs"]:
                 continue
-            entry = model["runs"][run]
+            entry = model["runs"][kind]
             counts = entry["copies_skipped_per_test_input"]
             axis.bar(
                 [int(c) + offset for c in counts],
