@@ -237,16 +237,11 @@ class TaskClock:
 
 def _labels(data: Path, config: ArcEvalConfig):
     """(test split, identifiers, labels per task, task score) of an ARC dataset folder."""
+    from hrm_deploy.data.arc_tasks import read_identifiers
     from hrm_deploy.data.format import load_split
 
     split = load_split(data, "test")
-    identifiers_path = data / "identifiers.json"
-    try:
-        identifiers = json.loads(identifiers_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(
-            f"{identifiers_path} is missing or unreadable ({exc}); use the dataset folder as built"
-        ) from None
+    identifiers = read_identifiers(data)
     puzzles_path = data / "test_puzzles.json"
     if puzzles_path.is_file():  # TRM's builder: the raw test pairs
         tests = labels_from_puzzles(json.loads(puzzles_path.read_text()))
@@ -384,10 +379,9 @@ def _work_plan(data: Path, config: ArcEvalConfig) -> tuple[TaskClock, Any]:
     """This run's clock (the task of each test row) and, with ``--early-stop``, its schedule."""
     split, identifiers, tests, _ = _labels(data, config)
     ids = split.example_puzzle_ids()
-    from hrm_deploy.data.arc_grids import parse_name
+    from hrm_deploy.data.arc_tasks import row_tasks
 
-    task_of = {int(i): parse_name(identifiers[int(i)])[0] for i in np.unique(ids) if int(i) != 0}
-    clock = TaskClock([task_of.get(int(i)) for i in ids])
+    clock = TaskClock(row_tasks(identifiers, ids))
     if not config.early_stop:
         return clock, None
     from hrm_deploy.arc.early_stop import EarlyStop, row_groups

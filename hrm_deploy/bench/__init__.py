@@ -8,6 +8,8 @@
 - :mod:`~hrm_deploy.bench.blocks`: the block classification and tables the profiles share;
 - :mod:`~hrm_deploy.bench.common`: what bench and profile share (batch bound, tiling, the machine,
   default data and artifacts): neither imports the other;
+- :mod:`~hrm_deploy.bench.arc_tasks`: ARC tasks/s at each artifact's best batch when the data is an
+  ARC dataset;
 - :mod:`~hrm_deploy.bench.files`: a report folder published as one set under the artifact rule;
 - :mod:`~hrm_deploy.bench.stats`: latency statistics of repeated timings;
 - :mod:`~hrm_deploy.bench.jetson`: Jetson facts (JetPack, nvpmodel, clocks) and ``tegrastats`` power;

@@ -21,6 +21,13 @@ def tile(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
     return {k: np.concatenate([v] * reps)[:batch] for k, v in feeds.items()}
 
 
+def row_label(row: dict[str, Any]) -> str:
+    """A report row's name in tables: runner, precision, file name (and ONNX Runtime's threads)."""
+    name = f"{row.get('runner', '?')} {row.get('precision', '')} {Path(row['artifact']).name}".strip()
+    threads = row.get("runtime", {}).get("intra_op_num_threads")
+    return name + (f" ({threads} threads)" if isinstance(threads, int) else "")
+
+
 def environment(target: str) -> dict[str, Any]:
     """The machine a measurement ran on: platform, CPUs, GPUs (nvidia-smi), library versions (and
     JetPack facts for ``target`` jetson)."""

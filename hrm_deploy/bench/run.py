@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.bench.common import MAX_BATCH, bench_data, default_artifacts, environment, tile
+from hrm_deploy.bench.arc_tasks import add_task_rates, task_rates_markdown
+from hrm_deploy.bench.common import MAX_BATCH, bench_data, default_artifacts, environment, row_label, tile
 from hrm_deploy.bench.stats import latency_stats
 from hrm_deploy.errors import ArtifactError, ConfigError, HRMDeployError
 from hrm_deploy.io import write_json, write_text
@@ -295,6 +296,7 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
         "timing": f"end to end per call (host in, host out), after warm-up; {timing_rule(config)}",
     }
     _energy(report)
+    add_task_rates(report, config.data)  # ARC data: tasks/s at each row's best batch
     pinned = report["environment"].get("jetson", {}).get("jetson_clocks_pinned")
     if config.target == "jetson" and pinned is not True:
         report["warnings"] = [
@@ -393,9 +395,7 @@ def table(report: dict[str, Any]) -> str:
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in report["rows"]:
-        name = f"{row.get('runner', '?')} {row.get('precision', '')} {Path(row['artifact']).name}".strip()
-        threads = row.get("runtime", {}).get("intra_op_num_threads")
-        name += f" ({threads} threads)" if isinstance(threads, int) else ""
+        name = row_label(row)
         status = "ok" if row["status"] == "ok" else "skipped"
         acc = row.get("accuracy", {}).get("exact_accuracy")
         cells = [
@@ -421,7 +421,7 @@ def table(report: dict[str, Any]) -> str:
         f"\nMachine: {env.get('platform')}, {env.get('cpus')} CPUs, GPU: {env.get('gpu', 'none')}. "
         f"{report['examples']} examples from {report['data']}; {report['timing']}."
     ]
-    return "\n".join(lines + [""] + skipped + footer) + "\n"
+    return "\n".join(lines + [""] + skipped + footer) + "\n" + task_rates_markdown(report)
 
 
 def _plot(report: dict[str, Any], path: Path) -> Path | None:

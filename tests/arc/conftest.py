@@ -9,17 +9,24 @@ from tests.arc.test_data import make_tasks
 SIDE = 5  # canvas 5x5: seq_len 25 keeps the model tiny
 
 
+def small_arc_dataset(tmp_path):
+    """(dataset folder, identifiers): the self-made tasks with 3 augmented copies each on a SIDE x SIDE canvas."""
+    from hrm_deploy.data.arc import ArcSpec, build_arc
+
+    data = tmp_path / "arc"
+    _, identifiers = build_arc(ArcSpec(str(make_tasks(tmp_path / "src")), num_aug=3, max_grid=SIDE), data)
+    return data, identifiers
+
+
 def random_arc_model(tmp_path, family: str = "hrm"):
     """(checkpoint, dataset, tmp_path): a random tiny model of ``family`` sized for the dataset's identifiers."""
     import dataclasses
 
-    from hrm_deploy.data.arc import ArcSpec, build_arc
     from hrm_deploy.model.checkpoint import save_checkpoint
     from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.model.hrm import build_model
 
-    data = tmp_path / "arc"
-    _, identifiers = build_arc(ArcSpec(str(make_tasks(tmp_path / "src")), num_aug=3, max_grid=SIDE), data)
+    data, identifiers = small_arc_dataset(tmp_path)
     sizes = dict(seq_len=SIDE * SIDE, vocab_size=12, num_puzzle_identifiers=len(identifiers))
     if family == "trm":
         from tests.train.test_trm_train import MICRO_TRM

@@ -79,6 +79,9 @@ def test_bench_cpu_runners_table_json_plot(tiny_onnx, tmp_path):
     saved = json.loads((out / "report.json").read_text())
     assert saved["rows"][0]["accuracy"]["count"] == 32
     assert "| Format |" in (out / "report.md").read_text()
+    # Sudoku data: no ARC tasks/s, in the report or its table
+    assert "arc" not in saved and not any("arc" in row for row in saved["rows"])
+    assert "ARC tasks/s" not in (out / "report.md").read_text()
     if report.get("plot"):
         assert (out / "latency.png").stat().st_size > 1000
 
