@@ -148,8 +148,8 @@ def barrier(dist_info: Distributed) -> None:
 
 
 def shutdown(dist_info: Distributed) -> None:
-    """Leave the process group cleanly: every rank waits for the others, then the group is
-    destroyed. Exiting with gloo's threads still running aborts the process ("terminate called
+    """Leave the process group cleanly, when this process joined it here (``owner``): every rank
+    waits for the others, then the group is destroyed. Exiting with gloo's threads still running aborts the process ("terminate called
     without an active exception", SIGABRT) when one rank finishes before another."""
     if dist_info.world > 1 and dist_info.owner:
         import torch.distributed as dist
