@@ -20,11 +20,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.arc.adapt_data import NewTasks, build_new_tasks, check_new_names, task_refs, task_sha256
 from hrm_deploy.arc.choices import AdaptTrain
@@ -34,6 +33,11 @@ from hrm_deploy.errors import ConfigError, DataError
 from hrm_deploy.io import check_output_path, sha256_file, write_json
 from hrm_deploy.model.checkpoint import CheckpointContents, model_from_contents, read_checkpoint
 from hrm_deploy.model.hrm import build_model
+
+if TYPE_CHECKING:
+    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.hrm import HRMACT
+    from hrm_deploy.train.loop import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,7 @@ class AdaptResult:
     steps_done: int
     interrupted: bool
     metrics: dict[str, Any] = field(default_factory=dict)
+    main: bool = True  # rank 0 (the one that writes and reports) or the only process
 
 
 def _check_arc_model(contents: CheckpointContents) -> int:
@@ -181,12 +186,18 @@ def _start_model(contents: CheckpointContents, new_rows: int):
     return model, config
 
 
-def _train_config(config: AdaptConfig, out: Path, groups: int):
+def _train_config(config: AdaptConfig, out: Path, groups: int, world: int = 1) -> TrainConfig:
+    """The trainer's settings; the global batch (default: up to 32 copies, a multiple of the
+    process count) splits evenly over ``world`` processes, checked before anything is written."""
     from hrm_deploy.train.loop import TrainConfig
 
-    batch = config.batch_size or min(32, groups)
+    batch = config.batch_size or max(world, min(32, groups) // world * world)
     if batch > groups:
         raise ConfigError(f"--batch-size {batch}: the new tasks have {groups} augmented copies; use at most that many")
+    if batch % world:
+        raise ConfigError(
+            f"--batch-size {batch}: it does not split over the {world} processes; use a multiple of {world}"
+        )
     return TrainConfig(
         data_path=str(out / DATA),
         out_dir=str(out),
@@ -206,7 +217,9 @@ def _train_config(config: AdaptConfig, out: Path, groups: int):
     )
 
 
-def _record(config: AdaptConfig, base: Path, base_sha256: str, tasks: NewTasks, known: bool) -> dict[str, Any]:
+def _record(
+    config: AdaptConfig, base: Path, base_sha256: str, tasks: NewTasks, known: bool, world: int
+) -> dict[str, Any]:
     return {
         "kind": "hrm-deploy adapt",
         "base": {
@@ -221,6 +234,7 @@ def _record(config: AdaptConfig, base: Path, base_sha256: str, tasks: NewTasks, 
         "num_aug": config.num_aug,
         "seed": config.seed,
         "budget": {"steps": config.steps, "minutes": config.minutes},
+        "world_size": world,  # processes that trained (torchrun), of the last start or resume
         "settings": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("checkpoint", "tasks", "out")},
         "checkpoint": CHECKPOINT,
         "data": DATA,
@@ -240,18 +254,23 @@ def read_record(out: str | Path) -> dict[str, Any]:
     return record
 
 
-def adapt(
-    config: AdaptConfig, resume: bool = False, progress: bool = True, stop_after: int | None = None
-) -> AdaptResult:
-    """Adapt ``config.checkpoint`` to ``config.tasks`` into ``config.out`` (or continue there with
-    ``resume``); see the module's docstring. ``stop_after`` ends early after that many steps, as
-    an interrupt would (tests)."""
-    from hrm_deploy.sources import resolve_checkpoint
-    from hrm_deploy.train.loop import train
-    from hrm_deploy.train.start import Start
+@dataclass(frozen=True)
+class _Plan:
+    """What every rank trains from, decided (and written to OUT) by rank 0 alone."""
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank would write the dataset and the record
-        raise ConfigError("adapt runs in one process (one GPU or the CPU); run it without torchrun")
+    config: AdaptConfig  # on resume: the recorded settings with the budget given now
+    base: Path  # the base checkpoint, resolved
+    model_config: HRMConfig
+    train_config: TrainConfig
+    new_rows: int  # zero rows to append to the base's table (the checkpoint has them on resume)
+    steps_before: int  # steps done before this run (a resumed run's record)
+
+
+def _prepare(config: AdaptConfig, resume: bool, world: int) -> tuple[_Plan, dict[str, Any], HRMACT | None]:
+    """Check the inputs, then write OUT's dataset and record (a new run) or read them back
+    (``resume``): the plan, the record and the start model (None on resume)."""
+    from hrm_deploy.sources import resolve_checkpoint
+
     base = resolve_checkpoint(config.checkpoint)
     out, task_paths = Path(config.out), [Path(t) for t in config.tasks]
     _check_out(out, base, task_paths, resume)
@@ -274,22 +293,61 @@ def adapt(
             )
         settings = dict(record["settings"], steps=config.steps, minutes=config.minutes)
         config = dataclasses.replace(config, **{k: v for k, v in settings.items() if k in _FIELDS})
-        train_cfg = _train_config(config, out, _train_groups(out))
-        model_config, start = read_checkpoint(out / CHECKPOINT).config, None
+        train_cfg = _train_config(config, out, _train_groups(out), world)
+        model_config, start, new_rows = read_checkpoint(out / CHECKPOINT).config, None, 0
+        if record.get("world_size", 1) != world:
+            log.info("%s was adapted with %s processes; it continues with %d", out, record.get("world_size", 1), world)
+        record["world_size"] = world
     else:
         identifiers = _base_identifiers(contents, config.base_data)
         check_new_names([ref.name for ref in refs], identifiers, config.replace)
         tasks = build_new_tasks(
             refs, contents.config.num_puzzle_identifiers, identifiers, side, config.num_aug, config.seed
         )
-        train_cfg = _train_config(config, out, tasks.splits["train"].metadata.total_groups)
+        train_cfg = _train_config(config, out, tasks.splits["train"].metadata.total_groups, world)
         start, model_config = _start_model(contents, tasks.new_rows)
-        record = _record(config, base, base_sha256, tasks, identifiers is not None)
+        new_rows = tasks.new_rows
+        record = _record(config, base, base_sha256, tasks, identifiers is not None, world)
         out.mkdir(parents=True, exist_ok=True)
         save_dataset(out / DATA, tasks.splits, tasks.identifiers)
         if tasks.test_puzzles is not None:  # test inputs without an output: TRM's labels file scores them
             write_json(out / DATA / "test_puzzles.json", tasks.test_puzzles)
         write_json(out / RECORD, record)
+    plan = _Plan(config, base, model_config, train_cfg, new_rows, int(record.get("steps_done", 0)))
+    return plan, record, start
+
+
+def adapt(
+    config: AdaptConfig, resume: bool = False, progress: bool = True, stop_after: int | None = None
+) -> AdaptResult:
+    """Adapt ``config.checkpoint`` to ``config.tasks`` into ``config.out`` (or continue there with
+    ``resume``); see the module's docstring. ``stop_after`` ends early after that many steps, as
+    an interrupt would (tests).
+
+    Under ``torchrun`` rank 0 alone checks the inputs and writes the dataset and the record while
+    the others wait; every rank then trains its slice of each global batch as ``train`` does (the
+    looked-up rows' sign-SGD gathers all ranks' gradients), rank 0 writes the checkpoints and the
+    final record, and every rank returns once it is written. OUT must be on a file system every
+    rank reads."""
+    from hrm_deploy.train.distributed import init_distributed, on_main, shutdown
+    from hrm_deploy.train.loop import train
+    from hrm_deploy.train.start import Start
+
+    dist_info = init_distributed(config.device)
+    made: dict[str, Any] = {}  # rank 0's record and start model: not sent to the other ranks
+
+    def prepare() -> _Plan:
+        plan, made["record"], made["model"] = _prepare(config, resume, dist_info.world)
+        return plan
+
+    try:
+        plan = on_main(prepare, dist_info)
+    except BaseException:
+        shutdown(dist_info)  # every rank fails here together: leave the group cleanly
+        raise
+    config, out, start = plan.config, Path(plan.config.out), made.get("model")
+    if not dist_info.main and not resume:  # rank 0's start: the base's weights with zero rows appended
+        start = _start_model(read_checkpoint(plan.base), plan.new_rows)[0]
     deadline = time.monotonic() + 60 * config.minutes if config.minutes else None
     hooks = Start(
         model=start,
@@ -297,26 +355,37 @@ def adapt(
         should_stop=(lambda _: time.monotonic() >= deadline) if deadline is not None else None,
     )
     result = train(
-        model_config,
-        train_cfg,
+        plan.model_config,
+        plan.train_config,
         resume=str(out / CHECKPOINT) if resume else None,
         stop_after=stop_after,
         progress=progress,
         start=hooks,
     )
-    steps_done = int(result.metrics.get("step", record.get("steps_done", 0)))  # no step run: as recorded
-    if result.interrupted or steps_done >= config.steps:
-        ended = "interrupted" if result.interrupted else "done"
-    else:
-        ended = "time budget" if deadline is not None and time.monotonic() >= deadline else "stopped early"
-    record.update(
-        status=ended,
-        steps_done=steps_done,
-        checkpoint_sha256=sha256_file(result.checkpoint),
-        budget={"steps": config.steps, "minutes": config.minutes},
+    steps_done = int(result.metrics.get("step", plan.steps_before))  # no step run: as recorded
+    if dist_info.main:
+        if result.interrupted or steps_done >= config.steps:
+            ended = "interrupted" if result.interrupted else "done"
+        else:
+            ended = "time budget" if deadline is not None and time.monotonic() >= deadline else "stopped early"
+        record = made["record"]
+        record.update(
+            status=ended,
+            steps_done=steps_done,
+            checkpoint_sha256=sha256_file(result.checkpoint),
+            budget={"steps": config.steps, "minutes": config.minutes},
+        )
+        write_json(out / RECORD, record)
+    shutdown(dist_info)  # the others return once the record is written
+    return AdaptResult(
+        result.checkpoint,
+        out / DATA,
+        out / RECORD,
+        steps_done,
+        result.interrupted,
+        result.metrics,
+        dist_info.main,
     )
-    write_json(out / RECORD, record)
-    return AdaptResult(result.checkpoint, out / DATA, out / RECORD, steps_done, result.interrupted, result.metrics)
 
 
 _FIELDS = {f.name for f in dataclasses.fields(AdaptConfig)}

@@ -47,7 +47,8 @@ def adapt(
     """Append puzzle-embedding rows for new ARC tasks and train them on the tasks' demonstration pairs only.
 
     The base checkpoint is untouched. With --train embeddings an ONNX graph of the base exported with
-    --puzzle-emb external answers the new tasks: `arc-eval GRAPH --data OUT/data --puzzle-table OUT`."""
+    --puzzle-emb external answers the new tasks: `arc-eval GRAPH --data OUT/data --puzzle-table OUT`.
+    Multi-GPU: `torchrun --nproc-per-node N -m hrm_deploy adapt ...` (DDP; --batch-size a multiple of N)."""
     from hrm_deploy.arc.adapt import AdaptConfig, adapt as run_adapt
     from hrm_deploy.system import check_threads
 
@@ -72,10 +73,13 @@ def adapt(
     )
     result = run_adapt(config, resume=resume, progress=not quiet)
     if result.interrupted:
-        typer.echo(
-            f"interrupted at step {result.steps_done}: wrote {result.checkpoint}; continue with --resume", err=True
-        )
+        if result.main:  # under torchrun rank 0 reports; every rank exits 130
+            typer.echo(
+                f"interrupted at step {result.steps_done}: wrote {result.checkpoint}; continue with --resume", err=True
+            )
         raise typer.Exit(130)
+    if not result.main:
+        return
     typer.echo(
         f"wrote {result.checkpoint} ({result.steps_done} steps), {result.data} and {result.record}; score it with "
         f"`hrm-deploy arc-eval {result.checkpoint} --data {result.data}`"

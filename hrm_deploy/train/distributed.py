@@ -4,11 +4,15 @@ trainer needs. With one process every helper is a no-op, so the loop reads the s
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
-from hrm_deploy.errors import ConfigError
+from hrm_deploy.errors import ConfigError, HRMDeployError
+
+T = TypeVar("T")
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -24,11 +28,14 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 @dataclass(frozen=True)
 class Distributed:
-    """This process's place in a torchrun job (rank 0 of 1 without torchrun)."""
+    """This process's place in a torchrun job (rank 0 of 1 without torchrun). ``owner``: this
+    process joined the group here, so :func:`shutdown` leaves it; a group a caller joined first
+    (``adapt`` around ``train``) is the caller's to leave, after its own last collective."""
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    owner: bool = True
 
     @property
     def main(self) -> bool:
@@ -56,12 +63,48 @@ def init_distributed(device_name: str) -> Distributed:
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if not dist.is_initialized():
+    owner = not dist.is_initialized()
+    if owner:
         use_cuda = device_name != "cpu" and torch.cuda.is_available()
         if use_cuda:
             torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl" if use_cuda else "gloo")
-    return Distributed(dist.get_rank(), dist.get_world_size(), local_rank)
+    return Distributed(dist.get_rank(), dist.get_world_size(), local_rank, owner)
+
+
+def on_main(work: Callable[[], T], dist_info: Distributed) -> T:
+    """Run ``work`` on rank 0 alone and hand its (picklable) result to every rank, which wait for
+    it: what must happen once, such as writing a dataset the others then read. A user error on
+    rank 0 is raised on every rank with the same message, so all ranks stop together instead of
+    waiting forever at the next collective; any other failure keeps its traceback on rank 0."""
+    if dist_info.world == 1:
+        return work()
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    if dist_info.main:
+        try:
+            value = work()
+        except HRMDeployError as exc:
+            box[0] = ("error", type(exc), str(exc))
+            dist.broadcast_object_list(box, src=0)
+            raise
+        except BaseException as exc:
+            box[0] = ("error", RuntimeError, f"rank 0 failed ({type(exc).__name__}: {exc}); see its traceback")
+            dist.broadcast_object_list(box, src=0)
+            raise
+        box[0] = ("value", value)
+        dist.broadcast_object_list(box, src=0)
+        return value
+    dist.broadcast_object_list(box, src=0)
+    if box[0][0] == "value":
+        return box[0][1]
+    _, kind, message = box[0]
+    try:
+        error = kind(message)
+    except TypeError:  # a constructor that takes more than the message
+        error = HRMDeployError(message) if issubclass(kind, HRMDeployError) else RuntimeError(message)
+    raise error from None
 
 
 def gather_rows(t: torch.Tensor, dist_info: Distributed) -> torch.Tensor:
@@ -105,10 +148,10 @@ def barrier(dist_info: Distributed) -> None:
 
 
 def shutdown(dist_info: Distributed) -> None:
-    """Leave the process group cleanly: every rank waits for the others, then the group is
-    destroyed. Exiting with gloo's threads still running aborts the process ("terminate called
+    """Leave the process group cleanly, when this process joined it here (``owner``): every rank
+    waits for the others, then the group is destroyed. Exiting with gloo's threads still running aborts the process ("terminate called
     without an active exception", SIGABRT) when one rank finishes before another."""
-    if dist_info.world > 1:
+    if dist_info.world > 1 and dist_info.owner:
         import torch.distributed as dist
 
         if dist.is_initialized():
