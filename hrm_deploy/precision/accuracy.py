@@ -59,6 +59,12 @@ def shares_holdout(meta: dict) -> bool:
     return _affordable(meta) < MIN_HOLDOUT
 
 
+def measures_on_calibration_set(meta: dict, checked: bool, holdout_samples: int | None) -> bool:
+    """Whether a quantized build's job shares its calibration set as the holdout: a checked build
+    of a costly graph (:func:`shares_holdout`) that asks for no holdout size."""
+    return checked and holdout_samples is None and shares_holdout(meta)
+
+
 def calibration_size(meta: dict) -> int:
     """Calibration examples of a build that asks for none (see :data:`CALIB_SAMPLES`)."""
     return MIN_HOLDOUT if shares_holdout(meta) else CALIB_SAMPLES

@@ -83,12 +83,12 @@ def _write_qdq(
     import onnx
 
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.precision.accuracy import shares_holdout
+    from hrm_deploy.precision.accuracy import measures_on_calibration_set
     from hrm_deploy.precision.job import new_job
 
     entry = config.entry
     examples = load_examples(str(config.calib_data), config.quant.samples)
-    share = config.accuracy_check and config.holdout_samples is None and shares_holdout(meta)
+    share = measures_on_calibration_set(meta, config.accuracy_check, config.holdout_samples)
     job = new_job(src, model, meta, examples, config.quant, config.cache_dir, src_sha256, share)
     label = (
         "reusing cached calibration"

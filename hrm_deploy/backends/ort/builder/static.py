@@ -74,20 +74,13 @@ def ort_run(fp32: Path, threads: int | None, meta: dict[str, Any] | None = None)
     return run
 
 
-def ort_holdout(
-    fp32: Path, pool: Examples, threads: int | None, size: int | None = None, meta: dict[str, Any] | None = None
-) -> Holdout:
-    """A :class:`~hrm_deploy.precision.rule.Holdout` whose graphs run on this backend's runner."""
-    return Holdout(Path(fp32), pool, ort_run(fp32, threads, meta), size)
-
-
 def calibration(src: Path, model: Any, src_sha256: str, meta: dict[str, Any], config: Any, quiet: bool) -> QuantJob:
     """The quantization job of the parsed FP32 graph ``model``: calibration examples
     (``config.calib_data``, default: the checkpoint's own dataset from its provenance, announced)
     and the cache entry of their ranges, keyed as the precision stage keys them (calibrated once,
     by :func:`quantize_static`'s first call)."""
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.precision.accuracy import calibration_size, shares_holdout
+    from hrm_deploy.precision.accuracy import calibration_size, measures_on_calibration_set
     from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.job import new_job
 
@@ -106,7 +99,7 @@ def calibration(src: Path, model: Any, src_sha256: str, meta: dict[str, Any], co
         data = str(choice.path)
     examples = load_examples(str(data), samples)
     quant = QuantConfig(method=config.calib_method, samples=samples, exclude_patterns=config.exclude_patterns)
-    share = config.check_accuracy and config.holdout_samples is None and shares_holdout(meta)
+    share = measures_on_calibration_set(meta, config.check_accuracy, config.holdout_samples)
     return new_job(src, model, meta, examples, quant, config.cache_dir, src_sha256, share)
 
 
