@@ -232,6 +232,12 @@ def inflight_step(runner: Any, manifest: dict[str, Any] | None, config: ServeCon
     if config.batching is Batching.dynamic or (config.batching is Batching.auto and halt is None):
         return None
     why = batch_independent(manifest)
+    if why is None and (manifest or {}).get("mode") == "loop":
+        why = (
+            f"{config.artifact.name} is a loop graph (the ACT loop inside one call, halting by the rule fixed at its "
+            "export), so its puzzles cannot join or leave between steps; serve the step graph (`hrm-deploy export "
+            "--mode step`) with --halt for in-flight batching, or this graph with --batching dynamic"
+        )
     step_function = getattr(runner, "step_function", None)
     if why is None and step_function is None:
         why = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -188,3 +189,87 @@ def repository_server(repo: Path):
     with Triton(config=config) as triton:
         triton.run()
         yield f"http://127.0.0.1:{http}"
+
+
+class StockTriton:
+    """PyTriton's bundled ``tritonserver --model-repository REPO`` started as a user starts a stock
+    Triton: the binary itself (no PyTriton, no ``hrm-deploy``), its Python backend in a backend
+    folder of its own, free loopback ports, its own session (so nothing outlives :meth:`stop`)."""
+
+    def __init__(self, repo: Path, workdir: Path):
+        import pytriton
+
+        site = Path(pytriton.__file__).resolve().parents[1]
+        dist = site / "pytriton" / "tritonserver"
+        backends = workdir / "backends" / "python"
+        backends.mkdir(parents=True, exist_ok=True)
+        for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+            target = backends / name
+            if not target.exists():
+                target.symlink_to(dist / "backends" / "python" / name)
+        stub = (
+            dist
+            / "python_backend_stubs"
+            / f"{sys.version_info[0]}.{sys.version_info[1]}"
+            / "triton_python_backend_stub"
+        )
+        if not (backends / stub.name).exists():
+            shutil.copy(stub, backends / stub.name)  # the backend runs the stub it finds beside itself
+        self.http, self.grpc, self.metrics = free_ports(3)
+        self.url = f"http://127.0.0.1:{self.http}"
+        self.log = workdir / "tritonserver.log"
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = ":".join(
+            filter(None, [str(site / "nvidia_pytriton.libs"), env.get("LD_LIBRARY_PATH")])
+        )
+        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the stub's Python: this venv's
+        cmd = [
+            str(dist / "bin" / "tritonserver"),
+            "--model-repository",
+            str(repo),
+            "--backend-directory",
+            str(workdir / "backends"),
+            "--http-address",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http),
+            "--grpc-address",
+            "127.0.0.1",
+            "--grpc-port",
+            str(self.grpc),
+            "--metrics-address",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics),
+            "--allow-gpu-metrics",
+            "false",
+        ]
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"tritonserver exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
+                )
+            with contextlib.suppress(OSError):
+                if urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2).status == 200:
+                    return
+            time.sleep(0.3)
+        self.stop()
+        raise AssertionError(f"tritonserver not ready in {timeout_s} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL of the whole session after 20 s."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=20)
