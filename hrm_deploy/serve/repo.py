@@ -71,6 +71,11 @@ class RepoBatching(str, enum.Enum):
 # The first Triton release whose Python backend can reschedule a request and whose sequence batcher
 # reads ``iterative_sequence`` (23.11 shipped rescheduling under the earlier name ``generative_sequence``).
 MIN_INFLIGHT_TRITON = (2, 41)
+# Triton's reaper ends a sequence that has not enqueued a request for this long, and a request
+# rescheduled after that fails ("must specify the START flag"). Its default of 1 s is shorter than a
+# slow step (a large model on a busy CPU) or a wait in the backlog behind a full batch; a sequence is
+# ended anyway when its request is answered, cancelled or times out.
+INFLIGHT_IDLE_US = 600_000_000
 _NGC_BASE = (23, 11, 40)  # NGC release 23.11 ships Triton 2.40; one minor version a month since
 
 
@@ -284,6 +289,7 @@ def _driver_config(
         batching = (
             f"max_batch_size: {max_batch}\n"
             "sequence_batching {\n  iterative_sequence: true\n"
+            f"  max_sequence_idle_microseconds: {INFLIGHT_IDLE_US}\n"
             f"  oldest {{\n    max_candidate_sequences: {max_batch}\n    preferred_batch_size: [ {max_batch} ]\n"
             "    max_queue_delay_microseconds: 0\n  }\n"
             '  control_input [\n    {\n      name: "START"\n'
@@ -399,13 +405,101 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
                 _write_model(tmp / name, driver, {"model.py": _template("act_driver")}, manifest_path(contract.path))
                 kind = "act-inflight" if inflight else "act-driver"
                 written.append(RepoModel(name, kind, out / name, note))
-        (tmp / REPO_MARKER).write_text(
-            json.dumps({"tool": "hrm-deploy", "models": [m.name for m in written]}, indent=2) + "\n"
-        )
+        entries = [m.name for m in written]
+        if config.kserve:
+            gpu = any(m.kind == "tensorrt_plan" for m in written) or config.device is Device.gpu
+            text = kserve_manifest(kserve_name(names[0]), written, gpu, config.triton_version)
+            if config.onnx_backend is OnnxBackend.python:
+                text = (
+                    "# --onnx-backend python: the image needs the onnxruntime Python package (NGC's tritonserver images\n"
+                    "# do not have it); write the repository with the default onnxruntime backend for these images.\n"
+                ) + text
+            (tmp / KSERVE_FILE).write_text(text)
+            entries.append(KSERVE_FILE)
+        (tmp / REPO_MARKER).write_text(json.dumps({"tool": "hrm-deploy", "models": entries}, indent=2) + "\n")
         if out.exists():  # checked above: a repository of ours; moved aside, removed with the staging
             out.rename(staging / "old")
         tmp.rename(out)
     return written
+
+
+KSERVE_FILE = "kserve.yaml"  # written in the repository with --kserve
+STORAGE_URI_PLACEHOLDER = "s3://YOUR-BUCKET/PATH/TO/THIS/REPOSITORY"
+TESTED_TRITON = "2.51"  # PyTriton 0.7.0's bundled tritonserver: the release the repositories are tested on
+
+
+def ngc_release(version: tuple[int, int]) -> str:
+    """The NGC container release (``24.10``) that ships Triton ``version`` (2.51)."""
+    year, month, base = _NGC_BASE
+    months = year * 12 + (month - 1) + version[1] - base
+    return f"{months // 12:02d}.{months % 12 + 1:02d}"
+
+
+def kserve_manifest(name: str, models: Sequence[RepoModel], gpu: bool, triton: str | None) -> str:
+    """A ``ServingRuntime`` running Triton's NGC image on the repository KServe mounts at /mnt/models
+    (HTTP 8080, gRPC 9000, metrics 8002, as KServe's own Triton runtime) and an ``InferenceService``
+    of model format ``triton`` on it; ``storageUri`` is a placeholder the user replaces with where
+    the repository was uploaded. GPU models ask for one ``nvidia.com/gpu``."""
+    import yaml
+
+    image = f"nvcr.io/nvidia/tritonserver:{ngc_release(triton_version(triton or TESTED_TRITON))}-py3"
+    limits: dict[str, str] = {"cpu": "2", "memory": "4Gi"}
+    if gpu:
+        limits["nvidia.com/gpu"] = "1"
+    runtime = {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "ServingRuntime",
+        "metadata": {"name": f"{name}-triton"},
+        "spec": {
+            "annotations": {"prometheus.kserve.io/port": "8002", "prometheus.kserve.io/path": "/metrics"},
+            "supportedModelFormats": [{"name": "triton", "version": "2", "autoSelect": False}],
+            "protocolVersions": ["v2", "grpc-v2"],
+            "containers": [
+                {
+                    "name": "kserve-container",
+                    "image": image,
+                    "args": [
+                        "tritonserver",
+                        "--model-store=/mnt/models",
+                        "--grpc-port=9000",
+                        "--http-port=8080",
+                        "--allow-grpc=true",
+                        "--allow-http=true",
+                        "--metrics-port=8002",
+                    ],
+                    "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": limits},
+                }
+            ],
+        },
+    }
+    service = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "annotations": {"hrm-deploy/models": ",".join(m.name for m in models)}},
+        "spec": {
+            "predictor": {
+                "model": {
+                    "modelFormat": {"name": "triton", "version": "2"},
+                    "runtime": f"{name}-triton",
+                    "protocolVersion": "v2",
+                    "storageUri": STORAGE_URI_PLACEHOLDER,
+                    "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": limits},
+                }
+            }
+        },
+    }
+    head = (
+        "# Written by hrm-deploy triton-repo --kserve. Upload this repository (the folder holding this file) to\n"
+        "# object storage, set storageUri below to it, then: kubectl apply -f kserve.yaml\n"
+    )
+    return head + yaml.safe_dump_all([runtime, service], sort_keys=False)
+
+
+def kserve_name(model: str) -> str:
+    """A Kubernetes resource name (lower-case letters, digits and '-', starting with a letter) from a model name."""
+    name = re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-")
+    name = re.sub(r"^[^a-z]+", "", name)[:50].rstrip("-")
+    return name or "hrm"
 
 
 def check_model_name(name: str) -> None:

@@ -264,11 +264,11 @@ class StockTriton:
         raise AssertionError(f"tritonserver not ready in {timeout_s} s:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL of the whole session after 20 s."""
+        """SIGTERM to tritonserver (it stops its stubs), SIGKILL of the whole session after 40 s."""
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=20)
+            self.proc.wait(timeout=40)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
