@@ -137,6 +137,13 @@ def _one_line(exc: BaseException | None, status: int) -> str:
     return first[:300]
 
 
+def aiohttp_errors() -> type[Exception]:
+    """What aiohttp raises when a body cannot be read because its connection closed."""
+    from aiohttp import ClientConnectionError
+
+    return ClientConnectionError
+
+
 def _aiohttp_handler_class() -> Any:
     from aiohttp import web
     from aiohttp.web_protocol import RequestHandler
@@ -256,7 +263,9 @@ class Listener:
 
         self._stop = asyncio.Event()
         cap = self.capacity
-        manager = Server(self._request, handler_cancellation=True)
+        # A handler runs to its end when its client leaves: a request already queued is then cancelled by
+        # the application (it watches the connection), as it was before the front was on aiohttp.
+        manager = Server(self._request, handler_cancellation=False)
         handler_class = _aiohttp_handler_class()
         handler_class.listener = self
         options: dict[str, Any] = {
@@ -303,7 +312,9 @@ class Listener:
         cap = self.capacity
         request = Request(raw.method, raw.rel_url.raw_path_qs, raw.headers)
         if raw.version not in ((1, 0), (1, 1)):
-            reply: Reply | None = Reply.error(505, f"HTTP/{raw.version[0]}.{raw.version[1]} is not supported; use HTTP/1.1")
+            reply: Reply | None = Reply.error(
+                505, f"HTTP/{raw.version[0]}.{raw.version[1]} is not supported; use HTTP/1.1"
+            )
         else:
             reply = self.app.admit(request)
         if reply is None:
@@ -314,6 +325,10 @@ class Listener:
             except asyncio.TimeoutError:
                 log.info("front: dropped a request whose body did not arrive in %.0f s", cap.body_timeout_s)
                 reply = Reply.error(408, f"the body did not arrive within {cap.body_timeout_s:.0f} s", close=True)
+            except (ConnectionError, aiohttp_errors()) as exc:  # the client left before its body was sent
+                log.debug("front: a client left mid-body: %s", exc)
+                raw.protocol.force_close()
+                return web.Response(status=204)
         if reply is None:
             reply = await self._answer(request, raw)
             if reply is None:  # the client has gone

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -197,53 +196,14 @@ class StockTriton:
     folder of its own, free loopback ports, its own session (so nothing outlives :meth:`stop`)."""
 
     def __init__(self, repo: Path, workdir: Path):
-        import pytriton
+        from hrm_deploy.serve.binding import bundled_tritonserver
 
-        site = Path(pytriton.__file__).resolve().parents[1]
-        dist = site / "pytriton" / "tritonserver"
-        backends = workdir / "backends" / "python"
-        backends.mkdir(parents=True, exist_ok=True)
-        for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
-            target = backends / name
-            if not target.exists():
-                target.symlink_to(dist / "backends" / "python" / name)
-        stub = (
-            dist
-            / "python_backend_stubs"
-            / f"{sys.version_info[0]}.{sys.version_info[1]}"
-            / "triton_python_backend_stub"
-        )
-        if not (backends / stub.name).exists():
-            shutil.copy(stub, backends / stub.name)  # the backend runs the stub it finds beside itself
         self.http, self.grpc, self.metrics = free_ports(3)
         self.url = f"http://127.0.0.1:{self.http}"
         self.log = workdir / "tritonserver.log"
-        env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = ":".join(
-            filter(None, [str(site / "nvidia_pytriton.libs"), env.get("LD_LIBRARY_PATH")])
+        cmd, env = bundled_tritonserver(
+            repo, workdir, http_port=self.http, grpc_port=self.grpc, metrics_port=self.metrics
         )
-        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the stub's Python: this venv's
-        cmd = [
-            str(dist / "bin" / "tritonserver"),
-            "--model-repository",
-            str(repo),
-            "--backend-directory",
-            str(workdir / "backends"),
-            "--http-address",
-            "127.0.0.1",
-            "--http-port",
-            str(self.http),
-            "--grpc-address",
-            "127.0.0.1",
-            "--grpc-port",
-            str(self.grpc),
-            "--metrics-address",
-            "127.0.0.1",
-            "--metrics-port",
-            str(self.metrics),
-            "--allow-gpu-metrics",
-            "false",
-        ]
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
