@@ -317,8 +317,8 @@ def _inflight(config: RepoConfig) -> tuple[bool, str | None]:
         if version < MIN_INFLIGHT_TRITON:
             need = ".".join(map(str, MIN_INFLIGHT_TRITON))
             why = (
-                f"Triton {version[0]}.{version[1]} cannot reschedule requests (in-flight batching needs "
-                f"{need} / NGC 23.12 or later); wrote the per-batch ACT driver"
+                f"Triton {version[0]}.{version[1]} cannot run the in-flight ACT driver (it needs request rescheduling "
+                f"with iterative sequences: Triton {need} / NGC 23.12 or later); wrote the per-batch ACT driver"
             )
             if config.batching is RepoBatching.inflight:
                 raise ConfigError(f"--batching inflight: {why.split(';')[0]}; use a newer Triton or --batching dynamic")

@@ -139,8 +139,8 @@ def test_step_graph_gets_act_driver(tiny_onnx, tmp_path):
         driver = parse(config.output / "tiny_step")
         assert driver.HasField("dynamic_batching") and not driver.HasField("sequence_batching")
         assert {k: v.string_value for k, v in driver.parameters.items()}["schedule"] == "batch"
-    assert "cannot reschedule requests" in (models[1].note or "")
-    with pytest.raises(ConfigError, match="--batching inflight: Triton 2.39 cannot reschedule"):
+    assert "cannot run the in-flight ACT driver" in (models[1].note or "")
+    with pytest.raises(ConfigError, match="--batching inflight: Triton 2.39 cannot run the in-flight ACT driver"):
         write_triton_repo(
             [tiny_onnx.step],
             RepoConfig(output=tmp_path / "x", halt="q", batching=RepoBatching.inflight, triton_version="2.39"),

@@ -89,18 +89,23 @@ def exec_count(server: StockTriton) -> float:
     return float(re.search(rf'^nv_inference_exec_count{{model="{NAME}".*}} (\S+)$', text, re.M).group(1))
 
 
+def request_inputs(client_module, tokens: np.ndarray, ids: np.ndarray) -> list:
+    """tritonclient's inputs (``tritonclient.http`` or ``.grpc``) for puzzles ``tokens`` [n, S], ``ids`` [n]."""
+    inputs = [
+        client_module.InferInput("inputs", list(tokens.shape), "INT32"),
+        client_module.InferInput("puzzle_identifiers", [len(ids), 1], "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(tokens)
+    inputs[1].set_data_from_numpy(ids.reshape(-1, 1))
+    return inputs
+
+
 def http_one(server: StockTriton, tokens: np.ndarray, ids: np.ndarray, timeout_s: float = 60):
     import tritonclient.http as httpclient
 
     client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}", network_timeout=timeout_s)
     try:
-        inputs = [
-            httpclient.InferInput("inputs", list(tokens.shape), "INT32"),
-            httpclient.InferInput("puzzle_identifiers", [len(ids), 1], "INT32"),
-        ]
-        inputs[0].set_data_from_numpy(tokens)
-        inputs[1].set_data_from_numpy(ids.reshape(-1, 1))
-        return client.infer(NAME, inputs)
+        return client.infer(NAME, request_inputs(httpclient, tokens, ids))
     finally:
         client.close()
 
@@ -110,13 +115,7 @@ def grpc_one(server: StockTriton, tokens: np.ndarray, ids: np.ndarray, timeout_s
 
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
     try:
-        inputs = [
-            grpcclient.InferInput("inputs", list(tokens.shape), "INT32"),
-            grpcclient.InferInput("puzzle_identifiers", [len(ids), 1], "INT32"),
-        ]
-        inputs[0].set_data_from_numpy(tokens)
-        inputs[1].set_data_from_numpy(ids.reshape(-1, 1))
-        return client.infer(NAME, inputs, client_timeout=timeout_s)
+        return client.infer(NAME, request_inputs(grpcclient, tokens, ids), client_timeout=timeout_s)
     finally:
         client.close()
 
@@ -238,12 +237,7 @@ def test_memory_is_flat_over_2000_requests(server, reference):
         connection = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}", network_timeout=60)
         try:
             for i in range(n):
-                inputs = [
-                    httpclient.InferInput("inputs", [1, 81], "INT32"),
-                    httpclient.InferInput("puzzle_identifiers", [1, 1], "INT32"),
-                ]
-                inputs[0].set_data_from_numpy(tokens[i % 64 : i % 64 + 1])
-                inputs[1].set_data_from_numpy(ids[i % 64 : i % 64 + 1].reshape(1, 1))
+                inputs = request_inputs(httpclient, tokens[i % 64 : i % 64 + 1], ids[i % 64 : i % 64 + 1])
                 assert connection.infer(NAME, inputs).as_numpy("answer").shape == (1, 81)
         finally:
             connection.close()
