@@ -175,9 +175,13 @@ def _aiohttp_handler_class() -> Any:
         def handle_error(
             self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
         ) -> Any:
-            line = _one_line(exc, status)
-            log.info("front: refused a malformed request (%d): %s", status, line)
-            reply = Reply.error(status, f"malformed HTTP request: {line}")
+            if status >= 500:  # an internal bug: its traceback in the log, the client gets one line
+                log.error("front: a request failed", exc_info=exc)
+                reply = Reply.error(status, "internal error in the server's front; see the server's log")
+            else:
+                line = _one_line(exc, status)
+                log.info("front: refused a malformed request (%d): %s", status, line)
+                reply = Reply.error(status, f"malformed HTTP request: {line}")
             response = web.Response(status=status, body=reply.body, content_type="application/json")
             response.force_close()
             return response
