@@ -10,7 +10,7 @@ import typer
 from hrm_deploy.cli import app
 from hrm_deploy.cli.choices import Provider, TrtAccelerator
 from hrm_deploy.cli.common import user_errors
-from hrm_deploy.serve.repo import DEFAULT_QUEUE_DELAY_US, Device, OnnxBackend
+from hrm_deploy.serve.repo import DEFAULT_QUEUE_DELAY_US, Device, OnnxBackend, RepoBatching
 from hrm_deploy.serve.server import Batching
 
 
@@ -97,7 +97,24 @@ def triton_repo(
         TrtAccelerator | None,
         typer.Option(case_sensitive=False, help="ONNX on GPU: ONNX Runtime's TensorRT accelerator precision."),
     ] = None,
-    halt: Annotated[str, typer.Option(help="Step models' ACT driver: off | q | threshold:X.")] = "off",
+    halt: Annotated[
+        str | None,
+        typer.Option(help="Step models' ACT driver: off | q | threshold:X (a loop graph keeps its export's rule)."),
+    ] = None,
+    batching: Annotated[
+        RepoBatching,
+        typer.Option(
+            help="Step models: inflight (one ACT step per execute, unfinished requests rescheduled; the default "
+            "with --halt), dynamic (each batch runs to its slowest puzzle)."
+        ),
+    ] = RepoBatching.auto,
+    triton_version: Annotated[
+        str | None,
+        typer.Option(help="The Triton the repository is for (2.51 or NGC 24.10); before 2.41 no in-flight driver."),
+    ] = None,
+    kserve: Annotated[
+        bool, typer.Option("--kserve", help="Also write kserve.yaml (ServingRuntime + InferenceService).")
+    ] = False,
     name: Annotated[
         list[str] | None, typer.Option("--name", help="Model name per artifact (default from the file name).")
     ] = None,
@@ -119,8 +136,13 @@ def triton_repo(
             halt=halt,
             names=tuple(name or ()),
             overwrite=overwrite,
+            batching=batching,
+            triton_version=triton_version,
+            kserve=kserve,
         ),
     )
+    for note in dict.fromkeys(m.note for m in models if m.note):
+        typer.echo(f"note: {note}", err=True)
     for m in models:
         typer.echo(f"{m.name}: {m.kind} ({m.path})")
     import shlex

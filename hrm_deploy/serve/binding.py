@@ -184,3 +184,37 @@ def bind_model(
         ),
         strict=True,
     )
+
+
+def bundled_tritonserver(
+    repo: Path, workdir: Path, *, http_port: int, grpc_port: int, metrics_port: int, host: str = "127.0.0.1"
+) -> tuple[list[str], dict[str, str]]:
+    """(command line, environment) that run PyTriton's bundled ``tritonserver`` on the model repository
+    ``repo`` as a stock Triton is run (``tritonserver --model-repository REPO``), without PyTriton:
+    its Python backend (and the stub for this Python) in ``workdir/backends``, its libraries on
+    ``LD_LIBRARY_PATH``, this interpreter's folder first on ``PATH`` for the stub.
+    Used to test and measure ``triton-repo`` repositories on the server PyTriton ships."""
+    import os
+    import shutil
+    import sys
+
+    import pytriton
+
+    site = Path(pytriton.__file__).resolve().parents[1]
+    dist = site / "pytriton" / "tritonserver"
+    backend = workdir / "backends" / "python"
+    backend.mkdir(parents=True, exist_ok=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        if not (backend / name).exists():
+            (backend / name).symlink_to(dist / "backends" / "python" / name)
+    stub = dist / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}" / "triton_python_backend_stub"
+    if not (backend / stub.name).exists():
+        shutil.copy(stub, backend / stub.name)  # the backend runs the stub it finds beside itself
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(site / "nvidia_pytriton.libs"), env.get("LD_LIBRARY_PATH")]))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    command = [str(dist / "bin" / "tritonserver"), "--model-repository", str(repo)]
+    command += ["--backend-directory", str(workdir / "backends"), "--allow-gpu-metrics", "false"]
+    for flag, port in (("http", http_port), ("grpc", grpc_port), ("metrics", metrics_port)):
+        command += [f"--{flag}-address", host, f"--{flag}-port", str(port)]
+    return command, env

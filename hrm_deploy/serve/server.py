@@ -43,6 +43,7 @@ import numpy as np
 
 from hrm_deploy.errors import ConfigError, require
 from hrm_deploy.serve.front import Front, Limits
+from hrm_deploy.serve.listener import raise_open_file_limit
 from hrm_deploy.serve.wire import (
     RequestError as RequestError,  # re-exported (the proxy patch matches its name)
     check_requests,
@@ -232,6 +233,12 @@ def inflight_step(runner: Any, manifest: dict[str, Any] | None, config: ServeCon
     if config.batching is Batching.dynamic or (config.batching is Batching.auto and halt is None):
         return None
     why = batch_independent(manifest)
+    if why is None and (manifest or {}).get("mode") == "loop":
+        why = (
+            f"{config.artifact.name} is a loop graph (the ACT loop inside one call, halting by the rule fixed at its "
+            "export), so its puzzles cannot join or leave between steps; serve the step graph (`hrm-deploy export "
+            "--mode step`) with --halt for in-flight batching, or this graph with --batching dynamic"
+        )
     step_function = getattr(runner, "step_function", None)
     if why is None and step_function is None:
         why = (
@@ -315,6 +322,10 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     max_batch = check_max_batch(config.max_batch, contract.max_batch, config.artifact.name)
     check_queue_limit(config.queue_limit, max_batch)
     pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
+    # Each client connection is a descriptor: the soft limit (often 1,024) is raised to the hard limit,
+    # which then bounds the front's connections (Capacity.for_batch).
+    files = raise_open_file_limit()
+    logging.getLogger(__name__).info("open-file limit %d (soft limit raised to the hard limit)", files)
 
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
