@@ -13,7 +13,8 @@ Rank  Rooms (first package level below ``hrm_deploy``)
       ``manifest``, ``registry`` (the backend table, plain data), ``contract`` (the step / unrolled
       graphs' I/O names and shapes, the carry, the halting function type), ``artifacts``,
       ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``puzzle_table`` (external puzzle-embedding
-      tables), ``sources`` (where a checkpoint or dataset comes from: paths, run folders, the Hub) -- used by everything, import only base
+      tables), ``sources`` (where a checkpoint or dataset comes from: paths, run folders, the Hub), ``jetpack`` (the JetPack
+      lines) -- used by everything, import only base
 1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format),
       ``provenance`` (default data from a checkpoint's own dataset)
 2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
@@ -53,6 +54,7 @@ RANKS: dict[str, int] = {
     "metrics": 0,
     "puzzle_table": 0,
     "sources": 0,
+    "jetpack": 0,
     "model": 1,
     "data": 1,
     "provenance": 1,
