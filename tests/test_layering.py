@@ -73,6 +73,7 @@ RANKS: dict[str, int] = {
     "doctor": 7,
     "inspection": 7,
     "arc": 7,
+    "scale": 7,
     "cli": 8,
     "__main__": 8,
 }
@@ -180,7 +181,7 @@ def test_no_module_level_import_circle():
 def test_stages_look_backends_up_in_the_table():
     """verify, bench, solve, serve, arc-eval, halting and precision reach a backend only through
     hrm_deploy.backends (open_runner, reference_runner, builder), never by importing its package."""
-    stages = ("verify", "bench", "solve", "serve", "arc", "halting", "precision", "engines", "cli", "doctor")
+    stages = ("verify", "bench", "solve", "serve", "arc", "scale", "halting", "precision", "engines", "cli", "doctor")
     by_name = [
         (src, dst) for src, dst in _edges() if src.split(".")[1] in stages and dst.startswith("hrm_deploy.backends.")
     ]

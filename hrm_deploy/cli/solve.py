@@ -9,7 +9,7 @@ import typer
 
 from hrm_deploy.cli import app
 from hrm_deploy.cli.choices import Provider
-from hrm_deploy.cli.common import Quiet, user_errors
+from hrm_deploy.cli.common import Quiet, Ray, RayAddress, RayWorkers, ray_config, user_errors
 
 
 @app.command()
@@ -51,6 +51,9 @@ def solve(
     ] = None,
     provider: Annotated[Provider, typer.Option(help="ONNX Runtime provider for .onnx.")] = Provider.CPU,
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Also write the output to this file.")] = None,
+    ray: Ray = False,
+    address: RayAddress = None,
+    workers: RayWorkers = None,
     quiet: Quiet = False,
 ) -> None:
     """Solve your own puzzles with a trained model and check the answers."""
@@ -59,6 +62,7 @@ def solve(
     from hrm_deploy.sources import resolve_artifact
 
     artifact = resolve_artifact(artifact)  # before any work: run folders and hf:... -> their checkpoint file
+    scale = ray_config(ray, address, workers)
     options: dict[str, Any] = runner_options(artifact, provider=provider.value) if artifact is not None else {}
     partial = None
     if out is not None:  # before any work: never over an input, never over a user's file
@@ -75,6 +79,7 @@ def solve(
             calib_data=calib_data,
             quiet=quiet,
             on_solutions=partial.append if partial is not None else None,
+            ray=scale,
             **options,
         )
     except SolveInterrupted as stopped:  # Ctrl-C / SIGTERM: the answers so far are kept
