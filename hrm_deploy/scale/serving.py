@@ -336,7 +336,6 @@ def serve_on_ray(
     bounds = (("inputs", contract.vocab_size), ("puzzle_identifiers", contract.num_puzzle_identifiers))
     limits = Limits(config.model_name, contract.seq_len, max_batch, outputs=OUTPUTS, bounds=bounds)
     stop = stop or threading.Event()
-    joined = ray_config.address is not None
     previous: dict[int, Any] = {}
     try:
         with connected(ray_config, metrics_port=config.metrics_port) as ray:
