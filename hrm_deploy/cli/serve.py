@@ -9,7 +9,8 @@ import typer
 
 from hrm_deploy.cli import app
 from hrm_deploy.cli.choices import Provider, TrtAccelerator
-from hrm_deploy.cli.common import user_errors
+from hrm_deploy.cli.common import Ray, RayAddress, ray_config, user_errors
+from hrm_deploy.errors import ConfigError
 from hrm_deploy.serve.repo import DEFAULT_QUEUE_DELAY_US, Device, OnnxBackend, RepoBatching
 from hrm_deploy.serve.server import Batching
 
@@ -47,26 +48,48 @@ def serve(
         int | None,
         typer.Option(help="In-flight: puzzles that may wait for a slot before HTTP 503 (default 8 x max batch)."),
     ] = None,
+    ray: Ray = False,
+    address: RayAddress = None,
+    replicas: Annotated[
+        int | None, typer.Option(help="With --ray: model replicas, each owning one ACT loop (default 1).")
+    ] = None,
+    autoscale: Annotated[
+        str | None,
+        typer.Option(help="With --ray: MIN:MAX replicas, scaled on ongoing requests (a full ACT loop per replica)."),
+    ] = None,
 ) -> None:
-    """Serve an artifact on PyTriton's Triton Inference Server until Ctrl-C / SIGTERM."""
+    """Serve an artifact on PyTriton's Triton Inference Server (or, with --ray, on Ray Serve) until
+    Ctrl-C / SIGTERM."""
     from hrm_deploy.serve.server import ServeConfig, main_ready_line, serve as run_server
 
+    scale = ray_config(ray, address, None)
+    if scale is None and (replicas is not None or autoscale is not None):
+        raise ConfigError("--replicas and --autoscale apply with --ray; add --ray or drop them")
+    config = ServeConfig(
+        artifact=artifact,
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        max_batch=max_batch,
+        halt=halt,
+        allow_remote=allow_remote,
+        model_name=model_name,
+        queue_delay_us=queue_delay_us,
+        provider=provider.value if provider else None,
+        batching=batching,
+        queue_limit=queue_limit,
+    )
+    if scale is not None:
+        from hrm_deploy.scale.serving import Replicas, serve_on_ray
+
+        if grpc_port != 8001 or queue_delay_us != DEFAULT_QUEUE_DELAY_US:
+            raise ConfigError(
+                "--grpc-port and --queue-delay-us are Triton's; with --ray the ingress speaks HTTP and Ray Serve batches"
+            )
+        raise typer.Exit(serve_on_ray(config, scale, Replicas.parse(replicas, autoscale), ready=main_ready_line))
     code = run_server(
-        ServeConfig(
-            artifact=artifact,
-            host=host,
-            http_port=http_port,
-            grpc_port=grpc_port,
-            metrics_port=metrics_port,
-            max_batch=max_batch,
-            halt=halt,
-            allow_remote=allow_remote,
-            model_name=model_name,
-            queue_delay_us=queue_delay_us,
-            provider=provider.value if provider else None,
-            batching=batching,
-            queue_limit=queue_limit,
-        ),
+        config,
         ready=main_ready_line,
     )
     if code:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +53,9 @@ def ray_module() -> ModuleType:
 
 
 @contextlib.contextmanager
-def connected(config: RayConfig) -> Iterator[ModuleType]:
-    """Ray, connected for the block: a local instance (127.0.0.1, no dashboard) started and stopped
-    here, or the cluster at ``config.address`` (left running)."""
+def connected(config: RayConfig, metrics_port: int | None = None) -> Iterator[ModuleType]:
+    """Ray, connected for the block: a local instance (127.0.0.1, no dashboard; its Prometheus metrics
+    on ``metrics_port``) started and stopped here, or the cluster at ``config.address`` (left running)."""
     ray = ray_module()
     if ray.is_initialized():  # a caller (a test, a notebook) already connected: use it, leave it
         yield ray
@@ -61,12 +63,17 @@ def connected(config: RayConfig) -> Iterator[ModuleType]:
     options: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
     if config.address is None:  # a private instance: its start-up chatter (token, dashboard) stays quiet
         options.update(_node_ip_address="127.0.0.1", num_cpus=os.cpu_count() or 1, logging_level=logging.ERROR)
+        if metrics_port is not None:
+            options["_metrics_export_port"] = metrics_port
     else:
         options["address"] = config.address
+    ours = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     try:
         ray.init(**options)
     except ConnectionError as exc:
         raise ConfigError(f"--address {config.address}: no Ray cluster answers there ({exc})") from None
+    if ours is not None:  # ray.init installs a SIGTERM handler that ends the process at once: the command's own stays
+        signal.signal(signal.SIGTERM, ours)
     try:
         yield ray
     finally:

@@ -50,10 +50,10 @@ _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer"
 _BYTE_COUNT = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also takes '²' and other scripts' digits
 
 
-def byte_count(request: Request, name: str) -> int | None:
-    """The value of header ``name`` as a byte count; None when absent; :class:`Refused` (400) when it
-    is repeated or not plain ASCII digits."""
-    found = request.headers.getall(name, []) if hasattr(request.headers, "getall") else [request.headers.get(name)]
+def byte_count(headers: Any, name: str) -> int | None:
+    """The value of header ``name`` in ``headers`` (aiohttp's, or any mapping with ``getall``) as a byte
+    count; None when absent; :class:`Refused` (400) when it is repeated or not plain ASCII digits."""
+    found = headers.getall(name, []) if hasattr(headers, "getall") else [headers.get(name)]
     values = [str(v) for v in found if v is not None]
     if not values:
         return None
@@ -266,8 +266,8 @@ class _App:
         if request.headers.get("Transfer-Encoding"):
             return Reply.error(411, "chunked bodies are not accepted; send a Content-Length")
         try:
-            length = byte_count(request, "Content-Length")
-            byte_count(request, "Inference-Header-Content-Length")
+            length = byte_count(request.headers, "Content-Length")
+            byte_count(request.headers, "Inference-Header-Content-Length")
         except Refused as refused:
             return Reply.error(refused.status, str(refused), close=True)
         if length is None and request.method == "GET":
@@ -290,7 +290,7 @@ class _App:
         if match is None:
             return self._forward(request)
         try:
-            length = byte_count(request, "Inference-Header-Content-Length")
+            length = byte_count(request.headers, "Inference-Header-Content-Length")
             checked = check_infer_request(request.body, length, self.limits)
             if self.local is not None and match.group("name") == self.limits.model_name:
                 reply = self.local.answer(checked, request.body, length, request.connection)

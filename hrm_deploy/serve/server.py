@@ -258,15 +258,31 @@ def inflight_step(runner: Any, manifest: dict[str, Any] | None, config: ServeCon
     return step_fn
 
 
-def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_batch: int) -> tuple[Any, Any]:
-    """(the function bound into Triton, the front's in-flight endpoint or None), warmed up."""
-    from hrm_deploy.serve.endpoint import InflightEndpoint, InflightInfer, ModelShape
+@dataclass
+class Inference:
+    """What answers the served model's requests, warmed up: ``batch`` (dynamic batching: each batch runs
+    to its end) or ``scheduler`` (in-flight: one ACT loop requests join and leave), and the shape
+    requests are checked against. ``serve`` binds it into Triton; a Ray Serve replica holds one."""
+
+    shape: Any  # hrm_deploy.serve.endpoint.ModelShape
+    batch: BatchInfer | None = None
+    scheduler: Any = None  # hrm_deploy.serve.inflight.InflightScheduler
+
+    def stop(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop(0)
+
+
+def build_inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_batch: int) -> Inference:
+    """The batch function or the in-flight loop for ``runner`` (activated), as ``config`` asks, warmed up."""
+    from hrm_deploy.serve.endpoint import ModelShape
 
     zeros = {"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}
     step_fn = inflight_step(runner, contract.manifest, config, halt)
-    infer: Any
+    steps = contract.steps if step_fn is None else step_fn.steps
+    shape = ModelShape(config.model_name, contract.seq_len, contract.vocab_size, contract.num_puzzle_identifiers, steps)
     if step_fn is None:
-        infer = BatchInfer(
+        batch = BatchInfer(
             runner,
             seq_len=contract.seq_len,
             vocab_size=contract.vocab_size,
@@ -276,25 +292,31 @@ def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_b
         )
         # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
         # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
-        infer([zeros])
+        batch([zeros])
         _warm_buckets(runner, max_batch)
-        return infer, None
+        return Inference(shape, batch=batch)
     from hrm_deploy.serve.inflight import InflightScheduler
 
     _warm_buckets(step_fn, max_batch)  # before the scheduler's thread owns it
+    scheduler = InflightScheduler(step_fn, halt, max_batch, config.queue_limit or 8 * max_batch)
+    return Inference(shape, scheduler=scheduler)
 
-    queue_limit = config.queue_limit or 8 * max_batch
-    scheduler = InflightScheduler(step_fn, halt, max_batch, queue_limit)
-    shape = ModelShape(
-        config.model_name, contract.seq_len, contract.vocab_size, contract.num_puzzle_identifiers, step_fn.steps
-    )
-    infer = InflightInfer(scheduler, shape)
+
+def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_batch: int) -> tuple[Any, Any]:
+    """(the function bound into Triton, the front's in-flight endpoint or None), warmed up."""
+    from hrm_deploy.serve.endpoint import InflightEndpoint, InflightInfer
+
+    built = build_inference(config, runner, contract, halt, max_batch)
+    if built.scheduler is None:
+        return built.batch, None
+    infer = InflightInfer(built.scheduler, built.shape)
     try:
+        zeros = {"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}
         infer([zeros])  # warm-up through the loop
     except BaseException:
-        scheduler.stop(0)
+        built.stop()
         raise
-    return infer, InflightEndpoint(scheduler, shape)
+    return infer, InflightEndpoint(built.scheduler, built.shape)
 
 
 def _warm_buckets(target: Any, max_batch: int) -> None:

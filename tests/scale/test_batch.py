@@ -163,3 +163,24 @@ def test_a_server_url_with_ray_is_one_line():
 
     with pytest.raises(ConfigError, match="drop --ray"):
         solve("1" * 81, url="http://127.0.0.1:1", ray=RayConfig())
+
+
+def test_serve_ray_options_are_checked_before_any_work():
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+    from hrm_deploy.scale.serving import Replicas
+
+    runner = CliRunner()
+    alone = runner.invoke(app, ["serve", "m.onnx", "--replicas", "2"])
+    assert alone.exit_code == 2 and "--replicas and --autoscale apply with --ray" in alone.output
+    assert Replicas.parse(None, "1:4").options(8)["autoscaling_config"]["max_replicas"] == 4
+    assert Replicas.parse(3, None).options(8) == {"num_replicas": 3}
+    for replicas, autoscale, says in (
+        (2, "1:2", "not both"),
+        (None, "4:1", "MIN <= MAX"),
+        (None, "x", "MIN:MAX"),
+        (0, None, ">= 1"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            Replicas.parse(replicas, autoscale)
