@@ -69,6 +69,7 @@ class Batching(str, Enum):
 
 
 DRAIN_GRACE_S = 10.0  # SIGTERM: running puzzles get this long to finish
+MONITOR_S = 1.0  # how often a serving process looks whether tritonserver is still alive
 
 
 @dataclass(frozen=True)
@@ -363,9 +364,11 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     bounds = (("inputs", contract.vocab_size), ("puzzle_identifiers", contract.num_puzzle_identifiers))
     limits = Limits(config.model_name, contract.seq_len, max_batch, outputs=OUTPUTS, bounds=bounds)
     fronts: list[Front] = []
-    signalled, previous = _stop_on_signals(fronts)
+    stopped = threading.Event()  # set by SIGINT/SIGTERM once serving
+    signalled, previous = _stop_on_signals(fronts, stopped)
     binding.quiet_logs()
     binding.request_errors_as_400()
+    gate = binding.Gate(infer)  # Triton's inferences of ours (gRPC, dynamic batching), counted for the stop
     code = 0
     try:
         with contextlib.ExitStack() as stack:
@@ -379,10 +382,12 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
                     )
                 )
             )
+            # runs after the front closed and before PyTriton's own stop (an exit stack unwinds in reverse)
+            stack.callback(_stop_fast, triton, gate, signalled)
             binding.bind_model(
                 triton,
                 model_name=config.model_name,
-                infer=infer,
+                infer=gate,
                 seq_len=contract.seq_len,
                 vocab_size=contract.vocab_size,
                 max_batch=max_batch,
@@ -396,12 +401,10 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
                 stack.callback(endpoint.drain, DRAIN_GRACE_S)
             if ready is not None:
                 ready(_ready_line(config, runner.name, max_batch, inflight=endpoint is not None))
-            try:
-                triton.serve()  # returns on KeyboardInterrupt (after stopping) or when Triton dies
-            except KeyboardInterrupt:
-                pass
-            if not signalled:  # serve() returned by itself: tritonserver died under us
-                code = 1
+            while not stopped.wait(MONITOR_S):  # until a signal, or tritonserver dies under us
+                if not triton.is_alive():
+                    code = 1
+                    break
     except KeyboardInterrupt:
         pass  # interrupted while starting: the context manager has stopped what was started
     finally:
@@ -413,9 +416,9 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     return code
 
 
-def _stop_on_signals(fronts: list[Front]) -> tuple[list[int], dict[int, Any]]:
-    """SIGTERM/SIGINT behave as Ctrl-C (PyTriton's serve() stops tritonserver and its stubs on
-    KeyboardInterrupt) after the fronts stop taking requests; (the signals seen, the handlers
+def _stop_on_signals(fronts: list[Front], stopped: threading.Event) -> tuple[list[int], dict[int, Any]]:
+    """SIGTERM/SIGINT: the fronts stop taking requests, then serving ends (``stopped``; while starting,
+    as Ctrl-C: a KeyboardInterrupt, and what started is stopped); (the signals seen, the handlers
     replaced). Only the main thread can install handlers; elsewhere (tests) nothing changes."""
     signalled: list[int] = []
     previous: dict[int, Any] = {}
@@ -424,12 +427,24 @@ def _stop_on_signals(fronts: list[Front]) -> tuple[list[int], dict[int, Any]]:
         signalled.append(signum)
         for front in fronts:  # no new request is taken while Triton stops
             front.stop_accepting()
-        raise KeyboardInterrupt(f"signal {signum}")
+        if not fronts:  # still starting
+            raise KeyboardInterrupt(f"signal {signum}")
+        stopped.set()
 
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
     return signalled, previous
+
+
+def _stop_fast(triton: Any, gate: Any, signalled: list[int]) -> None:
+    """A stop that was asked for: once Triton runs no inference of ours (the front has answered what it
+    took, the gate refuses new gRPC requests and waits for the running ones), tritonserver and its
+    backend stubs are ended at once; its own graceful stop unloads the model first and takes seconds."""
+    from hrm_deploy.serve import binding
+
+    if signalled and gate.close(DRAIN_GRACE_S):
+        binding.kill_server(triton)
 
 
 def _ready_line(config: ServeConfig, runner_name: str, max_batch: int, *, inflight: bool) -> str:
