@@ -301,7 +301,8 @@ class Listener:
         async with server:
             await self._stop.wait()
             server.close()
-            for connection in list(manager.connections):  # an idle kept-alive one closes now, a busy one after its reply
+            # an idle kept-alive connection closes now, a busy one after its reply
+            for connection in list(manager.connections):
                 connection.close()
             await manager.shutdown(1.0)
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
