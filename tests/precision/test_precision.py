@@ -12,6 +12,7 @@ from hrm_deploy.errors import ConfigError, DataError
 from hrm_deploy.precision.accuracy import onnx_accuracy
 from hrm_deploy.precision.calibrate import QuantConfig
 from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+from tests.conftest import mlp_weights
 
 
 def _accuracy(path, examples):
@@ -83,9 +84,21 @@ def test_calibration_cache_is_keyed_and_reused(tiny_onnx, tmp_path):
     assert len(list((tmp_path / "calib").glob("*.json"))) == 2
 
 
-def test_int8_refuses_without_calibration_data():
-    with pytest.raises(ConfigError, match="calib-data"):
-        PrecisionConfig("int8")
+def test_int8_without_calibration_data_takes_the_checkpoints_own_or_says_how(tmp_path):
+    """No --calib-data: the job preamble takes the checkpoint's own dataset (its provenance); a graph
+    whose checkpoint is unknown is refused in one line naming the flag (no scale is invented)."""
+    import shutil
+
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.train.presets import bundled_checkpoint
+
+    fp32 = export_onnx(bundled_checkpoint("sudoku-tiny"), tmp_path / "t.onnx", ExportConfig(parity=False), quiet=True)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(fp32.path, alone / "t.onnx")  # no manifest: its checkpoint is unknown
+    config = PrecisionConfig("int8", cache_dir=str(tmp_path / "calib"), accuracy_check=False)
+    with pytest.raises(ConfigError, match="no --calib-data given and the checkpoint .* unknown.*--calib-data"):
+        make_precision_graph(alone / "t.onnx", config, out=tmp_path / "x.int8.onnx", quiet=True)
 
 
 def test_bad_calibration_data_is_one_clear_error(tmp_path):
@@ -109,9 +122,10 @@ def test_sensitivity_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path,
         quant=QuantConfig(method="minmax", samples=32),
     )
     report = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "f.int8.onnx", quiet=True).report
-    budget = report["accuracy_budget"]
-    assert budget["int8_exact"] == 100.0 and len(budget["kept_float"]) == 2
-    assert all(budget["layer_loss_points"][w] > 0 for w in budget["kept_float"])
+    record = report["accuracy"]
+    assert record["measured"]["loss_points"] <= 1.0 and len(record["kept_float"]) == 2
+    assert {k["weight"] for k in record["kept_float"]} == set(mlp_weights(tiny_onnx.unrolled))
+    assert all(record["sensitivity"][k["weight"]] > 0 for k in record["kept_float"])
 
 
 @pytest.mark.slow
