@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -161,9 +160,7 @@ def main() -> None:
     calibration = load_examples(calib, args.calib_samples)
     job = new_job(fp32, model, meta, calibration, quant, work / "calib", "x" * 64)
     calibrate_job(job)
-    start = time.perf_counter()
     reference = _outputs(fp32, examples, meta)
-    fp32_seconds = time.perf_counter() - start
     if examples.labels is None:
         raise SystemExit(f"{data_words} has no labels: the criteria need answers to compare")
     labels = examples.labels
@@ -197,7 +194,6 @@ def main() -> None:
         "data": data_words,
         "puzzles": len(examples),
         "calibration": {"data": str(calib), "samples": args.calib_samples, "method": quant.method},
-        "fp32_pass_seconds": round(fp32_seconds, 2),
         "confident_margin_share": CONFIDENT_SHARE,
         "summary": summary,
         "rows": rows,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -513,10 +513,6 @@ class Holdout:
             log.debug("%d puzzles do not settle the verdict yet: %s", count, found.describe())
         why = "the verdict is within the noise of the most puzzles it may use: the measured values decide"
         return found, Decision(False, found.puzzles, min(most, len(self.pool)), why)
-
-    def grown(self, size: int) -> Holdout:
-        """This holdout (FP32's outputs shared) with the size a verdict must reach set to ``size``."""
-        return replace(self, size=max(self.size, min(size, self.cap)))
 
 
 def growth_cap(size: int) -> int:

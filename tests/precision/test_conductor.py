@@ -202,3 +202,24 @@ def test_the_cost_is_estimated_before_measuring(tmp_path, monkeypatch, caplog):
     estimate = next(i for i, line in enumerate(lines) if "the verdict needs" in line)
     assert "600 puzzle runs on 300 held-out puzzles" in lines[estimate] and "about 300 s" in lines[estimate]
     assert estimate < next(i for i, line in enumerate(lines) if "certified on the holdout" in line)
+
+
+def test_the_progress_line_says_what_is_left_as_the_holdout_grows(tmp_path):
+    """After each run of puzzles the line gives the runs left in the measurement under way and their
+    seconds at the measured cost per puzzle; a larger measurement raises what is left."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(1, 10, (PUZZLES, 4))
+    pool = Examples(labels.astype(np.int32), np.arange(PUZZLES, dtype=np.int32), labels, "pool", "")
+    run, _ = _run(lambda kept, ids: ids < 0)
+    holdout = Holdout(tmp_path / "fp32.onnx", pool, run, 100, 300)
+    lines: list[str] = []
+    meter = conductor.Meter(holdout, 0.5, lines.append, "certifying")
+    holdout.tally.on_run = meter.show
+    candidate = tmp_path / "c.onnx"
+    Candidates().write((), candidate)
+    holdout.measure(candidate, 100)
+    assert "100 puzzles (up to 300 if undecided), 68 FP32 and 100 candidate runs left" in lines[0]
+    assert lines[-1].endswith("0 FP32 and 0 candidate runs left, about 0 s left")
+    said = len(lines)
+    holdout.measure(candidate, 200)
+    assert "200 puzzles (up to 300 if undecided), 68 FP32 and 100 candidate runs left" in lines[said]
