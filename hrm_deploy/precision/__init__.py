@@ -13,7 +13,8 @@
 - :mod:`~hrm_deploy.precision.conductor`: ``conduct``, the one function every quantized build (every target)
   measures its candidates with, falls back with, and learns which graph to publish from;
 - :mod:`~hrm_deploy.precision.rule`: the accuracy rule (non-finite outputs, paired flips, what verify judges at
-  the row's thresholds, each with its margin) and the holdout that runs FP32 once per puzzle;
+  the row's thresholds, each with its margin);
+- :mod:`~hrm_deploy.precision.holdout`: the puzzles a verdict is measured on, FP32 run once per puzzle;
 - :mod:`~hrm_deploy.precision.fallback`: the fallback's search (weight groups, bisection over the ranking);
 - :mod:`~hrm_deploy.precision.sensitivity`: the fallback's one-pass ranking (each weight's own output error);
 - :mod:`~hrm_deploy.precision.accuracy`: holdout size and examples, graphs' outputs on ONNX Runtime CPU.

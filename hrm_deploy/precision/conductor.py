@@ -12,13 +12,14 @@ float) and how a graph runs; the conductor does the rest, the same way for all:
 2. **certify** the all-quantized candidate on the holdout: measured on its first puzzles
    (:func:`first_puzzles`), then on more while the verdict is not settled, a clear failure stopping
    it early, a pass counting only on the whole holdout (which grows while its verdict is within the
-   noise: :meth:`~hrm_deploy.precision.rule.Holdout.decide`); FP32 runs once per puzzle;
+   noise: :meth:`~hrm_deploy.precision.holdout.Holdout.decide`); FP32 runs once per puzzle;
 3. outside the rule, the **fallback**: the weights are ranked once (each one's own output error, one
    pass: :mod:`hrm_deploy.precision.sensitivity`) and the float set is chosen by bisection
    (:mod:`hrm_deploy.precision.fallback`) on **screens**: a candidate runs only on the puzzles where
    the all-quantized graph differed from FP32 in anything the rule reads (an answer, a cell, a
-   q_halt sign, a halting step), every other puzzle counted as FP32 answered it, so a screen judges
-   at the whole holdout's resolution for a fraction of its cost. Only the chosen candidate meets the
+   q_halt sign, a halting step) and those it never ran (a clear failure stops it early), every
+   other puzzle counted as FP32 answered it, so a screen judges at the whole holdout's resolution
+   for a fraction of its cost. Only the chosen candidate meets the
    whole holdout again; a certification that fails sends the search to larger float sets;
 4. the graph to **publish** is the file certified last: the very bytes measured, its float set by
    node name in the record. Outside the rule after the fallback, the build is refused in one line
@@ -41,17 +42,8 @@ import numpy as np
 
 from hrm_deploy.errors import ConfigError, InternalError
 from hrm_deploy.precision.fallback import MAX_CERTIFICATIONS, MAX_SCREENS, Bisection, weight_groups
-from hrm_deploy.precision.rule import (
-    Decision,
-    Holdout,
-    Quality,
-    Rule,
-    Run,
-    accuracy_line,
-    differing_rows,
-    growth_cap,
-    refusal,
-)
+from hrm_deploy.precision.holdout import Decision, Holdout, Run, growth_cap
+from hrm_deploy.precision.rule import Quality, Rule, accuracy_line, differing_rows, refusal
 
 if TYPE_CHECKING:
     from onnx import ModelProto
@@ -119,7 +111,7 @@ def make_holdout(job: QuantJob, data: str, samples: int | None, run: Run) -> Hol
     outputs from the calibration pass where it ran, ``job.reference``) when the job shares it, then
     the dataset's ``test`` split to grow into; else ``samples`` (None: by the model's cost) puzzles
     of the test split (:func:`~hrm_deploy.precision.accuracy.holdout_examples`), up to
-    :func:`~hrm_deploy.precision.rule.growth_cap` of them."""
+    :func:`~hrm_deploy.precision.holdout.growth_cap` of them."""
     import numpy as np
 
     from hrm_deploy.data.examples import Examples
@@ -228,7 +220,7 @@ class _Search:
     screens: int = 0
     certifications: int = 0
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # the puzzles screens run
-    total: int = 0  # the puzzles a screen's verdict stands for
+    total: int = 0  # the puzzles a screen's verdict stands for (the whole holdout)
 
     def file(self, key: int, exclude: tuple[str, ...]) -> Path:
         """The candidate keeping ``exclude`` float, written once (``key``: its float-set size)."""
@@ -245,7 +237,7 @@ class _Search:
 
     def screen_of(self, path: Path, what: str) -> Quality:
         """The candidate on the screen's puzzles (:attr:`rows`), judged over the :attr:`total`
-        puzzles the all-quantized candidate was certified on, as measured."""
+        puzzles of the holdout, as measured."""
         self.screens += 1
         self.meter.phase = f"screen {self.screens} ({what})"
         found = self.holdout.measure_rows(path, self.rows, self.total)
@@ -288,8 +280,7 @@ def conduct(job: QuantJob, candidates: Candidates, check: Check | None, work: Pa
     holdout = make_holdout(job, check.data, check.samples, check.run)
     first = first_puzzles(holdout, check.rule.budget)
     fp32_cost = job.fp32_seconds_per_puzzle
-    if not stages.quiet:
-        log.info(estimate_line(candidates.name, holdout, fp32_cost))
+    log.info(estimate_line(candidates.name, holdout, fp32_cost))
     started = time.perf_counter()
     label = f"measuring {candidates.name} against FP32 on {holdout.size} held-out puzzles"
     with stages.stage(label + (f" (up to {holdout.cap} if undecided)" if holdout.cap > holdout.size else "")) as say:
@@ -309,7 +300,7 @@ def conduct(job: QuantJob, candidates: Candidates, check: Check | None, work: Pa
         "screens": search.screens,
         "certifications": search.certifications,
     }
-    if not stages.quiet and verdict.quality is not None:
+    if verdict.quality is not None:
         log.info(accuracy_line(candidates.name, verdict.quality, check.rule, bool(verdict.kept)))
     return verdict
 
@@ -334,8 +325,11 @@ def _fallback(search: _Search, first: Quality) -> Verdict:
     everything = search.holdout.last_outputs()
     if everything is None:
         raise InternalError("the fallback starts from the all-quantized candidate's measurement")
-    search.total = len(everything)
-    search.rows = differing_rows(search.holdout.reference(search.total), everything)
+    # the screens stand for the whole holdout: they run the puzzles where all-quantized differed from
+    # FP32, and those it was never run on (a clear failure stopped it early): the rest agreed
+    measured, search.total = len(everything), max(len(everything), search.holdout.size)
+    differed = differing_rows(search.holdout.reference(measured), everything)
+    search.rows = np.concatenate([differed, np.arange(measured, search.total)]).astype(np.int64)
     by_weight = weight_groups(job.model, job.plan.quantize)
     weights = list(by_weight)
 
@@ -358,7 +352,8 @@ def _fallback(search: _Search, first: Quality) -> Verdict:
         signal = {w: alone(w) for w in weights}
     order = sorted(weights, key=lambda w: -signal[w])
     bisection = Bisection(len(weights))
-    last, screens = first, 0
+    last, screens = first, 0  # the last measurement: a screen's, or a certification's
+    certified = first  # the last measurement on the whole holdout (the refusal's)
     stopped = ""
     while True:
         k = bisection.next()
@@ -371,9 +366,12 @@ def _fallback(search: _Search, first: Quality) -> Verdict:
         if k is not None:
             stopped = f" (the fallback search stopped after {MAX_SCREENS} screens)"
         chosen = bisection.best
+        if chosen is not None and search.certifications >= MAX_CERTIFICATIONS:
+            stopped = f" (the fallback search stopped after {MAX_CERTIFICATIONS} certifications on the whole holdout)"
         if chosen is None or search.certifications >= MAX_CERTIFICATIONS:
             break
         last, decided = search.certify(search.files[chosen], f"{chosen} of {len(weights)} weights kept float")
+        certified = last
         if rule.within(last):
             search.drop(chosen)
             kept = order[:chosen]
@@ -396,4 +394,7 @@ def _fallback(search: _Search, first: Quality) -> Verdict:
         if stopped:
             break
     search.drop(None)
-    raise ConfigError(refusal(search.candidates.name, first, last, bisection.most(), rule) + stopped)
+    # both measurements: all quantized, and the last mix on the whole holdout (a screen's when none was
+    # certified: no mix passed its screen)
+    final = certified if certified is not first else last
+    raise ConfigError(refusal(search.candidates.name, first, final, bisection.most(), rule) + stopped)

@@ -18,22 +18,18 @@ is *settled* when some check fails by more than its margin, or every check passe
 margin; otherwise more puzzles are measured (:meth:`Holdout.decide`), up to a cap where the
 measured values decide and the record says so.
 
-:class:`Holdout` runs FP32 once per puzzle per build and a candidate only on puzzles it has not yet
-run (its outputs kept while its file is unchanged).
+The puzzles it is measured on, and how many a verdict needs, are :mod:`hrm_deploy.precision.holdout`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hrm_deploy.data.examples import Examples
 from hrm_deploy.precision.registry import PRECISIONS, Thresholds
 
 log = logging.getLogger(__name__)
@@ -41,7 +37,6 @@ log = logging.getLogger(__name__)
 DEFAULT_BUDGET_POINTS = 1.0  # exact-accuracy points a quantized graph may lose on the holdout
 CONFIDENCE_PCT = 95.0
 Z = 1.645  # one-sided 95 % normal quantile
-GROWTH = 4  # the holdout grows to at most this many times its first size (and the data it has)
 
 
 # ----------------------------------------------------------------------------------------------- outputs
@@ -333,191 +328,6 @@ class Rule:
             f"<= {self.budget:g} points lost, >= {100 * t.min_argmax_agreement:g} % argmax agreement, "
             f">= {100 * t.min_q_halt_sign_agreement:g} % q_halt signs and halting steps, no non-finite output"
         )
-
-
-# ----------------------------------------------------------------------------------------------- the holdout
-Run = Callable[[Path, Examples], Outputs]  # a graph's outputs on examples (the graph at a path)
-CHUNK = 32  # puzzles per run call: the progress line moves, and a grown holdout runs only new puzzles
-
-
-def _slice(examples: Examples, start: int, stop: int) -> Examples:
-    labels = None if examples.labels is None else examples.labels[start:stop]
-    return Examples(examples.inputs[start:stop], examples.puzzle_identifiers[start:stop], labels, examples.source, "")
-
-
-@dataclass
-class Tally:
-    """Puzzle runs so far (FP32 and candidates) and their seconds: what the progress line and the
-    estimate read. ``on_run(what, puzzles, seconds)`` is called after every run call."""
-
-    fp32_puzzles: int = 0
-    fp32_seconds: float = 0.0
-    candidate_puzzles: int = 0
-    candidate_seconds: float = 0.0
-    on_run: Callable[[str, int, float], None] | None = None
-
-    def add(self, fp32: bool, puzzles: int, seconds: float) -> None:
-        if fp32:
-            self.fp32_puzzles, self.fp32_seconds = self.fp32_puzzles + puzzles, self.fp32_seconds + seconds
-        else:
-            self.candidate_puzzles += puzzles
-            self.candidate_seconds += seconds
-        if self.on_run is not None:
-            self.on_run("fp32" if fp32 else "candidate", puzzles, seconds)
-
-
-@dataclass
-class Decision:
-    """How a verdict was reached: the puzzles it needed, whether it settled, and where it stopped."""
-
-    settled: bool
-    puzzles: int
-    cap: int
-    why: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "confidence_pct": CONFIDENCE_PCT,
-            "puzzles": self.puzzles,
-            "cap_puzzles": self.cap,
-            "settled": self.settled,
-        }
-        if self.why:
-            record["why"] = self.why
-        return record
-
-
-@dataclass
-class Holdout:
-    """Held-out puzzles (``pool``, of which the first ``size`` are the holdout a verdict must reach,
-    growing up to ``cap``) and FP32's outputs on them, each puzzle run once (``known``: FP32's
-    outputs on the pool's first rows, already computed: the calibration pass's where the holdout is
-    the calibration set). Candidates are measured on prefixes of the pool (:meth:`measure`)."""
-
-    fp32: Path
-    pool: Examples
-    run: Run
-    size: int
-    cap: int
-    known: Outputs | None = None
-    tally: Tally = field(default_factory=Tally)
-    target: int = 0  # the puzzles the measurement under way runs to
-    _rows: int = 0  # the candidate's puzzles run so far in that measurement
-    _candidate: tuple[tuple[str, int, int, int], Outputs] | None = None
-
-    def __post_init__(self) -> None:
-        self.fp32 = Path(self.fp32)
-        self.size = max(1, min(self.size, len(self.pool)))
-        self.cap = max(self.size, min(self.cap, len(self.pool)))
-
-    def _runs(
-        self, path: Path, have: Outputs | None, count: int, fp32: bool, examples: Examples | None = None
-    ) -> Outputs:
-        """``have`` extended to the first ``count`` puzzles of ``examples`` (the pool), chunk by chunk."""
-        import time
-
-        examples = self.pool if examples is None else examples
-        done = 0 if have is None else len(have)
-        for start in range(done, count, CHUNK):
-            stop = min(start + CHUNK, count)
-            began = time.perf_counter()
-            more = self.run(path, _slice(examples, start, stop))
-            have = more if have is None else have.join(more)
-            if fp32:
-                self.known = have
-            else:
-                self._rows = len(have)
-            self.tally.add(fp32, stop - start, time.perf_counter() - began)
-        assert have is not None
-        return have
-
-    def left(self) -> tuple[int, int]:
-        """Puzzle runs left in the measurement under way: FP32's and the candidate's."""
-        known = 0 if self.known is None else len(self.known)
-        return max(0, self.target - known), max(0, self.target - self._rows)
-
-    def reference(self, count: int) -> Outputs:
-        """FP32's outputs on the first ``count`` puzzles (computing only those not yet known)."""
-        if self.known is None or len(self.known) < count:
-            self.known = self._runs(self.fp32, self.known, count, fp32=True)
-        return self.known.head(count)
-
-    def measure(self, path: str | Path, count: int) -> Quality:
-        """The candidate at ``path`` on the first ``count`` puzzles of the pool; its outputs are kept
-        while its file is the same (path, inode, size, modification time), so a larger count runs
-        only the new puzzles."""
-        path = Path(path)
-        count = min(count, len(self.pool))
-        stat = path.stat()
-        key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        have = self._candidate[1] if self._candidate is not None and self._candidate[0] == key else None
-        if have is not None and len(have) > count:
-            have = have.head(count)
-        self.target, self._rows = count, 0 if have is None else len(have)
-        reference = self.reference(count)
-        outputs = self._runs(path, have, count, fp32=False)
-        self._candidate = (key, outputs)
-        labels = None if self.pool.labels is None else self.pool.labels[:count]
-        return quality(reference, outputs.head(count), labels)
-
-    def last_outputs(self) -> Outputs | None:
-        """The outputs of the candidate measured last, on the puzzles it ran."""
-        return None if self._candidate is None else self._candidate[1]
-
-    def measure_rows(self, path: str | Path, rows: np.ndarray, total: int) -> Quality:
-        """The candidate at ``path`` run on the pool's puzzles ``rows`` only (indices below ``total``),
-        judged over the first ``total`` puzzles with every other puzzle counted as FP32 answered it:
-        a screen, on the puzzles where another candidate differed from FP32 (:func:`differing_rows`)."""
-        path = Path(path)
-        reference = self.reference(total)
-        self.target, self._rows = len(rows), 0
-        picked = Examples(
-            self.pool.inputs[rows],
-            self.pool.puzzle_identifiers[rows],
-            None if self.pool.labels is None else self.pool.labels[rows],
-            self.pool.source,
-            "",
-        )
-        outputs = self._runs(path, None, len(rows), False, picked) if len(rows) else None
-        self._candidate = None  # a partial run: not kept for a larger measurement
-        candidate = reference if outputs is None else reference.patched(rows, outputs)
-        labels = None if self.pool.labels is None else self.pool.labels[:total]
-        return quality(reference, candidate, labels)
-
-    def counts(self, first: int, reach: int, most: int) -> Iterator[int]:
-        """The prefix sizes a sequential measurement goes through: ``first``, doubling, with
-        ``reach`` and ``most`` among the stops (bounded by the pool)."""
-        most = min(most, len(self.pool))
-        count = min(first, most)
-        while True:
-            yield count
-            if count >= most:
-                return
-            bigger = min(2 * count, most)
-            if count < reach < bigger:
-                bigger = reach
-            count = bigger
-
-    def decide(self, path: str | Path, rule: Rule, first: int, reach: int, most: int) -> tuple[Quality, Decision]:
-        """Measure the candidate on ``first`` puzzles, then on more (doubling) while its verdict is
-        not settled, up to ``most``: a clear failure stops it early; a pass counts only from ``reach``
-        puzzles on (the full holdout, for the graph that will be published; the first count, for a
-        screen). At ``most`` the measured values decide, and the decision says so."""
-        reach = min(reach, most, len(self.pool))
-        for count in self.counts(first, reach, most):
-            found = self.measure(path, count)
-            settled = rule.settled(found)
-            failing_clearly = not rule.within(found) and settled
-            if failing_clearly or (count >= reach and settled):
-                return found, Decision(True, found.puzzles, min(most, len(self.pool)))
-            log.debug("%d puzzles do not settle the verdict yet: %s", count, found.describe())
-        why = "the verdict is within the noise of the most puzzles it may use: the measured values decide"
-        return found, Decision(False, found.puzzles, min(most, len(self.pool)), why)
-
-
-def growth_cap(size: int) -> int:
-    """How far a holdout that starts at ``size`` puzzles may grow."""
-    return GROWTH * size
 
 
 # ----------------------------------------------------------------------------------------------- words

@@ -38,9 +38,15 @@ def _build(folder: Path, export: Path, config: EngineConfig, out: str):
 
 
 @pytest.fixture(scope="module")
-def cpu_builds(tmp_path_factory):
+def bundled(tmp_path_factory):
+    """The bundled model's FP32 export (the default ``hrm-deploy export``), shared by the builds."""
+    return _export(tmp_path_factory.mktemp("bundled"))
+
+
+@pytest.fixture(scope="module")
+def cpu_builds(bundled, tmp_path_factory):
     """The bundled model's default cpu INT8, built twice from scratch (fresh caches)."""
-    export = _export(tmp_path_factory.mktemp("bundled"))
+    export = bundled
     runs = []
     for name in ("first", "second"):
         folder = tmp_path_factory.mktemp(name)
@@ -49,20 +55,19 @@ def cpu_builds(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def rtx_build(tmp_path_factory):
+def rtx_build(bundled, tmp_path_factory):
     """The bundled model's default ``build-engine --int8`` (TensorRT-RTX), and its precision graph
     made a second time from scratch."""
     pytest.importorskip("tensorrt_rtx")
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
 
-    folder = tmp_path_factory.mktemp("rtx")
-    export = _export(folder)
+    folder, export = tmp_path_factory.mktemp("rtx"), bundled
     engine = _build(folder, export, EngineConfig("int8"), "m.int8.engine")
     again = tmp_path_factory.mktemp("rtx-again")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(again)
         second = make_precision_graph(export, PrecisionConfig("int8"), out=again / "m.int8.onnx", quiet=True)
-    return export, engine, folder / "m.int8.onnx", second.path
+    return export, engine, export.with_name("m.int8.onnx"), second.path  # the stage writes beside the export
 
 
 def _within(record: dict) -> None:

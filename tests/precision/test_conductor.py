@@ -21,7 +21,8 @@ import hrm_deploy.precision.sensitivity as sensitivity
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.precision.calibrate import QuantPlan
-from hrm_deploy.precision.rule import Holdout, Outputs, Rule
+from hrm_deploy.precision.holdout import Holdout
+from hrm_deploy.precision.rule import Outputs, Rule
 from hrm_deploy.progress import Stages
 
 WEIGHTS = 6
@@ -126,7 +127,8 @@ def test_the_published_graph_is_the_one_certified_last_and_its_float_set_is_reco
     assert record["measured"]["loss_points"] == 0.0 and record["measured"]["holdout_puzzles"] == PUZZLES
     # all quantized, 20 of the first 100 puzzles lost: a clear failure, stopped before the whole holdout
     assert record["all_quantized"]["puzzles_lost"] == 20 and record["all_quantized"]["holdout_puzzles"] == 100
-    assert record["fallback"]["screened_puzzles"] == 20  # the puzzles all-quantized differed on, not the holdout
+    # screens run the puzzles all-quantized differed on, and those it never ran: not the holdout
+    assert record["fallback"]["screened_puzzles"] == 20 + 200 and record["fallback"]["screens_stand_for"] == 300
     assert ran["fp32.onnx"] == PUZZLES  # FP32 once per puzzle
     assert sorted(p.name for p in verdict.path.parent.iterdir()) == [verdict.path.name]  # the others removed
     assert written[0] == ()  # the all-quantized candidate first
@@ -140,7 +142,7 @@ def test_a_certification_that_refutes_the_screens_moves_the_search_up(tmp_path, 
         if "mm0" not in kept:
             return _lost_by(0, ids)
         if "mm1" not in kept:
-            return (ids % 7 == 3) & (ids % 10 > 1)  # never a puzzle all-quantized lost
+            return (ids % 7 == 3) & (ids % 10 > 1) & (ids < 100)  # puzzles all-quantized ran and kept
         return ids < 0
 
     verdict, _, _ = _conduct(tmp_path, monkeypatch, harm)

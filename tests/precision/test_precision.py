@@ -158,11 +158,12 @@ def test_every_quantized_graph_is_measured_against_fp32_by_default(tiny_onnx, tm
 
     quant = QuantConfig(samples=32)
     cfg = PrecisionConfig("int8", calib_data=tiny_onnx.data, quant=quant, cache_dir=str(tmp_path / "calib"))
-    with caplog.at_level(logging.INFO, logger="hrm_deploy.precision.convert"):
+    with caplog.at_level(logging.INFO, logger="hrm_deploy.precision.conductor"):
         result = make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "m.int8.onnx", quiet=True)
     accuracy = result.report["accuracy"]
-    assert accuracy["checked"] and accuracy["budget_points"] == 1.0 and accuracy["holdout_puzzles"] == 200
-    assert accuracy["argmax_agreement_pct"] >= 98.0 and accuracy["loss_points"] <= 1.0
+    measured = accuracy["measured"]
+    assert accuracy["checked"] and accuracy["budget_points"] == 1.0 and measured["holdout_puzzles"] == 200
+    assert measured["argmax_agreement_pct"] >= 98.0 and measured["loss_points"] <= 1.0
     lines = [r.getMessage() for r in caplog.records if "vs FP32 on 200 held-out puzzles" in r.getMessage()]
     assert len(lines) == 1 and "argmax agreement" in lines[0] and "points lost" in lines[0]
     manifest = json.loads((tmp_path / "m.int8.onnx.manifest.json").read_text())
@@ -179,3 +180,28 @@ def test_the_build_stage_passes_the_check_to_every_target():
 
     assert EngineConfig("int8", target="desktop").accuracy_check
     assert not EngineConfig("int8", target="jetson-orin-8gb", accuracy_check=False).accuracy_check
+
+
+@pytest.mark.slow
+def test_the_accuracy_line_is_logged_once(tiny_onnx, tmp_path, capsys):
+    """ORT's quantizer configures the root logger on its first module-level log call; the stage's
+    accuracy line then printed twice (once as ``INFO:hrm_deploy...:...``)."""
+    import logging
+
+    from hrm_deploy.cli.logs import setup_logging
+
+    root, logger = logging.getLogger(), logging.getLogger("hrm_deploy")
+    saved = (list(root.handlers), list(logger.handlers), logger.level)
+    root.handlers[:] = []  # a plain interpreter: the CLI's handler only
+    try:
+        setup_logging(False)
+        cfg = PrecisionConfig(
+            "int8", calib_data=tiny_onnx.data, quant=QuantConfig(samples=32), cache_dir=str(tmp_path / "calib")
+        )
+        make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "m.int8.onnx", quiet=True)
+        err = capsys.readouterr().err
+    finally:
+        root.handlers[:], logger.handlers[:] = saved[0], saved[1]
+        logger.setLevel(saved[2])
+    lines = [line for line in err.splitlines() if "vs FP32 on" in line]
+    assert len(lines) == 1 and not lines[0].startswith("INFO:"), err

@@ -1,6 +1,7 @@
 """The accuracy rule of every quantized build (hrm_deploy/precision/rule.py): losses and gains in
 words, what verify judges (q_halt signs, halting steps) and non-finite outputs in the rule, margins
-that decide whether a holdout settles the verdict, and a holdout that runs FP32 once per puzzle."""
+that decide whether a holdout settles the verdict; and the holdout (precision/holdout.py) that runs
+FP32 once per puzzle."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import numpy as np
 import pytest
 
 from hrm_deploy.data.examples import Examples
+from hrm_deploy.precision.holdout import GROWTH, Holdout, growth_cap
 from hrm_deploy.precision.registry import PRECISIONS
-from hrm_deploy.precision.rule import GROWTH, Holdout, Outputs, Quality, Rule, differing_rows, growth_cap, verify_view
+from hrm_deploy.precision.rule import Outputs, Quality, Rule, differing_rows, verify_view
 
 INT8 = Rule.of("int8")
 
