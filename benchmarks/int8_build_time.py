@@ -166,6 +166,10 @@ def main() -> None:
     if unknown or (any(r.startswith("checkpoint") for r in rows) and not args.checkpoint):
         raise SystemExit(f"rows are {', '.join(ROWS)}; the checkpoint rows need --checkpoint (got {rows})")
     work = Path(args.work)
+    for name in ("checkpoint", "data"):  # the builds run in their own folders: paths made absolute
+        value = getattr(args, name)
+        if value and not value.startswith("hf:") and Path(value).exists():
+            setattr(args, name, str(Path(value).resolve()))
     report: dict[str, Any] = {"machine": machine(), "rows": []}
     for name in rows:
         checkpoint = args.checkpoint if name.startswith("checkpoint") else None

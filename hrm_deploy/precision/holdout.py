@@ -26,9 +26,10 @@ Run = Callable[[Path, Examples], Outputs]  # a graph's outputs on examples (the 
 CHUNK = 32  # puzzles per run call: the progress line moves, and a grown holdout runs only new puzzles
 
 
-def _slice(examples: Examples, start: int, stop: int) -> Examples:
-    labels = None if examples.labels is None else examples.labels[start:stop]
-    return Examples(examples.inputs[start:stop], examples.puzzle_identifiers[start:stop], labels, examples.source, "")
+def _pick(examples: Examples, rows: np.ndarray) -> Examples:
+    """The puzzles ``rows`` (indices) of ``examples``."""
+    labels = None if examples.labels is None else examples.labels[rows]
+    return Examples(examples.inputs[rows], examples.puzzle_identifiers[rows], labels, examples.source, "")
 
 
 @dataclass
@@ -87,86 +88,96 @@ class Holdout:
     cap: int
     known: Outputs | None = None
     tally: Tally = field(default_factory=Tally)
-    target: int = 0  # the puzzles the measurement under way runs to
-    _rows: int = 0  # the candidate's puzzles run so far in that measurement
-    _candidate: tuple[tuple[str, int, int, int], Outputs] | None = None
+    target: int = 0  # the puzzles the measurement under way stands for (FP32 runs up to them)
+    _planned: int = 0  # the candidate's puzzle runs that measurement needs
+    _rows: int = 0  # and those done so far
+    # the current candidate file's outputs, one row per puzzle it ran (keyed by the file's identity)
+    _candidate: tuple[tuple[str, int, int, int], dict[int, tuple[int, int]]] | None = None
+    _runs_kept: list[Outputs] = field(default_factory=list)
+    _last: Outputs | None = None
 
     def __post_init__(self) -> None:
         self.fp32 = Path(self.fp32)
         self.size = max(1, min(self.size, len(self.pool)))
         self.cap = max(self.size, min(self.cap, len(self.pool)))
 
-    def _runs(
-        self, path: Path, have: Outputs | None, count: int, fp32: bool, examples: Examples | None = None
-    ) -> Outputs:
-        """``have`` extended to the first ``count`` puzzles of ``examples`` (the pool), chunk by chunk."""
+    def _runs(self, path: Path, rows: np.ndarray, fp32: bool) -> Outputs:
+        """The graph at ``path`` on the pool's puzzles ``rows`` (indices, in order), chunk by chunk,
+        each chunk counted in the tally (and so on the progress line)."""
         import time
 
-        examples = self.pool if examples is None else examples
-        done = 0 if have is None else len(have)
-        for start in range(done, count, CHUNK):
-            stop = min(start + CHUNK, count)
+        parts: list[Outputs] = []
+        for start in range(0, len(rows), CHUNK):
+            chunk = rows[start : start + CHUNK]
             began = time.perf_counter()
-            more = self.run(path, _slice(examples, start, stop))
-            have = more if have is None else have.join(more)
+            parts.append(self.run(path, _pick(self.pool, chunk)))
             if fp32:
-                self.known = have
+                self.known = parts[-1] if self.known is None else Outputs.concat([self.known, parts[-1]])
             else:
-                self._rows = len(have)
-            self.tally.add(fp32, stop - start, time.perf_counter() - began)
-        assert have is not None
-        return have
+                self._rows += len(chunk)
+            self.tally.add(fp32, len(chunk), time.perf_counter() - began)
+        return Outputs.concat(parts)
 
     def left(self) -> tuple[int, int]:
         """Puzzle runs left in the measurement under way: FP32's and the candidate's."""
         known = 0 if self.known is None else len(self.known)
-        return max(0, self.target - known), max(0, self.target - self._rows)
+        return max(0, self.target - known), max(0, self._planned - self._rows)
 
     def reference(self, count: int) -> Outputs:
         """FP32's outputs on the first ``count`` puzzles (computing only those not yet known)."""
-        if self.known is None or len(self.known) < count:
-            self.known = self._runs(self.fp32, self.known, count, fp32=True)
+        known = 0 if self.known is None else len(self.known)
+        if known < count:
+            self._runs(self.fp32, np.arange(known, count), fp32=True)
+        assert self.known is not None
         return self.known.head(count)
 
-    def measure(self, path: str | Path, count: int) -> Quality:
-        """The candidate at ``path`` on the first ``count`` puzzles of the pool; its outputs are kept
-        while its file is the same (path, inode, size, modification time), so a larger count runs
-        only the new puzzles."""
-        path = Path(path)
-        count = min(count, len(self.pool))
+    def _plan(self, path: Path, rows: np.ndarray) -> np.ndarray:
+        """The puzzles of ``rows`` the candidate at ``path`` has not run while its file is the same
+        (path, inode, size, modification time): a screen's puzzles are not run again when the same
+        file is certified, nor a prefix when the holdout grows. Sets what the progress line counts."""
         stat = path.stat()
         key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        have = self._candidate[1] if self._candidate is not None and self._candidate[0] == key else None
-        if have is not None and len(have) > count:
-            have = have.head(count)
-        self.target, self._rows = count, 0 if have is None else len(have)
+        if self._candidate is None or self._candidate[0] != key:
+            self._candidate, self._runs_kept = (key, {}), []
+        ran = self._candidate[1]
+        missing = np.array([r for r in rows.tolist() if r not in ran], np.int64)
+        self._planned, self._rows = len(missing), 0
+        return missing
+
+    def _candidate_rows(self, path: Path, rows: np.ndarray, missing: np.ndarray) -> Outputs:
+        """The candidate at ``path`` on the pool's puzzles ``rows``, running the ``missing`` ones."""
+        assert self._candidate is not None
+        ran = self._candidate[1]  # puzzle index -> (run, row within it)
+        if len(missing):
+            self._runs_kept.append(self._runs(path, missing, fp32=False))
+            for i, row in enumerate(missing.tolist()):
+                ran[row] = (len(self._runs_kept) - 1, i)
+        return Outputs.concat([self._runs_kept[run].take(np.array([i])) for run, i in (ran[r] for r in rows.tolist())])
+
+    def measure(self, path: str | Path, count: int) -> Quality:
+        """The candidate at ``path`` on the first ``count`` puzzles of the pool (each puzzle run once
+        per candidate file)."""
+        count = min(count, len(self.pool))
+        self.target, rows = count, np.arange(count)
+        missing = self._plan(Path(path), rows)
         reference = self.reference(count)
-        outputs = self._runs(path, have, count, fp32=False)
-        self._candidate = (key, outputs)
+        outputs = self._candidate_rows(Path(path), rows, missing)
+        self._last = outputs
         labels = None if self.pool.labels is None else self.pool.labels[:count]
-        return quality(reference, outputs.head(count), labels)
+        return quality(reference, outputs, labels)
 
     def last_outputs(self) -> Outputs | None:
-        """The outputs of the candidate measured last, on the puzzles it ran."""
-        return None if self._candidate is None else self._candidate[1]
+        """The outputs of the candidate measured last by :meth:`measure`, on the puzzles it ran."""
+        return self._last
 
     def measure_rows(self, path: str | Path, rows: np.ndarray, total: int) -> Quality:
         """The candidate at ``path`` run on the pool's puzzles ``rows`` only (indices below ``total``),
         judged over the first ``total`` puzzles with every other puzzle counted as FP32 answered it:
         a screen, on the puzzles where another candidate differed from FP32 (:func:`differing_rows`)."""
-        path = Path(path)
+        self.target, rows = total, np.asarray(rows, np.int64)
+        missing = self._plan(Path(path), rows)
         reference = self.reference(total)
-        self.target, self._rows = len(rows), 0
-        picked = Examples(
-            self.pool.inputs[rows],
-            self.pool.puzzle_identifiers[rows],
-            None if self.pool.labels is None else self.pool.labels[rows],
-            self.pool.source,
-            "",
-        )
-        outputs = self._runs(path, None, len(rows), False, picked) if len(rows) else None
-        self._candidate = None  # a partial run: not kept for a larger measurement
-        candidate = reference if outputs is None else reference.patched(rows, outputs)
+        candidate = reference.patched(rows, self._candidate_rows(Path(path), rows, missing)) if len(rows) else reference
         labels = None if self.pool.labels is None else self.pool.labels[:total]
         return quality(reference, candidate, labels)
 

@@ -79,18 +79,29 @@ class Outputs:
 
     def join(self, more: Outputs) -> Outputs:
         """These rows, then ``more``'s."""
-        steps = None if self.steps is None or more.steps is None else np.concatenate([self.steps, more.steps])
+        return Outputs.concat([self, more])
+
+    @staticmethod
+    def concat(parts: list[Outputs]) -> Outputs:
+        """The rows of ``parts``, in order (one copy, however many parts)."""
+        steps = None
+        if all(p.steps is not None for p in parts):
+            steps = np.concatenate([p.steps for p in parts if p.steps is not None])
         return Outputs(
-            np.concatenate([self.logits, more.logits]),
-            np.concatenate([self.q_halt, more.q_halt]),
+            np.concatenate([p.logits for p in parts]),
+            np.concatenate([p.q_halt for p in parts]),
             steps,
-            np.concatenate([self.nonfinite, more.nonfinite]),
+            np.concatenate([p.nonfinite for p in parts]),
         )
+
+    def take(self, rows: np.ndarray | slice) -> Outputs:
+        """The rows ``rows`` (indices or a slice), in that order."""
+        steps = None if self.steps is None else self.steps[rows]
+        return Outputs(self.logits[rows], self.q_halt[rows], steps, self.nonfinite[rows])
 
     def head(self, count: int) -> Outputs:
         """The first ``count`` rows."""
-        steps = None if self.steps is None else self.steps[:count]
-        return Outputs(self.logits[:count], self.q_halt[:count], steps, self.nonfinite[:count])
+        return self.take(slice(0, count))
 
     def patched(self, rows: np.ndarray, other: Outputs) -> Outputs:
         """These outputs with the ``rows`` (indices) replaced by ``other``'s rows, in order."""

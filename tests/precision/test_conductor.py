@@ -130,6 +130,7 @@ def test_the_published_graph_is_the_one_certified_last_and_its_float_set_is_reco
     # screens run the puzzles all-quantized differed on, and those it never ran: not the holdout
     assert record["fallback"]["screened_puzzles"] == 20 + 200 and record["fallback"]["screens_stand_for"] == 300
     assert ran["fp32.onnx"] == PUZZLES  # FP32 once per puzzle
+    assert ran[verdict.path.name] == PUZZLES  # its certification ran only the puzzles its screen had not
     assert sorted(p.name for p in verdict.path.parent.iterdir()) == [verdict.path.name]  # the others removed
     assert written[0] == ()  # the all-quantized candidate first
 

@@ -23,7 +23,8 @@
   ops by casting, slower than FP32).
 
 Output: ``engines/<name>.<precision>.cpu.ort.onnx`` + manifest (ORT version, optimization
-level, intra-op threads, node counts), runnable by ``hrm_deploy.backends.open_runner``.
+level, intra-op threads, node counts), runnable by ``hrm_deploy.backends.open_runner``; ONNX Runtime
+loads every graph before it is published (:func:`load_check`), or the build stops in one line.
 """
 
 from __future__ import annotations
