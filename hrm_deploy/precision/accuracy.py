@@ -143,6 +143,17 @@ class GraphRunner:
         self._sessions[key] = rows_session(session, self.table_of if self.table_of and staged else path, manifest)
         return self._sessions[key]
 
+    def close(self) -> None:
+        """Release every session now (not at the garbage collector's leisure: an ONNX Runtime session
+        collected in a forked child can hang it)."""
+        self._sessions.clear()
+
+    def __enter__(self) -> GraphRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __call__(self, path: str | Path, examples: Examples, batch: int = 64) -> Outputs:
         from hrm_deploy.contract import HEADS, STEPS_USED
         from hrm_deploy.export.metadata import graph_metadata
@@ -170,8 +181,8 @@ def graph_outputs(path: str | Path, examples: Examples, meta: dict | None = None
     simulation)."""
     from hrm_deploy.precision.nvfp4 import cpu_runnable
 
-    with cpu_runnable(str(path)) as runnable:
-        return GraphRunner(meta)(runnable, examples, batch)
+    with cpu_runnable(str(path)) as runnable, GraphRunner(meta) as runner:
+        return runner(runnable, examples, batch)
 
 
 def onnx_accuracy(path: str, examples: Examples, batch: int = 64) -> dict[str, float]:

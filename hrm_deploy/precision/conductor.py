@@ -287,7 +287,12 @@ def conduct(job: QuantJob, candidates: Candidates, check: Check | None, work: Pa
         meter = Meter(holdout, fp32_cost, say)
         holdout.tally.on_run = meter.show
         search = _Search(job, candidates, holdout, check.rule, work, meter, first)
-        verdict = _run(search)
+        try:
+            verdict = _run(search)
+        finally:
+            # no cycle keeps the holdout (and the ONNX Runtime sessions its run holds) alive: a
+            # session left to the garbage collector can hang a forked child that collects it
+            holdout.tally.on_run = None
     tally = holdout.tally
     verdict.record["holdout"] = _holdout_words(job, holdout)
     verdict.record["cost"] = {

@@ -128,13 +128,11 @@ def _write_qdq(
     from hrm_deploy.precision.rule import Rule
 
     job, data = prepare_job(src, model, src_sha256, config.job_request(), stages, quiet)
-    check = None
-    if config.accuracy_check:
-        rule = Rule.of(config.precision, config.accuracy_budget)
-        runner = GraphRunner(job.meta, table_of=src, fp4=config.precision == "nvfp4")
-        check = Check(rule, data, runner, config.holdout_samples)
     candidates = RowCandidates(job, config.precision)
-    verdict = conduct(job, candidates, check, work, stages)
+    with GraphRunner(job.meta, table_of=src, fp4=config.precision == "nvfp4") as runner:
+        rule = Rule.of(config.precision, config.accuracy_budget)
+        check = Check(rule, data, runner, config.holdout_samples) if config.accuracy_check else None
+        verdict = conduct(job, candidates, check, work, stages)
     plan = candidates.plans[verdict.kept]
     report: dict[str, Any] = {
         "calibration": job.report,

@@ -88,8 +88,8 @@ def _measured_again(fp32: Path, graph: Path, record: dict, data: str) -> None:
 
     measured = record["measured"]
     examples = load_examples(data, measured["holdout_puzzles"], split="test")
-    runner = GraphRunner(graph_metadata(load_onnx(fp32)), table_of=fp32)
-    again = quality(runner(fp32, examples), runner(graph, examples), examples.labels).as_dict()
+    with GraphRunner(graph_metadata(load_onnx(fp32)), table_of=fp32) as runner:
+        again = quality(runner(fp32, examples), runner(graph, examples), examples.labels).as_dict()
     assert again == measured
 
 

@@ -35,3 +35,24 @@ def test_a_graph_the_runtime_refuses_is_one_line_and_nothing_is_written(tiny_loo
     ) as info:
         build_cpu(tiny_loop, CpuBuildConfig("fp16", threads=1), out, quiet=True)
     assert "\n" not in str(info.value) and not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_checked_build_leaves_no_onnx_runtime_session_to_the_garbage_collector(tiny_onnx, tmp_path):
+    """Every session the accuracy check opened is released when the build returns, by reference
+    counting alone: a session left in a reference cycle is collected whenever the collector runs,
+    and where that is a forked child (a data generator's worker pool) it can hang there."""
+    import gc
+
+    import onnxruntime as ort
+
+    config = CpuBuildConfig(
+        "int8", threads=1, calib_data=tiny_onnx.data, calib_samples=16, holdout_samples=64, cache_dir=str(tmp_path)
+    )
+    gc.collect()
+    gc.disable()
+    try:
+        build_cpu(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx", quiet=True)
+        alive = [o for o in gc.get_objects() if isinstance(o, ort.InferenceSession)]
+    finally:
+        gc.enable()
+    assert not alive

@@ -331,11 +331,10 @@ def _static_int8(
         return finish_graph(source, out, job.meta, props, config, Stages(True) if quiet_stages else stages)
 
     candidates = StaticCandidates(job, activations["activations"], finish, staging)
-    check = None
-    if config.check_accuracy:
-        runner = GraphRunner(job.meta, table_of=src, threads=config.threads)
-        check = Check(Rule.of("int8", config.accuracy_budget), data, runner, config.holdout_samples)
-    verdict = conduct(job, candidates, check, staging, stages)
+    with GraphRunner(job.meta, table_of=src, threads=config.threads) as runner:
+        rule = Rule.of("int8", config.accuracy_budget)
+        check = Check(rule, data, runner, config.holdout_samples) if config.check_accuracy else None
+        verdict = conduct(job, candidates, check, staging, stages)
     record = dict(verdict.record)
     if check is not None:
         record["measured_with_threads"] = config.threads or f"default ({os.cpu_count()} cores)"
