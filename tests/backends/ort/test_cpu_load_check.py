@@ -52,7 +52,7 @@ def test_a_checked_build_leaves_no_onnx_runtime_session_to_the_garbage_collector
     gc.disable()
     try:
         build_cpu(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx", quiet=True)
-        alive = [o for o in gc.get_objects() if isinstance(o, ort.InferenceSession)]
+        alive = [o for o in gc.get_objects() if type(o) is ort.InferenceSession]
     finally:
         gc.enable()
     assert not alive
