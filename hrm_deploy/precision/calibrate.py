@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,11 @@ from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.onnx_runtime import ort_session, step_once, zero_carry
 from hrm_deploy.precision.rule import Outputs
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
+
+    from hrm_deploy.precision.job import QuantJob
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +73,7 @@ class QuantPlan:
     excluded: dict[str, str] = field(default_factory=dict)
 
 
-def plan_nodes(model, config: QuantConfig, extra_exclude: tuple[str, ...] = ()) -> QuantPlan:
+def plan_nodes(model: ModelProto, config: QuantConfig, extra_exclude: tuple[str, ...] = ()) -> QuantPlan:
     """MatMul/Gemm nodes whose second input is a weight initializer, minus exclusions. A loop
     graph's are its body's (the segment; node names ``loop/step/...``): the weights are outer
     initializers the body reads."""
@@ -365,7 +370,7 @@ def _cache_readable(cache_file: Path) -> bool:
 
 
 def calibrate_ranges(
-    model,
+    model: ModelProto,
     source: str | Path,
     examples: Examples,
     config: QuantConfig,
@@ -408,9 +413,9 @@ def calibrate_ranges(
 
 
 def quantize_qdq(
-    write: Callable[[Any, QuantPlan, Path], None],
+    write: Callable[[ModelProto, QuantPlan, Path], None],
     label: str,
-    job: Any,
+    job: QuantJob,
     out_path: str | Path,
     exclude: tuple[str, ...] = (),
 ) -> QuantPlan:
