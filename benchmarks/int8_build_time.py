@@ -105,7 +105,7 @@ def built_row(
     row: dict[str, Any] = {
         "row": name,
         "weights": used,
-        "seconds": round(seconds, 1),
+        "seconds": round(seconds, 2),
         "timings": record.get("timings"),
         "calibration": calibration,
         "accuracy": accuracy,
@@ -115,7 +115,7 @@ def built_row(
         cost = accuracy.get("cost") or {}
         stages = sum((record.get("timings") or {}).values())
         row.update(
-            fp32_pass_seconds=round(fp32, 2),
+            fp32_pass_seconds=round(fp32, 3),
             fp32_pass_puzzles=puzzles,
             ratio=round(seconds / fp32, 2),
             goal_ratio=GOAL_RATIO,
