@@ -209,7 +209,6 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     """Measure ``artifacts`` (default: every engine in engines/) and the reference; write
     report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``. Progress
     with ETA per artifact goes to stderr unless ``quiet``."""
-    from hrm_deploy.artifacts import find_reference
     from hrm_deploy.backends import open_runner, reference_runner
     from hrm_deploy.bench.jetson import jetson_model
     from hrm_deploy.data.examples import load_examples
@@ -241,11 +240,11 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     examples = load_examples(config.data, config.accuracy_samples, split="test")
     check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
     measured = {path: (check_artifact(path) or {}).get("sha256") for path in paths if path.is_file()}
-    if config.include_reference and config.reference:  # accuracy only against the reference they were built from
-        from hrm_deploy.provenance import check_reference
+    reference = None
+    if config.include_reference:  # accuracy only against the reference they were built from, checked now
+        from hrm_deploy.provenance import checked_reference
 
-        for path in measured:
-            check_reference(path, config.reference)
+        reference = checked_reference(paths, config.reference)
     rows: list[dict[str, Any]] = []
     steps = None
     for path in paths:
@@ -271,19 +270,19 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     for path, digest in measured.items():
         if digest is not None and (check_artifact(path) or {}).get("sha256") != digest:
             raise ArtifactError(f"{path} was replaced while it was being measured; run bench again")
-    if config.include_reference:
-        reference = Path(config.reference) if config.reference else (find_reference(paths[0]) if paths else None)
-        if reference is None:
-            raise ConfigError("no reference checkpoint: pass --reference CKPT")
+    if reference is not None:
+        ckpt, overrides = reference.checkpoint, reference.overrides
         row = {
-            "artifact": str(reference),
+            "artifact": str(ckpt),
             "runner": CHECKPOINT_RUNNER,
             "reference": True,
-            "size_mb": reference.stat().st_size / 1e6,
+            "size_mb": ckpt.stat().st_size / 1e6,
         }
-        row.update(_measure(reference_runner(reference, steps=steps), examples, config, "PyTorch reference", quiet))
+        row.update(
+            _measure(reference_runner(ckpt, steps=steps, **overrides), examples, config, "PyTorch reference", quiet)
+        )
         if config.halt:
-            row["halting"] = _halting(reference, reference_runner(reference, steps=steps), examples, config)
+            row["halting"] = _halting(ckpt, reference_runner(ckpt, steps=steps, **overrides), examples, config)
         row["status"] = "ok"
         rows.append(row)
         _add_ratios(rows, row)
