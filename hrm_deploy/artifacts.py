@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hrm_deploy.errors import ArtifactError
-from hrm_deploy.manifest import check_artifact, manifest_path, resolve_parent
+from hrm_deploy.manifest import check_artifact, manifest_path, path_error, resolve_parent
 from hrm_deploy.registry import CHECKPOINT_RUNNER, runner_name
 
 __all__ = ["find_reference", "is_checkpoint", "recorded_overrides", "runner_name"]
@@ -30,6 +30,8 @@ def find_reference(artifact: Path) -> Path:
     parent's sha256 must match the record (see :func:`hrm_deploy.manifest.resolve_parent`),
     so a manifest edited to name another file is refused, not followed."""
     current = Path(artifact)
+    if not current.is_file() and not is_checkpoint(current):  # a FIFO or a device is named as one first
+        raise path_error(current)
     for _ in range(MAX_PARENT_LINKS):
         if not manifest_path(current).is_file():
             break
