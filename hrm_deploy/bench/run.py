@@ -222,10 +222,12 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
             "`hrm-deploy bench --target jetson --host USER@JETSON`"
         )
     paths = [Path(a) for a in artifacts] or default_artifacts()
+    from hrm_deploy.artifacts import check_artifact_file
     from hrm_deploy.manifest import refuse_companion
 
-    for path in paths:  # a .pt2's .program fallback given alone: name its engine
+    for path in paths:  # a .pt2's .program fallback given alone: name its engine; a FIFO as one
         refuse_companion(path)
+        check_artifact_file(path)
     if not paths and not config.include_reference:
         raise ConfigError("nothing to bench: pass artifacts or build engines first (hrm-deploy build-engine)")
     from hrm_deploy.bench.files import BENCH_FILES, PROFILE_FILES, ReportFolder
@@ -235,16 +237,16 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     folder.check()
     if config.profile:
         ReportFolder(config.out_dir, PROFILE_FILES).check()
-    config = resolve_data(config, paths)
-    assert config.data is not None
-    examples = load_examples(config.data, config.accuracy_samples, split="test")
-    check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
-    measured = {path: (check_artifact(path) or {}).get("sha256") for path in paths if path.is_file()}
     reference = None
     if config.include_reference:  # accuracy only against the reference they were built from, checked now
         from hrm_deploy.provenance import checked_reference
 
         reference = checked_reference(paths, config.reference)
+    config = resolve_data(config, paths)
+    assert config.data is not None
+    examples = load_examples(config.data, config.accuracy_samples, split="test")
+    check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
+    measured = {path: (check_artifact(path) or {}).get("sha256") for path in paths if path.is_file()}
     rows: list[dict[str, Any]] = []
     steps = None
     for path in paths:

@@ -184,6 +184,24 @@ def test_inspect_of_a_json_that_is_not_a_manifest_is_one_line(tmp_path):
     assert result.exit_code == 2 and "not an hrm-deploy manifest" in result.output
 
 
+def test_a_resealed_manifest_that_contradicts_its_graph_is_caught(tiny_onnx, tmp_path):
+    """The seal is a checksum, not a signature: a manifest edited and resealed to say bf16 of an fp32
+    graph was shown by inspect as bf16. inspect shows the contradiction instead, and the runner every
+    command opens the graph with refuses it (verify would judge it by bf16's tolerances)."""
+    copy = tmp_path / "tiny.onnx"
+    shutil.copy(tiny_onnx.unrolled, copy)
+    data = read_manifest(tiny_onnx.unrolled)
+    data.update(precision="bf16", verify={"passed": True})
+    manifest_path(copy).write_text(manifest_text(data))
+    for target in (copy, manifest_path(copy)):
+        shown = json.loads(runner.invoke(app, ["inspect", str(target)]).output)
+        assert "manifest says precision bf16 but the graph itself says fp32" in shown["artifact_check"]
+        assert '"passed": true' not in json.dumps(shown) and shown.get("precision") != "bf16"
+        assert not (shown.get("manifest") or {}).get("precision")
+    result = runner.invoke(app, ["verify", str(copy), "--data", tiny_onnx.data, "--samples", "4"])
+    assert result.exit_code == 2 and "the graph itself says fp32" in result.output, result.output
+
+
 def test_inspect_never_shows_an_old_pass_for_a_changed_file(tiny_onnx, tmp_path):
     copy = tmp_path / "tiny.onnx"
     shutil.copy(tiny_onnx.unrolled, copy)
