@@ -11,28 +11,11 @@ from typer.testing import CliRunner
 
 from hrm_deploy.cli import app
 from tests.arc.conftest import arc_run  # noqa: F401 - fixture
+from tests.cli.test_run_folders import _called, _stand_in
 from tests.reliability.test_never_destroy import _one_line
 
 runner = CliRunner()
 PUZZLE = "175604839462893157893751642930517264624938715751206983089175426246389571517462390"
-
-
-class Called(Exception):
-    """Raised by the stand-in for a stage: what the command passed it."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__("called")
-        self.args_, self.kwargs = args, kwargs
-
-
-def _stand_in(*args, **kwargs):
-    raise Called(*args, **kwargs)
-
-
-def _called(argv):
-    result = runner.invoke(app, argv)
-    assert isinstance(result.exception, Called), result.output
-    return result.exception
 
 
 # -- commands whose output is one file ----------------------------------------------------------------------
