@@ -9,6 +9,8 @@ request (the Sudoku shape: 81 tokens per puzzle, ``--batch`` puzzles, JSON data)
 times straight to the stand-in, then through the front; the per-request difference (median and p99
 of each) is the front's overhead: parsing, the checks, the hop through a worker thread and the
 forward on a kept-alive upstream connection. The client shares the machine's cores with both.
+``benchmarks/serve_load.py`` runs :func:`measure` too and sets it beside the recorded number of the
+hand-written front this replaced (``benchmarks/results/front_overhead.json``, measured before aiohttp).
 """
 
 from __future__ import annotations
@@ -68,38 +70,45 @@ def _timings(port: int, body: bytes, n: int) -> np.ndarray:
     return out * 1e6
 
 
+def measure(requests: int = 2000, batch: int = 1) -> dict[str, Any]:
+    """The front's overhead per request: the same request straight to the stand-in and through the front."""
+    backend = ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    tokens = np.random.default_rng(0).integers(0, 11, (batch, 81)).tolist()
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "inputs", "shape": [batch, 81], "datatype": "INT32", "data": tokens},
+                {"name": "puzzle_identifiers", "shape": [batch, 1], "datatype": "INT32", "data": [0] * batch},
+            ]
+        }
+    ).encode()
+    limits = Limits("hrm", 81, 16, bounds=(("inputs", 11), ("puzzle_identifiers", 1)))
+    with Front("127.0.0.1", 0, backend.server_address[1], limits) as front:
+        direct = _timings(backend.server_address[1], body, requests)
+        through = _timings(front.listener.sock.getsockname()[1], body, requests)
+    backend.shutdown()
+    direct_us = {"p50": float(np.median(direct)), "p99": float(np.percentile(direct, 99))}
+    front_us = {"p50": float(np.median(through)), "p99": float(np.percentile(through, 99))}
+    return {
+        "machine": f"{_cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_average": os.getloadavg()[0],
+        "requests": requests,
+        "batch": batch,
+        "body_bytes": len(body),
+        "direct_us": direct_us,
+        "front_us": front_us,
+        "overhead_p50_us": front_us["p50"] - direct_us["p50"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    backend = ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
-    threading.Thread(target=backend.serve_forever, daemon=True).start()
-    tokens = np.random.default_rng(0).integers(0, 11, (args.batch, 81)).tolist()
-    body = json.dumps(
-        {
-            "inputs": [
-                {"name": "inputs", "shape": [args.batch, 81], "datatype": "INT32", "data": tokens},
-                {"name": "puzzle_identifiers", "shape": [args.batch, 1], "datatype": "INT32", "data": [0] * args.batch},
-            ]
-        }
-    ).encode()
-    limits = Limits("hrm", 81, 16, bounds=(("inputs", 11), ("puzzle_identifiers", 1)))
-    with Front("127.0.0.1", 0, backend.server_address[1], limits) as front:
-        direct = _timings(backend.server_address[1], body, args.requests)
-        through = _timings(front.listener.sock.getsockname()[1], body, args.requests)
-    backend.shutdown()
-    result = {
-        "machine": f"{_cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        "load_average": os.getloadavg()[0],
-        "requests": args.requests,
-        "batch": args.batch,
-        "body_bytes": len(body),
-        "direct_us": {"p50": float(np.median(direct)), "p99": float(np.percentile(direct, 99))},
-        "front_us": {"p50": float(np.median(through)), "p99": float(np.percentile(through, 99))},
-    }
-    result["overhead_p50_us"] = result["front_us"]["p50"] - result["direct_us"]["p50"]
+    result = measure(args.requests, args.batch)
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

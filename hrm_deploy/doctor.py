@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 from hrm_deploy.errors import install_hint
 from hrm_deploy.system import jetson_model
@@ -111,13 +112,32 @@ def diagnose() -> list[Check]:
         checks.append(
             Check(module, v is not None, v or "not importable", "" if v else f"{what}: {install_hint(extra)}")
         )
-    jetson = jetson_model()
-    checks.append(
-        Check(
-            "jetson",
-            jetson is not None,
-            jetson or "not a Jetson",
-            "" if not jetson else "use JetPack's TensorRT: see jetson/README.md",
-        )
+    return checks + jetson_checks()
+
+
+def jetson_checks(root: Path = Path("/")) -> list[Check]:
+    """The board, its JetPack line and the CUDA and TensorRT versions installed on it, read from the
+    files under ``root`` (tests pass recorded files); one "not a Jetson" check elsewhere."""
+    from hrm_deploy.jetpack import board_versions, detect
+
+    model = jetson_model(root / "proc/device-tree/model", root / "etc/nv_tegra_release")
+    if model is None:
+        return [Check("jetson", False, "not a Jetson")]
+    checks = [Check("jetson", True, model, "use JetPack's TensorRT: see jetson/README.md")]
+    found = detect(root)
+    if found is None or found.line is None:
+        why = found.describe() if found is not None else "no JetPack release found"
+        return checks + [Check("jetpack", False, why, "install JetPack 6 or 7: see docs/jetson.md")]
+    versions = board_versions(root)
+    detail = (
+        f"{found.line.name} ({found.source}): CUDA {versions.get('cuda', 'not found')}, "
+        f"TensorRT {versions.get('tensorrt') or _version('tensorrt') or 'not found'}"
     )
-    return checks
+    cuda = versions.get("cuda", "")
+    ok = bool(cuda) and cuda.split(".")[0] == found.line.cuda.split(".")[0]
+    fix = (
+        ""
+        if ok
+        else f"{found.line.name} ships CUDA {found.line.cuda}: reinstall JetPack (sudo apt install nvidia-jetpack)"
+    )
+    return checks + [Check("jetpack", ok, detail + f"; install with the '{found.line.extra}' extra", fix)]

@@ -20,12 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hrm_deploy.errors import DataError
+from hrm_deploy.errors import ConfigError, DataError
 from hrm_deploy.io import not_a_plain_file
+
+if TYPE_CHECKING:
+    from hrm_deploy.scale.cluster import RayConfig
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +310,7 @@ def solve(
     calib_data: str | Path | None = None,
     quiet: bool = False,
     on_solutions: Callable[[list[Solution]], None] | None = None,
+    ray: RayConfig | None = None,
     **runner_options: Any,
 ) -> list[Solution]:
     """Parse ``source``, run ``artifact`` (default: the bundled model) or the server at ``url``
@@ -315,7 +319,8 @@ def solve(
     of the checkpoint's dataset spec, never trained on) and stores it there. More puzzles than
     one ``batch`` show a progress line with ETA on stderr unless ``quiet``. ``on_solutions`` gets
     each batch's checked answers as soon as they are computed (in order), so a caller can save
-    them before the next batch runs."""
+    them before the next batch runs. ``ray``: run the batches on Ray workers (:mod:`hrm_deploy.scale`),
+    the answers handed over in the same order, identical to one process's."""
     from hrm_deploy.halting import HaltMode, HaltRule, resolve_rule
 
     puzzles = parse_puzzles(source)
@@ -334,6 +339,8 @@ def solve(
         if on_solutions is not None:
             on_solutions(batch_solutions)
 
+    if url and ray is not None:
+        raise ConfigError("--ray runs an artifact on Ray workers; a server at --url already serves it: drop --ray")
     if url:
         from hrm_deploy.serve.client import infer_remote, server_max_batch
 
@@ -371,15 +378,20 @@ def solve(
 
             where = manifest_path(path) if manifest_path(path).is_file() else calibration_cache(path)
             log.info(f"calibrated --halt {rule.text}: threshold {rule.threshold:.4g}, stored in {where}")
-        from hrm_deploy.backends import open_runner
+        if ray is not None:
+            from hrm_deploy.scale.batch import solve_on_ray
 
-        runner = open_runner(path, **runner_options)
-        runner.activate()
-        try:
-            halting = {"halt": rule.should_halt} if rule.active else {}
-            _in_batches(lambda feeds: runner.infer(feeds, **halting), inputs, pids, batch, keep, quiet)
-        finally:
-            runner.close()
+            solve_on_ray(path, runner_options, rule, inputs, pids, batch, keep, ray, quiet)
+        else:
+            from hrm_deploy.backends import open_runner
+
+            runner = open_runner(path, **runner_options)
+            runner.activate()
+            try:
+                halting = {"halt": rule.should_halt} if rule.active else {}
+                _in_batches(lambda feeds: runner.infer(feeds, **halting), inputs, pids, batch, keep, quiet)
+            finally:
+                runner.close()
     if len(solutions) < len(puzzles):  # interrupted: hand over the answers computed so far
         raise SolveInterrupted(solutions, len(puzzles))
     return solutions

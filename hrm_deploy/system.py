@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hrm_deploy.jetpack import TEGRA_RELEASE
+
 # report key -> nvidia-smi --query-gpu field
 IDENTITY = {"gpu": "name", "driver": "driver_version", "compute_capability": "compute_cap"}
 CLOCKS = {"sm_clock": "clocks.sm", "sm_clock_max": "clocks.max.sm"}  # far below max = throttling
@@ -31,7 +33,6 @@ def nvidia_smi(fields: dict[str, str]) -> dict[str, str]:
     return dict(zip(fields, values))
 
 
-TEGRA_RELEASE = Path("/etc/nv_tegra_release")
 DEVICE_TREE_MODEL = Path("/proc/device-tree/model")
 
 

@@ -31,13 +31,19 @@ def test_without_a_gpu_the_check_says_so_in_one_line_and_exits_0(check, tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["device_check.sh", "device_check_bundled.sh"])
+@pytest.mark.parametrize("script", ["device_check.sh", "device_check_bundled.sh", "device_strip_refit.sh"])
 def test_the_shell_entries_are_clean_no_ops_without_a_gpu(tmp_path, script):
     pytest.importorskip("torch")
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out")}
     done = subprocess.run(["bash", f"scripts/{script}"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (0, "no CUDA GPU: nothing to check\n", "")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_stripped_engine_stage_without_tensorrt_is_a_clean_no_op(tmp_path, monkeypatch, capsys):
+    strip = load_check("device_strip_refit", monkeypatch)
+    assert strip.main([str(tmp_path / "out")]) == 0
+    assert "nothing to check" in capsys.readouterr().out and not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

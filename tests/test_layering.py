@@ -14,7 +14,8 @@ Rank  Rooms (first package level below ``hrm_deploy``)
       graphs' I/O names and shapes, the carry, the halting function type), ``artifacts``,
       ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``agreement`` (a candidate's outputs judged
       cell by cell against a reference's), ``puzzle_table`` (external puzzle-embedding
-      tables), ``sources`` (where a checkpoint or dataset comes from: paths, run folders, the Hub) -- used by everything, import only base
+      tables), ``sources`` (where a checkpoint or dataset comes from: paths, run folders, the Hub), ``jetpack`` (the JetPack
+      lines) -- used by everything, import only base
 1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format),
       ``provenance`` (default data from a checkpoint's own dataset)
 2     ``export`` (checkpoint -> ONNX, graph metadata, parity)
@@ -55,6 +56,7 @@ RANKS: dict[str, int] = {
     "agreement": 0,
     "puzzle_table": 0,
     "sources": 0,
+    "jetpack": 0,
     "model": 1,
     "data": 1,
     "provenance": 1,
@@ -73,6 +75,7 @@ RANKS: dict[str, int] = {
     "doctor": 7,
     "inspection": 7,
     "arc": 7,
+    "scale": 7,
     "cli": 8,
     "__main__": 8,
 }
@@ -180,7 +183,7 @@ def test_no_module_level_import_circle():
 def test_stages_look_backends_up_in_the_table():
     """verify, bench, solve, serve, arc-eval, halting and precision reach a backend only through
     hrm_deploy.backends (open_runner, reference_runner, builder), never by importing its package."""
-    stages = ("verify", "bench", "solve", "serve", "arc", "halting", "precision", "engines", "cli", "doctor")
+    stages = ("verify", "bench", "solve", "serve", "arc", "scale", "halting", "precision", "engines", "cli", "doctor")
     by_name = [
         (src, dst) for src, dst in _edges() if src.split(".")[1] in stages and dst.startswith("hrm_deploy.backends.")
     ]

@@ -133,15 +133,20 @@ class EarlyStop:
         self.pending = {k: [r for r in rows if r not in seen] for k, rows in self.pending.items()}
         self.add(saved, ids, inputs, touched=set(self.pending))
 
-    def next_batch(self, size: int) -> list[int]:
-        """Up to ``size`` rows: the next chunk of each unsettled test input, in dataset order."""
+    def next_batch(self, size: int, busy: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset()) -> list[int]:
+        """Up to ``size`` rows: the next chunk of each unsettled test input, in dataset order, whole chunks
+        only (a chunk is ``min(its chunk size, size)`` rows), so each test input's chunks are the same rows
+        whatever runs beside them; ``busy``: test inputs with a chunk still running (``arc-eval --ray``),
+        left out until it is added."""
         rows: list[int] = []
         for key, waiting in self.pending.items():
             if len(rows) >= size:
                 break
-            take = waiting[: min(self.chunks[key], size - len(rows))]
-            rows += take
-            self.pending[key] = waiting[len(take) :]
+            chunk = waiting[: min(self.chunks[key], size)]
+            if key in busy or len(rows) + len(chunk) > size:  # a whole chunk, or it waits for the next batch
+                continue
+            rows += chunk
+            self.pending[key] = waiting[len(chunk) :]
         return rows
 
     def add(

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from hrm_deploy.errors import ConfigError, DataError
 from hrm_deploy.io import check_output_path, write_json
 from hrm_deploy.manifest import output_path
 from hrm_deploy.outputs import check_user_output, publish_output, run_folder
+
+if TYPE_CHECKING:
+    from hrm_deploy.scale.cluster import RayConfig
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ class ArcEvalConfig:
     # per-row ACT halting (hrm_deploy.halting: q, threshold:X, budget:P): each row stops at its own
     # halting step, so scores can differ from upstream's all-steps vote; "off": every step
     halt: str = "off"
+    # run the batches on Ray workers (hrm_deploy.scale): the same records and submission as one process
+    ray: RayConfig | None = None
 
     def __post_init__(self) -> None:
         price = self.price_per_hour
@@ -129,22 +134,23 @@ def _load_records(preds: Path, seq_len: int, any_order: bool = False, halting: b
     return records
 
 
-def predict(
-    source: Source,
-    data: Path,
-    preds: Path,
-    config: ArcEvalConfig,
-    label: str,
-    clock: TaskClock | None = None,
-    stopper: Any = None,
-) -> np.ndarray:
-    """Predictions of ``source`` (an artifact or a server) on the rows of ``data``'s test split
-    (records of row, final q_halt logit, argmax tokens, with halting the steps run), run or resumed
-    into ``preds``; every row
-    in order, or with ``stopper`` (an :class:`hrm_deploy.arc.early_stop.EarlyStop`) each test input's
-    rows until its outcome is final. ``clock`` is charged with this run's time per task."""
+@dataclass
+class Rows:
+    """What a run of :func:`predict` works on: the test split, its puzzle ids, the batch size, the record
+    layout, and the rows already predicted (``done`` records, ``saved``) when it resumes."""
+
+    split: Any
+    ids: np.ndarray
+    batch: int
+    dtype: np.dtype
+    halting: bool
+    done: int
+    saved: np.ndarray | None
+
+
+def _rows(source: Source, data: Path, preds: Path, config: ArcEvalConfig, early: bool) -> Rows:
+    """Check the dataset against ``source`` and resume (or start) ``preds``."""
     from hrm_deploy.data.format import load_split
-    from hrm_deploy.progress import progress
 
     split = load_split(data, "test")
     meta = split.metadata
@@ -157,45 +163,82 @@ def predict(
         raise ConfigError(f"--batch must be >= 1, got {batch}")
     check_output_path(preds)
     fingerprint = {**source.fingerprint(), "data": str(data.resolve()), "rows": len(split), "seq_len": meta.seq_len}
-    early = stopper is not None
     fingerprint.update({"early_stop": True} if early else {})
     source.check_ids(ids, data, meta.num_puzzle_identifiers, split.inputs)
     halting = "halt" in fingerprint
     done = _resume(preds, fingerprint, config.restart)
     saved = _load_records(preds, meta.seq_len, any_order=early, halting=halting) if done else None
+    return Rows(split, ids, batch, _record_dtype(meta.seq_len, halting), halting, done, saved)
+
+
+def append_records(preds: Path, records: np.ndarray) -> None:
+    """One batch's records at the end of ``preds``, on disk before it returns (a write cut short is
+    truncated on resume)."""
+    with open(preds, "ab") as f:
+        f.write(records.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def make_records(rows: Rows, index: np.ndarray, pred: np.ndarray, q_halt: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """The records of rows ``index`` from what a source gave for them."""
+    records = np.empty(len(index), rows.dtype)
+    records["row"], records["q_halt"], records["pred"] = index, q_halt, pred
+    if rows.halting:
+        records["steps"] = steps
+    return records
+
+
+def predict(
+    source: Source,
+    data: Path,
+    preds: Path,
+    config: ArcEvalConfig,
+    label: str,
+    clock: TaskClock | None = None,
+    stopper: Any = None,
+) -> np.ndarray:
+    """Predictions of ``source`` (an artifact or a server) on the rows of ``data``'s test split
+    (records of row, final q_halt logit, argmax tokens, with halting the steps run), run or resumed
+    into ``preds``; every row in order, or with ``stopper`` (an :class:`hrm_deploy.arc.early_stop.EarlyStop`)
+    each test input's rows until its outcome is final. ``clock`` is charged with this run's time per task.
+    With ``config.ray`` the batches run on Ray workers (:func:`hrm_deploy.scale.batch.predict_on_ray`):
+    the same records, written the same way."""
+    from hrm_deploy.progress import progress
+
+    early = stopper is not None
+    rows = _rows(source, data, preds, config, early)
+    split, seq_len = rows.split, rows.split.metadata.seq_len
     if early:
-        stopper.resume(saved, ids, split.inputs)
-    todo = stopper.pending_rows() if early else len(split) - done
-    if todo:
+        stopper.resume(rows.saved, rows.ids, split.inputs)
+    todo = stopper.pending_rows() if early else len(split) - rows.done
+    if todo and config.ray is not None:
+        from hrm_deploy.scale.batch import predict_on_ray
+
+        predict_on_ray(source, rows, preds, config, label, clock, stopper)
+    elif todo:
         source.open()
         try:
-            if done and saved is not None:
-                log.info("%s: resuming after %d of %d rows", preds, done, len(split))
-                source.check_resumed(saved, split.inputs, ids)
-            dtype = _record_dtype(meta.seq_len, halting)
-            with progress(done + todo, label, config.quiet, unit="rows", done=done) as advance:
-                start = done
-                while rows := (
-                    stopper.next_batch(batch) if early else list(range(start, min(start + batch, len(split))))
+            if rows.done and rows.saved is not None:
+                log.info("%s: resuming after %d of %d rows", preds, rows.done, len(split))
+                source.check_resumed(rows.saved, split.inputs, rows.ids)
+            with progress(rows.done + todo, label, config.quiet, unit="rows", done=rows.done) as advance:
+                start = rows.done
+                while batch := (
+                    stopper.next_batch(rows.batch) if early else list(range(start, min(start + rows.batch, len(split))))
                 ):
-                    start = rows[-1] + 1
-                    index = np.asarray(rows, dtype=np.int64)
+                    start = batch[-1] + 1
+                    index = np.asarray(batch, dtype=np.int64)
                     t0 = time.perf_counter()
-                    pred, q_halt, steps = source.run(np.asarray(split.inputs[index]), ids[index])
+                    pred, q_halt, steps = source.run(np.asarray(split.inputs[index]), rows.ids[index])
                     if clock is not None:
                         clock.charge(index, time.perf_counter() - t0, steps)
-                    records = np.empty(len(rows), dtype)
-                    records["row"], records["q_halt"], records["pred"] = index, q_halt, pred
-                    if halting:
-                        records["steps"] = steps
-                    with open(preds, "ab") as f:  # one write per batch; a cut-short one is truncated on resume
-                        f.write(records.tobytes())
-                        f.flush()
-                        os.fsync(f.fileno())
-                    advance(len(rows) + (stopper.add(records, ids, split.inputs) if early else 0))
+                    records = make_records(rows, index, pred, q_halt, steps)
+                    append_records(preds, records)
+                    advance(len(batch) + (stopper.add(records, rows.ids, split.inputs) if early else 0))
         finally:
             source.close()
-    return _load_records(preds, meta.seq_len, any_order=early, halting=halting)
+    return _load_records(preds, seq_len, any_order=early, halting=rows.halting)
 
 
 class TaskClock:

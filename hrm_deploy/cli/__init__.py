@@ -51,6 +51,7 @@ def _register() -> None:
         engine,
         export,
         inspect,
+        plan,
         profile,
         serve,  # noqa: F401
         solve,

@@ -9,7 +9,7 @@ import typer
 
 from hrm_deploy.arc.choices import TaskScore
 from hrm_deploy.cli import app
-from hrm_deploy.cli.common import Quiet, user_errors
+from hrm_deploy.cli.common import Quiet, Ray, RayAddress, RayWorkers, ray_config, user_errors
 from hrm_deploy.cli.data import data_app
 
 
@@ -118,6 +118,9 @@ def arc_eval(
             "a checkpoint, a step graph or its engine, or a loop graph exported with this rule. Default off: every step."
         ),
     ] = "off",
+    ray: Ray = False,
+    address: RayAddress = None,
+    workers: RayWorkers = None,
     quiet: Quiet = False,
 ) -> None:
     """Upstream's ARC score (augmented voting, pass@k) and an ARC Prize submission.json for any artifact."""
@@ -147,6 +150,7 @@ def arc_eval(
         early_stop=early_stop,
         price_per_hour=price_per_hour,
         halt=halt,
+        ray=ray_config(ray, address, workers),
     )
     options = {}
     if puzzle_table is not None:  # checked against the artifact first: a wrong table is one line, not a wrong score

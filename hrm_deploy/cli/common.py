@@ -21,6 +21,40 @@ from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint  # noqa:
 
 # The option every command with a progress display takes.
 Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="No progress display.")]
+# Ray (hrm_deploy.scale): spread the work over Ray workers; answers identical to one process
+Ray = Annotated[
+    bool,
+    typer.Option("--ray", help="Run on Ray workers (pip install the scale extra); outputs identical to one process."),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--address", help="With --ray: auto (this machine's Ray cluster) or ray://HOST:PORT (default: a local Ray)."
+    ),
+]
+RayWorkers = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        help="With --ray: workers, one runner each (default: one per CPU, or per GPU for GPU artifacts).",
+    ),
+]
+
+
+def ray_config(ray: bool, address: str | None, workers: int | None):  # -> RayConfig | None
+    """The --ray options as a config (None without --ray; --address or --workers alone is one line)."""
+    from hrm_deploy.errors import ConfigError
+
+    if not ray:
+        given = [flag for flag, value in (("--address", address), ("--workers", workers)) if value is not None]
+        if given:
+            raise ConfigError(f"{' and '.join(given)} only apply with --ray; add --ray or drop them")
+        return None
+    from hrm_deploy.scale.cluster import RayConfig, ray_module
+
+    ray_module()  # before any work: Ray missing is one line naming the install
+    return RayConfig(address=address, workers=workers)
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -129,6 +129,15 @@ def build_engine(
             "(printed first); without it such a graph's single-step graph is exported and built instead.",
         ),
     ] = False,
+    strip_weights: Annotated[
+        bool,
+        typer.Option(
+            "--strip-weights",
+            help="TensorRT: a weight-stripped engine (STRIP_PLAN + REFIT_IDENTICAL, a fraction of the size): "
+            "the runner refits it from its ONNX graph (sha256-checked) on first run and saves it whole. "
+            "Needs a GPU to build (the board, or a GPU machine with the same TensorRT).",
+        ),
+    ] = False,
     tf32: Annotated[
         bool,
         typer.Option(
@@ -172,6 +181,7 @@ def build_engine(
         "optimization_level": opt_level,
         "compute_capability": compute_capability,
         "allow_unrolled": allow_unrolled,
+        "strip_weights": strip_weights,
         "timing_cache": None if timing_cache.lower() in ("", "none") else timing_cache,
         "threads": threads,
         "fuse": not no_fuse,

@@ -9,8 +9,9 @@ import typer
 
 from hrm_deploy.cli import app
 from hrm_deploy.cli.choices import Provider, TrtAccelerator
-from hrm_deploy.cli.common import user_errors
-from hrm_deploy.serve.repo import DEFAULT_QUEUE_DELAY_US, Device, OnnxBackend
+from hrm_deploy.cli.common import Ray, RayAddress, ray_config, user_errors
+from hrm_deploy.errors import ConfigError
+from hrm_deploy.serve.repo import DEFAULT_QUEUE_DELAY_US, Device, OnnxBackend, RepoBatching
 from hrm_deploy.serve.server import Batching
 
 
@@ -47,26 +48,48 @@ def serve(
         int | None,
         typer.Option(help="In-flight: puzzles that may wait for a slot before HTTP 503 (default 8 x max batch)."),
     ] = None,
+    ray: Ray = False,
+    address: RayAddress = None,
+    replicas: Annotated[
+        int | None, typer.Option(help="With --ray: model replicas, each owning one ACT loop (default 1).")
+    ] = None,
+    autoscale: Annotated[
+        str | None,
+        typer.Option(help="With --ray: MIN:MAX replicas, scaled on ongoing requests (a full ACT loop per replica)."),
+    ] = None,
 ) -> None:
-    """Serve an artifact on PyTriton's Triton Inference Server until Ctrl-C / SIGTERM."""
+    """Serve an artifact on PyTriton's Triton Inference Server (or, with --ray, on Ray Serve) until
+    Ctrl-C / SIGTERM."""
     from hrm_deploy.serve.server import ServeConfig, main_ready_line, serve as run_server
 
+    scale = ray_config(ray, address, None)
+    if scale is None and (replicas is not None or autoscale is not None):
+        raise ConfigError("--replicas and --autoscale apply with --ray; add --ray or drop them")
+    config = ServeConfig(
+        artifact=artifact,
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        max_batch=max_batch,
+        halt=halt,
+        allow_remote=allow_remote,
+        model_name=model_name,
+        queue_delay_us=queue_delay_us,
+        provider=provider.value if provider else None,
+        batching=batching,
+        queue_limit=queue_limit,
+    )
+    if scale is not None:
+        from hrm_deploy.scale.serving import Replicas, serve_on_ray
+
+        if grpc_port != 8001 or queue_delay_us != DEFAULT_QUEUE_DELAY_US:
+            raise ConfigError(
+                "--grpc-port and --queue-delay-us are Triton's; with --ray the ingress speaks HTTP and Ray Serve batches"
+            )
+        raise typer.Exit(serve_on_ray(config, scale, Replicas.parse(replicas, autoscale), ready=main_ready_line))
     code = run_server(
-        ServeConfig(
-            artifact=artifact,
-            host=host,
-            http_port=http_port,
-            grpc_port=grpc_port,
-            metrics_port=metrics_port,
-            max_batch=max_batch,
-            halt=halt,
-            allow_remote=allow_remote,
-            model_name=model_name,
-            queue_delay_us=queue_delay_us,
-            provider=provider.value if provider else None,
-            batching=batching,
-            queue_limit=queue_limit,
-        ),
+        config,
         ready=main_ready_line,
     )
     if code:
@@ -97,7 +120,24 @@ def triton_repo(
         TrtAccelerator | None,
         typer.Option(case_sensitive=False, help="ONNX on GPU: ONNX Runtime's TensorRT accelerator precision."),
     ] = None,
-    halt: Annotated[str, typer.Option(help="Step models' ACT driver: off | q | threshold:X.")] = "off",
+    halt: Annotated[
+        str | None,
+        typer.Option(help="Step models' ACT driver: off | q | threshold:X (a loop graph keeps its export's rule)."),
+    ] = None,
+    batching: Annotated[
+        RepoBatching,
+        typer.Option(
+            help="Step models: inflight (one ACT step per execute, unfinished requests rescheduled; the default "
+            "with --halt), dynamic (each batch runs to its slowest puzzle)."
+        ),
+    ] = RepoBatching.auto,
+    triton_version: Annotated[
+        str | None,
+        typer.Option(help="The Triton the repository is for (2.51 or NGC 24.10); before 2.41 no in-flight driver."),
+    ] = None,
+    kserve: Annotated[
+        bool, typer.Option("--kserve", help="Also write kserve.yaml (ServingRuntime + InferenceService).")
+    ] = False,
     name: Annotated[
         list[str] | None, typer.Option("--name", help="Model name per artifact (default from the file name).")
     ] = None,
@@ -121,8 +161,13 @@ def triton_repo(
             halt=halt,
             names=tuple(name or ()),
             overwrite=overwrite,
+            batching=batching,
+            triton_version=triton_version,
+            kserve=kserve,
         ),
     )
+    for note in dict.fromkeys(m.note for m in models if m.note):
+        typer.echo(f"note: {note}", err=True)
     for m in models:
         typer.echo(f"{m.name}: {m.kind} ({m.path})")
     import shlex

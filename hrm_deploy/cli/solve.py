@@ -9,7 +9,7 @@ import typer
 
 from hrm_deploy.cli import app
 from hrm_deploy.cli.choices import Provider
-from hrm_deploy.cli.common import Quiet, user_errors
+from hrm_deploy.cli.common import Quiet, Ray, RayAddress, RayWorkers, ray_config, user_errors
 
 
 @app.command()
@@ -54,6 +54,9 @@ def solve(
         str | None,  # a string, not a Path: "-o NEWDIR/" keeps its slash (a folder: refused, no default name)
         typer.Option("-o", "--out", help="Also write the output to this file."),
     ] = None,
+    ray: Ray = False,
+    address: RayAddress = None,
+    workers: RayWorkers = None,
     quiet: Quiet = False,
 ) -> None:
     """Solve your own puzzles with a trained model and check the answers."""
@@ -62,6 +65,7 @@ def solve(
     from hrm_deploy.sources import resolve_artifact
 
     artifact = resolve_artifact(artifact)  # before any work: run folders and hf:... -> their checkpoint file
+    scale = ray_config(ray, address, workers)
     options: dict[str, Any] = runner_options(artifact, provider=provider.value) if artifact is not None else {}
     partial, out_file = None, None
     if out is not None:  # before any work: never a folder, over an input or over a user's file
@@ -81,6 +85,7 @@ def solve(
             calib_data=calib_data,
             quiet=quiet,
             on_solutions=partial.append if partial is not None else None,
+            ray=scale,
             **options,
         )
     except SolveInterrupted as stopped:  # Ctrl-C / SIGTERM: the answers so far are kept

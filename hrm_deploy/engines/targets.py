@@ -22,6 +22,9 @@ class TargetProfile:
     max_batch: int = 64
     default_mode: str = "unrolled"  # which export an engine is built from by default
     memory_budget_mib: int | None = None  # shared CPU+GPU memory the build must fit in
+    # of that budget (estimates until measured on a board; engines/plan.py):
+    os_reserve_mib: int = 0  # firmware carve-outs and the operating system
+    runtime_mib: int = 0  # the CUDA context and TensorRT's libraries
     builder_optimization_level: int = 3
     dla: bool = False
     tensorrt_api: str = "any"  # the TensorRT API generation the target runs
@@ -48,6 +51,10 @@ TARGETS: dict[str, TargetProfile] = {
         max_batch=16,
         default_mode="step",
         memory_budget_mib=8192,
+        # the 8 GB module reports about 7,620 MiB (carve-outs), a headless L4T uses about 700 more
+        os_reserve_mib=1300,
+        # CUDA context with lazy kernel loading plus TensorRT's and its kernels' libraries
+        runtime_mib=900,
         builder_optimization_level=3,
         dla=False,
         tensorrt_api="10.3",

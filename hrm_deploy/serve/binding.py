@@ -17,6 +17,7 @@ Nothing here imports pytriton at module level.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from importlib import metadata
 from pathlib import Path
@@ -184,3 +185,117 @@ def bind_model(
         ),
         strict=True,
     )
+
+
+def bundled_tritonserver(
+    repo: Path, workdir: Path, *, http_port: int, grpc_port: int, metrics_port: int, host: str = "127.0.0.1"
+) -> tuple[list[str], dict[str, str]]:
+    """(command line, environment) that run PyTriton's bundled ``tritonserver`` on the model repository
+    ``repo`` as a stock Triton is run (``tritonserver --model-repository REPO``), without PyTriton:
+    its Python backend (and the stub for this Python) in ``workdir/backends``, its libraries on
+    ``LD_LIBRARY_PATH``, this interpreter's folder first on ``PATH`` for the stub.
+    Used to test and measure ``triton-repo`` repositories on the server PyTriton ships."""
+    import os
+    import shutil
+    import sys
+
+    import pytriton
+
+    site = Path(pytriton.__file__).resolve().parents[1]
+    dist = site / "pytriton" / "tritonserver"
+    backend = workdir / "backends" / "python"
+    backend.mkdir(parents=True, exist_ok=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        if not (backend / name).exists():
+            (backend / name).symlink_to(dist / "backends" / "python" / name)
+    stub = dist / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}" / "triton_python_backend_stub"
+    if not (backend / stub.name).exists():
+        shutil.copy(stub, backend / stub.name)  # the backend runs the stub it finds beside itself
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(site / "nvidia_pytriton.libs"), env.get("LD_LIBRARY_PATH")]))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    command = [str(dist / "bin" / "tritonserver"), "--model-repository", str(repo)]
+    command += ["--backend-directory", str(workdir / "backends"), "--allow-gpu-metrics", "false"]
+    for flag, port in (("http", http_port), ("grpc", grpc_port), ("metrics", metrics_port)):
+        command += [f"--{flag}-address", host, f"--{flag}-port", str(port)]
+    return command, env
+
+
+class Gate:
+    """The function bound into Triton, with a door: :meth:`close` refuses new requests (one line: the
+    server is stopping) and waits for the running ones, so a stopping ``serve`` knows when Triton holds
+    no inference of ours any more (gRPC clients reach Triton directly, not through the front)."""
+
+    def __init__(self, infer: Any):
+        import threading
+
+        self.infer, self.active, self.closed = infer, 0, False
+        self._cond = threading.Condition()
+
+    def __call__(self, requests: list[Any]) -> Any:
+        from hrm_deploy.serve.wire import RequestError
+
+        with self._cond:
+            if self.closed:
+                raise RequestError("the server is stopping; send the request to another instance")
+            self.active += 1
+        try:
+            return self.infer(requests)
+        finally:
+            with self._cond:
+                self.active -= 1
+                self._cond.notify_all()
+
+    def close(self, timeout_s: float) -> bool:
+        """Refuse new requests; True once none is running (False: ``timeout_s`` passed first)."""
+        with self._cond:
+            self.closed = True
+            return self._cond.wait_for(lambda: self.active == 0, timeout=timeout_s)
+
+
+class _StoppedOnPurpose(logging.Filter):
+    """PyTriton's warning that tritonserver 'exited with failure', after :func:`kill_server` ended it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "exited with failure" not in record.getMessage()
+
+
+def kill_server(triton: Any) -> bool:
+    """End tritonserver and its backend stubs at once (SIGKILL); False where this PyTriton does not say
+    which process it runs (then its own stop, which unloads the model first, takes a few seconds).
+
+    Only for a server that holds nothing of ours: the front answered what it took and the bound
+    function's :class:`Gate` is closed with nothing running. PyTriton's stop then finds the process gone
+    and cleans its workspace (reviewed against PyTriton 0.7.0: ``Triton._triton_server`` holds the
+    ``sh`` command whose ``pid`` is tritonserver's)."""
+    import os
+    import signal
+
+    command = getattr(getattr(triton, "_triton_server", None), "_tritonserver_running_cmd", None)
+    pid = getattr(command, "pid", None)
+    if command is None or not isinstance(pid, int):
+        return False
+    logging.getLogger("pytriton.server.triton_server").addFilter(_StoppedOnPurpose())
+    for victim in [pid, *_descendants(pid)]:  # the stubs first would notice their parent's death later
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    with contextlib.suppress(Exception):  # sh raises for the signal it was killed by: expected here
+        command.wait(timeout=10)
+    return True
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (from /proc; [] where there is none)."""
+    from pathlib import Path
+
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found

@@ -36,6 +36,13 @@ def _server_message(exc: Exception) -> str:
     return found[-1].strip() if found else text.strip().splitlines()[0]
 
 
+# Triton's sequence batcher (the in-flight ACT driver of a ``triton-repo`` repository) takes one puzzle
+# per request; its refusal of a larger request says so in this phrase.
+_ONE_PUZZLE = "must specify batch-size 1"
+_one_puzzle_models: set[tuple[str, str]] = set()  # (host:port, model) seen to refuse larger requests
+MAX_SPLIT_CONCURRENCY = 64
+
+
 def infer_remote(
     url: str,
     feeds: dict[str, np.ndarray],
@@ -52,6 +59,8 @@ def infer_remote(
     it (``hrm-deploy serve``: the ACT steps its model runs without halting).
     ``outputs`` asks for those outputs only (e.g. ``answer``, ``q_halt_logits``, ``steps``
     without the logits, a tenth of the bytes); ``logits`` is then absent unless named.
+    A model that takes one puzzle per request (the in-flight ACT driver of a ``triton-repo``
+    repository) gets the B puzzles as B concurrent requests, answered as one batch.
     Any failure (connection refused, timeout, server-side error) raises :class:`RemoteError`
     with the server's message; nothing waits longer than ``timeout_s``.
     """
@@ -61,21 +70,48 @@ def infer_remote(
     tokens = np.ascontiguousarray(feeds["inputs"], dtype=np.int32)
     ids = np.ascontiguousarray(np.asarray(feeds["puzzle_identifiers"], dtype=np.int32).reshape(-1, 1))
     address = host_port(url)
+    split = len(tokens) > 1 and (address, model_name) in _one_puzzle_models
     try:
-        client = httpclient.InferenceServerClient(address, connection_timeout=timeout_s, network_timeout=timeout_s)
+        client = httpclient.InferenceServerClient(
+            address,
+            connection_timeout=timeout_s,
+            network_timeout=timeout_s,
+            concurrency=min(len(tokens), MAX_SPLIT_CONCURRENCY) if split else 1,
+        )
     except Exception as exc:  # noqa: BLE001 - tritonclient raises plain exceptions for bad addresses
         raise RemoteError(f"cannot reach {shown_url(url)}: {exc}") from None
-    try:
+    # No output list: the server returns all its outputs (serve's model and a triton-repo
+    # driver have answer/steps, an unrolled graph served directly has logits/q_*).
+    requested = [httpclient.InferRequestedOutput(n, binary_data=True) for n in outputs] if outputs else None
+
+    def request(rows: slice) -> list[Any]:
         inputs = [
-            httpclient.InferInput("inputs", list(tokens.shape), "INT32"),
-            httpclient.InferInput("puzzle_identifiers", list(ids.shape), "INT32"),
+            httpclient.InferInput("inputs", list(tokens[rows].shape), "INT32"),
+            httpclient.InferInput("puzzle_identifiers", list(ids[rows].shape), "INT32"),
         ]
-        inputs[0].set_data_from_numpy(tokens)
-        inputs[1].set_data_from_numpy(ids)
-        # No output list: the server returns all its outputs (serve's model and a triton-repo
-        # driver have answer/steps, an unrolled graph served directly has logits/q_*).
-        requested = [httpclient.InferRequestedOutput(n, binary_data=True) for n in outputs] if outputs else None
-        result = client.infer(model_name, inputs, outputs=requested, timeout=int(timeout_s * 1e6))
+        inputs[0].set_data_from_numpy(tokens[rows])
+        inputs[1].set_data_from_numpy(ids[rows])
+        return inputs
+
+    def one_per_puzzle() -> list[Any]:
+        pending = [
+            client.async_infer(model_name, request(slice(i, i + 1)), outputs=requested, timeout=int(timeout_s * 1e6))
+            for i in range(len(tokens))
+        ]
+        return [p.get_result(timeout=timeout_s) for p in pending]
+
+    try:
+        try:
+            results = (
+                one_per_puzzle()
+                if split
+                else [client.infer(model_name, request(slice(None)), outputs=requested, timeout=int(timeout_s * 1e6))]
+            )
+        except InferenceServerException as exc:
+            if split or len(tokens) == 1 or _ONE_PUZZLE not in str(exc):
+                raise
+            _one_puzzle_models.add((address, model_name))  # this and every later batch go out split
+            return infer_remote(url, feeds, model_name=model_name, timeout_s=timeout_s, outputs=outputs)
     except InferenceServerException as exc:
         raise RemoteError(f"{shown_url(url)} model '{model_name}': {_server_message(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - connection refused / reset, socket timeouts (gevent/geventhttpclient types)
@@ -84,16 +120,21 @@ def infer_remote(
         ) from None
     finally:
         client.close()
-    response = result.get_response() or {}
+    return _outputs(results, len(tokens), url, model_name)
+
+
+def _outputs(results: list[Any], batch: int, url: str, model_name: str) -> dict[str, np.ndarray]:
+    """The runner's keys from the server's answer(s) (one result, or one per puzzle in order)."""
+    response = results[0].get_response() or {}
     names = [o.get("name") for o in response.get("outputs") or [] if isinstance(o, dict)]
-    out = {name: result.as_numpy(name) for name in names if name}
+    out = {name: np.concatenate([r.as_numpy(name) for r in results]) for name in names if name}
     missing = [n for n in ("q_halt_logits",) + (() if "answer" in out else ("logits",)) if n not in out]
     if missing:
         raise RemoteError(
             f"{shown_url(url)} model '{model_name}' answered without {' and '.join(repr(m) for m in missing)} "
             f"(it sent {sorted(out) or 'no outputs'}); serve the model with hrm-deploy serve or a triton-repo repository"
         )
-    out["q_halt_logits"] = out["q_halt_logits"].reshape(len(tokens), -1)
+    out["q_halt_logits"] = out["q_halt_logits"].reshape(batch, -1)
     for name in ("steps", "act_steps"):
         if name in out:
             out[name] = out[name].reshape(-1)
@@ -102,7 +143,7 @@ def infer_remote(
     if "steps" not in out and "steps_used" in out:  # a loop graph served directly says it itself
         out["steps"] = out["steps_used"].reshape(-1)
     if "steps" not in out:
-        out["steps"] = np.full(len(tokens), out["q_halt_logits"].shape[1], np.int32)
+        out["steps"] = np.full(batch, out["q_halt_logits"].shape[1], np.int32)
     out["steps_used"] = out["steps"]  # Runner.infer's name for it
     return out
 

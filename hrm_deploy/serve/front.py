@@ -47,6 +47,52 @@ _BYTES_PER_ELEMENT = 12
 _HEADER_SLACK = 64 << 10
 _INT32_END = 2**31
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+_BYTE_COUNT = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also takes '²' and other scripts' digits
+
+
+def byte_count(headers: Any, name: str) -> int | None:
+    """The value of header ``name`` in ``headers`` (aiohttp's, or any mapping with ``getall``) as a byte
+    count; None when absent; :class:`Refused` (400) when it is repeated or not plain ASCII digits."""
+    found = headers.getall(name, []) if hasattr(headers, "getall") else [headers.get(name)]
+    values = [str(v) for v in found if v is not None]
+    if not values:
+        return None
+    if len(values) > 1 or not _BYTE_COUNT.fullmatch(values[0].strip()):
+        shown = ", ".join(repr(v) for v in values)
+        raise Refused(400, f"{name} {shown} is not one byte count (ASCII digits); send it once, e.g. {name}: 1024")
+    return int(values[0])
+
+
+class _Upstream:
+    """Kept-alive connections to Triton's HTTP endpoint, one per worker at a time; :meth:`close` ends
+    them all (at a stop: a connection left open makes Triton wait its exit timeout for it)."""
+
+    def __init__(self, port: int, timeout_s: float):
+        self.port, self.timeout_s = port, timeout_s
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def take(self) -> tuple[http.client.HTTPConnection, bool]:
+        """(a connection, whether it is new)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), False
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout_s), True
+
+    def give_back(self, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self.closed:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
 
 
 class Refused(Exception):
@@ -208,7 +254,7 @@ class _App:
     def __init__(self, limits: Limits, backend_port: int, timeout_s: float, local: LocalInference | None):
         self.limits, self.backend_port, self.timeout_s, self.local = limits, backend_port, timeout_s, local
         self.stopping = False
-        self._upstream = threading.local()  # one kept-alive connection to Triton per worker
+        self.upstream = _Upstream(backend_port, timeout_s)
 
     def admit(self, request: Request) -> Reply | None:
         if self.stopping:  # after SIGTERM/SIGINT nothing new is taken (health included, so a balancer moves on)
@@ -219,12 +265,16 @@ class _App:
             return Reply.error(501, f"method {request.method} is not supported; use GET or POST")
         if request.headers.get("Transfer-Encoding"):
             return Reply.error(411, "chunked bodies are not accepted; send a Content-Length")
-        length = request.headers.get("Content-Length")
+        try:
+            length = byte_count(request.headers, "Content-Length")
+            byte_count(request.headers, "Inference-Header-Content-Length")
+        except Refused as refused:
+            return Reply.error(refused.status, str(refused), close=True)
         if length is None and request.method == "GET":
             return None
-        if length is None or not length.isdigit():
-            return Reply.error(411, "the request has no valid Content-Length")
-        if int(length) > self.limits.max_body():
+        if length is None:
+            return Reply.error(411, "the request has no Content-Length; send one")
+        if length > self.limits.max_body():
             return Reply.error(
                 413,
                 f"the request body of {int(length)} bytes exceeds this server's limit of "
@@ -240,10 +290,7 @@ class _App:
         if match is None:
             return self._forward(request)
         try:
-            header = request.headers.get("Inference-Header-Content-Length")
-            length = int(header) if header is not None and header.isdigit() else None
-            if header is not None and length is None:
-                raise Refused(400, f"Inference-Header-Content-Length {header!r} is not a byte count")
+            length = byte_count(request.headers, "Inference-Header-Content-Length")
             checked = check_infer_request(request.body, length, self.limits)
             if self.local is not None and match.group("name") == self.limits.model_name:
                 reply = self.local.answer(checked, request.body, length, request.connection)
@@ -254,13 +301,11 @@ class _App:
         return self._forward(request)
 
     def _forward(self, request: Request) -> Reply:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS | {"host"}}
+        # Content-Length is http.client's, from the body aiohttp read (one length, never the client's text)
+        dropped = _HOP_HEADERS | {"host", "content-length"}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in dropped}
         for attempt in range(2):  # a kept-alive connection Triton closed meanwhile is opened again once
-            upstream = getattr(self._upstream, "connection", None)
-            fresh = upstream is None
-            if upstream is None:
-                upstream = http.client.HTTPConnection("127.0.0.1", self.backend_port, timeout=self.timeout_s)
-                self._upstream.connection = upstream
+            upstream, fresh = self.upstream.take()
             try:
                 upstream.request(request.method, request.target, body=request.body or None, headers=headers)
                 reply = upstream.getresponse()
@@ -268,11 +313,11 @@ class _App:
                 break
             except (OSError, http.client.HTTPException) as exc:
                 upstream.close()
-                self._upstream.connection = None
                 if fresh or attempt:
                     return Reply.error(
                         503, f"the model server is not answering ({exc.__class__.__name__}); retry later"
                     )
+        self.upstream.give_back(upstream)
         kept = tuple((k, v) for k, v in reply.getheaders() if k.lower() not in _HOP_HEADERS | {"content-length"})
         return Reply(reply.status, data, kept)
 
@@ -301,8 +346,10 @@ class Front:
         return self
 
     def stop_accepting(self) -> None:
-        """From now on every new request is answered 503 (safe to call from a signal handler)."""
+        """From now on every new request is answered 503, and the connections to Triton are closed as
+        they come back (so Triton, stopping next, has none to wait for). Safe from a signal handler."""
         self.app.stopping = True
+        self.app.upstream.close()
 
     def __exit__(self, *exc: object) -> None:
         self.listener.close()

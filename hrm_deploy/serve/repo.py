@@ -8,8 +8,13 @@ Layout (one model per artifact; step artifacts get a driver model in front)::
     REPO/<name>_step/...                         step graphs/engines: the single-step model
     REPO/<name>/1/model.py                       ...and <name> is the ACT driver (Python backend, BLS)
 
-Unrolled artifacts are served directly (one request = one puzzle, all ACT steps inside the
-graph); step artifacts get the ACT driver so a request is still one puzzle in, one answer out.
+Unrolled and loop artifacts are served directly (all ACT steps inside the graph); step artifacts get
+the ACT driver so a request is still puzzles in, answers out. The driver is **in-flight** where a
+halting rule is set (Triton's iterative sequences: one ACT step per ``execute``, requests that halted
+answered, the others rescheduled, so a batch never waits for its slowest puzzle; one puzzle per
+request; Triton 2.41 / 23.12 and later), or runs each dynamic batch to its end (``--batching dynamic``,
+``--halt off``, or an older Triton named with ``--triton-version``). See
+:mod:`hrm_deploy.serve.triton_models.act_driver`.
 Every ``config.pbtxt`` is written in protobuf text format and re-parsed with tritonclient's
 ``model_config_pb2`` when tritonclient is installed.
 """
@@ -55,6 +60,41 @@ class OnnxBackend(str, enum.Enum):
     python = "python"  # ONNX Runtime inside the Python backend (Triton builds without onnxruntime)
 
 
+class RepoBatching(str, enum.Enum):
+    """How the ACT driver of a step model shares the step model between requests."""
+
+    auto = "auto"  # in-flight where a halting rule is set, dynamic otherwise
+    inflight = "inflight"  # one ACT step per execute, unfinished requests rescheduled (iterative sequences)
+    dynamic = "dynamic"  # Triton's dynamic batcher; each batch runs to its slowest puzzle
+
+
+# The first Triton release whose Python backend can reschedule a request and whose sequence batcher
+# reads ``iterative_sequence`` (23.11 shipped rescheduling under the earlier name ``generative_sequence``).
+MIN_INFLIGHT_TRITON = (2, 41)
+# Triton's reaper ends a sequence that has not enqueued a request for this long, and a request
+# rescheduled after that fails ("must specify the START flag"). Its default of 1 s is shorter than a
+# slow step (a large model on a busy CPU) or a wait in the backlog behind a full batch; a sequence is
+# ended anyway when its request is answered, cancelled or times out.
+INFLIGHT_IDLE_US = 600_000_000
+_NGC_BASE = (23, 11, 40)  # NGC release 23.11 ships Triton 2.40; one minor version a month since
+
+
+def triton_version(text: str) -> tuple[int, int]:
+    """``2.51`` / ``2.51.0`` (Triton's own version) or ``24.10`` (the NGC container release) -> (2, minor)."""
+    match = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?", text.strip())
+    if match is None:
+        raise ConfigError(
+            f"--triton-version {text!r}: give Triton's version (e.g. 2.51) or the NGC release (e.g. 24.10)"
+        )
+    major, minor = int(match.group(1)), int(match.group(2))
+    if major == 2:
+        return (2, minor)
+    if major >= 20 and 1 <= minor <= 12:  # NGC's YY.MM
+        year, month, base = _NGC_BASE
+        return (2, base + (major - year) * 12 + (minor - month))
+    raise ConfigError(f"--triton-version {text!r}: give Triton's version (e.g. 2.51) or the NGC release (e.g. 24.10)")
+
+
 class Device(str, enum.Enum):
     cpu = "cpu"
     gpu = "gpu"
@@ -71,16 +111,20 @@ class RepoConfig:
     device: Device | None = None  # ONNX graphs: default cpu; engines are always gpu
     onnx_backend: OnnxBackend = OnnxBackend.onnxruntime
     trt_accelerator: str | None = None  # "fp16" / "fp32": onnxruntime backend's TensorRT accelerator (GPU)
-    halt: str = "off"  # step models: off | q | threshold:X
+    halt: str | None = None  # step models: off | q | threshold:X (None: off; a loop graph: its export's rule)
     names: Sequence[str] = field(default_factory=tuple)  # model names, default from the file names
     overwrite: bool = False
+    batching: RepoBatching = RepoBatching.auto
+    triton_version: str | None = None  # the Triton the repository is for (default: a current one)
+    kserve: bool = False  # also write a KServe InferenceService manifest (kserve.yaml)
 
 
 @dataclass(frozen=True)
 class RepoModel:
     name: str
-    kind: str  # "onnxruntime", "tensorrt_plan", "python-ort", "act-driver"
+    kind: str  # "onnxruntime", "tensorrt_plan", "python-ort", "act-driver" (per batch), "act-inflight"
     path: Path  # the model folder
+    note: str | None = None  # one line the command prints (why a driver is not in-flight)
 
 
 def model_name(artifact: Path) -> str:
@@ -206,7 +250,11 @@ def _model_config(
     return text, files, kind
 
 
-def _driver_config(name: str, step_name: str, contract: Contract, config: RepoConfig, max_batch: int) -> str:
+def _driver_config(
+    name: str, step_name: str, contract: Contract, config: RepoConfig, max_batch: int, inflight: bool
+) -> str:
+    """The ACT driver's config.pbtxt: per batch behind the dynamic batcher, or in-flight (iterative
+    sequences of one puzzle each, as many candidates as the max batch, no queue delay)."""
     from hrm_deploy.halting import halts_on_q_halt_alone
 
     s, v = contract.seq_len, contract.vocab_size
@@ -220,7 +268,8 @@ def _driver_config(name: str, step_name: str, contract: Contract, config: RepoCo
             "steps": ("INT32", ["batch", 1]),
         },
     }
-    params = {
+    halt = config.halt or "off"
+    params: dict[str, Any] = {
         "step_model": step_name,
         # the step graph's contract (hrm_deploy.contract): the driver is self-contained, so it
         # reads the names from here rather than importing them
@@ -230,16 +279,65 @@ def _driver_config(name: str, step_name: str, contract: Contract, config: RepoCo
         "carry_len": carry[1],
         "hidden_size": carry[2],
         "vocab_size": v,
+        "num_puzzle_identifiers": contract.num_puzzle_identifiers,
         # the model's own q rule: q_halt > 0 for a model trained without the continue logit (TRM)
-        "halt": "q0" if config.halt == "q" and halts_on_q_halt_alone(contract.path) else config.halt,
+        "halt": "q0" if halt == "q" and halts_on_q_halt_alone(contract.path) else halt,
+        "schedule": "inflight" if inflight else "batch",
     }
+    if inflight:
+        params["max_live"] = max_batch
+        batching = (
+            f"max_batch_size: {max_batch}\n"
+            "sequence_batching {\n  iterative_sequence: true\n"
+            f"  max_sequence_idle_microseconds: {INFLIGHT_IDLE_US}\n"
+            f"  oldest {{\n    max_candidate_sequences: {max_batch}\n    preferred_batch_size: [ {max_batch} ]\n"
+            "    max_queue_delay_microseconds: 0\n  }\n"
+            '  control_input [\n    {\n      name: "START"\n'
+            "      control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ]\n    }\n  ]\n}\n"
+        )
+    else:
+        batching = _batching(max_batch, config.queue_delay_us)
     return (
         f'name: "{name}"\nbackend: "python"\n'
-        + _batching(max_batch, config.queue_delay_us)
+        + batching
         + _io_block(io)
         + _instances(config.instances, Device.cpu)
         + _parameters(params)
     )
+
+
+def _inflight(config: RepoConfig) -> tuple[bool, str | None]:
+    """(whether step models get the in-flight driver, a line saying why not where one was wanted)."""
+    halting = (config.halt or "off") != "off"
+    wanted = config.batching is RepoBatching.inflight or (config.batching is RepoBatching.auto and halting)
+    if not wanted:
+        return False, None
+    if config.triton_version is not None:
+        version = triton_version(config.triton_version)
+        if version < MIN_INFLIGHT_TRITON:
+            need = ".".join(map(str, MIN_INFLIGHT_TRITON))
+            why = (
+                f"Triton {version[0]}.{version[1]} cannot run the in-flight ACT driver (it needs request rescheduling "
+                f"with iterative sequences: Triton {need} / NGC 23.12 or later); wrote the per-batch ACT driver"
+            )
+            if config.batching is RepoBatching.inflight:
+                raise ConfigError(f"--batching inflight: {why.split(';')[0]}; use a newer Triton or --batching dynamic")
+            return False, why
+    return True, None
+
+
+def check_loop_halt(contract: Contract, halt: str | None) -> None:
+    """A loop graph halts by the rule fixed at its export: ``--halt`` may only repeat it."""
+    if contract.mode != "loop" or halt is None:
+        return
+    recorded = contract.manifest.get("halt") or {}
+    exported = recorded.get("rule") if isinstance(recorded, dict) else None
+    exported = str(exported or "off")
+    if halt != exported:
+        raise ConfigError(
+            f"--halt {halt}: {contract.path.name} is a loop graph, which halts by the rule fixed at its export "
+            f"({exported}); drop --halt, or export it again with `hrm-deploy export --mode loop --halt {halt}`"
+        )
 
 
 def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> list[RepoModel]:
@@ -248,7 +346,7 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
     Returns the models written. Refuses an existing non-empty output unless ``overwrite``."""
     if not artifacts:
         raise ConfigError("give at least one ONNX graph or engine")
-    if not HALT_RULE.match(config.halt):
+    if config.halt is not None and not HALT_RULE.match(config.halt):
         raise ConfigError(
             f"--halt {config.halt!r}: the ACT driver knows off, q or threshold:X with 0 < X < 1 "
             "(budget:P needs calibration: calibrate with `hrm-deploy verify` and pass threshold:X)"
@@ -261,7 +359,9 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
     for n in names:
         check_model_name(n)
     contracts = [read_contract(a) for a in artifacts]
+    inflight, note = _inflight(config)
     for c in contracts:
+        check_loop_halt(c, config.halt)
         if c.kind == "checkpoint":
             raise ArtifactError(
                 f"{c.path} is a checkpoint; export it first (`hrm-deploy export`), Triton runs "
@@ -301,16 +401,105 @@ def write_triton_repo(artifacts: Sequence[str | Path], config: RepoConfig) -> li
             _write_model(tmp / own, text, files, manifest_path(contract.path))
             written.append(RepoModel(own, kind, out / own))
             if step:
-                driver = _driver_config(name, own, contract, config, max_batch)
+                driver = _driver_config(name, own, contract, config, max_batch, inflight)
                 _write_model(tmp / name, driver, {"model.py": _template("act_driver")}, manifest_path(contract.path))
-                written.append(RepoModel(name, "act-driver", out / name))
-        (tmp / REPO_MARKER).write_text(
-            json.dumps({"tool": "hrm-deploy", "models": [m.name for m in written]}, indent=2) + "\n"
-        )
+                kind = "act-inflight" if inflight else "act-driver"
+                written.append(RepoModel(name, kind, out / name, note))
+        entries = [m.name for m in written]
+        if config.kserve:
+            gpu = any(m.kind == "tensorrt_plan" for m in written) or config.device is Device.gpu
+            text = kserve_manifest(kserve_name(names[0]), written, gpu, config.triton_version)
+            if config.onnx_backend is OnnxBackend.python:
+                text = (
+                    "# --onnx-backend python: the image needs the onnxruntime Python package (NGC's tritonserver images\n"
+                    "# do not have it); write the repository with the default onnxruntime backend for these images.\n"
+                ) + text
+            (tmp / KSERVE_FILE).write_text(text)
+            entries.append(KSERVE_FILE)
+        (tmp / REPO_MARKER).write_text(json.dumps({"tool": "hrm-deploy", "models": entries}, indent=2) + "\n")
         if out.exists():  # checked above: a repository of ours; moved aside, removed with the staging
             out.rename(staging / "old")
         tmp.rename(out)
     return written
+
+
+KSERVE_FILE = "kserve.yaml"  # written in the repository with --kserve
+STORAGE_URI_PLACEHOLDER = "s3://YOUR-BUCKET/PATH/TO/THIS/REPOSITORY"
+TESTED_TRITON = "2.51"  # PyTriton 0.7.0's bundled tritonserver: the release the repositories are tested on
+
+
+def ngc_release(version: tuple[int, int]) -> str:
+    """The NGC container release (``24.10``) that ships Triton ``version`` (2.51)."""
+    year, month, base = _NGC_BASE
+    months = year * 12 + (month - 1) + version[1] - base
+    return f"{months // 12:02d}.{months % 12 + 1:02d}"
+
+
+def kserve_manifest(name: str, models: Sequence[RepoModel], gpu: bool, triton: str | None) -> str:
+    """A ``ServingRuntime`` running Triton's NGC image on the repository KServe mounts at /mnt/models
+    (HTTP 8080, gRPC 9000, metrics 8002, as KServe's own Triton runtime) and an ``InferenceService``
+    of model format ``triton`` on it; ``storageUri`` is a placeholder the user replaces with where
+    the repository was uploaded. GPU models ask for one ``nvidia.com/gpu``."""
+    import yaml
+
+    image = f"nvcr.io/nvidia/tritonserver:{ngc_release(triton_version(triton or TESTED_TRITON))}-py3"
+    limits: dict[str, str] = {"cpu": "2", "memory": "4Gi"}
+    if gpu:
+        limits["nvidia.com/gpu"] = "1"
+    runtime = {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "ServingRuntime",
+        "metadata": {"name": f"{name}-triton"},
+        "spec": {
+            "annotations": {"prometheus.kserve.io/port": "8002", "prometheus.kserve.io/path": "/metrics"},
+            "supportedModelFormats": [{"name": "triton", "version": "2", "autoSelect": False}],
+            "protocolVersions": ["v2", "grpc-v2"],
+            "containers": [
+                {
+                    "name": "kserve-container",
+                    "image": image,
+                    "args": [
+                        "tritonserver",
+                        "--model-store=/mnt/models",
+                        "--grpc-port=9000",
+                        "--http-port=8080",
+                        "--allow-grpc=true",
+                        "--allow-http=true",
+                        "--metrics-port=8002",
+                    ],
+                    "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": limits},
+                }
+            ],
+        },
+    }
+    service = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "annotations": {"hrm-deploy/models": ",".join(m.name for m in models)}},
+        "spec": {
+            "predictor": {
+                "model": {
+                    "modelFormat": {"name": "triton", "version": "2"},
+                    "runtime": f"{name}-triton",
+                    "protocolVersion": "v2",
+                    "storageUri": STORAGE_URI_PLACEHOLDER,
+                    "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": limits},
+                }
+            }
+        },
+    }
+    head = (
+        "# Written by hrm-deploy triton-repo --kserve. Upload this repository (the folder holding this file) to\n"
+        "# object storage, set storageUri below to it, then: kubectl apply -f kserve.yaml\n"
+    )
+    return head + yaml.safe_dump_all([runtime, service], sort_keys=False)
+
+
+def kserve_name(model: str) -> str:
+    """A Kubernetes resource name (lower-case letters, digits and '-', starting with a letter) from a model name."""
+    name = re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-")
+    name = re.sub(r"^[^a-z]+", "", name)[:50].rstrip("-")
+    return name or "hrm"
 
 
 def check_model_name(name: str) -> None:

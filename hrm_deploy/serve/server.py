@@ -43,6 +43,7 @@ import numpy as np
 
 from hrm_deploy.errors import ConfigError, require
 from hrm_deploy.serve.front import Front, Limits
+from hrm_deploy.serve.listener import raise_open_file_limit
 from hrm_deploy.serve.wire import (
     RequestError as RequestError,  # re-exported (the proxy patch matches its name)
     check_requests,
@@ -68,6 +69,7 @@ class Batching(str, Enum):
 
 
 DRAIN_GRACE_S = 10.0  # SIGTERM: running puzzles get this long to finish
+MONITOR_S = 1.0  # how often a serving process looks whether tritonserver is still alive
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,12 @@ def inflight_step(runner: Any, manifest: dict[str, Any] | None, config: ServeCon
     if config.batching is Batching.dynamic or (config.batching is Batching.auto and halt is None):
         return None
     why = batch_independent(manifest)
+    if why is None and (manifest or {}).get("mode") == "loop":
+        why = (
+            f"{config.artifact.name} is a loop graph (the ACT loop inside one call, halting by the rule fixed at its "
+            "export), so its puzzles cannot join or leave between steps; serve the step graph (`hrm-deploy export "
+            "--mode step`) with --halt for in-flight batching, or this graph with --batching dynamic"
+        )
     step_function = getattr(runner, "step_function", None)
     if why is None and step_function is None:
         why = (
@@ -251,15 +259,31 @@ def inflight_step(runner: Any, manifest: dict[str, Any] | None, config: ServeCon
     return step_fn
 
 
-def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_batch: int) -> tuple[Any, Any]:
-    """(the function bound into Triton, the front's in-flight endpoint or None), warmed up."""
-    from hrm_deploy.serve.endpoint import InflightEndpoint, InflightInfer, ModelShape
+@dataclass
+class Inference:
+    """What answers the served model's requests, warmed up: ``batch`` (dynamic batching: each batch runs
+    to its end) or ``scheduler`` (in-flight: one ACT loop requests join and leave), and the shape
+    requests are checked against. ``serve`` binds it into Triton; a Ray Serve replica holds one."""
+
+    shape: Any  # hrm_deploy.serve.endpoint.ModelShape
+    batch: BatchInfer | None = None
+    scheduler: Any = None  # hrm_deploy.serve.inflight.InflightScheduler
+
+    def stop(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop(0)
+
+
+def build_inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_batch: int) -> Inference:
+    """The batch function or the in-flight loop for ``runner`` (activated), as ``config`` asks, warmed up."""
+    from hrm_deploy.serve.endpoint import ModelShape
 
     zeros = {"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}
     step_fn = inflight_step(runner, contract.manifest, config, halt)
-    infer: Any
+    steps = contract.steps if step_fn is None else step_fn.steps
+    shape = ModelShape(config.model_name, contract.seq_len, contract.vocab_size, contract.num_puzzle_identifiers, steps)
     if step_fn is None:
-        infer = BatchInfer(
+        batch = BatchInfer(
             runner,
             seq_len=contract.seq_len,
             vocab_size=contract.vocab_size,
@@ -269,25 +293,31 @@ def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_b
         )
         # One puzzle of padding before serving: warms the runner up and surfaces a bad combination
         # (e.g. --halt on an unrolled graph) as one error line now, not on every request.
-        infer([zeros])
+        batch([zeros])
         _warm_buckets(runner, max_batch)
-        return infer, None
+        return Inference(shape, batch=batch)
     from hrm_deploy.serve.inflight import InflightScheduler
 
     _warm_buckets(step_fn, max_batch)  # before the scheduler's thread owns it
+    scheduler = InflightScheduler(step_fn, halt, max_batch, config.queue_limit or 8 * max_batch)
+    return Inference(shape, scheduler=scheduler)
 
-    queue_limit = config.queue_limit or 8 * max_batch
-    scheduler = InflightScheduler(step_fn, halt, max_batch, queue_limit)
-    shape = ModelShape(
-        config.model_name, contract.seq_len, contract.vocab_size, contract.num_puzzle_identifiers, step_fn.steps
-    )
-    infer = InflightInfer(scheduler, shape)
+
+def _inference(config: ServeConfig, runner: Any, contract: Any, halt: Any, max_batch: int) -> tuple[Any, Any]:
+    """(the function bound into Triton, the front's in-flight endpoint or None), warmed up."""
+    from hrm_deploy.serve.endpoint import InflightEndpoint, InflightInfer
+
+    built = build_inference(config, runner, contract, halt, max_batch)
+    if built.scheduler is None:
+        return built.batch, None
+    infer = InflightInfer(built.scheduler, built.shape)
     try:
+        zeros = {"inputs": np.zeros((1, contract.seq_len), np.int32), "puzzle_identifiers": np.zeros((1, 1), np.int32)}
         infer([zeros])  # warm-up through the loop
     except BaseException:
-        scheduler.stop(0)
+        built.stop()
         raise
-    return infer, InflightEndpoint(scheduler, shape)
+    return infer, InflightEndpoint(built.scheduler, built.shape)
 
 
 def _warm_buckets(target: Any, max_batch: int) -> None:
@@ -315,6 +345,10 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     max_batch = check_max_batch(config.max_batch, contract.max_batch, config.artifact.name)
     check_queue_limit(config.queue_limit, max_batch)
     pytriton_triton = require("pytriton.triton", "serve", "hrm-deploy serve")
+    # Each client connection is a descriptor: the soft limit (often 1,024) is raised to the hard limit,
+    # which then bounds the front's connections (Capacity.for_batch).
+    files = raise_open_file_limit()
+    logging.getLogger(__name__).info("open-file limit %d (soft limit raised to the hard limit)", files)
 
     runner = open_runner(config.artifact, **_runner_options(config))
     runner.activate()
@@ -330,9 +364,11 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     bounds = (("inputs", contract.vocab_size), ("puzzle_identifiers", contract.num_puzzle_identifiers))
     limits = Limits(config.model_name, contract.seq_len, max_batch, outputs=OUTPUTS, bounds=bounds)
     fronts: list[Front] = []
-    signalled, previous = _stop_on_signals(fronts)
+    stopped = threading.Event()  # set by SIGINT/SIGTERM once serving
+    signalled, previous = _stop_on_signals(fronts, stopped)
     binding.quiet_logs()
     binding.request_errors_as_400()
+    gate = binding.Gate(infer)  # Triton's inferences of ours (gRPC, dynamic batching), counted for the stop
     code = 0
     try:
         with contextlib.ExitStack() as stack:
@@ -346,10 +382,12 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
                     )
                 )
             )
+            # runs after the front closed and before PyTriton's own stop (an exit stack unwinds in reverse)
+            stack.callback(_stop_fast, triton, gate, signalled)
             binding.bind_model(
                 triton,
                 model_name=config.model_name,
-                infer=infer,
+                infer=gate,
                 seq_len=contract.seq_len,
                 vocab_size=contract.vocab_size,
                 max_batch=max_batch,
@@ -363,12 +401,10 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
                 stack.callback(endpoint.drain, DRAIN_GRACE_S)
             if ready is not None:
                 ready(_ready_line(config, runner.name, max_batch, inflight=endpoint is not None))
-            try:
-                triton.serve()  # returns on KeyboardInterrupt (after stopping) or when Triton dies
-            except KeyboardInterrupt:
-                pass
-            if not signalled:  # serve() returned by itself: tritonserver died under us
-                code = 1
+            while not stopped.wait(MONITOR_S):  # until a signal, or tritonserver dies under us
+                if not triton.is_alive():
+                    code = 1
+                    break
     except KeyboardInterrupt:
         pass  # interrupted while starting: the context manager has stopped what was started
     finally:
@@ -380,9 +416,9 @@ def serve(config: ServeConfig, *, ready: Callable[[str], None] | None = None) ->
     return code
 
 
-def _stop_on_signals(fronts: list[Front]) -> tuple[list[int], dict[int, Any]]:
-    """SIGTERM/SIGINT behave as Ctrl-C (PyTriton's serve() stops tritonserver and its stubs on
-    KeyboardInterrupt) after the fronts stop taking requests; (the signals seen, the handlers
+def _stop_on_signals(fronts: list[Front], stopped: threading.Event) -> tuple[list[int], dict[int, Any]]:
+    """SIGTERM/SIGINT: the fronts stop taking requests, then serving ends (``stopped``; while starting,
+    as Ctrl-C: a KeyboardInterrupt, and what started is stopped); (the signals seen, the handlers
     replaced). Only the main thread can install handlers; elsewhere (tests) nothing changes."""
     signalled: list[int] = []
     previous: dict[int, Any] = {}
@@ -391,12 +427,24 @@ def _stop_on_signals(fronts: list[Front]) -> tuple[list[int], dict[int, Any]]:
         signalled.append(signum)
         for front in fronts:  # no new request is taken while Triton stops
             front.stop_accepting()
-        raise KeyboardInterrupt(f"signal {signum}")
+        if not fronts:  # still starting
+            raise KeyboardInterrupt(f"signal {signum}")
+        stopped.set()
 
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
     return signalled, previous
+
+
+def _stop_fast(triton: Any, gate: Any, signalled: list[int]) -> None:
+    """A stop that was asked for: once Triton runs no inference of ours (the front has answered what it
+    took, the gate refuses new gRPC requests and waits for the running ones), tritonserver and its
+    backend stubs are ended at once; its own graceful stop unloads the model first and takes seconds."""
+    from hrm_deploy.serve import binding
+
+    if signalled and gate.close(DRAIN_GRACE_S):
+        binding.kill_server(triton)
 
 
 def _ready_line(config: ServeConfig, runner_name: str, max_batch: int, *, inflight: bool) -> str:

@@ -53,6 +53,12 @@ def test_rtx_builds_engines_from_the_trained_fixture(tiny_onnx, tmp_path, monkey
     # static slices are parsed as gathers (the TensorRT builder's _for_tensorrt): the parser no longer rebuilds each
     # one's bounds from the run-time shape; INT64 was 2/3 of the layers, the embedding's expand is left
     assert network["output_dtypes"].get("INT64", 0) < 0.2 * network["layers"]
+    if precision == "fp16":  # the memory plan of what RTX built: the engine file's size, against the graph's weights
+        from hrm_deploy.engines.plan import memory_plan
+
+        engine_plan, graph_plan = memory_plan(result.path), memory_plan(tiny_onnx.unrolled, precision="fp16")
+        assert engine_plan.weights == result.path.stat().st_size and engine_plan.weights_from == "engine file"
+        assert 0 < graph_plan.weights <= engine_plan.weights  # the plan holds the weights (and kernels besides)
     if dtype_key:
         assert network["output_dtypes"].get(dtype_key)
     else:
@@ -120,8 +126,9 @@ def test_parser_errors_name_the_node(tmp_path):
 def test_jetson_memory_budget_is_checked_before_building(tiny_onnx, tmp_path, monkeypatch):
     import hrm_deploy.backends.tensorrt.builder.engine as trt_build
     import hrm_deploy.engines.build as build
+    import hrm_deploy.engines.plan as trt_plan
 
-    monkeypatch.setattr(trt_build, "BUILD_MIB_PER_NODE", 100.0)  # as if the graph were a full 16-step unroll
+    monkeypatch.setattr(trt_plan, "BUILD_MIB_PER_NODE", 100.0)  # as if the graph were a full 16-step unroll
     monkeypatch.setattr(trt_build, "load_backend", lambda name: load_backend("tensorrt-rtx"))  # no JetPack TRT here
     with pytest.raises(EngineError, match="--mode step"):
         build.build_engine(

@@ -188,3 +188,48 @@ def repository_server(repo: Path):
     with Triton(config=config) as triton:
         triton.run()
         yield f"http://127.0.0.1:{http}"
+
+
+class StockTriton:
+    """PyTriton's bundled ``tritonserver --model-repository REPO`` started as a user starts a stock
+    Triton: the binary itself (no PyTriton, no ``hrm-deploy``), its Python backend in a backend
+    folder of its own, free loopback ports, its own session (so nothing outlives :meth:`stop`)."""
+
+    def __init__(self, repo: Path, workdir: Path):
+        from hrm_deploy.serve.binding import bundled_tritonserver
+
+        self.http, self.grpc, self.metrics = free_ports(3)
+        self.url = f"http://127.0.0.1:{self.http}"
+        self.log = workdir / "tritonserver.log"
+        cmd, env = bundled_tritonserver(
+            repo, workdir, http_port=self.http, grpc_port=self.grpc, metrics_port=self.metrics
+        )
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"tritonserver exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
+                )
+            with contextlib.suppress(OSError):
+                if urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2).status == 200:
+                    return
+            time.sleep(0.3)
+        self.stop()
+        raise AssertionError(f"tritonserver not ready in {timeout_s} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM to tritonserver (it stops its stubs), SIGKILL of the whole session after 40 s."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=20)

@@ -74,9 +74,11 @@ class _Backend(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # noqa: N802
+        getattr(self.server, "requests", []).append(f"GET {self.path}")
         self._send(b'{"ready": true}')
 
     def do_POST(self) -> None:  # noqa: N802
+        getattr(self.server, "requests", []).append(f"POST {self.path}")
         self._send(self.rfile.read(int(self.headers["Content-Length"])))
 
     def _send(self, data: bytes) -> None:
@@ -203,3 +205,38 @@ def test_data_nested_past_the_recursion_limit_is_400():
         pytest.skip("this Python's JSON parser stops earlier")
     with pytest.raises(Refused, match="not integers"):
         check_infer_request(body, None, LIMITS)
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    """Send ``data`` on a fresh connection; everything the front answers until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "Content-Length: {n}\r\nContent-Length: 5",  # conflicting lengths: the classic smuggling shape
+        "Content-Length: {n}\r\nContent-Length: {n}",  # repeated
+        "Content-Length: \u00b2",  # a Unicode digit (str.isdigit() takes it)
+        "Content-Length: {n}\r\nTransfer-Encoding: chunked",
+        "Content-Length: {n}\r\nInference-Header-Content-Length: \u00b2",
+        "Content-Length: {n}\r\nInference-Header-Content-Length: 5\r\nInference-Header-Content-Length: 5",
+    ],
+)
+def test_ambiguous_framing_is_400_and_never_forwarded(backend, head):
+    body = json.dumps(_request([1, 2, 3, 4])).encode()
+    seen = backend.requests = []  # type: ignore[attr-defined]
+    with _front(backend) as front:
+        port = front.listener.sock.getsockname()[1]
+        text = f"POST /v2/models/hrm/something HTTP/1.1\r\nHost: x\r\n{head.format(n=len(body))}\r\n\r\n"
+        answer = _raw(port, text.encode() + body)
+        status_line, _, rest = answer.partition(b"\r\n")
+        assert b" 400 " in status_line, answer[:300]
+        assert len(json.loads(rest.split(b"\r\n\r\n", 1)[1])["error"].splitlines()) == 1
+        assert _get(port)[0] == 200  # the front goes on
+    assert not [r for r in seen if r.startswith("POST")], seen  # nothing reached the backend

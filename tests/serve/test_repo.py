@@ -15,6 +15,7 @@ from hrm_deploy.manifest import write_manifest
 from hrm_deploy.serve.repo import (
     Device,
     OnnxBackend,
+    RepoBatching,
     RepoConfig,
     model_name,
     write_triton_repo,
@@ -94,13 +95,21 @@ def test_onnx_gpu_with_tensorrt_accelerator(tiny_onnx, tmp_path):
 
 
 def test_step_graph_gets_act_driver(tiny_onnx, tmp_path):
+    """With a halting rule the driver is in-flight (Triton's iterative sequences, one puzzle per
+    request, candidates = max batch, the START control for a puzzle's first step); --batching dynamic
+    or --halt off keep the per-batch driver behind the dynamic batcher."""
     out = tmp_path / "repo"
     models = write_triton_repo([tiny_onnx.step], RepoConfig(output=out, halt="threshold:0.5", names=("sudoku",)))
-    assert [(m.name, m.kind) for m in models] == [("sudoku_step", "onnxruntime"), ("sudoku", "act-driver")]
+    assert [(m.name, m.kind) for m in models] == [("sudoku_step", "onnxruntime"), ("sudoku", "act-inflight")]
     step, driver = parse(out / "sudoku_step"), parse(out / "sudoku")
     by_name = {t.name: t for t in step.input}
     assert dims(by_name["z_H"]) == [82, 64] and by_name["reset"].data_type == model_config_pb2.TYPE_BOOL
-    assert driver.backend == "python" and driver.max_batch_size == step.max_batch_size
+    assert driver.backend == "python" and driver.max_batch_size == step.max_batch_size == 64
+    assert not driver.HasField("dynamic_batching") and driver.sequence_batching.iterative_sequence
+    assert driver.sequence_batching.oldest.max_candidate_sequences == 64
+    assert driver.sequence_batching.oldest.max_queue_delay_microseconds == 0
+    (control,) = driver.sequence_batching.control_input
+    assert control.name == "START" and list(control.control[0].int32_false_true) == [0, 1]
     params = {k: v.string_value for k, v in driver.parameters.items()}
     assert params == {
         "step_model": "sudoku_step",
@@ -110,13 +119,34 @@ def test_step_graph_gets_act_driver(tiny_onnx, tmp_path):
         "carry_len": "82",
         "hidden_size": "64",
         "vocab_size": "11",
+        "num_puzzle_identifiers": "1",
         "halt": "threshold:0.5",
+        "schedule": "inflight",
+        "max_live": "64",
     }
     assert [t.name for t in driver.output] == ["answer", "logits", "q_halt_logits", "steps"]
     source = (out / "sudoku" / "1" / "model.py").read_text()
     assert "class TritonPythonModel" in source and "import hrm_deploy" not in source
     compile(source, "model.py", "exec")
     assert (out / "sudoku" / "tiny.step.onnx.manifest.json").is_file()
+    for config in (
+        RepoConfig(output=tmp_path / "d", halt="q", batching=RepoBatching.dynamic),
+        RepoConfig(output=tmp_path / "o"),  # --halt off
+        RepoConfig(output=tmp_path / "v", halt="q", triton_version="23.10"),  # before rescheduling
+    ):
+        models = write_triton_repo([tiny_onnx.step], config)
+        assert models[1].kind == "act-driver", config
+        driver = parse(config.output / "tiny_step")
+        assert driver.HasField("dynamic_batching") and not driver.HasField("sequence_batching")
+        assert {k: v.string_value for k, v in driver.parameters.items()}["schedule"] == "batch"
+    assert "cannot run the in-flight ACT driver" in (models[1].note or "")
+    with pytest.raises(ConfigError, match="--batching inflight: Triton 2.39 cannot run the in-flight ACT driver"):
+        write_triton_repo(
+            [tiny_onnx.step],
+            RepoConfig(output=tmp_path / "x", halt="q", batching=RepoBatching.inflight, triton_version="2.39"),
+        )
+    with pytest.raises(ConfigError, match="--triton-version 'latest'"):
+        write_triton_repo([tiny_onnx.step], RepoConfig(output=tmp_path / "y", halt="q", triton_version="latest"))
 
 
 def test_engine_repo_structural(tiny_onnx, tmp_path):
@@ -220,3 +250,117 @@ def test_the_serve_hint_works_as_printed(tiny_onnx, tmp_path):
     line = next(x for x in result.output.splitlines() if "serve it with:" in x)
     argv = shlex.split(line.split("serve it with:", 1)[1])
     assert argv == ["tritonserver", "--model-repository", str(repo)]
+
+
+def test_kserve_manifest_validates_offline(tiny_onnx, tmp_path):
+    """`--kserve` writes a ServingRuntime and an InferenceService: every Kubernetes object in them (the
+    runtime's container, the predictor's resources, the metadata) validates against the Kubernetes
+    schema (kubernetes-validate, strict: no unknown field), and the KServe fields against the fields
+    of KServe's v1alpha1 ServingRuntime / v1beta1 InferenceService CRDs that it uses (transcribed
+    below: the kserve SDK needs python-dateutil<3, which this environment does not have)."""
+    if os.environ.get("HRM_REQUIRE_SERVE") != "1":
+        pytest.importorskip(
+            "kubernetes_validate", reason="kubernetes-validate not installed (pip install 'hrm-deploy[serve]')"
+        )
+    import jsonschema
+    import kubernetes_validate
+    import yaml
+
+    out = tmp_path / "repo"
+    write_triton_repo([tiny_onnx.step], RepoConfig(output=out, halt="q", names=("Sudoku_small",), kserve=True))
+    text = (out / "kserve.yaml").read_text()
+    assert "kubectl apply -f kserve.yaml" in text
+    runtime, service = yaml.safe_load_all(text)
+
+    def k8s(kind: str, spec: dict) -> None:
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": kind, "metadata": {"name": "x"}, **spec}, "1.30", strict=True
+        )
+
+    for obj in (runtime, service):
+        k8s("Pod", {"metadata": obj["metadata"], "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    k8s("Pod", {"spec": {"containers": runtime["spec"]["containers"]}})
+    model = service["spec"]["predictor"]["model"]
+    k8s("Pod", {"spec": {"containers": [{"name": "kserve-container", "resources": model["resources"]}]}})
+
+    def obj(properties: dict, required: tuple[str, ...] = ()) -> dict:
+        return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+    text_ = {"type": "string"}
+    model_format = obj({"name": text_, "version": text_, "autoSelect": {"type": "boolean"}}, ("name",))
+    kserve = {
+        "ServingRuntime": obj(
+            {
+                "apiVersion": {"const": "serving.kserve.io/v1alpha1"},
+                "kind": {"const": "ServingRuntime"},
+                "metadata": {"type": "object"},
+                "spec": obj(
+                    {
+                        "annotations": {"type": "object", "additionalProperties": text_},
+                        "supportedModelFormats": {"type": "array", "items": model_format},
+                        "protocolVersions": {"type": "array", "items": {"enum": ["v1", "v2", "grpc-v1", "grpc-v2"]}},
+                        "containers": {"type": "array", "minItems": 1},
+                    },
+                    ("containers",),
+                ),
+            },
+            ("apiVersion", "kind", "metadata", "spec"),
+        ),
+        "InferenceService": obj(
+            {
+                "apiVersion": {"const": "serving.kserve.io/v1beta1"},
+                "kind": {"const": "InferenceService"},
+                "metadata": {"type": "object"},
+                "spec": obj(
+                    {
+                        "predictor": obj(
+                            {
+                                "model": obj(
+                                    {
+                                        "modelFormat": model_format,
+                                        "runtime": text_,
+                                        "protocolVersion": {"enum": ["v1", "v2", "grpc-v1", "grpc-v2"]},
+                                        "storageUri": text_,
+                                        "resources": {"type": "object"},
+                                    },
+                                    ("modelFormat",),
+                                )
+                            },
+                            ("model",),
+                        )
+                    },
+                    ("predictor",),
+                ),
+            },
+            ("apiVersion", "kind", "metadata", "spec"),
+        ),
+    }
+    for item in (runtime, service):
+        jsonschema.validate(item, kserve[item["kind"]])
+    assert model["runtime"] == runtime["metadata"]["name"] and service["metadata"]["name"] == "sudoku-small"
+    assert runtime["spec"]["supportedModelFormats"][0]["name"] == model["modelFormat"]["name"] == "triton"
+    assert "nvidia.com/gpu" not in model["resources"]["limits"]  # a CPU repository asks for no GPU
+    assert "--model-store=/mnt/models" in runtime["spec"]["containers"][0]["args"]
+    bad = {**service, "spec": {"predictor": {"model": {**model, "storageURI": "x"}}}}  # a misspelt field fails
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, kserve["InferenceService"])
+    with pytest.raises(kubernetes_validate.ValidationError):
+        k8s("Pod", {"spec": {"containers": [{"name": "c", "resources": {"limit": {"cpu": "1"}}}]}})
+    # the repository still serves: Triton skips files at its top level, --overwrite replaces it
+    write_triton_repo([tiny_onnx.step], RepoConfig(output=out, halt="q", overwrite=True))
+    assert not (out / "kserve.yaml").exists()
+
+
+def test_engines_ask_kserve_for_a_gpu_and_versions_map_to_ngc_images(tiny_onnx, tmp_path):
+    import yaml
+
+    from hrm_deploy.serve.repo import ngc_release, triton_version
+
+    assert triton_version("24.10") == (2, 51) == triton_version("2.51.0") and ngc_release((2, 51)) == "24.10"
+    assert triton_version("23.12") == (2, 41) and ngc_release((2, 40)) == "23.11"
+    engine = fake_engine(Path(tiny_onnx.unrolled), tmp_path, max_batch=8)
+    out = tmp_path / "repo"
+    write_triton_repo([engine], RepoConfig(output=out, kserve=True, triton_version="2.50"))
+    runtime, service = yaml.safe_load_all((out / "kserve.yaml").read_text())
+    assert runtime["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/tritonserver:24.09-py3"
+    assert service["spec"]["predictor"]["model"]["resources"]["limits"]["nvidia.com/gpu"] == "1"

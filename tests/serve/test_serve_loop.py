@@ -69,3 +69,25 @@ def test_a_triton_repository_of_the_loop_graph_answers(loop_graph, tmp_path: Pat
         out = infer_remote(url, {k: v[:8] for k, v in feeds.items()}, model_name="loop")
     assert np.array_equal(out["answer"], ref["logits"][:8].argmax(-1))
     assert np.array_equal(np.asarray(out["steps"]).ravel(), ref["steps_used"][:8])
+
+
+def test_a_loop_graph_keeps_the_rule_fixed_at_its_export(loop_graph, tmp_path: Path) -> None:
+    """`triton-repo` of a loop graph exported with --halt q accepts --halt q and refuses another rule in one
+    line; `serve --batching inflight` says it is a loop graph and what to serve instead."""
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+    from tests.serve.helpers import free_ports
+
+    path, _, _ = loop_graph
+    result = CliRunner().invoke(app, ["triton-repo", str(path), "-o", str(tmp_path / "a"), "--halt", "threshold:0.5"])
+    assert result.exit_code == 2 and "is a loop graph, which halts by the rule fixed at its export (q)" in result.output
+    assert not (tmp_path / "a").exists()
+    result = CliRunner().invoke(app, ["triton-repo", str(path), "-o", str(tmp_path / "b"), "--halt", "q"])
+    assert result.exit_code == 0, result.output
+    http, grpc, metrics = free_ports(3)
+    ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    result = CliRunner().invoke(app, ["serve", str(path), "--batching", "inflight", *ports])
+    assert result.exit_code == 2, result.output
+    assert "is a loop graph" in result.output and "unrolled" not in result.output
+    assert "export --mode step" in result.output and "--batching dynamic" in result.output

@@ -64,6 +64,10 @@ class Backend:
     def supports_timing_cache(self) -> bool:
         return not self.is_rtx
 
+    def supports_stripping(self) -> bool:
+        """Weight-stripped plans (``STRIP_PLAN``, TensorRT 10.0 and later; TensorRT-RTX has it too)."""
+        return hasattr(self.trt.BuilderFlag, "STRIP_PLAN")
+
     def compute_capability(self, target: str | None) -> Any:
         """The RTX ComputeCapability member for ``target`` ("SM120"), checked; None elsewhere."""
         if not self.is_rtx or not target:

@@ -60,6 +60,8 @@ class TrtRunner(LoopRunner):
             or []
         ):
             log.warning(warning)
+        if self.manifest.get("weights_stripped"):  # refit from its graph on first run (saved whole for the next)
+            blob = self._refitted(backend, blob)
         self._engine = deserialize(backend, self._runtime, self._logger, blob, self.path)
         adapter = TrtAdapter(
             trt,
@@ -83,6 +85,23 @@ class TrtRunner(LoopRunner):
         self.mode, self.steps = self.loop.mode, self.loop.steps
         self.min_batch, self.max_batch = adapter.batch_range
         self.seq_len = adapter.tensors["inputs"].shape[-1]
+
+    def _refitted(self, backend: Any, blob: bytes) -> bytes:
+        """The whole engine of a weight-stripped one: an earlier refit saved beside it, else refit now
+        from the graph the manifest names (its sha256 checked first) and saved
+        (:mod:`hrm_deploy.backends.tensorrt.refit`)."""
+        from hrm_deploy.backends.tensorrt.refit import refit, refit_source, save_refitted, saved_refit
+        from hrm_deploy.io import sha256_bytes
+
+        digest = sha256_bytes(blob)
+        saved = saved_refit(self.path, digest)
+        if saved is not None:
+            return saved
+        graph, data = refit_source(self.path, self.manifest)
+        stripped = deserialize(backend, self._runtime, self._logger, blob, self.path)
+        whole = refit(backend.trt, self._logger, stripped, graph, data)
+        save_refitted(self.path, self.manifest, whole, digest)
+        return whole
 
     def attach_profiler(self, make: Callable[[Any], Any]) -> Any:
         """``make(tensorrt_module)`` (a ``trt.IProfiler``), given to the engine's execution

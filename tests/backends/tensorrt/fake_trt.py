@@ -143,6 +143,33 @@ def write_engine(path: Path, precision: str = "fp32", **kwargs: Any) -> dict[str
     return s
 
 
+def write_stripped_engine(path: Path, graph: Path, **kwargs: Any) -> dict[str, Any]:
+    """A fake weight-stripped engine built from ``graph`` (``build-engine --strip-weights``): its weights
+    are the graph's sha256, missing until refit; the manifest names the graph to refit from."""
+    import hashlib
+    import os
+
+    from hrm_deploy.manifest import write_manifest
+
+    digest = hashlib.sha256(graph.read_bytes()).hexdigest()
+    s = {**spec(**kwargs), "stripped": True, "weights": digest}
+    path.write_bytes(json.dumps(s).encode())
+    write_manifest(
+        path,
+        stage="engine",
+        config={},
+        backend={"name": "tensorrt", "version": __version__},
+        precision="fp16",
+        mode=s["mode"],
+        steps=s["steps"],
+        compute_capability=None,
+        build_machine={},
+        weights_stripped=True,
+        refit_source={"path": os.path.relpath(graph, path.parent), "sha256": digest},
+    )
+    return s
+
+
 def _io(s: dict[str, Any]) -> list[tuple[str, bool, tuple[int, ...]]]:
     S, V, T, D, n = s["S"], s["V"], s["T"], s["D"], s["steps"]
     feeds = [("inputs", True, (-1, S)), ("puzzle_identifiers", True, (-1,))]
@@ -257,6 +284,13 @@ class ICudaEngine:
         CALLS["create_execution_context"] += 1
         return IExecutionContext(self, strategy)
 
+    def create_serialization_config(self) -> SerializationConfig:
+        return SerializationConfig()
+
+    def serialize_with_config(self, config: SerializationConfig) -> bytes:
+        stripped = self.spec.get("stripped") or SerializationFlag.EXCLUDE_WEIGHTS in config.flags
+        return json.dumps({**self.spec, "stripped": bool(stripped)}).encode()
+
 
 class IExecutionContext:
     def __init__(self, engine: ICudaEngine, strategy: Any):
@@ -296,7 +330,7 @@ class IExecutionContext:
         memory = HostMemory.from_handle(stream)
         bound = dict(self.addresses)  # TensorRT uses the addresses set at enqueue time
         missing = [n for n, _, _ in self.engine.io if n not in bound]
-        if missing or self.device_memory is None:
+        if missing or self.device_memory is None or self.engine.spec.get("stripped"):  # no weights: no run
             return False
         engine, profiler = self.engine, self.profiler
 
@@ -331,6 +365,54 @@ class IExecutionContext:
                 np.copyto(memory.array_at(bound[name]), _store(value, engine.kinds[name]))
 
         memory.enqueue(run)
+        return True
+
+
+class SerializationFlag(enum.Enum):
+    EXCLUDE_WEIGHTS = 0
+    EXCLUDE_LEAN_RUNTIME = 1
+
+
+class SerializationConfig:
+    def __init__(self) -> None:
+        self.flags = {SerializationFlag.EXCLUDE_WEIGHTS}  # a stripped engine serializes without weights by default
+
+    def clear_flag(self, flag: SerializationFlag) -> bool:
+        self.flags.discard(flag)
+        return True
+
+
+class Refitter:
+    """Refits a fake stripped engine: its spec's ``weights`` (the sha256 of the graph it was built from)
+    are missing until a parser refitter reads bytes whose sha256 they are; ``FAKE_MISSING`` forces a
+    weight to stay missing."""
+
+    def __init__(self, engine: ICudaEngine, logger: Logger):
+        self.engine, self.given = engine, None
+
+    def get_missing_weights(self) -> list[str]:
+        forced = list(self.engine.spec.get("forced_missing", []))
+        return forced + ([] if self.given == self.engine.spec.get("weights") else ["step/onnx::MatMul_1084"])
+
+    def refit_cuda_engine(self) -> bool:
+        CALLS["refit_cuda_engine"] += 1
+        if self.get_missing_weights():
+            return False
+        self.engine.spec["stripped"] = False
+        return True
+
+
+class OnnxParserRefitter:
+    num_errors = 0
+
+    def __init__(self, refitter: Refitter, logger: Logger):
+        self.refitter = refitter
+
+    def refit_from_bytes(self, model: bytes, path: str | None = None) -> bool:
+        import hashlib
+
+        CALLS["refit_from_bytes"] += 1
+        self.refitter.given = hashlib.sha256(bytes(model)).hexdigest()
         return True
 
 

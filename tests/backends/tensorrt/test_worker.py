@@ -52,6 +52,7 @@ def fake_tensorrt(
     trt.ProfilingVerbosity = enum.Enum("ProfilingVerbosity", "LAYER_NAMES_ONLY DETAILED NONE")
     trt.LayerInformationFormat = enum.Enum("LayerInformationFormat", "ONELINE JSON")
     trt.LayerType = enum.Enum("LayerType", "MATRIX_MULTIPLY QUANTIZE DEQUANTIZE")
+    trt.BuilderFlag = enum.Enum("BuilderFlag", "REFIT STRIP_PLAN REFIT_IDENTICAL")
     answers = list(timing_cache_ok)
 
     class Logger:
@@ -89,6 +90,9 @@ def fake_tensorrt(
 
         def set_memory_pool_limit(self, pool, size):
             calls.add("workspace", size)
+
+        def set_flag(self, flag):
+            calls.add("flag", flag.name)
 
         def add_optimization_profile(self, profile):
             calls.add("profile", profile.shapes)
@@ -194,9 +198,9 @@ def worker_spec(tmp_path, timing_cache=None) -> dict:
     }
 
 
-def run_worker(tmp_path, monkeypatch, trt, timing_cache=None):
+def run_worker(tmp_path, monkeypatch, trt, timing_cache=None, **extra):
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
-    spec = worker_spec(tmp_path, timing_cache)
+    spec = {**worker_spec(tmp_path, timing_cache), **extra}
     assert worker.build(spec) == 0
     return json.loads((tmp_path / "result.json").read_text())
 
@@ -247,17 +251,14 @@ def test_matching_timing_cache_is_loaded(tmp_path, monkeypatch):
     assert result["timing_cache"] == {"used": True, "path": str(cache), "loaded_bytes": 8}
 
 
-def test_jetson_extra_pins_cuda_python_below_13():
-    tomllib = pytest.importorskip(
-        "tomllib", reason="tomllib is Python 3.11+: run the suite on Python 3.11 to check this"
-    )
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    from packaging.specifiers import SpecifierSet
-
-    (pin,) = [r for r in extras["jetson"] if r.startswith("cuda-python")]
-    spec = SpecifierSet(pin[len("cuda-python") :])
-    assert "12.6.0" in spec and "12.9.1" in spec  # JetPack 6 is CUDA 12.x
-    assert "13.0.0" not in spec and "11.8.0" not in spec  # 13.x needs a CUDA 13 driver
+def test_strip_weights_sets_strip_plan_and_refit_identical(tmp_path, monkeypatch):
+    calls = Calls()
+    result = run_worker(tmp_path, monkeypatch, fake_tensorrt(calls), strip_weights=True)
+    assert [c[1] for c in calls if c[0] == "flag"] == ["STRIP_PLAN", "REFIT_IDENTICAL"]
+    assert result["weights_stripped"] is True
+    plain = Calls()
+    assert "weights_stripped" not in run_worker(tmp_path, monkeypatch, fake_tensorrt(plain))
+    assert not [c for c in plain if c[0] == "flag"]
 
 
 @pytest.mark.parametrize(

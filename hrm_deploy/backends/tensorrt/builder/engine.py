@@ -25,6 +25,7 @@ from hrm_deploy.backends.tensorrt.api import load_backend
 from hrm_deploy.backends.tensorrt.builder.cost import check_unrolled_build, compute_nodes, unrolled_over_budget
 from hrm_deploy.backends.tensorrt.builder.layers import precision_verdict
 from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions, reproduce_command, timing_cache_path
+from hrm_deploy.engines.plan import MemoryPlan, build_estimate_mib, plan_graph
 from hrm_deploy.engines.request import BuildRequest, GraphInput, StepInstead
 from hrm_deploy.engines.result import EngineResult
 from hrm_deploy.engines.targets import TargetProfile, target_architectures
@@ -37,10 +38,6 @@ from hrm_deploy.progress import Stages
 from hrm_deploy.system import gpu_identity
 
 log = logging.getLogger(__name__)
-
-# Host memory of a TensorRT build per ONNX node, measured: the 16-step Sudoku unroll
-# (58,206 nodes, 152 MB) peaked at 9.3 GB in TensorRT-RTX on 2 cores.
-BUILD_MIB_PER_NODE = 0.16
 
 
 class _Graph(NamedTuple):
@@ -89,7 +86,7 @@ def _shapes(dims: dict[str, list[Any]], lo: int, opt: int, hi: int) -> dict[str,
 
 
 def _check_memory_budget(target: TargetProfile, nodes: int, onnx_bytes: int) -> int:
-    estimate = int(nodes * BUILD_MIB_PER_NODE + 3 * onnx_bytes / 2**20)
+    estimate = build_estimate_mib(nodes, onnx_bytes)
     if target.memory_budget_mib and estimate > target.memory_budget_mib * 0.75:
         raise EngineError(
             f"building this graph ({nodes} nodes) needs about {estimate} MiB of host memory, more than "
@@ -129,6 +126,57 @@ def _check_precision_took(precision: str, build: dict[str, Any]) -> str:
             "with `hrm-deploy inspect` and rebuild it from the FP32 export"
         )
     return verdict
+
+
+def _check_can_strip(backend: Any, machine: dict[str, str]) -> None:
+    """Weight-stripped (refittable) engines need a GPU at build time: TensorRT-RTX 1.7 on a CPU-only
+    machine fails every REFIT, REFIT_IDENTICAL or STRIP_PLAN build in its CUDA check (measured)."""
+    if backend.is_rtx and not machine:
+        raise ConfigError(
+            f"--strip-weights: {backend.name} {backend.version} builds weight-stripped engines only on a machine with "
+            "an NVIDIA GPU (its refittable builds need CUDA); build on the GPU machine or the board (standard "
+            "TensorRT on Jetson), or drop --strip-weights"
+        )
+    if not backend.supports_stripping():
+        raise ConfigError(
+            f"--strip-weights: {backend.name} {backend.version} has no STRIP_PLAN; use TensorRT 10.0 or newer"
+        )
+
+
+def _check_memory_plan(
+    request: BuildRequest, model: Any, meta: dict[str, Any], graph: Path, spec: dict[str, Any]
+) -> MemoryPlan | None:
+    """On a target with a memory budget (Jetson): the engine's memory plan at the profile's batches,
+    refused in one line naming what to change when the largest batch does not fit (``hrm-deploy plan``
+    prints the whole plan). None for targets without a budget."""
+    if not request.target.memory_budget_mib:
+        return None
+    plan = plan_graph(
+        model,
+        meta,
+        request.target,
+        request.config.precision,
+        artifact=str(graph),
+        max_batch=spec["shapes"][next(iter(spec["shapes"]))][2][0],
+        puzzle_emb=str(meta.get("puzzle_emb", "embedded")),
+    )
+    if not plan.fits:
+        raise ConfigError(plan.refusal() + f" (the whole plan: hrm-deploy plan {graph} --target {request.target.name})")
+    return plan
+
+
+def _plan_record(plan: MemoryPlan | None) -> dict[str, Any] | None:
+    """The plan's summary for the manifest (MiB)."""
+    if plan is None:
+        return None
+    last = plan.buckets[-1]
+    return {
+        "budget_mib": plan.budget_mib,
+        "fixed_mib": round(plan.fixed / 2**20, 1),
+        "max_batch": last.batch,
+        "total_at_max_batch_mib": round(last.total / 2**20, 1),
+        "largest_batch_that_fits": plan.largest_batch,
+    }
 
 
 def layers_path(engine_path: str | os.PathLike) -> Path:
@@ -183,7 +231,9 @@ def _run_worker(
         reader.join()
 
 
-def _for_tensorrt(onnx_bytes: bytes, graph_manifest: dict[str, Any] | None, rewrites: dict[str, Any]) -> bytes:
+def _for_tensorrt(
+    onnx_bytes: bytes, graph_manifest: dict[str, Any] | None, rewrites: dict[str, Any], strip: bool = False
+) -> bytes:
     """The graph TensorRT parses: ``onnx_bytes`` with its static slices written as gathers
     (:func:`hrm_deploy.export.slicing.slices_to_gathers`: the same elements, bit for bit, but no
     shape layers in TensorRT's network: 6,700 -> 2,674 layers on the Sudoku-size step graph).
@@ -191,6 +241,9 @@ def _for_tensorrt(onnx_bytes: bytes, graph_manifest: dict[str, Any] | None, rewr
     bundled model. Graphs with external weights are parsed as they are. ``rewrites`` records it."""
     if (graph_manifest or {}).get("companions"):
         rewrites["slices_to_gathers"] = "skipped: external weights"
+        return onnx_bytes
+    if strip:  # a weight-stripped engine refits from the graph as recorded: it must be the graph parsed
+        rewrites["slices_to_gathers"] = "skipped: a weight-stripped engine refits from its recorded graph"
         return onnx_bytes
     import onnx
 
@@ -219,6 +272,8 @@ class TensorRTBuilder:
         backend = load_backend(request.backend)
         backend.compute_capability(asked or target.compute_capability)  # validate early
         machine = gpu_identity()
+        if config.options_as(TensorRTOptions).strip_weights:
+            _check_can_strip(backend, machine)
         architectures = target_architectures(target, config.precision, asked, machine.get("compute_capability"))
         return replace(request, facts={**request.facts, "machine": machine, "architectures": architectures})
 
@@ -242,13 +297,15 @@ class TensorRTBuilder:
         # Everything below uses these bytes, whose sha256 matched the manifest: a concurrent export
         # replacing the file cannot slip in between the check, the shapes and the build.
         onnx_bytes, graph_manifest = read_verified(graph)
-        meta, dims, nodes, compute = _graph_info(graph, onnx_bytes)
+        model = load_onnx_bytes(onnx_bytes, graph)
+        meta, dims, nodes, compute = _graph_info(graph, model=model)
         allow = config.options_as(TensorRTOptions).allow_unrolled
         unrolled_cost = check_unrolled_build(meta, compute, config.precision, allow, graph.name)
         if unrolled_cost is not None and not request.quiet:
             log.info(f"building the unrolled graph as asked (--allow-unrolled): {unrolled_cost.describe()}")
         backend = load_backend(request.backend)
         spec = {**_spec(request, backend, dims, len(onnx_bytes), nodes), "onnx_sha256": sha256_bytes(onnx_bytes)}
+        plan = _check_memory_plan(request, model, meta, graph, spec)
         stem = graph.name[: -len(".onnx")]
         out = request.out or Path("engines") / f"{stem}.{target.name}.{backend.name}.engine"
         target_path = check_output_path(out)
@@ -257,6 +314,7 @@ class TensorRTBuilder:
             staged, build = _build_in_child(job, work)
             _check_precision_took(config.precision, build)
             facts = {**request.facts, "unrolled_opt_in": unrolled_cost.to_dict() if unrolled_cost else None}
+            facts["memory_plan"] = _plan_record(plan)
             manifest = _publish(job, staged, build, facts)
         return EngineResult(target_path, manifest, graph, build)
 
@@ -287,6 +345,7 @@ def _spec(request: BuildRequest, backend: Any, dims: dict[str, list[Any]], onnx_
         else None,
         "estimated_build_mib": estimate,
         "nodes": nodes,
+        "strip_weights": options.strip_weights,
     }
 
 
@@ -296,7 +355,7 @@ def _build_in_child(job: _Job, work: Path) -> tuple[Path, dict[str, Any]]:
     graph, spec, request = job.graph, job.spec, job.request
     spec["rewrites"] = {}
     built_from = work / graph.name
-    built_from.write_bytes(_for_tensorrt(job.onnx_bytes, job.graph_manifest, spec["rewrites"]))
+    built_from.write_bytes(_for_tensorrt(job.onnx_bytes, job.graph_manifest, spec["rewrites"], spec["strip_weights"]))
     for companion in (job.graph_manifest or {}).get("companions", {}) or {}:
         os.symlink(graph.resolve().with_name(companion), work / companion)  # checked by read_verified
     staged = work / job.target_path.name
@@ -356,6 +415,7 @@ def _publish(job: _Job, staged: Path, build: dict[str, Any], facts: dict[str, An
         build=build,
         estimated_build_mib=spec["estimated_build_mib"],
         unrolled_opt_in=facts.get("unrolled_opt_in"),
+        memory_plan=facts.get("memory_plan"),
         step_instead_of_unrolled=facts.get("step_instead_of_unrolled"),
         timings=job.stages.timings,
         trtexec_command=reproduce_command(
@@ -367,9 +427,15 @@ def _publish(job: _Job, staged: Path, build: dict[str, Any], facts: dict[str, An
             optimization_level=spec["optimization_level"],
             compute_capability=spec["compute_capability"],
             timing_cache=spec["timing_cache"],
+            strip_weights=spec["strip_weights"],
         ),
         layers_json=layers_file.name if have_layers else None,
         timing_cache=spec["timing_cache"],
+        weights_stripped=spec["strip_weights"],
+        # what a stripped engine refits from on first run: the graph parsed, by sha256 (refit.py)
+        refit_source={"path": os.path.relpath(job.graph, target_path.parent), "sha256": spec["onnx_sha256"]}
+        if spec["strip_weights"]
+        else None,
     )
 
 

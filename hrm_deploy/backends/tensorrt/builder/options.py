@@ -23,7 +23,9 @@ class TensorRTOptions(BuildOptions):
     """TensorRT / TensorRT-RTX build options; None fields take the target profile's default.
     ``timing_cache`` is a base name (the file is keyed by GPU and TensorRT version; None: no
     cache); ``allow_unrolled`` builds an unrolled graph whose estimated cost is over budget
-    (:mod:`.cost`) instead of its single-step graph."""
+    (:mod:`.cost`) instead of its single-step graph; ``strip_weights`` builds a weight-stripped
+    engine (``STRIP_PLAN`` + ``REFIT_IDENTICAL``) that refits from its graph on first run
+    (:mod:`hrm_deploy.backends.tensorrt.refit`)."""
 
     taker: ClassVar[str] = "TensorRT"
 
@@ -32,6 +34,7 @@ class TensorRTOptions(BuildOptions):
     compute_capability: str | None = option(None, "--compute-capability")
     allow_unrolled: bool = option(False, "--allow-unrolled")
     timing_cache: str | None = option(DEFAULT_TIMING_CACHE, "--timing-cache")
+    strip_weights: bool = option(False, "--strip-weights")
 
     def __post_init__(self) -> None:
         if self.workspace_mib is not None and not 16 <= self.workspace_mib <= MAX_WORKSPACE_MIB:
@@ -78,12 +81,14 @@ def reproduce_command(
     optimization_level: int,
     compute_capability: str | None = None,
     timing_cache: str | Path | None = None,
+    strip_weights: bool = False,
 ) -> str:
     """The ``trtexec`` (TensorRT) or ``tensorrt_rtx`` (TensorRT-RTX) line that builds the same engine.
 
     Flags as documented for each tool: ``--onnx --saveEngine --minShapes/--optShapes/--maxShapes
     --memPoolSize=workspace:<N>M --profilingVerbosity=detailed --skipInference``; TensorRT adds
-    ``--builderOptimizationLevel``, ``--timingCacheFile`` and, on 10.x only, ``--stronglyTyped``
+    ``--builderOptimizationLevel``, ``--timingCacheFile``, ``--stripWeights`` for a weight-stripped
+    engine and, on 10.x only, ``--stronglyTyped``
     (TensorRT 11 networks are always strongly typed and the flag is a no-op); TensorRT-RTX adds
     ``--computeCapabilities=120`` for an AOT target (none: the portable default).
     """
@@ -107,6 +112,8 @@ def reproduce_command(
         if backend.major < 11:
             args.append("--stronglyTyped")
         args.append(f"--builderOptimizationLevel={int(optimization_level)}")
+        if strip_weights:  # STRIP_PLAN + REFIT_IDENTICAL (trtexec's default refit mode for stripped plans)
+            args.append("--stripWeights")
     args.append("--profilingVerbosity=detailed")
     if timing_cache and not backend.is_rtx:
         args.append(f"--timingCacheFile={timing_cache}")

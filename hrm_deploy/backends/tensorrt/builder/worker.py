@@ -197,6 +197,10 @@ def build(spec: dict[str, Any]) -> int:
     if user_allocation is not None:
         config.set_flag(user_allocation)
         result["require_user_allocation"] = True
+    if spec.get("strip_weights"):  # the plan without its weights, refit from the same graph on first run
+        config.set_flag(trt.BuilderFlag.STRIP_PLAN)
+        config.set_flag(trt.BuilderFlag.REFIT_IDENTICAL)
+        result["weights_stripped"] = True
     cache = None
     if spec.get("timing_cache"):
         cache = _attach_timing_cache(backend, config, Path(spec["timing_cache"]), result)
