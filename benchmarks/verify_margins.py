@@ -59,8 +59,8 @@ def _builds(model: str, work: Path, data: str, tiny: bool) -> dict[str, Callable
                 return make_precision_graph(export(), config, out=work / f"{mode}.{precision}.onnx", quiet=True).path
 
             builds[f"{mode}.{precision}"] = convert
-        cpu = [("int8", None)] if tiny else [("fp32", None), ("fp16", None), ("int8", None)]
-        cpu += [] if tiny else [("int8", "dynamic"), ("int8", "blockwise")]
+        cpu: list[tuple[str, str | None]] = [("int8", None)]  # (precision, INT8 recipe)
+        cpu += [] if tiny else [("fp32", None), ("fp16", None), ("int8", "dynamic"), ("int8", "blockwise")]
         for precision, recipe in cpu:
             name = f"{mode}.cpu.{precision}" + (f".{recipe}" if recipe else "")
 
