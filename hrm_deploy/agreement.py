@@ -12,8 +12,8 @@ A candidate fails (one line each, :meth:`Agreement.failures`) where
    how many values and the first puzzle and position). A non-finite value in the *reference* is the
    reference's fault, not the candidate's: :class:`NonFiniteReference`, and no verdict;
 2. a cell's answer (its argmax over the vocabulary) flipped where the reference was sure of it: the
-   reference's top-1 minus top-2 margin there is over ``max_flip_margin`` of the *scale* (the
-   reference's largest |logit|, the scale closeness is measured in). A lower precision flips cells
+   reference's top-1 minus top-2 margin there is over ``max_flip_margin`` (None: the closeness
+   threshold) of the *scale* (the reference's largest |logit|, the scale closeness is measured in). A lower precision flips cells
    where the reference hesitated between two answers: those are excused, only counted
    (``min_argmax_agreement``). The worst flips (largest reference margins) are listed;
 3. any cell, flipped or not, is further from the reference than :data:`CELL_BAND` x
@@ -21,13 +21,17 @@ A candidate fails (one line each, :meth:`Agreement.failures`) where
 4. a cell whose answer agrees is further than ``max_logits_rel_error`` of the scale (closeness);
 5. fewer than ``min_argmax_agreement`` of the cells agree;
 6. for ``q_halt``, the same at every step both ran, its scale max(|q_halt|, 1): a sign flip where
-   the reference's |q_halt| is over ``max_q_halt_flip`` of the scale, any value further than
+   the reference's |q_halt| is over ``max_q_halt_flip`` (None: its closeness threshold) of the scale, any value further than
    :data:`CELL_BAND` x ``max_q_halt_rel_error``, a value of the same sign further than
    ``max_q_halt_rel_error``, and signs agreeing on fewer than ``min_q_halt_sign_agreement`` of the
    rows at each row's last step.
 
 The tolerance is any object with those six attributes (:class:`Tolerance`):
-:class:`hrm_deploy.precision.registry.Thresholds`, a precision's row, is one.
+:class:`hrm_deploy.precision.registry.Thresholds`, a precision's row, is one. ``verify`` measures
+(:func:`measure`) and judges its report (:meth:`Agreement.failures`); a build holding its graph to
+verify's thresholds calls :func:`judge_cells` with the FP32 graph's outputs as the reference, e.g.
+``judge_cells({"logits": fp32}, {"logits": int8}, PRECISIONS["int8"].thresholds, "the FP32 graph")``
+(an output either side lacks, q_halt here, is not judged).
 """
 
 from __future__ import annotations
@@ -84,10 +88,10 @@ class NonFinite:
     position: int
 
     def line(self, whose: str) -> str:
-        where = "step" if self.output != "logits" else "position"
+        where = {"logits": f", position {self.position}", "steps_used": ""}.get(self.output, f", step {self.position}")
         return (
             f"{whose} {self.output} hold {self.count} non-finite value{'s' if self.count > 1 else ''} (NaN or inf), "
-            f"the first at puzzle {self.puzzle}, {where} {self.position}"
+            f"the first at puzzle {self.puzzle}{where}"
         )
 
 

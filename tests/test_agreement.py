@@ -159,3 +159,12 @@ def test_the_measures_read_back_from_a_report(reference):
     again = Agreement.from_dict(measured.as_dict())
     assert again == measured and again.failures(INT8) == measured.failures(INT8)
     assert CELL_BAND * INT8.max_logits_rel_error > 1.0  # the band is a multiple of the closeness threshold
+
+
+def test_logits_alone_are_judged_as_a_builds_rule_would_give_them(reference):
+    """A build's accuracy rule has its graphs' logits (and, when it asks, their halting outputs)."""
+    candidate = {"logits": reference["logits"].copy()}
+    candidate["logits"][0, 0] = np.nan
+    verdict = judge_cells({"logits": reference["logits"]}, candidate, INT8, "the FP32 graph")
+    assert verdict.agreement.q_halt is None and not verdict.passed
+    assert verdict.failures[0].startswith("the candidate's logits hold 11 non-finite values")
