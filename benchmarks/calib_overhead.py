@@ -170,7 +170,7 @@ def default_total(work: Path) -> dict:
     manifest = json.loads(result.manifest.read_text())
     return {
         "method": quant.method,
-        "k": quant.samples,
+        "k": result.report["calibration"]["samples"],  # the default: sized by the model's cost
         "batch": quant.batch,
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),  # all threads: on 2 dedicated cores the wall is about cpu_s / 2

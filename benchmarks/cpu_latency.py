@@ -210,9 +210,9 @@ def measure(name: str, prepared: dict, batches: tuple[int, ...], rounds: int, th
 
 def check_estimate(model: dict) -> float:
     """Seconds static INT8's accuracy check would add to a Sudoku-size build (skipped there:
-    random weights): its holdout (cpu_static.MIN_HOLDOUT puzzles) through FP32 and INT8, from
+    random weights): its holdout (precision.accuracy.MIN_HOLDOUT puzzles) through FP32 and INT8, from
     the batch-8 latencies measured in the same run."""
-    from hrm_deploy.backends.ort.builder.static import MIN_HOLDOUT
+    from hrm_deploy.precision.accuracy import MIN_HOLDOUT
 
     lat = model["latency_ms_per_call"]["8"]
     return round(MIN_HOLDOUT / 8 * (lat["cpu-fp32"]["median"] + lat["cpu-int8-static"]["median"]) / 1000, 1)

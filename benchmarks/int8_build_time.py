@@ -1,20 +1,29 @@
-"""Wall time of the two INT8 builds the precision pipeline is held to, with the accuracy check on.
+"""What a quantized build costs, as a ratio that holds on any machine: its total time over one FP32
+pass over the holdout its verdict used.
 
-* ``bundled``: the bundled model's default ``build-engine --int8`` (its FP32 export, the default
+Each row runs ``hrm-deploy`` in a fresh process, as a user would (calibration cache empty):
+
+* ``bundled-trt``: the bundled model's default ``build-engine --int8`` (its FP32 export, the default
   target: TensorRT-RTX, whose builder runs on CPU; calibration, the accuracy rule and its fallback
-  included). Goal: <= 90 s on an idle 2-core machine.
-* ``full``: a full-size (Sudoku-size: hidden 512, 16 ACT steps) model's ``build-engine --target cpu
-  --int8`` (static INT8, budget included). Goal: <= 5 min. Pass ``--full-checkpoint`` for an
-  upstream-trained model (the accuracy rule then means something); without it a random-weight
-  Sudoku-size model is built with ``--no-accuracy-check`` (random weights fail any budget) and the
-  row says so.
+  included);
+* ``bundled-cpu``: the bundled model's default ``build-engine --int8 --target cpu`` (static INT8);
+* ``checkpoint-cpu`` / ``checkpoint-trt``: the same two builds of ``--checkpoint PATH`` (e.g. a
+  trained Sudoku-size model: the TensorRT row builds its step graph, as ``build-engine`` chooses),
+  calibrated on its own dataset or ``--data``.
 
-Each row runs ``hrm-deploy`` in a fresh process, as a user would (calibration cache empty), and
-records the wall time, the stage timings from the manifest and the accuracy record. The machine's
-CPU, ISA flags and load average go into the JSON: compare rows only from the same machine.
+A row records the wall time of the build (calibration included), its stage timings and accuracy
+record (screens, certifications, the puzzle runs of FP32 and of candidates), then times one FP32
+pass of the export over as many held-out puzzles as the verdict used, in this process, and gives
+the ratio of the two (goal: <= 3), and the same of the build's stages alone (without the process
+start, imports and parse: seconds that do not grow with the model, which dominate a small one). It also gives the ratio to the FP32 seconds the build itself
+measured (the same pass, timed inside the build). The weights a row used are named with their
+sha256; the machine's CPU, ISA flags and load average go into the JSON: compare rows from one
+machine only.
 
-    nice python benchmarks/int8_build_time.py [--full-checkpoint PATH] [--rows bundled,full]
-    python benchmarks/int8_build_time.py --tiny      # smoke: the tiny bundled model, both rows
+    nice python benchmarks/int8_build_time.py                                  # both bundled rows
+    nice python benchmarks/int8_build_time.py --checkpoint /work/trained/run-full/last.pt \\
+        --rows checkpoint-cpu,checkpoint-trt
+    python benchmarks/int8_build_time.py --tiny        # smoke: the tiny bundled model, its cpu row
 
 Writes benchmarks/results/int8_build_time.json (``--out``).
 """
@@ -31,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+GOAL_RATIO = 3.0
+ROWS = ("bundled-trt", "bundled-cpu", "checkpoint-cpu", "checkpoint-trt")
 
 
 def machine() -> dict[str, Any]:
@@ -46,118 +56,133 @@ def hrm(*args: str, cwd: Path) -> float:
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "hrm_deploy", *args], cwd=cwd, capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    (cwd / f"{args[0]}.log").write_text(done.stderr)
     if done.returncode:
         raise SystemExit(f"hrm-deploy {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return seconds
 
 
-def manifest_of(engines: Path) -> dict[str, Any]:
-    manifests = sorted(engines.glob("*.manifest.json"))
-    return json.loads(manifests[-1].read_text()) if manifests else {}
+def weights(checkpoint: str) -> dict[str, Any]:
+    """Which weights a row used: the file, its sha256 and what its own record says of training."""
+    from hrm_deploy.io import sha256_file
+    from hrm_deploy.model.checkpoint import read_checkpoint
+
+    record: dict[str, Any] = {"checkpoint": checkpoint, "sha256": sha256_file(checkpoint)}
+    try:
+        extra = read_checkpoint(checkpoint).extra
+    except Exception as exc:  # noqa: BLE001 - an upstream step_N holds no record of ours
+        return {**record, "record": f"not ours to read ({type(exc).__name__})"}
+    record["trained_steps"] = extra.get("step") or extra.get("steps")
+    record["dataset"] = extra.get("dataset")
+    return record
 
 
-def accuracy_of(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The accuracy record, wherever the build kept it (the cpu recipe, or the precision graph's report)."""
-    return (manifest.get("recipe") or {}).get("accuracy") or (manifest.get("report") or {}).get("accuracy") or {}
-
-
-def bundled_row(work: Path, model: str) -> dict[str, Any]:
-    work.mkdir(parents=True, exist_ok=True)
-    hrm("export", "--model", model, "-o", "model.onnx", cwd=work)
-    seconds = hrm("build-engine", "model.onnx", "--int8", "-o", "engines/model.int8.engine", cwd=work)
-    precision = json.loads((work / "model.int8.onnx.manifest.json").read_text())
-    return {
-        "row": f"{model}: default build-engine --int8",
-        "seconds": round(seconds, 1),
-        "goal_seconds": 90,
-        "precision_stage_timings": precision.get("timings"),
-        "accuracy": precision.get("report", {}).get("accuracy"),
-    }
-
-
-def full_row(work: Path, checkpoint: str | None, tiny: bool) -> dict[str, Any]:
-    work.mkdir(parents=True, exist_ok=True)
-    extra: list[str] = []
-    if checkpoint is None:
-        from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-
-        if tiny:
-            from hrm_deploy.train.presets import bundled_checkpoint
-
-            checkpoint, what = bundled_checkpoint("sudoku-tiny"), "bundled sudoku-tiny (smoke)"
-        else:
-            from load_common import sudoku_size_checkpoint
-
-            checkpoint, what = str(sudoku_size_checkpoint(work)), "random weights, Sudoku size (hidden 512, 16 steps)"
-            extra = ["--no-accuracy-check"]
-        data = work / "data"
-        generate_sudoku(SudokuSpec(train=128, test=64, blanks=(30, 50), seed=7, workers=1), str(data))
-        extra += ["--calib-data", str(data)]
-    else:
-        what = f"{checkpoint} (its own dataset by default)"
-    hrm("export", checkpoint, "-o", "model.onnx", "--no-parity", cwd=work)
-    seconds = hrm("build-engine", "model.onnx", "--target", "cpu", "--int8", *extra, cwd=work)
-    manifest = manifest_of(work / "engines")
-    row = {
-        "row": "build-engine --target cpu --int8 (static INT8)",
-        "model": what,
-        "accuracy_check": "--no-accuracy-check" not in extra,
-        "seconds": round(seconds, 1),
-        "goal_seconds": 300,
-        "timings": manifest.get("timings"),
-        "calibration": (manifest.get("recipe") or {}).get("calibration"),
-        "accuracy": accuracy_of(manifest),
-    }
-    if "--no-accuracy-check" in extra:
-        cost = check_cost(work, manifest)
-        row.update(cost, seconds_with_check=round(seconds + cost["check_int8_pass_seconds"], 1))
-    return row
-
-
-def check_cost(work: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """What the accuracy check adds to a build that ran without it, timed here: the INT8 graph on the
-    holdout the check would use. A model this costly measures on its calibration set, whose FP32
-    answers the calibration pass already gave, so the check is that one INT8 pass (a random-weight
-    model fails any budget, which would time the fallback's search instead of the check)."""
-    from hrm_deploy.backends.ort.builder.static import ort_run
+def fp32_pass(export: Path, data: str, puzzles: int) -> float:
+    """Seconds of one FP32 pass of ``export`` over ``puzzles`` held-out puzzles of ``data`` (its test
+    split), on ONNX Runtime CPU as the build measures: the ratio's denominator."""
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.onnx_runtime import load_onnx
-    from hrm_deploy.precision.accuracy import calibration_size, shares_holdout
+    from hrm_deploy.precision.accuracy import GraphRunner
 
-    meta = graph_metadata(load_onnx(work / "model.onnx"))
-    examples = load_examples(str(work / "data"), calibration_size(meta))
-    engine = sorted((work / "engines").glob("*.onnx"))[-1]
+    examples = load_examples(data, puzzles, split="test")
+    runner = GraphRunner(graph_metadata(load_onnx(export)))
+    runner(export, load_examples(data, 1, split="test"))  # the session's start, not timed: the build's is not either
     start = time.perf_counter()
-    ort_run(work / "model.onnx", None, meta)(engine, examples)
-    int8 = time.perf_counter() - start
-    return {
-        "check_shares_calibration_set": shares_holdout(meta),
-        "check_int8_pass_seconds": round(int8, 1),
+    runner(export, examples)
+    return time.perf_counter() - start
+
+
+def built_row(
+    name: str, work: Path, export: Path, manifest: Path, seconds: float, used: dict[str, Any]
+) -> dict[str, Any]:
+    """A row from a finished build: its record, and the ratio to one FP32 pass over its holdout."""
+    record = json.loads(manifest.read_text())
+    report = record.get("recipe") or record.get("report") or {}
+    accuracy = report.get("accuracy") or {}
+    calibration = report.get("calibration") or {}
+    puzzles = int((accuracy.get("measured") or {}).get("holdout_puzzles") or 0)
+    row: dict[str, Any] = {
+        "row": name,
+        "weights": used,
+        "seconds": round(seconds, 1),
+        "timings": record.get("timings"),
+        "calibration": calibration,
+        "accuracy": accuracy,
     }
+    if puzzles:
+        fp32 = fp32_pass(export, calibration["data"], puzzles)
+        cost = accuracy.get("cost") or {}
+        stages = sum((record.get("timings") or {}).values())
+        row.update(
+            fp32_pass_seconds=round(fp32, 2),
+            fp32_pass_puzzles=puzzles,
+            ratio=round(seconds / fp32, 2),
+            goal_ratio=GOAL_RATIO,
+            # the build's stages alone (calibration included; the process start, imports and the
+            # export's parse not): what the ratio is once a model's work dwarfs a process start
+            stage_seconds=round(stages, 1),
+            ratio_of_stages=round(stages / fp32, 2),
+            ratio_to_fp32_inside_build=round(seconds / cost["fp32_seconds"], 2) if cost.get("fp32_seconds") else None,
+        )
+    return row
+
+
+def export_of(work: Path, checkpoint: str | None, tiny: bool) -> Path:
+    work.mkdir(parents=True, exist_ok=True)
+    source = ["--model", "sudoku-tiny" if tiny else "sudoku-small"] if checkpoint is None else [checkpoint]
+    hrm("export", *source, "-o", "model.onnx", "--no-parity", cwd=work)
+    return work / "model.onnx"
+
+
+def run_row(name: str, work: Path, checkpoint: str | None, data: str | None, tiny: bool) -> dict[str, Any]:
+    from hrm_deploy.train.presets import bundled_checkpoint
+
+    export = export_of(work, checkpoint, tiny)
+    used = weights(checkpoint or bundled_checkpoint("sudoku-tiny" if tiny else "sudoku-small"))
+    extra = ["--calib-data", data] if data else []
+    if name.endswith("cpu"):
+        seconds = hrm(
+            "build-engine", "model.onnx", "--int8", "--target", "cpu", "-o", "model.int8.cpu.onnx", *extra, cwd=work
+        )
+        return built_row(name, work, export, work / "model.int8.cpu.onnx.manifest.json", seconds, used)
+    seconds = hrm("build-engine", "model.onnx", "--int8", "-o", "model.int8.engine", *extra, cwd=work)
+    precision = sorted(work.glob("*.int8.onnx.manifest.json"))  # the precision stage's graph (unroll or step)
+    step = sorted(work.glob("*.step.onnx"))
+    return built_row(name, work, step[0] if step else export, precision[0], seconds, used)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="bundled,full", help="which rows, comma-separated: bundled, full")
-    parser.add_argument("--full-checkpoint", help="a full-size (Sudoku-size) checkpoint or upstream step_N")
-    parser.add_argument("--tiny", action="store_true", help="smoke run: the tiny bundled model for both rows")
+    parser.add_argument("--rows", default="bundled-trt,bundled-cpu", help=f"comma-separated: {', '.join(ROWS)}")
+    parser.add_argument("--checkpoint", help="a checkpoint (ours or upstream step_N) for the checkpoint-* rows")
+    parser.add_argument("--data", help="calibration data of the checkpoint rows (default: its own dataset)")
+    parser.add_argument("--tiny", action="store_true", help="smoke run: the tiny bundled model, its cpu row")
     parser.add_argument("--work", default="/tmp/hrm-int8-build-time")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "int8_build_time.json"))
     args = parser.parse_args()
+    rows = ["bundled-cpu"] if args.tiny else [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown or (any(r.startswith("checkpoint") for r in rows) and not args.checkpoint):
+        raise SystemExit(f"rows are {', '.join(ROWS)}; the checkpoint rows need --checkpoint (got {rows})")
     work = Path(args.work)
-    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    for name in ("checkpoint", "data"):  # the builds run in their own folders: paths made absolute
+        value = getattr(args, name)
+        if value and not value.startswith("hf:") and Path(value).exists():
+            setattr(args, name, str(Path(value).resolve()))
     report: dict[str, Any] = {"machine": machine(), "rows": []}
-    if "bundled" in rows:
-        report["rows"].append(bundled_row(work / "bundled", "sudoku-tiny" if args.tiny else "sudoku-small"))
-    if "full" in rows:
-        report["rows"].append(full_row(work / "full", args.full_checkpoint, args.tiny))
+    for name in rows:
+        checkpoint = args.checkpoint if name.startswith("checkpoint") else None
+        data = args.data if checkpoint else None
+        report["rows"].append(run_row(name, work / name, checkpoint, data, args.tiny))
     report["machine"]["load_average_end"] = os.getloadavg()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     for row in report["rows"]:
-        print(f"{row['row']}: {row['seconds']} s (goal {row['goal_seconds']} s)")
+        print(
+            f"{row['row']}: {row['seconds']} s, {row.get('ratio')} x one FP32 pass over its holdout (goal {GOAL_RATIO})"
+        )
     print(f"wrote {out}")
 
 

@@ -365,35 +365,93 @@ def cli_logs():
     logger.setLevel(level)
 
 
-@pytest.fixture
-def mlp_costs_five_points(monkeypatch):
-    """The precision stage's holdout accuracy stubbed: 100 minus 5 points per quantized L-level MLP
-    input (a Q/DQ graph's DequantizeLinear feeding it), for testing the budget fallback's logic."""
+def mlp_weights(fp32) -> list[str]:
+    """The FP32 export's L-level MLP weights (the initializers its L-level MLP MatMuls read)."""
     import onnx
 
-    from hrm_deploy.precision.rule import Holdout, Quality
+    from hrm_deploy.export.loop_body import all_nodes
 
-    def fake_measure(self, path):  # every measurement of the precision stage: first, probes, published
-        model = onnx.load(str(path))
-        dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-        harmful = [
-            n
-            for n in model.graph.node
-            if "L_level" in n.name and "mlp" in n.name and n.op_type == "MatMul" and n.input[0] in dq
-        ]
-        exact = 100.0 - 5.0 * len(harmful)
-        return Quality(100.0, exact, 100.0, self.size, lost=round(self.size * (100.0 - exact) / 100.0))
+    model = onnx.load_model_from_string(Path(fp32).read_bytes())  # not onnx.load: tests count the builds' parses
+    return sorted(
+        {n.input[1] for n in all_nodes(model) if n.op_type == "MatMul" and "L_level" in n.name and "mlp" in n.name}
+    )
 
-    monkeypatch.setattr(Holdout, "measure", fake_measure)
+
+def all_weights(fp32) -> list[str]:
+    """The FP32 export's weights of its quantizable MatMuls (every one the plan may quantize)."""
+    import onnx
+
+    from hrm_deploy.export.loop_body import all_nodes
+
+    model = onnx.load_model_from_string(Path(fp32).read_bytes())
+    inits = {t.name for t in model.graph.initializer}
+    return sorted({n.input[1] for n in all_nodes(model) if n.op_type == "MatMul" and n.input[1] in inits})
+
+
+def quantized_weights(path, weights) -> int:
+    """How many of ``weights`` (FP32 initializer names) no node of the graph at ``path`` reads as
+    float any more: quantized (any form: Q/DQ, fused integer GEMMs, FP4)."""
+    import onnx
+
+    from hrm_deploy.export.loop_body import all_nodes
+
+    read = {name for node in all_nodes(onnx.load_model_from_string(Path(path).read_bytes())) for name in node.input}
+    return sum(w not in read for w in weights)
+
+
+@pytest.fixture
+def harm_quantized(monkeypatch):
+    """Real measurements with a known harm: ``harm_quantized(rate)`` makes every graph the builds'
+    accuracy check runs (:class:`hrm_deploy.precision.accuracy.GraphRunner`) answer as it does,
+    except that for each quantized L-level MLP weight (``every_weight``: each quantized weight) a
+    further ``rate`` of the puzzles (chosen by their content, the same in every run) get cell 0 wrong. The fallback's ranking puts those
+    weights first where it has a signal (NVFP4 ranks by screens, which see the harm)."""
+    import numpy as np
 
     import hrm_deploy.precision.sensitivity as sensitivity
+    from hrm_deploy.precision.accuracy import GraphRunner
+    from hrm_deploy.precision.rule import Outputs
 
-    real = sensitivity.local_errors
+    real_run, real_signal = GraphRunner.__call__, sensitivity.local_errors
+    seen: dict = {}
 
-    def signal(qdq, fp32, groups, examples, source, meta):  # a real signal where there is one, MLP weights first
-        found = real(qdq, fp32, groups, examples, source, meta)
-        if not any(found.values()):
-            return found  # NVFP4: the fallback ranks by measurement (the stub above)
-        return {w: 1.0 if any("L_level" in n and "mlp" in n for n in groups[w]) else 0.1 for w in groups}
+    def install(rate: float = 0.05, every_weight: bool = False) -> None:
+        """``every_weight``: every quantized weight harms, not only the L-level MLP's."""
 
-    monkeypatch.setattr(sensitivity, "local_errors", signal)
+        def run(self, path, examples, batch=64):
+            out = real_run(self, path, examples, batch)
+            pick = all_weights if every_weight else mlp_weights
+            key = ("weights", str(self.table_of), every_weight)
+            if key not in seen:
+                seen[key] = pick(self.table_of)
+            weights = seen[key]
+            units_key = ("units", str(path), Path(path).stat().st_mtime_ns)
+            if units_key not in seen:
+                seen[units_key] = quantized_weights(path, weights)
+            units = seen[units_key]
+            share = (examples.inputs.astype(np.int64) * np.arange(1, examples.inputs.shape[1] + 1)).sum(1) % 997 / 997
+            bad = share < rate * units
+            if not bad.any():
+                return out
+            logits = out.logits.copy()
+            top = logits[bad, 0].argmax(-1)
+            logits[np.flatnonzero(bad), 0, top] = logits[bad, 0].min(-1) - 1.0  # cell 0's answer moves
+            return Outputs(logits, out.q_halt, out.steps, out.nonfinite)
+
+        def signal(qdq, fp32, groups, examples, source, meta):  # a real signal where there is one, MLP weights first
+            found = real_signal(qdq, fp32, groups, examples, source, meta)
+            if not any(found.values()):
+                return found  # NVFP4: the fallback ranks by screens (which see the harm)
+            return {w: 1.0 if any("L_level" in n and "mlp" in n for n in groups[w]) else 0.1 for w in groups}
+
+        monkeypatch.setattr(GraphRunner, "__call__", run)
+        monkeypatch.setattr(sensitivity, "local_errors", signal)
+
+    return install
+
+
+@pytest.fixture
+def mlp_costs_five_points(harm_quantized):
+    """Every quantized L-level MLP weight answers a further 5 % of the puzzles wrong (so the
+    fallback must keep each of them float to stay within a 1-point budget)."""
+    harm_quantized(0.05)

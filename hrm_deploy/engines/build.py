@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hrm_deploy.engines.options import (
     BATCH_FIELDS,
@@ -36,6 +36,9 @@ from hrm_deploy.errors import ArtifactError, ConfigError, InternalError
 from hrm_deploy.manifest import check_artifact, manifest_path
 from hrm_deploy.onnx_runtime import load_onnx, made_from
 from hrm_deploy.precision.registry import PRECISIONS, get_precision
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 __all__ = [
     "ENGINE_PRECISIONS",
@@ -234,39 +237,28 @@ def _step_graph(unrolled: Path, quiet: bool) -> Path:
     return export_onnx(checkpoint, step, export, quiet=quiet, **recorded_data_fields(unrolled)).path
 
 
-def _precision_graph(onnx_path: Path, model: Any, config: EngineConfig, quiet: bool) -> Path:
+def _precision_graph(onnx_path: Path, model: ModelProto | None, config: EngineConfig, quiet: bool) -> Path:
     """``onnx_path`` (parsed: ``model``) at ``config.precision``: itself when it already is, else the
     precision stage's graph of the FP32 export (calibrated on the checkpoint's own data unless
-    --calib-data), made from ``model`` without parsing the file again."""
+    --calib-data, sized by the model's cost unless --calib-samples: the job preamble decides), made
+    from ``model`` without parsing the file again."""
     from hrm_deploy.export.metadata import graph_metadata
-    from hrm_deploy.precision.accuracy import CALIB_SAMPLES, calibration_size
     from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
 
-    meta = graph_metadata(model)
+    meta = graph_metadata(model if model is not None else load_onnx(onnx_path))
     have = meta.get("precision", "fp32")
     if have == config.precision:
         return onnx_path
     if have != "fp32":
         raise ConfigError(f"{onnx_path} is a {have} graph but {config.precision} was asked for; pass the FP32 export")
-    calibrated = get_precision(config.precision).calibrated
-    # by the model's cost unless asked (a float conversion records the default, calibrating nothing)
-    samples = config.calib_samples or (calibration_size(meta) if calibrated else CALIB_SAMPLES)
     if not quiet:
-        what = "calibrating and quantizing" if calibrated else "converting"
+        what = "calibrating and quantizing" if get_precision(config.precision).calibrated else "converting"
         log.info(f"{onnx_path.name} is FP32: {what} it to {config.precision} first")
-    if calibrated and not config.calib_data:
-        from hrm_deploy.provenance import default_data
-
-        # the calibration samples; the holdout of the accuracy check from the test split
-        choice = default_data(onnx_path, "--calib-data", {"train": samples, "test": None})
-        log.info(choice.message)
-        config = replace(config, calib_data=str(choice.path))
-    quant = QuantConfig(method=config.calib_method, samples=samples)
     precision = PrecisionConfig(
         config.precision,
         calib_data=config.calib_data,
-        quant=quant,
+        quant=QuantConfig(method=config.calib_method, samples=config.calib_samples),
         accuracy_budget=config.accuracy_budget,
         accuracy_check=config.accuracy_check,
     )

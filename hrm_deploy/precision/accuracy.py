@@ -1,4 +1,4 @@
-"""Accuracy of an ONNX graph on held-out examples (the precision stage's check).
+"""The holdout of every quantized build (its size, its puzzles) and a graph's outputs on examples.
 
 It runs the graph through the base's ONNX Runtime session and step loop
 (:mod:`hrm_deploy.onnx_runtime`), not through a backend's runner: the precision room imports no
@@ -7,15 +7,13 @@ backend."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.metrics import accuracy
-
-# The default accuracy check of every quantized build (INT8, FP8, NVFP4; the cpu target's own too):
-# the rule and how a holdout decides it are in hrm_deploy.precision.rule
-from hrm_deploy.precision.rule import DEFAULT_BUDGET_POINTS, MIN_AGREEMENT_PCT, Holdout  # noqa: E402,F401 - the rule's
+from hrm_deploy.precision.rule import Outputs
 
 # The holdout: as many puzzles as HOLDOUT_FLOPS of FP32 work, between MIN_HOLDOUT and
 # HOLDOUT_SAMPLES. On the bundled model 128 puzzles measured minmax static INT8 0.8 points
@@ -70,38 +68,6 @@ def calibration_size(meta: dict) -> int:
     return MIN_HOLDOUT if shares_holdout(meta) else CALIB_SAMPLES
 
 
-def job_holdout(job, data: str, samples: int | None, run) -> tuple[Holdout, int]:
-    """The holdout a quantized build of ``job`` is measured on, and how far it may grow: the
-    calibration set itself (FP32's answers from the calibration pass where it ran, ``job.reference``)
-    when the job shares it, then the dataset's ``test`` split to grow into; else ``samples`` (None:
-    :func:`holdout_size`) puzzles of the test split (:func:`holdout_examples`). ``run`` computes
-    a graph's logits (the FP32 graph's where not known)."""
-    from hrm_deploy.precision.rule import growth_cap
-
-    if not job.share_holdout:
-        count = samples or holdout_size(job.meta)
-        cap = growth_cap(count)
-        return Holdout(job.source, holdout_examples(data, job.examples, cap), run, count), cap
-    from hrm_deploy.errors import DataError
-
-    count = len(job.examples)
-    cap = growth_cap(count)
-    pool = job.examples
-    try:  # puzzles to grow into while the verdict is within the noise: the test split
-        more = holdout_examples(data, job.examples, cap - count)
-    except DataError:  # a .npz calibration used entirely: the calibration set alone
-        more = None
-    if more is not None and len(more) and more.labels is not None and job.examples.labels is not None:
-        pool = Examples(
-            np.concatenate([job.examples.inputs, more.inputs]),
-            np.concatenate([job.examples.puzzle_identifiers, more.puzzle_identifiers]),
-            np.concatenate([job.examples.labels, more.labels]),
-            job.examples.source,
-            "",
-        )
-    return Holdout(job.source, pool, run, count, job.reference), min(cap, len(pool))
-
-
 def holdout_examples(data: str, calibration: Examples, count: int) -> Examples:
     """``count`` held-out puzzles: a dataset folder's ``test`` split; from a ``.npz`` (one set), the
     examples calibration did not use (one line when none is left)."""
@@ -125,51 +91,105 @@ def holdout_examples(data: str, calibration: Examples, count: int) -> Examples:
     return Examples(everything.inputs[keep], everything.puzzle_identifiers[keep], labels, str(data), "")
 
 
-def quantized_logits(path: str | Path, examples: Examples) -> np.ndarray:
-    """Final logits of a graph of any precision on ONNX Runtime CPU (an NVFP4 graph through its CPU
-    simulation): how the precision stage's holdout runs candidate graphs."""
+class GraphRunner:
+    """Runs graphs (either mode, any precision; an NVFP4 graph through its CPU simulation) on ONNX
+    Runtime CPU and returns their :class:`~hrm_deploy.precision.rule.Outputs`: an unrolled or loop
+    graph in one call per batch, a single-step graph driven through all its ACT steps. One session
+    per graph file is kept while the file is unchanged (the FP32 graph and the latest candidate), so
+    a holdout run chunk by chunk starts each session once. ``meta``: the graphs' ``hrm_deploy.*``
+    metadata (mode, steps; every candidate of a build shares the FP32 graph's); ``table_of``: the
+    FP32 export whose puzzle table a staged candidate reads (``--puzzle-emb external``);
+    ``threads``: ONNX Runtime's intra-op threads (outputs measured bit-identical at 1, 2 and 3
+    threads on the bundled model's FP32 and cpu INT8 graphs); ``fp4``: candidates may hold FP4
+    (NVFP4), run through their CPU simulation."""
+
+    KEEP = 2  # sessions kept (least recently used dropped): the FP32 graph's and the current candidate's
+
+    def __init__(
+        self,
+        meta: dict | None = None,
+        table_of: str | Path | None = None,
+        threads: int | None = None,
+        fp4: bool = False,
+    ):
+        from collections import OrderedDict
+
+        self.meta, self.table_of, self.threads, self.fp4 = meta, table_of, threads, fp4
+        self._sessions: OrderedDict[tuple[str, int, int, int], Any] = OrderedDict()
+
+    def _session(self, path: Path) -> Any:
+        from hrm_deploy.manifest import check_artifact
+        from hrm_deploy.onnx_runtime import ort_session
+        from hrm_deploy.precision.nvfp4 import cpu_runnable
+        from hrm_deploy.puzzle_table import rows_session
+
+        stat = path.stat()
+        key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if key in self._sessions:
+            self._sessions.move_to_end(key)
+            return self._sessions[key]
+        for old in [k for k in self._sessions if k[0] == key[0]]:  # the same path, rewritten
+            del self._sessions[old]
+        while len(self._sessions) >= self.KEEP:
+            self._sessions.popitem(last=False)
+        staged = self.table_of is not None and path.resolve() != Path(self.table_of).resolve()
+        manifest = None if staged else check_artifact(path)  # a graph whose manifest describes other bytes is refused
+        if self.fp4 and staged:  # an NVFP4 candidate (never the FP32 graph) through its CPU simulation
+            with cpu_runnable(str(path)) as runnable:
+                session = ort_session(runnable, provider="cpu", threads=self.threads)
+        else:
+            session = ort_session(str(path), provider="cpu", threads=self.threads)
+        # export --puzzle-emb external: the session gathers the rows of the ids it is fed
+        self._sessions[key] = rows_session(session, self.table_of if self.table_of and staged else path, manifest)
+        return self._sessions[key]
+
+    def close(self) -> None:
+        """Release every session now (not at the garbage collector's leisure: an ONNX Runtime session
+        collected in a forked child can hang it)."""
+        self._sessions.clear()
+
+    def __enter__(self) -> GraphRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __call__(self, path: str | Path, examples: Examples, batch: int = 64) -> Outputs:
+        from hrm_deploy.contract import HEADS, STEPS_USED
+        from hrm_deploy.export.metadata import graph_metadata
+        from hrm_deploy.onnx_runtime import load_onnx, run_stepwise
+
+        path = Path(path)
+        meta = self.meta or graph_metadata(load_onnx(path))
+        session = self._session(path)
+        names = [*HEADS, STEPS_USED] if meta["mode"] == "loop" else list(HEADS)
+        parts = []
+        for start in range(0, len(examples), batch):
+            feeds = {k: np.asarray(v, np.int32) for k, v in examples.feeds(start, start + batch).items()}
+            if meta["mode"] == "step":
+                parts.append(Outputs.of(run_stepwise(session, feeds, None, int(meta["steps"]))))
+            else:
+                parts.append(Outputs.of(dict(zip(names, session.run(names, feeds)))))
+        joined = parts[0]
+        for part in parts[1:]:
+            joined = joined.join(part)
+        return joined
+
+
+def graph_outputs(path: str | Path, examples: Examples, meta: dict | None = None, batch: int = 64) -> Outputs:
+    """One graph's outputs on ``examples`` (see :class:`GraphRunner`; an NVFP4 graph through its CPU
+    simulation)."""
     from hrm_deploy.precision.nvfp4 import cpu_runnable
 
-    with cpu_runnable(str(path)) as runnable:
-        return onnx_logits(runnable, examples)
-
-
-def holdout_runner(fp32: Path, meta: dict):
-    """The precision stage's ``run`` for a :class:`~hrm_deploy.precision.rule.Holdout`: the FP32
-    graph ``fp32`` with the metadata the stage parsed (no second parse), any other graph by
-    :func:`quantized_logits`."""
-
-    def run(path: Path, examples: Examples) -> np.ndarray:
-        if Path(path) == Path(fp32):
-            return onnx_logits(str(path), examples, meta=meta)
-        return quantized_logits(path, examples)
-
-    return run
+    with cpu_runnable(str(path)) as runnable, GraphRunner(meta) as runner:
+        return runner(runnable, examples, batch)
 
 
 def onnx_accuracy(path: str, examples: Examples, batch: int = 64) -> dict[str, float]:
-    """Accuracy of an ONNX graph (either mode) on ONNX Runtime CPU (see :func:`onnx_logits`)."""
+    """Accuracy of an ONNX graph (either mode) on ONNX Runtime CPU (see :func:`graph_outputs`)."""
     return accuracy(onnx_logits(path, examples, batch), examples.labels)
 
 
 def onnx_logits(path: str, examples: Examples, batch: int = 64, meta: dict | None = None) -> np.ndarray:
-    """Final logits of an ONNX graph (either mode) on ONNX Runtime CPU: an unrolled graph in one call
-    per batch, a single-step graph driven through all its ACT steps. ``meta``: the graph's
-    ``hrm_deploy.*`` metadata where the caller has it (else the graph is parsed for it)."""
-    from hrm_deploy.export.metadata import graph_metadata
-    from hrm_deploy.manifest import check_artifact
-    from hrm_deploy.onnx_runtime import load_onnx, ort_session, run_stepwise
-    from hrm_deploy.puzzle_table import rows_session
-
-    manifest = check_artifact(path)  # a graph whose manifest describes other bytes is refused
-    meta = meta or graph_metadata(load_onnx(path))
-    # export --puzzle-emb external: the session gathers the rows of the ids it is fed
-    session = rows_session(ort_session(path, provider="cpu"), path, manifest)
-    logits = []
-    for start in range(0, len(examples), batch):
-        feeds = {k: np.asarray(v, np.int32) for k, v in examples.feeds(start, start + batch).items()}
-        if meta["mode"] == "step":
-            logits.append(run_stepwise(session, feeds, None, int(meta["steps"]))["logits"])
-        else:
-            logits.append(session.run(["logits"], feeds)[0])
-    return np.concatenate(logits).astype(np.float32)
+    """Final logits [N, S, V] of an ONNX graph on ONNX Runtime CPU (see :func:`graph_outputs`)."""
+    return graph_outputs(path, examples, meta, batch=batch).logits

@@ -23,13 +23,19 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.onnx_runtime import ort_session, step_once, zero_carry
+from hrm_deploy.precision.rule import Outputs
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
+
+    from hrm_deploy.precision.job import QuantJob
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +52,7 @@ class QuantConfig:
     # noise of 2,000 puzzles); minmax costs a few % over plain inference (entropy/percentile
     # histograms ~200 %), and K=128 calibrates the Sudoku-size step graph in ~3 minutes on 2 cores.
     method: str = "minmax"
-    samples: int = 128
+    samples: int | None = None  # None: by the model's cost (precision.accuracy.calibration_size: 128 or 64)
     batch: int = 32
     exclude_op_types: tuple[str, ...] = ()
     exclude_patterns: tuple[str, ...] = DEFAULT_EXCLUDE_PATTERNS
@@ -55,7 +61,7 @@ class QuantConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"calibration method {self.method!r} unknown; use one of {', '.join(METHODS)}")
-        if self.samples < 1 or self.batch < 1:
+        if (self.samples is not None and self.samples < 1) or self.batch < 1:
             raise ConfigError("calibration samples and batch must be >= 1")
 
 
@@ -67,7 +73,7 @@ class QuantPlan:
     excluded: dict[str, str] = field(default_factory=dict)
 
 
-def plan_nodes(model, config: QuantConfig, extra_exclude: tuple[str, ...] = ()) -> QuantPlan:
+def plan_nodes(model: ModelProto, config: QuantConfig, extra_exclude: tuple[str, ...] = ()) -> QuantPlan:
     """MatMul/Gemm nodes whose second input is a weight initializer, minus exclusions. A loop
     graph's are its body's (the segment; node names ``loop/step/...``): the weights are outer
     initializers the body reads."""
@@ -269,29 +275,41 @@ def _calibrate(
     steps: int,
     cache_file: Path,
     on_feed: Callable[[], None] | None,
-    logits: list[np.ndarray] | None = None,
+    answers: list[Outputs] | None = None,
 ) -> None:
     """Ranges of the MatMul activation inputs only, written as ORT's calibration cache.
 
     ORT's own calibrators first add ReduceMin/Max (or output) nodes for every tensor and rebuild
     a value-info map per tensor: quadratic in graph size, hours on a 16-step Sudoku unroll. Here
     only the tensors that get Q/DQ are read (:func:`range_session`), in one pass over the data
-    (:func:`drive_examples`), and reduced run by run (:class:`RangeCollector`). ``logits``: where
-    given, each batch's final FP32 logits are appended to it (the same runs: the holdout's
-    reference where the calibration set is the holdout)."""
+    (:func:`drive_examples`), and reduced run by run (:class:`RangeCollector`). ``answers``: where
+    given, each batch's FP32 outputs (logits, q logits, a loop graph's steps) are appended to it as
+    :class:`~hrm_deploy.precision.rule.Outputs` (the same runs: the holdout's reference where the
+    calibration set is the holdout)."""
     from onnxruntime.quantization.calibrate import save_tensors_data
 
+    from hrm_deploy.contract import HEADS, STEPS_USED
     from hrm_deploy.io import atomic_path
 
     session, fetch = range_session(model, source, tensors, config.method)
     ranges = RangeCollector(tensors, config)
     per_batch = steps if mode == "step" else 1  # runs per batch: the last one gives the answer
-    fetch = fetch + ["logits"] if logits is not None else fetch
+    heads = list(HEADS) + ([STEPS_USED] if mode == "loop" else [])
+    if answers is not None:
+        fetch = fetch + heads
+    step_q: list[list[np.ndarray]] = [[], []]  # a step graph's q logits, step by step, of the current batch
     for run, values in enumerate(drive_examples(session, fetch, examples, config.batch, mode, steps)):
-        if logits is not None:
-            *values, answer = values
+        if answers is not None:
+            got = dict(zip(heads, values[-len(heads) :]))
+            values = values[: -len(heads)]
+            if mode == "step":
+                for i, name in enumerate(HEADS[1:]):
+                    step_q[i].append(np.asarray(got[name], np.float32))
             if (run + 1) % per_batch == 0:
-                logits.append(np.asarray(answer, np.float32))
+                if mode == "step":  # [B] per step -> [B, steps]
+                    got.update({name: np.stack(step_q[i], 1) for i, name in enumerate(HEADS[1:])})
+                    step_q = [[], []]
+                answers.append(Outputs.of(got))
         ranges.add(values)
         if on_feed:
             on_feed()
@@ -352,21 +370,21 @@ def _cache_readable(cache_file: Path) -> bool:
 
 
 def calibrate_ranges(
-    model,
+    model: ModelProto,
     source: str | Path,
     examples: Examples,
     config: QuantConfig,
     cache_file: Path,
     meta: dict[str, Any],
     quiet: bool = True,
-    keep_logits: bool = False,
-) -> np.ndarray | None:
+    keep_outputs: bool = False,
+) -> Outputs | None:
     """The activation ranges of every weight MatMul/Gemm input of the FP32 graph ``model`` (parsed
     from ``source``) in ``cache_file``: kept when a trusted entry is there, else measured on
     ``examples`` through all ``meta['steps']`` ACT steps and written there. Every Q/DQ format
     (INT8, FP8, NVFP4) reads the same cache, and every exclusion: the ranges of all weight inputs
-    are measured, not only one plan's. Returns the examples' final FP32 logits [K, S, V] when it
-    calibrated and ``keep_logits`` asks for them (from the same runs), else None."""
+    are measured, not only one plan's. Returns the examples' FP32 outputs when it calibrated and
+    ``keep_outputs`` asks for them (from the same runs), else None."""
     problem = cache_problem(cache_file) if cache_file.is_file() else None
     if problem:  # derived data: an untrusted entry is measured again, never used
         logger.warning("calibration cache %s %s: calibrating again", cache_file, problem)
@@ -383,16 +401,21 @@ def calibrate_ranges(
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     mode, steps = meta["mode"], int(meta["steps"])
     total = batch_runs(examples, config.batch, mode, steps)
-    logits: list[np.ndarray] | None = [] if keep_logits else None
+    answers: list[Outputs] | None = [] if keep_outputs else None
     with _progress(total, "calibrating", quiet) as on_feed:
-        _calibrate(model, source, tensors, examples, config, mode, steps, cache_file, on_feed, logits)
-    return np.concatenate(logits) if logits else None
+        _calibrate(model, source, tensors, examples, config, mode, steps, cache_file, on_feed, answers)
+    if not answers:
+        return None
+    joined = answers[0]
+    for part in answers[1:]:
+        joined = joined.join(part)
+    return joined
 
 
 def quantize_qdq(
-    write: Callable[[Any, QuantPlan, Path], None],
+    write: Callable[[ModelProto, QuantPlan, Path], None],
     label: str,
-    job: Any,
+    job: QuantJob,
     out_path: str | Path,
     exclude: tuple[str, ...] = (),
 ) -> QuantPlan:

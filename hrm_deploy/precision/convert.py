@@ -1,8 +1,9 @@
 """The precision stage: FP32 ONNX -> FP16 / BF16 / INT8, FP8 or NVFP4 (Q/DQ) ONNX, with a manifest.
 
 ``make_precision_graph`` is one function from artifact to artifact. INT8, FP8 and NVFP4 calibrate on real
-examples (ranges cached in ``calib/`` under a key of ONNX sha256 + method + data sha256 + K),
-and with an accuracy budget keeps the most harmful layers in float until the budget holds.
+examples (ranges cached in ``calib/`` under a key of ONNX sha256 + method + data sha256 + K) through
+the one job preamble, and the conductor holds them to the accuracy rule, keeping the most harmful
+layers float until it holds, and names the graph to publish: the one it measured last.
 """
 
 from __future__ import annotations
@@ -11,26 +12,34 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hrm_deploy.errors import ArtifactError, ConfigError
+from hrm_deploy.errors import ArtifactError, ConfigError, InternalError
 from hrm_deploy.export.metadata import set_graph_precision
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
 from hrm_deploy.onnx_runtime import load_onnx
-from hrm_deploy.precision.calibrate import QuantConfig
+from hrm_deploy.precision.calibrate import QuantConfig, QuantPlan
+from hrm_deploy.precision.job import JobRequest
 from hrm_deploy.precision.registry import PRECISIONS, PrecisionEntry, converted, load
 from hrm_deploy.progress import Stages
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
+
+    from hrm_deploy.precision.job import QuantJob
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class PrecisionConfig:
-    """What graph to make. A calibrated (quantized) graph is measured against FP32 on held-out
-    puzzles by default (``accuracy_check``); ``accuracy_budget`` is the exact-accuracy points it may
-    lose (None: 1 point), harmful layers staying float until it holds; ``holdout_samples`` None
-    sizes the holdout by the model's cost (:func:`hrm_deploy.precision.accuracy.holdout_size`)."""
+    """What graph to make. A calibrated (quantized) graph calibrates on ``calib_data`` (None: the
+    checkpoint's own dataset, from its provenance) and is measured against FP32 on held-out puzzles
+    by default (``accuracy_check``); ``accuracy_budget`` is the exact-accuracy points it may lose
+    (None: 1 point), harmful layers staying float until the rule holds; ``holdout_samples`` None
+    sizes the holdout by the model's cost (:func:`hrm_deploy.precision.accuracy.holdout_size`);
+    ``quant.samples`` None sizes the calibration set by it too."""
 
     precision: str
     calib_data: str | None = None
@@ -44,16 +53,17 @@ class PrecisionConfig:
     def __post_init__(self) -> None:
         if self.precision not in converted():
             raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(converted())}")
-        if self.entry.calibrated and not self.calib_data:
-            raise ConfigError(
-                f"{self.precision.upper()} needs calibration data: pass --calib-data DATASET_DIR or a .npz of inputs "
-                "(hrm-deploy never invents scales)"
-            )
 
     @property
     def entry(self) -> PrecisionEntry:
         """This precision's row in the precision table."""
         return PRECISIONS[self.precision]
+
+    def job_request(self) -> JobRequest:
+        """The quantization job this config asks for (the one preamble of every quantized build)."""
+        return JobRequest(
+            self.precision, self.calib_data, self.quant, self.cache_dir, self.accuracy_check, self.holdout_samples
+        )
 
 
 @dataclass
@@ -63,7 +73,7 @@ class PrecisionResult:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def _write_cast(model, config: PrecisionConfig, tmp: Path, stages: Stages) -> dict[str, Any]:
+def _write_cast(model: ModelProto, config: PrecisionConfig, tmp: Path, stages: Stages) -> dict[str, Any]:
     """A float graph with float32 islands (the row's cast writer), saved to ``tmp``."""
     import onnx
 
@@ -74,83 +84,63 @@ def _write_cast(model, config: PrecisionConfig, tmp: Path, stages: Stages) -> di
     return {"float32_nodes": len(kept)}
 
 
+@dataclass
+class RowCandidates:
+    """The precision stage's candidates (:class:`~hrm_deploy.precision.conductor.Candidates`): the
+    row's Q/DQ writer from the job, the precision set in the graph's metadata, as published."""
+
+    job: QuantJob
+    precision: str
+    plans: dict[tuple[str, ...], QuantPlan] = field(default_factory=dict)
+    everything: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.precision.upper()
+
+    def write(self, exclude: tuple[str, ...], out: Path) -> None:
+        import onnx
+
+        self.plans[exclude] = load(PRECISIONS[self.precision].writer or "")(self.job, out, exclude)
+        graph = onnx.load(str(out))
+        set_graph_precision(graph, self.precision)
+        onnx.save(graph, str(out))
+        if not exclude:
+            self.everything = out
+
+    def qdq(self) -> ModelProto:
+        import onnx
+
+        if self.everything is None or not self.everything.is_file():
+            raise InternalError("the all-quantized candidate is ranked before it was written")
+        return onnx.load(str(self.everything))
+
+
 def _write_qdq(
-    src: Path, src_sha256: str, model, meta, config: PrecisionConfig, tmp: Path, stages: Stages, quiet: bool
-):
-    """A calibrated Q/DQ graph: one job (the parsed FP32 ``model``, its ranges measured into the
-    cache once by the row's calibration, skipped when the cache holds them), the row's writer,
-    then the accuracy check and its fallback on the same job."""
-    import onnx
+    src: Path, src_sha256: str, model: ModelProto, config: PrecisionConfig, work: Path, stages: Stages, quiet: bool
+) -> tuple[Path, dict[str, Any]]:
+    """A calibrated Q/DQ graph: the one job preamble (:func:`~hrm_deploy.precision.job.prepare_job`),
+    then the conductor (:func:`~hrm_deploy.precision.conductor.conduct`): the accuracy rule, its
+    fallback and the graph to publish, the one measured last. Returns its path and the report."""
+    from hrm_deploy.precision.accuracy import GraphRunner
+    from hrm_deploy.precision.conductor import Check, conduct
+    from hrm_deploy.precision.job import prepare_job
+    from hrm_deploy.precision.rule import Rule
 
-    from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.precision.accuracy import measures_on_calibration_set
-    from hrm_deploy.precision.job import new_job
-
-    entry = config.entry
-    examples = load_examples(str(config.calib_data), config.quant.samples)
-    share = measures_on_calibration_set(meta, config.accuracy_check, config.holdout_samples)
-    job = new_job(src, model, meta, examples, config.quant, config.cache_dir, src_sha256, share)
-    label = (
-        "reusing cached calibration"
-        if job.report["reused"]
-        else f"calibrating {config.precision.upper()} ({config.quant.method}, {len(examples)} examples, all {meta['steps']} ACT steps)"
-    )
-    with stages.stage(label):
-        load(entry.calibration or "")(job, quiet)
-        plan = load(entry.writer or "")(job, tmp)
+    job, data = prepare_job(src, model, src_sha256, config.job_request(), stages, quiet)
+    candidates = RowCandidates(job, config.precision)
+    with GraphRunner(job.meta, table_of=src, fp4=config.precision == "nvfp4") as runner:
+        rule = Rule.of(config.precision, config.accuracy_budget)
+        check = Check(rule, data, runner, config.holdout_samples) if config.accuracy_check else None
+        verdict = conduct(job, candidates, check, work, stages)
+    plan = candidates.plans[verdict.kept]
     report: dict[str, Any] = {
         "calibration": job.report,
         "quantized_nodes": len(plan.quantize),
         "excluded": plan.excluded,
+        "accuracy": verdict.record,
     }
-    report["accuracy"] = _check_accuracy(job, tmp, config, stages, report)
-    quantized = onnx.load(str(tmp))
-    set_graph_precision(quantized, config.precision)
-    onnx.save(quantized, str(tmp))
-    return report
-
-
-def _check_accuracy(job, tmp: Path, config: PrecisionConfig, stages, report):
-    """The quantized graph against FP32 on held-out puzzles, by default, judged by the rule of
-    :mod:`hrm_deploy.precision.rule` (the holdout grows while the verdict is within its noise): one
-    line and the manifest's ``accuracy`` record. Outside the budget, the most harmful layers stay
-    float (:func:`hrm_deploy.precision.fallback.sensitivity_fallback`) and the graph that will be
-    published is measured again and judged by the same rule; outside it the build stops with one
-    line (nothing is written)."""
-    from dataclasses import replace
-
-    from hrm_deploy.precision.accuracy import DEFAULT_BUDGET_POINTS, holdout_runner, job_holdout
-    from hrm_deploy.precision.rule import accuracy_line, measuring, refusal
-
-    if not config.accuracy_check:
-        return {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
-    budget = DEFAULT_BUDGET_POINTS if config.accuracy_budget is None else config.accuracy_budget
-    runner = holdout_runner(job.source, job.meta)
-    holdout, cap = job_holdout(job, str(config.calib_data), config.holdout_samples, runner)
-    name = config.precision.upper()
-    with stages.stage(measuring(name, holdout.size, min(cap, len(holdout.pool)))):
-        first, decided = holdout.decide(tmp, budget, cap)
-    quality = first
-    if not first.within(budget):
-        from hrm_deploy.precision.fallback import sensitivity_fallback
-
-        budgeted = replace(config, accuracy_budget=budget)
-        report["accuracy_budget"] = sensitivity_fallback(job, tmp, holdout, budgeted, stages)
-        # the published graph's count (layers kept in float are no longer quantized)
-        report["quantized_nodes"] = report["accuracy_budget"].get("quantized_nodes", len(job.plan.quantize))
-        with stages.stage(f"measuring the {name} graph with its float layers against FP32"):
-            quality, decided = holdout.decide(tmp, budget, cap)
-        if not quality.within(budget):
-            raise ConfigError(refusal(name, first, quality, len(report["accuracy_budget"]["kept_float"]), budget))
-    log.info(accuracy_line(name, quality, budget, quality is not first))
-    exact_key = "exact_pct"
-    return {
-        "checked": True,
-        "budget_points": budget,
-        **quality.as_dict(exact_key),
-        "decided": decided,
-        **({"before_fallback": first.as_dict(exact_key)} if quality is not first else {}),
-    }
+    return verdict.path, report
 
 
 def make_precision_graph(
@@ -158,7 +148,7 @@ def make_precision_graph(
     config: PrecisionConfig,
     out: str | os.PathLike | None = None,
     quiet: bool = False,
-    model: Any = None,
+    model: ModelProto | None = None,
 ) -> PrecisionResult:
     """Write ``<name>.<precision>.onnx`` (beside the FP32 graph unless ``out``) and its manifest.
     ``model``: the graph at ``onnx_path`` already parsed with its weights (the build stage's one
@@ -181,7 +171,7 @@ def make_precision_graph(
     with staging_dir(target.parent if str(target.parent) else Path("."), "stage") as staging:
         tmp = staging / target.name
         if config.entry.calibrated:
-            report = _write_qdq(src, src_sha256, model, meta, config, tmp, stages, quiet)
+            tmp, report = _write_qdq(src, src_sha256, model, config, staging, stages, quiet)
         else:
             report = _write_cast(model, config, tmp, stages)
         # artifact + manifest as one unit (manifest renamed last, sha256 of the staged bytes)

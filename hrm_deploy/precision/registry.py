@@ -13,7 +13,9 @@ the command line, the targets, ``verify`` and the TensorRT layer check read the 
   before any writer runs (:func:`hrm_deploy.precision.job.calibrate_job`: one cache serves every row);
 - ``min_capability``: the lowest GPU compute capability whose tensor cores run it, checked against
   every GPU target's architectures (None: every GPU); ``gpus`` names those GPUs for the error line;
-- ``thresholds``: what ``verify`` asks of an artifact of this precision;
+- ``thresholds``: what ``verify`` asks of an artifact of this precision, and with it what every
+  quantized build of this precision is held to before it publishes (the accuracy rule's
+  :func:`~hrm_deploy.precision.rule.verify_view`);
 - ``network_dtype``: the TensorRT network data type some layer must compute in (``"HALF"``,
   ``"FP4"``; None: nothing to look for beyond the Q/DQ layers every Q/DQ row needs);
 - ``engine_dtype``: the data type TensorRT's engine inspector must show in some layer of an engine

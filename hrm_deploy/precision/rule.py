@@ -1,235 +1,362 @@
-"""The accuracy rule every quantized build answers to (the precision stage's INT8/FP8/NVFP4 graphs and
-the cpu target's static INT8), measured on held-out puzzles against the FP32 graph.
+"""The accuracy rule every quantized build answers to (the precision stage's INT8/FP8/NVFP4 graphs,
+the cpu target's static INT8, loop graphs), measured on held-out puzzles against the FP32 graph.
 
-The rule: at most ``budget`` points of exact accuracy lost (default 1) and at least
-:data:`MIN_AGREEMENT_PCT` % of output cells with FP32's argmax. The loss is judged on *paired*
-flips: ``lost`` = puzzles FP32 solves and the quantized graph does not, ``gained`` = the reverse;
-points lost = 100 (lost - gained) / puzzles. A holdout where one puzzle is more than the budget,
-or where the flips leave the verdict within the noise, cannot judge the budget, so the holdout
-grows (doubling, up to :data:`GROWTH` times its first size and never past the data) until the
-verdict is clear at :data:`CONFIDENCE_PCT` % one-sided confidence or the cap is reached; at the
-cap the measured loss decides, and the report says so. The graph that is published is the graph
-measured last: after a fallback it is measured again and checked against the same rule, and a
-graph outside it is refused, never written.
+A candidate passes when every check holds (:meth:`Rule.checks`):
+
+* no non-finite value among the outputs the graph's contract defines (a NaN is a defect, never noise);
+* at most ``budget`` points of exact accuracy lost (default 1), judged on *paired* flips: ``lost`` =
+  puzzles FP32 solves and the candidate does not, ``gained`` = the reverse; points lost = 100
+  (lost - gained) / puzzles;
+* what ``verify`` asks of an artifact of this precision (:func:`verify_view`, the thresholds of its
+  ``PRECISIONS`` row): argmax agreement over all cells, q_halt sign agreement and, for a graph that
+  halts inside (a loop graph with a halting rule), the rows halting at FP32's step. A build whose
+  graph ``verify`` would refuse is not published.
+
+Each check carries a one-sided :data:`CONFIDENCE_PCT` % margin from the counts it was measured on
+(one more discordant puzzle or cell than seen, so a clean small sample is not certainty). A verdict
+is *settled* when some check fails by more than its margin, or every check passes by more than its
+margin; otherwise more puzzles are measured (:meth:`Holdout.decide`), up to a cap where the
+measured values decide and the record says so.
+
+The puzzles it is measured on, and how many a verdict needs, are :mod:`hrm_deploy.precision.holdout`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hrm_deploy.data.examples import Examples
+from hrm_deploy.precision.registry import PRECISIONS, Thresholds
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_POINTS = 1.0  # exact-accuracy points a quantized graph may lose on the holdout
-MIN_AGREEMENT_PCT = 98.0  # argmax agreement with FP32 over every output cell of the holdout
 CONFIDENCE_PCT = 95.0
 Z = 1.645  # one-sided 95 % normal quantile
-GROWTH = 4  # the holdout grows to at most this many times its first size (and the data it has)
 
 
-def _slice(examples: Examples, count: int) -> Examples:
-    labels = None if examples.labels is None else examples.labels[:count]
-    return Examples(examples.inputs[:count], examples.puzzle_identifiers[:count], labels, examples.source, "")
+# ----------------------------------------------------------------------------------------------- outputs
+@dataclass(frozen=True)
+class Outputs:
+    """A graph's answers on N puzzles, in the form the rule reads them.
+
+    ``logits`` [N, S, V] float32; ``q_halt`` [N]: the last step's q_halt logit (``verify``'s reading:
+    the last column of an unrolled or loop graph's [N, steps], NaN where a loop graph's row halted
+    earlier); ``steps`` [N] int32: the ACT steps each row ran, for a graph that reports them (a loop
+    graph), else None; ``nonfinite`` [N]: per row, the non-finite values among the outputs the
+    contract defines (a loop graph's q logits after a row's halting step are NaN by contract)."""
+
+    logits: np.ndarray
+    q_halt: np.ndarray
+    steps: np.ndarray | None
+    nonfinite: np.ndarray
+
+    @classmethod
+    def of(cls, heads: dict[str, np.ndarray]) -> Outputs:
+        """From a graph's named outputs (``logits``, ``q_halt_logits``, ``q_continue_logits``,
+        ``steps_used`` where present; shapes as in :mod:`hrm_deploy.contract`)."""
+        from hrm_deploy.contract import Q_LOGITS, STEPS_USED
+
+        logits = np.asarray(heads["logits"], np.float32)
+        n = len(logits)
+        steps = np.asarray(heads[STEPS_USED], np.int32) if STEPS_USED in heads else None
+        bad = (~np.isfinite(logits)).reshape(n, -1).sum(1)
+        for name in Q_LOGITS:
+            q = np.asarray(heads[name], np.float32).reshape(n, -1)  # [N, steps] (a step graph: [N, 1])
+            defined = np.ones(q.shape, bool)
+            if steps is not None:  # a loop graph: NaN after each row's halting step is the contract
+                defined = np.arange(q.shape[1])[None, :] < steps[:, None]
+            bad = bad + (~np.isfinite(q) & defined).sum(1)
+        q_halt = np.asarray(heads[Q_LOGITS[0]], np.float32).reshape(n, -1)[:, -1]
+        return cls(logits, q_halt, steps, bad.astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def join(self, more: Outputs) -> Outputs:
+        """These rows, then ``more``'s."""
+        return Outputs.concat([self, more])
+
+    @staticmethod
+    def concat(parts: list[Outputs]) -> Outputs:
+        """The rows of ``parts``, in order (one copy, however many parts)."""
+        steps = None
+        if all(p.steps is not None for p in parts):
+            steps = np.concatenate([p.steps for p in parts if p.steps is not None])
+        return Outputs(
+            np.concatenate([p.logits for p in parts]),
+            np.concatenate([p.q_halt for p in parts]),
+            steps,
+            np.concatenate([p.nonfinite for p in parts]),
+        )
+
+    def take(self, rows: np.ndarray | slice) -> Outputs:
+        """The rows ``rows`` (indices or a slice), in that order."""
+        steps = None if self.steps is None else self.steps[rows]
+        return Outputs(self.logits[rows], self.q_halt[rows], steps, self.nonfinite[rows])
+
+    def head(self, count: int) -> Outputs:
+        """The first ``count`` rows."""
+        return self.take(slice(0, count))
+
+    def patched(self, rows: np.ndarray, other: Outputs) -> Outputs:
+        """These outputs with the ``rows`` (indices) replaced by ``other``'s rows, in order."""
+        logits, q_halt, nonfinite = self.logits.copy(), self.q_halt.copy(), self.nonfinite.copy()
+        logits[rows], q_halt[rows], nonfinite[rows] = other.logits, other.q_halt, other.nonfinite
+        steps = None
+        if self.steps is not None and other.steps is not None:
+            steps = self.steps.copy()
+            steps[rows] = other.steps
+        return Outputs(logits, q_halt, steps, nonfinite)
 
 
-def _solved(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    from hrm_deploy.metrics import solved_rows
+def differing_rows(reference: Outputs, candidate: Outputs) -> np.ndarray:
+    """Indices of the rows where ``candidate`` differs from ``reference`` in anything the rule reads:
+    a cell's argmax (and with it the answer), the q_halt sign, the halting step, a non-finite value."""
+    n = len(candidate)
+    differ = (candidate.logits.argmax(-1) != reference.logits.argmax(-1)).reshape(n, -1).any(1)
+    differ |= (candidate.q_halt >= 0) != (reference.q_halt >= 0)
+    differ |= candidate.nonfinite > 0
+    if reference.steps is not None and candidate.steps is not None:
+        differ |= candidate.steps != reference.steps
+    return np.flatnonzero(differ)
 
-    return np.asarray(solved_rows(logits, labels), bool)
+
+# ----------------------------------------------------------------------------------------------- quality
+def _discordance_margin(discordant: int, n: int) -> float:
+    """One-sided margin, in percent, of a rate measured from ``discordant`` events in ``n`` units:
+    ``Z sqrt(d + 1) / n`` (one more event than seen)."""
+    return 100.0 * Z * math.sqrt(discordant + 1) / max(n, 1)
 
 
 @dataclass(frozen=True)
 class Quality:
-    """A quantized graph against FP32 on the holdout. ``*_exact`` in percent (None without labels);
-    ``agreement`` = % of output cells whose argmax is FP32's; ``lost`` / ``gained`` = puzzles FP32
-    solves and the quantized graph does not / the reverse."""
+    """A candidate against FP32 on ``puzzles`` held-out puzzles. Percentages: ``agreement`` of output
+    cells with FP32's argmax (``agreement_margin``: its one-sided margin from the spread of the
+    per-puzzle rates), ``q_halt_agreement`` of rows whose last q_halt has FP32's sign, and
+    ``steps_agreement`` of rows halting at FP32's step (None: the graph does not report its steps);
+    ``nonfinite``: non-finite values in the candidate's outputs. With labels: ``fp32_exact`` /
+    ``exact`` in percent, ``lost`` / ``gained`` paired flips, and ``solved_agreement``, the argmax
+    agreement over the cells of puzzles FP32 solves (recorded, not judged: docs/precision.md)."""
 
-    fp32_exact: float | None
-    int8_exact: float | None
-    agreement: float
     puzzles: int
+    agreement: float
+    q_halt_agreement: float = 100.0
+    steps_agreement: float | None = None
+    nonfinite: int = 0
+    fp32_exact: float | None = None
+    exact: float | None = None
     lost: int = 0
     gained: int = 0
+    agreement_margin: float = 0.0
+    solved_agreement: float | None = None
 
     @property
     def loss(self) -> float:
-        """Exact-accuracy points lost (negative: gained; 0 without labels)."""
-        if self.fp32_exact is None or self.int8_exact is None:
+        """Exact-accuracy points lost, from the paired flips (negative: gained; 0 without labels)."""
+        if self.fp32_exact is None or self.exact is None:
             return 0.0
-        return self.fp32_exact - self.int8_exact
+        return 100.0 * (self.lost - self.gained) / max(self.puzzles, 1)
 
-    def within(self, budget: float) -> bool:
-        """The rule on what was measured."""
-        return self.loss <= budget and self.agreement >= MIN_AGREEMENT_PCT
-
-    def margin(self) -> float:
-        """Half-width in points of the one-sided interval of the loss from the paired flips; one
-        more discordant puzzle than seen is counted (so no flips on few puzzles is not certainty)."""
-        n = max(self.puzzles, 1)
-        return 100.0 * Z * math.sqrt((self.lost + self.gained + 1) / n) / math.sqrt(n)
-
-    def settled(self, budget: float) -> bool:
-        """True when the holdout resolves the budget: the loss clears it (either way) by more than
-        :meth:`margin` (always, without labels: agreement over cells is judged as measured)."""
-        if self.fp32_exact is None:
-            return True
-        return abs(self.loss - budget) > self.margin()
+    def loss_margin(self) -> float:
+        """Half-width in points of the one-sided interval of the loss from the paired flips."""
+        return _discordance_margin(self.lost + self.gained, self.puzzles)
 
     def describe(self) -> str:
         """One phrase, losses and gains in words."""
-        if self.fp32_exact is None or self.int8_exact is None:
-            exact = ""
-        else:
-            points = f"{abs(self.loss):.2f} points {'lost' if self.loss > 0 else 'gained' if self.loss < 0 else 'lost'}"
-            exact = (
-                f"exact {self.int8_exact:.2f} % vs FP32 {self.fp32_exact:.2f} % ({points}: {self.lost} puzzles "
-                f"lost, {self.gained} gained), "
+        parts = []
+        if self.fp32_exact is not None and self.exact is not None:
+            word = "gained" if self.loss < 0 else "lost"
+            parts.append(
+                f"exact {self.exact:.2f} % vs FP32 {self.fp32_exact:.2f} % ({abs(self.loss):.2f} points {word}: "
+                f"{self.lost} puzzles lost, {self.gained} gained)"
             )
-        return f"{exact}argmax agreement {self.agreement:.2f} % on {self.puzzles} puzzles"
+        parts.append(f"argmax agreement {self.agreement:.2f} %")
+        parts.append(f"q_halt signs {self.q_halt_agreement:.2f} %")
+        if self.steps_agreement is not None:
+            parts.append(f"halting steps {self.steps_agreement:.2f} %")
+        if self.nonfinite:
+            parts.append(f"{self.nonfinite} non-finite values")
+        return f"{', '.join(parts)} on {self.puzzles} puzzles"
 
-    def as_dict(self, exact_key: str = "int8_exact_pct") -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
+        """The manifest's record of this measurement."""
         return {
             "fp32_exact_pct": self.fp32_exact,
-            exact_key: self.int8_exact,
+            "exact_pct": self.exact,
             "loss_points": round(self.loss, 4),
             "argmax_agreement_pct": round(self.agreement, 4),
+            "solved_cells_agreement_pct": None if self.solved_agreement is None else round(self.solved_agreement, 4),
+            "q_halt_sign_agreement_pct": round(self.q_halt_agreement, 4),
+            "steps_agreement_pct": None if self.steps_agreement is None else round(self.steps_agreement, 4),
+            "nonfinite_values": self.nonfinite,
             "holdout_puzzles": self.puzzles,
             "puzzles_lost": self.lost,
             "puzzles_gained": self.gained,
         }
 
 
-Run = Callable[[Path, Examples], np.ndarray]  # final logits of the graph at a path on examples
+def quality(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> Quality:
+    """``candidate`` against ``reference`` (FP32) on the same puzzles (``labels`` [N, S] or None)."""
+    from hrm_deploy.metrics import solved_rows
+
+    n = len(candidate)
+    agree = candidate.logits.argmax(-1) == reference.logits.argmax(-1)  # [N, S]
+    per_puzzle = 100.0 * (1.0 - agree.reshape(n, -1).mean(1))  # % of each puzzle's cells flipped
+    cells = agree.size
+    spread = float(per_puzzle.std()) / math.sqrt(n) if n > 1 else 100.0
+    margin = Z * spread + 100.0 / max(cells, 1)  # plus one cell more than seen
+    q_agree = (reference.q_halt >= 0) == (candidate.q_halt >= 0)
+    steps = None
+    if reference.steps is not None and candidate.steps is not None:
+        steps = 100.0 * float((reference.steps == candidate.steps).mean())
+    common: dict[str, Any] = {
+        "puzzles": n,
+        "agreement": 100.0 * float(agree.mean()),
+        "q_halt_agreement": 100.0 * float(q_agree.mean()),
+        "steps_agreement": steps,
+        "nonfinite": int(candidate.nonfinite.sum()),
+        "agreement_margin": margin,
+    }
+    if labels is None:
+        return Quality(**common)
+    base, ours = (
+        np.asarray(solved_rows(reference.logits, labels), bool),
+        np.asarray(solved_rows(candidate.logits, labels), bool),
+    )
+    solved = agree[base]
+    return Quality(
+        **common,
+        fp32_exact=100.0 * float(base.mean()),
+        exact=100.0 * float(ours.mean()),
+        lost=int((base & ~ours).sum()),
+        gained=int((~base & ours).sum()),
+        solved_agreement=100.0 * float(solved.mean()) if solved.size else None,
+    )
 
 
-class Holdout:
-    """Held-out puzzles (``pool``, of which the first ``size`` are in use; :meth:`grow` takes more)
-    and FP32's answers on them (each computed once), to measure quantized graphs with ``run``."""
+# ----------------------------------------------------------------------------------------------- the rule
+@dataclass(frozen=True)
+class Check:
+    """One criterion: ``value`` against ``limit`` (``at_least``: the value must not fall below it;
+    else not exceed it), with the one-sided ``margin`` of its measurement."""
 
-    def __init__(
-        self, fp32: Path, pool: Examples, run: Run, size: int | None = None, reference: np.ndarray | None = None
-    ):
-        self.fp32, self.pool, self.run = Path(fp32), pool, run
-        self.size = min(size or len(pool), len(pool))
-        # FP32's answers already known for the pool's first rows (the calibration pass's, where the
-        # holdout is the calibration set): never computed again
-        self._reference = np.zeros((0,), np.float32) if reference is None else np.asarray(reference, np.float32)
-        # the last candidate's logits, keyed by its file's identity: measured again after the
-        # holdout grew, only the new puzzles run
-        self._candidate: tuple[tuple[str, int, int, int], np.ndarray] | None = None
+    name: str
+    value: float
+    limit: float
+    margin: float = 0.0
+    at_least: bool = True
 
     @property
-    def examples(self) -> Examples:
-        return _slice(self.pool, self.size)
+    def passes(self) -> bool:
+        return self.value >= self.limit if self.at_least else self.value <= self.limit
 
     @property
-    def reference(self) -> np.ndarray:
-        have = len(self._reference)
-        if have < self.size:
-            more = self.run(self.fp32, Examples(*_parts(self.pool, have, self.size), self.pool.source, ""))
-            self._reference = more if not have else np.concatenate([self._reference, more])
-        return self._reference[: self.size]
+    def clear(self) -> bool:
+        """Decided at this sample size: the value is beyond its margin on either side of the limit
+        (a check without a margin, a count that must be zero, always is)."""
+        return self.margin == 0 or abs(self.value - self.limit) > self.margin
 
-    def first(self, count: int) -> Holdout:
-        """The first ``count`` puzzles (FP32's answers shared, not recomputed), not growable."""
-        part = Holdout(self.fp32, _slice(self.pool, min(count, self.size)), self.run)
-        part._reference = self.reference[: part.size]  # (candidates are not shared: the parts measure other graphs)
-        return part
+    def words(self) -> str:
+        sign = ">=" if self.at_least else "<="
+        return f"{self.name} {self.value:.2f} (needs {sign} {self.limit:g})"
 
-    def grow(self, cap: int) -> bool:
-        """Double the puzzles in use, up to ``cap`` and the pool; False when it cannot."""
-        bigger = min(2 * self.size, cap, len(self.pool))
-        if bigger <= self.size:
-            return False
-        self.size = bigger
-        return True
 
-    def measure(self, path: str | Path) -> Quality:
-        from hrm_deploy.metrics import accuracy
+def verify_view(quality: Quality, thresholds: Thresholds) -> list[Check]:
+    """What ``verify`` judges of an artifact at these thresholds (the precision's ``PRECISIONS``
+    row), as the build can measure it against the FP32 graph: argmax agreement over all cells,
+    q_halt sign agreement, and for a graph that halts inside, the rows halting at FP32's step
+    (held to the q_halt threshold, as verify holds them). The one place the rule follows verify:
+    when verify's judge changes, this body changes with it."""
+    n = quality.puzzles
+    q_flips = round(n * (100.0 - quality.q_halt_agreement) / 100.0)
+    checks = [
+        Check(
+            "argmax agreement %", quality.agreement, 100.0 * thresholds.min_argmax_agreement, quality.agreement_margin
+        ),
+        Check(
+            "q_halt sign agreement %",
+            quality.q_halt_agreement,
+            100.0 * thresholds.min_q_halt_sign_agreement,
+            _discordance_margin(q_flips, n),
+        ),
+    ]
+    if quality.steps_agreement is not None:
+        moved = round(n * (100.0 - quality.steps_agreement) / 100.0)
+        checks.append(
+            Check(
+                "halting steps agreement %",
+                quality.steps_agreement,
+                100.0 * thresholds.min_q_halt_sign_agreement,
+                _discordance_margin(moved, n),
+            )
+        )
+    return checks
 
-        reference, examples = self.reference, self.examples
-        logits = self._candidate_logits(Path(path))
-        agreement = 100.0 * float((logits.argmax(-1) == reference.argmax(-1)).mean())
-        if examples.labels is None:
-            return Quality(None, None, agreement, len(examples))
-        base, ours = _solved(reference, examples.labels), _solved(logits, examples.labels)
-        return Quality(
-            100.0 * accuracy(reference, examples.labels)["exact_accuracy"],
-            100.0 * accuracy(logits, examples.labels)["exact_accuracy"],
-            agreement,
-            len(examples),
-            int((base & ~ours).sum()),
-            int((~base & ours).sum()),
+
+@dataclass(frozen=True)
+class Rule:
+    """The accuracy rule of one build: ``budget`` exact-accuracy points and ``thresholds``, the
+    precision's ``PRECISIONS`` row (what verify asks). The one function every target's build judges by."""
+
+    budget: float
+    thresholds: Thresholds
+
+    @classmethod
+    def of(cls, precision: str, budget: float | None = None) -> Rule:
+        """The rule of a build at ``precision`` (its row's thresholds) with ``budget`` (None: the default)."""
+        row = PRECISIONS[precision]
+        return cls(DEFAULT_BUDGET_POINTS if budget is None else float(budget), row.thresholds)
+
+    def checks(self, quality: Quality) -> list[Check]:
+        """Every criterion of the rule on one measurement (see the module docstring)."""
+        found = [Check("non-finite output values", float(quality.nonfinite), 0.0, 0.0, at_least=False)]
+        if quality.fp32_exact is not None:
+            found.append(Check("exact-accuracy points lost", quality.loss, self.budget, quality.loss_margin(), False))
+        return found + verify_view(quality, self.thresholds)
+
+    def failures(self, quality: Quality) -> list[str]:
+        """The checks ``quality`` fails, in words (empty: within the rule)."""
+        return [check.words() for check in self.checks(quality) if not check.passes]
+
+    def within(self, quality: Quality) -> bool:
+        return not self.failures(quality)
+
+    def settled(self, quality: Quality) -> bool:
+        """Whether more puzzles could change the verdict: False while no check fails clearly and
+        some check is within its margin of its limit."""
+        checks = self.checks(quality)
+        return any(not c.passes and c.clear for c in checks) or all(c.clear for c in checks)
+
+    def describe(self) -> str:
+        """The rule in words, for refusals."""
+        t = self.thresholds
+        return (
+            f"<= {self.budget:g} points lost, >= {100 * t.min_argmax_agreement:g} % argmax agreement, "
+            f">= {100 * t.min_q_halt_sign_agreement:g} % q_halt signs and halting steps, no non-finite output"
         )
 
-    def _candidate_logits(self, path: Path) -> np.ndarray:
-        """The candidate's logits on the puzzles in use, reusing those of its last measurement when
-        the file is the same (path, inode, size and modification time)."""
-        stat = path.stat()
-        key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        have = self._candidate[1] if self._candidate is not None and self._candidate[0] == key else None
-        done = 0 if have is None else min(len(have), self.size)
-        if done < self.size:
-            more = self.run(path, Examples(*_parts(self.pool, done, self.size), self.pool.source, ""))
-            have = more if have is None or not done else np.concatenate([have[:done], more])
-        assert have is not None  # size >= 1: something ran or was kept
-        self._candidate = (key, have)
-        return have[: self.size]
 
-    def decide(self, path: str | Path, budget: float, cap: int) -> tuple[Quality, dict[str, Any]]:
-        """Measure ``path``, growing the holdout while the verdict is within the noise (up to
-        ``cap`` puzzles). Returns the last measurement and how it was decided."""
-        quality = self.measure(path)
-        while not quality.settled(budget) and self.grow(cap):
-            log.debug("holdout grown to %d puzzles: %s", self.size, quality.describe())
-            quality = self.measure(path)
-        how: dict[str, Any] = {
-            "confidence_pct": CONFIDENCE_PCT,
-            "margin_points": round(quality.margin(), 4),
-            "cap_puzzles": min(cap, len(self.pool)),
-            "settled": quality.settled(budget),
-        }
-        if not how["settled"]:
-            how["why"] = "the loss is within the noise of the largest holdout there is: the measured loss decides"
-        return quality, how
-
-
-def _parts(examples: Examples, start: int, stop: int) -> tuple[Any, Any, Any]:
-    labels = None if examples.labels is None else examples.labels[start:stop]
-    return examples.inputs[start:stop], examples.puzzle_identifiers[start:stop], labels
-
-
-def growth_cap(size: int) -> int:
-    """How far a holdout that starts at ``size`` puzzles may grow."""
-    return GROWTH * size
-
-
-def measuring(name: str, size: int, most: int) -> str:
-    """The stage line of a holdout measurement (how far it may grow, when it may)."""
-    grow = f" (up to {most} if undecided)" if most > size else ""
-    return f"measuring {name} against FP32 on {size} held-out puzzles{grow}"
-
-
-def accuracy_line(name: str, quality: Quality, budget: float, fallback: bool) -> str:
+# ----------------------------------------------------------------------------------------------- words
+def accuracy_line(name: str, quality: Quality, rule: Rule, fallback: bool) -> str:
     """The one line a build prints of its published graph's accuracy."""
     measured = quality.describe().rsplit(" on ", 1)[0]
     kept = "; sensitive layers kept float" if fallback else ""
-    return f"{name} vs FP32 on {quality.puzzles} held-out puzzles: {measured} (budget {budget:g} points lost{kept})"
+    return (
+        f"{name} vs FP32 on {quality.puzzles} held-out puzzles: {measured} (budget {rule.budget:g} points lost{kept})"
+    )
 
 
-def refusal(what: str, first: Quality, final: Quality, kept: int, budget: float) -> str:
+def refusal(what: str, first: Quality, final: Quality, kept: int, rule: Rule) -> str:
     """The one line of a build refused by the rule after its fallback: both measurements and the
     options."""
+    failing = "; ".join(rule.failures(final)) or "not settled within the rule"
     return (
-        f"{what} is outside the accuracy budget (<= {budget:g} points lost, >= {MIN_AGREEMENT_PCT:.0f} % argmax "
-        f"agreement) even with {kept} layers kept float: {final.describe()} (all quantized: {first.describe()}); "
-        "nothing was written. Pass a larger --accuracy-budget, or build a float precision (--fp16, --bf16 or --fp32)"
+        f"{what} is outside the accuracy rule ({rule.describe()}) even with {kept} layers kept float: "
+        f"{final.describe()} ({failing}; all quantized: {first.describe()}); nothing was written. Pass a larger "
+        "--accuracy-budget, or build a float precision (--fp16, --bf16 or --fp32)"
     )

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ def _float_input(name: str, producers: dict[str, Any]) -> str | None:
 
 
 def _with_float_twins(
-    qdq: Any, fp32: Any, groups: dict[str, list[str]]
+    qdq: ModelProto, fp32: ModelProto, groups: dict[str, list[str]]
 ) -> tuple[Any, dict[str, list[tuple[str, str]]]]:
     """A copy of ``qdq`` where every quantized MatMul of ``groups`` has a float twin; returns it and,
     per weight, the (quantized output, float output) names to fetch."""
@@ -93,7 +96,12 @@ def _feeds(session: Any, examples: Examples, meta: dict[str, Any]) -> dict[str, 
 
 
 def local_errors(
-    qdq: Any, fp32: Any, groups: dict[str, list[str]], examples: Examples, source: Path, meta: dict[str, Any]
+    qdq: ModelProto,
+    fp32: ModelProto,
+    groups: dict[str, list[str]],
+    examples: Examples,
+    source: Path,
+    meta: dict[str, Any],
 ) -> dict[str, float]:
     """Each weight group's own relative output error in the Q/DQ graph ``qdq`` (every weight
     quantized), from one run on :data:`RANK_PUZZLES` of ``examples``; ``fp32``: the FP32 graph the

@@ -1,5 +1,6 @@
-"""benchmarks/int8_build_time.py: a smoke run of its cpu static INT8 row on the tiny bundled model
-writes a row with the wall time, the stage timings and the accuracy record."""
+"""benchmarks/int8_build_time.py and int8_criteria.py, smoke-started on the tiny bundled model: the
+build-time row has its ratio, absolute times, weights and accuracy record; the criteria rows have
+the agreements over all cells and over solved cells beside exact accuracy."""
 
 from __future__ import annotations
 
@@ -14,21 +15,39 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_the_tiny_cpu_row_is_timed_and_keeps_its_accuracy_record(tmp_path):
-    out = tmp_path / "int8_build_time.json"
+def _run(script: str, tmp_path: Path) -> dict:
+    out = tmp_path / f"{script}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = ["--tiny", "--rows", "full", "--work", str(tmp_path / "work"), "--out", str(out)]
+    args = ["--tiny", "--work", str(tmp_path / "work"), "--out", str(out)]
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "int8_build_time.py"), *args],
+        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), *args],
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_the_tiny_cpu_row_has_its_ratio_times_weights_and_accuracy_record(tmp_path):
+    report = _run("int8_build_time", tmp_path)
     (row,) = report["rows"]
-    assert row["seconds"] > 0 and row["accuracy_check"] and row["accuracy"]["checked"]
-    assert any(stage.startswith("measuring INT8 against FP32") for stage in row["timings"])
+    assert row["row"] == "bundled-cpu" and row["seconds"] > 0 and row["accuracy"]["checked"]
+    assert row["fp32_pass_seconds"] > 0 and row["fp32_pass_puzzles"] == row["accuracy"]["measured"]["holdout_puzzles"]
+    assert row["ratio"] == pytest.approx(row["seconds"] / row["fp32_pass_seconds"], rel=0.01)
+    assert row["weights"]["checkpoint"].endswith("sudoku-tiny.pt") and len(row["weights"]["sha256"]) == 64
+    assert row["accuracy"]["cost"]["fp32_puzzle_runs"] == row["fp32_pass_puzzles"]  # FP32 once per puzzle
     assert report["machine"]["cpus"] >= 1 and "load_average" in report["machine"]
+
+
+@pytest.mark.slow
+def test_the_criteria_rows_relate_agreement_and_exact_accuracy(tmp_path):
+    report = _run("int8_criteria", tmp_path)
+    rows = report["rows"]
+    assert {r["form"] for r in rows} == {"int8", "uint8"} and report["puzzles"] == 64
+    for row in rows:
+        assert row["flipped_cells_in_unsolved_puzzles"] <= row["flipped_cells"]
+        assert row["loss_points"] == pytest.approx(100 * (row["puzzles_lost"] - row["puzzles_gained"]) / 64)
+    assert "spearman_loss_vs_disagreement_all" in report["summary"]

@@ -1,35 +1,103 @@
 """The accuracy rule of every quantized build (hrm_deploy/precision/rule.py): losses and gains in
-words, paired flips deciding whether a holdout resolves the budget, a holdout that grows until it
-does (or its cap), and the precision stage judging the graph it publishes by the same rule."""
+words, what verify judges (q_halt signs, halting steps) and non-finite outputs in the rule, margins
+that decide whether a holdout settles the verdict; and the holdout (precision/holdout.py) that runs
+FP32 once per puzzle."""
 
 from __future__ import annotations
 
-import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hrm_deploy.data.examples import Examples
-from hrm_deploy.errors import ConfigError
-from hrm_deploy.precision.rule import GROWTH, Holdout, Quality, growth_cap
+from hrm_deploy.precision.holdout import GROWTH, Holdout, growth_cap
+from hrm_deploy.precision.registry import PRECISIONS
+from hrm_deploy.precision.rule import Outputs, Quality, Rule, differing_rows, verify_view
+
+INT8 = Rule.of("int8")
 
 
 def test_losses_and_gains_are_words_not_signs():
-    lost = Quality(91.0, 90.0, 99.0, 300, lost=6, gained=3).describe()
-    gained = Quality(72.5, 74.06, 96.84, 64, lost=1, gained=2).describe()
+    lost = Quality(300, 99.0, fp32_exact=91.0, exact=90.0, lost=6, gained=3).describe()
+    gained = Quality(64, 96.84, fp32_exact=72.5, exact=74.06, lost=1, gained=2).describe()
     assert "1.00 points lost: 6 puzzles lost, 3 gained" in lost and "+" not in lost and "-" not in lost
     assert "1.56 points gained: 1 puzzles lost, 2 gained" in gained and "-" not in gained
+
+
+def test_the_loss_is_counted_from_the_paired_flips():
+    """3 net puzzles of 300 are exactly the 1-point budget (the accuracies' difference is not, in floats)."""
+    q = Quality(300, 99.9, fp32_exact=94.333333, exact=93.333333, lost=5, gained=2)
+    assert q.loss == 1.0 and INT8.within(q)
 
 
 def test_a_holdout_where_one_puzzle_is_over_the_budget_cannot_decide_it():
     """64 puzzles (one is 1.56 points) never settle a 1-point budget, whatever was seen; 300 clean
     ones do; flips on both sides leave a small measured loss within the noise."""
-    assert not Quality(90.0, 90.0, 100.0, 64).settled(1.0)
-    assert Quality(90.0, 90.0, 100.0, 300).settled(1.0)
-    assert not Quality(91.0, 90.33, 99.9, 300, lost=6, gained=4).settled(1.0)
-    assert Quality(90.0, 80.0, 99.0, 300, lost=30).settled(1.0)  # clearly outside
-    assert Quality(None, None, 97.0, 10).settled(1.0)  # no labels: agreement is judged as measured
+    clean = {"agreement": 100.0, "agreement_margin": 0.01}
+    assert not INT8.settled(Quality(64, fp32_exact=90.0, exact=90.0, **clean))
+    assert INT8.settled(Quality(300, fp32_exact=90.0, exact=90.0, **clean))
+    assert not INT8.settled(Quality(300, fp32_exact=91.0, exact=90.33, lost=6, gained=4, **clean))
+    assert INT8.settled(Quality(300, fp32_exact=90.0, exact=80.0, lost=30, **clean))  # clearly outside
+    assert not INT8.settled(Quality(10, **clean))  # no labels: 10 rows cannot show 95 % q_halt signs
+    assert INT8.settled(Quality(300, **clean))
+
+
+def test_the_rule_judges_what_verify_judges_at_the_precisions_thresholds():
+    """q_halt signs and, for a graph that halts inside, the halting steps, at the INT8 row's
+    thresholds; a non-finite output fails whatever else holds."""
+    good = Quality(300, 99.9, q_halt_agreement=99.0, steps_agreement=99.0, fp32_exact=90.0, exact=90.0)
+    assert INT8.within(good)
+    q_signs = replace(good, q_halt_agreement=94.0)
+    steps = replace(good, steps_agreement=78.0)
+    nan = replace(good, nonfinite=3)
+    assert INT8.failures(q_signs) == ["q_halt sign agreement % 94.00 (needs >= 95)"]
+    assert INT8.failures(steps) == ["halting steps agreement % 78.00 (needs >= 95)"]
+    assert INT8.failures(nan) == ["non-finite output values 3.00 (needs <= 0)"]
+    assert INT8.settled(nan)  # a NaN is never noise
+    names = [c.name for c in verify_view(good, PRECISIONS["int8"].thresholds)]
+    assert names == ["argmax agreement %", "q_halt sign agreement %", "halting steps agreement %"]
+    assert "halting steps agreement %" not in [
+        c.name for c in verify_view(replace(good, steps_agreement=None), INT8.thresholds)
+    ]
+    loose = replace(INT8.thresholds, min_q_halt_sign_agreement=0.9)  # the row's thresholds decide
+    assert Rule(1.0, loose).within(q_signs)
+
+
+def _outputs(answers: np.ndarray, q: np.ndarray | None = None, steps: np.ndarray | None = None) -> Outputs:
+    n = len(answers)
+    heads = {
+        "logits": np.eye(10, dtype=np.float32)[answers],
+        "q_halt_logits": np.ones((n, 2), np.float32) if q is None else q,
+        "q_continue_logits": np.zeros((n, 2), np.float32),
+    }
+    if steps is not None:
+        heads["steps_used"] = steps
+    return Outputs.of(heads)
+
+
+def test_a_loop_graphs_nan_after_halting_is_its_contract_any_other_is_counted():
+    answers = np.ones((3, 4), np.int64)
+    q = np.array([[1.0, np.nan], [1.0, 2.0], [np.nan, 1.0]], np.float32)  # row 0 halted after step 1
+    out = _outputs(answers, q, np.array([1, 2, 2], np.int32))
+    assert out.nonfinite.tolist() == [0, 0, 1]
+    logits = _outputs(answers).logits.copy()
+    logits[1, 2, 3] = np.inf
+    assert Outputs.of(
+        {"logits": logits, "q_halt_logits": np.ones(3), "q_continue_logits": np.ones(3)}
+    ).nonfinite.tolist() == [0, 1, 0]
+
+
+def test_differing_rows_are_every_row_the_rule_could_see_move():
+    base = _outputs(np.ones((5, 4), np.int64), np.ones((5, 2), np.float32), np.full(5, 2, np.int32))
+    answers = np.ones((5, 4), np.int64)
+    answers[1, 3] = 2  # a cell
+    q = np.ones((5, 2), np.float32)
+    q[2, -1] = -1.0  # a q_halt sign
+    steps = np.full(5, 2, np.int32)
+    steps[3] = 1  # a halting step
+    assert differing_rows(base, _outputs(answers, q, steps)).tolist() == [1, 2, 3]
 
 
 def _examples(count: int) -> Examples:
@@ -38,119 +106,77 @@ def _examples(count: int) -> Examples:
     return Examples(labels.astype(np.int32), np.arange(count, dtype=np.int32), labels, "pool", "")  # ids: positions
 
 
-def _logits(answers: np.ndarray) -> np.ndarray:
-    return np.eye(10, dtype=np.float32)[answers]
-
-
 def test_the_holdout_grows_until_the_verdict_is_clear_then_stops(tmp_path):
     """FP32 solves every puzzle; the candidate misses none: 64 puzzles cannot settle the budget, the
     holdout doubles (FP32's answers computed once per puzzle) until it does."""
     pool = _examples(1000)
     runs: list[tuple[str, int]] = []
 
-    def run(path: Path, examples: Examples) -> np.ndarray:
+    def run(path: Path, examples: Examples) -> Outputs:
         runs.append((path.name, len(examples)))
-        return _logits(examples.labels)
+        return _outputs(examples.labels)
 
     candidate = tmp_path / "int8.onnx"
     candidate.write_bytes(b"graph")
-    holdout = Holdout(tmp_path / "fp32.onnx", pool, run, 64)
-    quality, how = holdout.decide(candidate, 1.0, growth_cap(64))
-    assert quality.puzzles == 256 and how["settled"] and quality.within(1.0)
+    holdout = Holdout(tmp_path / "fp32.onnx", pool, run, 64, growth_cap(64))
+    quality, how = holdout.decide(candidate, INT8, 64, 64, holdout.cap)
+    assert quality.puzzles == 256 and how.settled and INT8.within(quality)
     assert sum(n for name, n in runs if name == "fp32.onnx") == 256  # each puzzle's reference once
     assert sum(n for name, n in runs if name == "int8.onnx") == 256  # and the candidate's: grown, not rerun
     candidate.write_bytes(b"another graph")  # a new file at the same path is measured afresh
-    holdout.measure(candidate)
-    assert runs[-1] == ("int8.onnx", 256)
+    holdout.measure(candidate, 256)
+    assert sum(n for name, n in runs if name == "int8.onnx") == 512
     assert growth_cap(64) == GROWTH * 64
 
 
-def test_at_the_cap_the_measured_loss_decides_and_the_record_says_so(tmp_path):
+def test_a_clear_failure_stops_early_and_a_pass_needs_the_whole_holdout(tmp_path):
+    pool = _examples(1000)
+    ran: list[int] = []
+
+    def run(path: Path, examples: Examples) -> Outputs:
+        answers = examples.labels.copy()
+        if path.name == "bad.onnx":
+            answers[:, 0] = 0  # every puzzle lost
+        ran.append(len(examples))
+        return _outputs(answers)
+
+    (tmp_path / "bad.onnx").write_bytes(b"bad")
+    holdout = Holdout(tmp_path / "fp32.onnx", pool, run, 300, 1200)
+    bad, how = holdout.decide(tmp_path / "bad.onnx", INT8, 64, 300, 1200)
+    assert bad.puzzles == 64 and how.settled and not INT8.within(bad)
+
+
+def test_at_the_cap_the_measured_values_decide_and_the_record_says_so(tmp_path):
     pool = _examples(100)
 
-    def run(path: Path, examples: Examples) -> np.ndarray:
+    def run(path: Path, examples: Examples) -> Outputs:
         answers = examples.labels.copy()
         if path.name == "int8.onnx":  # puzzles 0, 25, 50, 75 lost, whichever slice is run
             answers[examples.puzzle_identifiers % 25 == 0, 0] = 0
-        return _logits(answers)
+        return _outputs(answers)
 
     (tmp_path / "int8.onnx").write_bytes(b"graph")
-    quality, how = Holdout(tmp_path / "fp32.onnx", pool, run, 64).decide(tmp_path / "int8.onnx", 1.0, 256)
-    assert quality.puzzles == 100 and not how["settled"] and "measured loss decides" in how["why"]
-    assert quality.lost == 4 and not quality.within(1.0)
+    holdout = Holdout(tmp_path / "fp32.onnx", pool, run, 64, 256)
+    quality, how = holdout.decide(tmp_path / "int8.onnx", INT8, 64, 64, 256)
+    assert quality.puzzles == 100 and not how.settled and "measured values decide" in how.why
+    assert quality.lost == 4 and not INT8.within(quality)
 
 
-def _stage(tiny_onnx, tmp_path, **kw):
-    from hrm_deploy.precision.calibrate import QuantConfig
-    from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
+def test_a_screen_runs_only_the_rows_asked_and_counts_the_rest_as_fp32(tmp_path):
+    pool = _examples(300)
+    ran: list[int] = []
 
-    cfg = PrecisionConfig(
-        "int8",
-        calib_data=tiny_onnx.data,
-        cache_dir=str(tmp_path / "calib"),
-        quant=QuantConfig(samples=32),
-        holdout_samples=200,
-        **kw,
-    )
-    return make_precision_graph(tiny_onnx.unrolled, cfg, out=tmp_path / "m.int8.onnx", quiet=True)
+    def run(path: Path, examples: Examples) -> Outputs:
+        answers = examples.labels.copy()
+        if path.name == "mix.onnx":
+            answers[examples.puzzle_identifiers < 3, 0] = 0  # puzzles 0, 1 and 2 lost
+        ran.append(len(examples))
+        return _outputs(answers)
 
-
-def _harmful(path) -> int:
-    import onnx
-
-    model = onnx.load(str(path))
-    dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-    return sum(
-        1
-        for n in model.graph.node
-        if "L_level" in n.name and "mlp" in n.name and n.op_type == "MatMul" and n.input[0] in dq
-    )
-
-
-def test_the_fallback_answers_to_the_agreement_rule_too(tiny_onnx, tmp_path, monkeypatch):
-    """Exact accuracy unharmed but argmax agreement 96.84 % whatever is kept float: the stage used
-    to stop its fallback on exact accuracy alone and publish; it refuses in one line with both
-    measurements and the options, and writes nothing."""
-    monkeypatch.setattr(Holdout, "measure", lambda self, path: Quality(72.5, 72.5, 96.84, self.size))
-    with pytest.raises(ConfigError) as info:
-        _stage(tiny_onnx, tmp_path, accuracy_budget=1.0)
-    message = str(info.value)
-    assert "\n" not in message and message.count("argmax agreement 96.84 %") == 2
-    assert "--accuracy-budget" in message and "--fp16" in message and "nothing was written" in message
-    assert not (tmp_path / "m.int8.onnx").exists() and not (tmp_path / "m.int8.onnx.manifest.json").exists()
-
-
-def test_the_published_graph_is_measured_again_and_judged(tiny_onnx, tmp_path, monkeypatch):
-    """The fallback's probes meet the budget but the graph written with those layers float does not
-    (here: the published graph measures 5 points lost): the stage refuses instead of writing it."""
-
-    def measure(self, path):
-        exact = 100.0 - 5.0 * _harmful(path)
-        if not str(path).endswith(".probe.onnx") and exact == 100.0:
-            exact = 95.0  # the published graph, after the fallback
-        return Quality(100.0, exact, 100.0, self.size, lost=round(self.size * (100.0 - exact) / 100))
-
-    monkeypatch.setattr(Holdout, "measure", measure)
-    with pytest.raises(ConfigError, match=r"even with \d+ layers kept float: exact 95.00 % vs FP32 100.00 % \(5.00"):
-        _stage(tiny_onnx, tmp_path, accuracy_budget=1.0)
-    assert not (tmp_path / "m.int8.onnx").exists()
-
-
-@pytest.mark.slow
-def test_the_accuracy_line_is_logged_once(tiny_onnx, tmp_path, capsys):
-    """ORT's quantizer configures the root logger on its first module-level log call; the stage's
-    accuracy line then printed twice (once as ``INFO:hrm_deploy.precision.convert:...``)."""
-    from hrm_deploy.cli.logs import setup_logging
-
-    root, logger = logging.getLogger(), logging.getLogger("hrm_deploy")
-    saved = (list(root.handlers), list(logger.handlers), logger.level)
-    root.handlers[:] = []  # a plain interpreter: the CLI's handler only
-    try:
-        setup_logging(False)
-        _stage(tiny_onnx, tmp_path)
-        err = capsys.readouterr().err
-    finally:
-        root.handlers[:], logger.handlers[:] = saved[0], saved[1]
-        logger.setLevel(saved[2])
-    lines = [line for line in err.splitlines() if "vs FP32 on" in line]
-    assert len(lines) == 1 and not lines[0].startswith("INFO:"), err
+    (tmp_path / "mix.onnx").write_bytes(b"graph")
+    holdout = Holdout(tmp_path / "fp32.onnx", pool, run, 300, 300)
+    holdout.reference(300)
+    ran.clear()
+    screened = holdout.measure_rows(tmp_path / "mix.onnx", np.array([1, 2, 40]), 300)
+    assert sum(ran) == 3 and screened.puzzles == 300 and screened.lost == 2  # puzzle 0 was not screened
+    assert screened.loss == pytest.approx(100 * 2 / 300)

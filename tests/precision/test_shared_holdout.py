@@ -32,11 +32,11 @@ def test_only_a_costly_model_shares_its_calibration_set():
 
 @pytest.mark.parametrize("graph", ["unrolled", "step"])
 def test_the_calibration_pass_gives_fp32s_answers(tiny_onnx, tmp_path, graph):
-    """The logits kept from the calibration runs are what the FP32 graph answers (every ACT step:
+    """The outputs kept from the calibration runs are what the FP32 graph answers (every ACT step:
     a step graph's last run per batch)."""
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.onnx_runtime import load_onnx
-    from hrm_deploy.precision.accuracy import onnx_logits
+    from hrm_deploy.precision.accuracy import graph_outputs
     from hrm_deploy.precision.calibrate import QuantConfig, calibrate_ranges
 
     path = getattr(tiny_onnx, graph)
@@ -44,33 +44,41 @@ def test_the_calibration_pass_gives_fp32s_answers(tiny_onnx, tmp_path, graph):
     meta = graph_metadata(model)
     examples = load_examples(tiny_onnx.data, 10)
     cache = tmp_path / "ranges.json"
-    logits = calibrate_ranges(model, path, examples, QuantConfig(samples=10, batch=4), cache, meta, True, True)
-    assert logits is not None and logits.shape[0] == 10
-    np.testing.assert_allclose(logits, onnx_logits(str(path), examples, meta=meta), rtol=1e-5, atol=1e-5)
+    outputs = calibrate_ranges(model, path, examples, QuantConfig(samples=10, batch=4), cache, meta, True, True)
+    assert outputs is not None and len(outputs) == 10
+    fp32 = graph_outputs(str(path), examples, meta=meta)
+    np.testing.assert_allclose(outputs.logits, fp32.logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outputs.q_halt, fp32.q_halt, rtol=1e-5, atol=1e-5)  # the last step's, either mode
     assert calibrate_ranges(model, path, examples, QuantConfig(samples=10, batch=4), cache, meta, True, True) is None
 
 
 def test_a_shared_holdout_uses_the_known_answers_and_grows_into_the_test_split(tiny_onnx):
-    from hrm_deploy.precision.accuracy import job_holdout
+    from hrm_deploy.precision.conductor import make_holdout
+    from hrm_deploy.precision.rule import Outputs
 
     examples = load_examples(tiny_onnx.data, 8)
-    known = np.random.default_rng(0).normal(size=(8, 81, 11)).astype(np.float32)
     ran: list[int] = []
+
+    def outputs(count: int) -> Outputs:
+        zeros = np.zeros((count, 2), np.float32)
+        logits = np.random.default_rng(count).normal(size=(count, 81, 11)).astype(np.float32)
+        return Outputs.of({"logits": logits, "q_halt_logits": zeros, "q_continue_logits": zeros})
 
     def run(path: Path, batch):
         ran.append(len(batch))
-        return np.zeros((len(batch), 81, 11), np.float32)
+        return outputs(len(batch))
 
+    known = outputs(8)
     job = SimpleNamespace(share_holdout=True, examples=examples, reference=known, source=Path("m.onnx"), meta={})
-    holdout, cap = job_holdout(job, tiny_onnx.data, None, run)
-    assert holdout.size == 8 and cap > 8 and len(holdout.pool) > 8
+    holdout = make_holdout(job, tiny_onnx.data, None, run)
+    assert holdout.size == 8 and holdout.cap > 8 and len(holdout.pool) > 8
     np.testing.assert_array_equal(holdout.pool.inputs[:8], examples.inputs)
-    np.testing.assert_array_equal(holdout.reference, known)
+    np.testing.assert_array_equal(holdout.reference(8).logits, known.logits)
     assert not ran  # FP32's answers on the calibration set are not computed again
-    assert holdout.grow(cap) and len(holdout.reference) == holdout.size and ran == [holdout.size - 8]
+    assert len(holdout.reference(16)) == 16 and ran == [8]  # grown: only the new puzzles
     job.reference = None  # calibration reused from the cache: the same puzzles, FP32 run on them
-    holdout, _ = job_holdout(job, tiny_onnx.data, None, run)
-    assert len(holdout.reference) == 8 and ran[-1] == 8
+    holdout = make_holdout(job, tiny_onnx.data, None, run)
+    assert len(holdout.reference(8)) == 8 and ran[-1] == 8
 
 
 @pytest.mark.slow

@@ -67,9 +67,12 @@ def test_a_toy_precision_is_one_row_and_one_writer(toy, tiny_onnx, tmp_path):
     assert report["precision"] == "toyu8" and report["thresholds"]["max_exact_drop_points"] == 50.0
 
 
-def test_a_toy_q_dq_precision_needs_calibration_data(toy):
-    with pytest.raises(ConfigError, match="TOYU8 needs calibration data"):
-        PrecisionConfig("toyu8")
+def test_a_toy_q_dq_precision_calibrates_on_the_checkpoints_own_data_by_default(toy, tiny_onnx, tmp_path):
+    """No data given: the job preamble takes the checkpoint's own dataset (its provenance) and runs the
+    toy row's calibration on it."""
+    config = PrecisionConfig("toyu8", quant=QuantConfig(samples=8), cache_dir=str(tmp_path), accuracy_check=False)
+    result = make_precision_graph(tiny_onnx.unrolled, config, out=tmp_path / "t.toyu8.onnx", quiet=True)
+    assert result.report["calibration"]["samples"] == 8 and "datasets" in result.report["calibration"]["data"]
 
 
 def test_targets_and_the_engine_config_read_the_toy_row(toy):

@@ -1,14 +1,12 @@
-"""Static INT8's FP32 fallback: probes are the one Q/DQ graph with chosen MatMuls back on float,
-and bisection over the sensitivity ranking finds the fewest weights to keep FP32."""
+"""Static INT8's candidates are the one Q/DQ graph with chosen MatMuls back on float, and the
+fallback's bisection over the sensitivity ranking finds the fewest weights to keep FP32."""
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from hrm_deploy.backends.ort.builder.fallback import float_probe
-from hrm_deploy.errors import ConfigError
-from hrm_deploy.precision.fallback import bisect_fallback
+from hrm_deploy.precision.fallback import Bisection
 
 
 def _two_matmuls(tmp_path):
@@ -85,34 +83,24 @@ def test_float_probe_puts_the_excluded_matmul_back_on_float(tmp_path):
     assert len(qdq.graph.node) > len(probe.graph.node)  # the input is not edited
 
 
-def test_bisection_finds_the_fewest_and_counts_probes():
-    sens = {"a": 5.0, "b": 3.0, "c": 1.0, "d": 0.5, "e": 0.1, "f": 0.05, "g": 0.01, "h": 0.0}
-    seen: list[list[str]] = []
-
-    def measure(kept):
-        seen.append(list(kept))
-        return sum(sens.values()) - sum(sens[k] for k in kept)  # what the kept ones no longer lose
-
-    chosen = bisect_fallback(list(sens), sens.__getitem__, measure, lambda loss: loss <= 0.7, lambda q: "no")
-    assert chosen.kept_float == ["a", "b", "c"]  # 0.66 left; keeping two leaves 1.66
-    assert chosen.probes == len(seen) <= 3  # log2(8) bisection probes, not up to 7 greedy; ranking is no probe
-    assert chosen.limits["stopped"] is None
-    with pytest.raises(ConfigError, match="never"):
-        bisect_fallback(list(sens), sens.__getitem__, measure, lambda loss: False, lambda q: "never")
-
-
-def test_the_bisection_is_bounded_in_probes_and_says_so():
-    """Past its probe bound the search keeps the smallest mix it measured within the budget, and
-    the record says it stopped; with none within, the refusal says the search stopped."""
-    sens = {name: float(10 - i) for i, name in enumerate("abcdefghij")}
+def test_bisection_finds_the_fewest_and_a_refuted_choice_moves_it_up():
+    """The smallest k whose screen passes, in log2(weights) screens; a choice the whole holdout
+    refutes sends the search to larger float sets (never back to a smaller one)."""
+    passes_from = 3  # k >= 3 kept float passes
+    bisection = Bisection(9)  # k in 1..8
     seen: list[int] = []
-
-    def measure(kept):
-        seen.append(len(kept))
-        return len(kept)
-
-    chosen = bisect_fallback(list(sens), sens.__getitem__, measure, lambda n: n >= 2, lambda q: "no", max_probes=1)
-    assert len(seen) == 1 and chosen.probes == 1 and len(chosen.kept_float) == seen[0]
-    assert "after 1 probes" in chosen.limits["stopped"]
-    with pytest.raises(ConfigError, match=r"never \(the fallback search stopped: bounds reached after 2 probes"):
-        bisect_fallback(list(sens), sens.__getitem__, measure, lambda n: False, lambda q: "never", max_probes=2)
+    while (k := bisection.next()) is not None:
+        seen.append(k)
+        bisection.record(k, k >= passes_from)
+    assert bisection.best == 3 and len(seen) <= (8).bit_length()
+    bisection.refute(3)  # certified on the whole holdout: outside after all
+    assert bisection.best is None
+    while (k := bisection.next()) is not None:
+        assert k > 3
+        seen.append(k)
+        bisection.record(k, True)
+    assert bisection.best == 4 and bisection.most() == max(seen)
+    nothing = Bisection(5)
+    while (k := nothing.next()) is not None:
+        nothing.record(k, False)
+    assert nothing.best is None and nothing.most() == 4

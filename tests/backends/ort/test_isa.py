@@ -1,28 +1,37 @@
-"""Static INT8's integer GEMM choice (U8S8 or S8S8): measured at build, recorded, same values either way."""
+"""Static INT8's integer GEMM (U8S8 or S8S8): chosen from the CPU's ISA or by the caller, never by a
+stopwatch; recorded; the same quantized values either way."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hrm_deploy.backends.ort.builder.isa import ISA_FLAGS, choose_activations, isa_flags, qdq_matmul_graph
+from hrm_deploy.backends.ort.builder.isa import (
+    ISA_FLAGS,
+    activations_for,
+    choose_activations,
+    isa_flags,
+    qdq_matmul_graph,
+)
 from hrm_deploy.errors import ConfigError
 
 
-def test_an_explicit_choice_is_taken_as_given():
-    record = choose_activations("uint8", 8, 16, 32, 1)
-    assert record["activations"] == "uint8" and "u8s8_ms" not in record
-    assert set(record["isa"]) <= set(ISA_FLAGS)
+def test_the_isa_decides_and_the_record_says_why():
+    assert activations_for(["amx_int8", "avx512_vnni", "avx2"])[0] == "int8"
+    assert activations_for(["avx512_vnni", "avx512f", "avx2"])[0] == "uint8"
+    assert activations_for(["avx_vnni", "avx2"])[0] == "uint8"
+    assert activations_for(["avx2"])[0] == "uint8"
+    record = choose_activations("auto", "unrolled")
+    assert record["activations"] == activations_for(isa_flags())[0] and record["isa"] == isa_flags()
+    assert record["chosen_by"].startswith("this CPU's ISA") and set(record["isa"]) <= set(ISA_FLAGS)
+    assert choose_activations("auto", "unrolled") == record  # no clock: the same answer every time
 
 
-def test_auto_times_both_gemms_and_records_why():
-    record = choose_activations("auto", 16, 64, 128, 1)
-    assert record["activations"] in ("uint8", "int8")
-    assert record["u8s8_ms"] > 0 and record["s8s8_ms"] > 0
-    assert "[16x64] @ [64x128]" in record["chosen_by"]
-    faster = "int8" if record["s8s8_ms"] < 0.95 * record["u8s8_ms"] else "uint8"
-    assert record["activations"] == faster
-    assert record["isa"] == isa_flags()
+def test_an_explicit_choice_is_taken_as_given_and_a_loop_graph_takes_uint8():
+    assert choose_activations("int8", "step")["activations"] == "int8"
+    assert choose_activations("auto", "loop")["activations"] == "uint8"
+    with pytest.raises(ConfigError, match="int8 activations of a loop graph are not offered"):
+        choose_activations("int8", "loop")
 
 
 def test_u8s8_and_s8s8_graphs_compute_the_same_values():

@@ -3,7 +3,10 @@
 - :mod:`.target`: ``BUILDER`` (``build_for_cpu``), the build stage's entry point (it takes the FP32 export);
 - :mod:`.options`: ``CpuOptions``, the cpu target's build options (threads, fusions, INT8 recipe);
 - :mod:`.int8`: the INT8 recipes (dynamic, blockwise; static in :mod:`.static`);
-- :mod:`.cpu`: the build itself (fusions, quantization, accuracy check, manifest);
+- :mod:`.cpu`: the build itself (fusions, quantization, the load check, manifest; static INT8 through the
+  precision conductor);
 - :mod:`.fusion`: graph rewrites ORT fuses into its contrib kernels;
-- :mod:`.static`: static INT8 (calibrated activations) and its accuracy-budget fit.
+- :mod:`.static`: static INT8's candidates (calibrated activations), handed to the precision conductor;
+- :mod:`.fallback`: a candidate: the one Q/DQ graph with chosen MatMuls back on float;
+- :mod:`.isa`: the integer GEMM (U8S8 or S8S8) the CPU's ISA calls for.
 """

@@ -23,7 +23,8 @@
   ops by casting, slower than FP32).
 
 Output: ``engines/<name>.<precision>.cpu.ort.onnx`` + manifest (ORT version, optimization
-level, intra-op threads, node counts), runnable by ``hrm_deploy.backends.open_runner``.
+level, intra-op threads, node counts), runnable by ``hrm_deploy.backends.open_runner``; ONNX Runtime
+loads every graph before it is published (:func:`load_check`), or the build stops in one line.
 """
 
 from __future__ import annotations
@@ -33,16 +34,19 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.backends.ort.builder.int8 import INTEGER_MATMULS, RECIPES, quantize_weights
 from hrm_deploy.contract import CARRY, PUZZLE_ROWS, RESET
-from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, require
+from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, InternalError, require
 from hrm_deploy.export.loop_body import all_nodes, find_loop, first_step_feeds, lift_body, seat_body
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import check_artifact, publish_artifact
 from hrm_deploy.onnx_runtime import Optimization, load_onnx, ort_session
 from hrm_deploy.progress import Stages
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ class CpuBuildConfig:
     check_accuracy: bool = True  # static: measure against FP32 on held-out puzzles, fall back to FP32 layers
     holdout_samples: int | None = None  # held-out puzzles of that check; None: by the model's cost (cpu_static)
     cache_dir: str = "calib"
-    # static: uint8 (U8S8) or int8 (S8S8) activations; auto measures both here (builder/isa.py)
+    # static: uint8 (U8S8) or int8 (S8S8) activations; auto: this CPU's ISA decides (builder/isa.py)
     activations: str = "auto"
 
     def __post_init__(self) -> None:
@@ -112,13 +116,6 @@ class CpuBuildConfig:
                 f"{', '.join(given)}: only the static INT8 recipe calibrates and measures accuracy on the cpu target, "
                 f"{what} takes no data; drop {'them' if len(given) > 1 else 'it'} or build --int8 --cpu-int8 static"
             )
-
-    @property
-    def budget(self) -> float:
-        """The exact-accuracy points static INT8 may lose (``accuracy_budget`` or the default)."""
-        from hrm_deploy.backends.ort.builder.static import DEFAULT_BUDGET_POINTS
-
-        return DEFAULT_BUDGET_POINTS if self.accuracy_budget is None else self.accuracy_budget
 
 
 @dataclass
@@ -211,33 +208,72 @@ def cpu_output_path(src: Path, precision: str, engines: str | Path = "engines") 
     return Path(engines) / f"{stem}.{precision}.cpu.ort.onnx"
 
 
-def _make_graph(
-    src: Path, tmp: Path, meta: dict[str, Any], config: CpuBuildConfig, stages: Stages, calib: Any, exclude=()
-) -> dict[str, Any]:
-    """``src`` -> the engine graph at ``tmp``: INT8 or FP16 rewrite, ORT's offline optimization,
-    the checked fusions. ``exclude``: weight MatMuls static INT8 keeps FP32. Returns build facts."""
+def unique_subgraph_names(path: Path) -> int:
+    """Rename, in place, every tensor a subgraph (a ``Loop``'s body) produces under a name the outer
+    graph already produces: ONNX Runtime's offline optimizer of an FP16 loop graph inserts a Cast
+    named after its input in both scopes (``InsertedPrecisionFreeCast_embed/x``), and the saved graph
+    then breaks single assignment, so ONNX Runtime refuses to load it. Returns how many it renamed."""
     import onnx
+
+    from hrm_deploy.export.loop_body import find_loop, loop_body
+
+    model = onnx.load(str(path))
+    loop = find_loop(model)
+    if loop is None:
+        return 0
+    outer = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.initializer}
+    outer |= {i.name for i in model.graph.input}
+    body = loop_body(model)
+    clashes = {o for n in body.node for o in n.output if o in outer}
+    if not clashes:
+        return 0
+    renamed = {name: f"{name}/in_loop" for name in clashes}
+    for node in body.node:
+        node.input[:] = [renamed.get(i, i) for i in node.input]
+        node.output[:] = [renamed.get(o, o) for o in node.output]
+    for value in list(body.output) + list(body.value_info):
+        value.name = renamed.get(value.name, value.name)
+    onnx.save(model, str(path))
+    return len(clashes)
+
+
+def finish_graph(
+    source: Path, out: Path, meta: dict[str, Any], props: dict[str, str], config: CpuBuildConfig, stages: Stages
+) -> dict[str, Any]:
+    """A graph of the precision already written at ``source`` -> the engine graph at ``out``, as
+    published: ORT's offline optimization, the checked fusions, names unique across a loop's scopes,
+    the ``hrm_deploy.*`` metadata. Returns the build facts."""
     import onnxruntime as ort
+
+    build: dict[str, Any] = {}
+    with stages.stage(f"ONNX Runtime {ort.__version__} graph optimizations ({OPTIMIZATION_LEVEL}), offline"):
+        build["optimize_seconds"] = round(optimize_offline(str(source), str(out), config.threads), 3)
+    renamed = unique_subgraph_names(out)
+    if renamed:
+        build["loop_names_made_unique"] = renamed
+    if config.fuse and config.precision != "fp16":  # fp16's float32 islands break the patterns
+        with stages.stage("fusing attention and RMSNorm into ORT's CPU kernels, each block checked"):
+            build["fusions"] = fuse_checked(out, meta, config.threads)
+    _restore_metadata(out, props, config.precision)
+    return build
+
+
+def _make_graph(
+    src: Path, tmp: Path, meta: dict[str, Any], props: dict[str, str], config: CpuBuildConfig, stages: Stages
+) -> dict[str, Any]:
+    """``src`` -> the engine graph at ``tmp`` for FP32, FP16 and the data-free INT8 recipes: the
+    precision's rewrite, then :func:`finish_graph`. Returns build facts."""
+    import onnx
 
     build: dict[str, Any] = {}
     work = tmp.with_name(tmp.name + ".pre.onnx")
     try:
-        source = str(src)
-        if config.precision == "int8" and calib is not None:
-            from hrm_deploy.backends.ort.builder.static import quantize_static
-
-            label = "cached calibration" if calib.report["reused"] else "calibrating"
-            with stages.stage(
-                f"static INT8 of the weight MatMuls ({label}: {calib.report['method']}, "
-                f"{calib.report['samples']} examples, all {meta['steps']} ACT steps)"
-            ):
-                build["quantized_nodes"] = len(quantize_static(calib, work, config, exclude))
-            source = str(work)
-        elif config.precision == "int8":
+        source = src
+        if config.precision == "int8":
             with stages.stage(f"{config.int8_recipe} INT8 of the weight MatMuls: {RECIPES[config.int8_recipe]}"):
                 build["quantized_nodes"] = len(
                     quantize_weights(
-                        source,
+                        str(src),
                         str(work),
                         config.int8_recipe,
                         int(meta["config"].get("hidden_size", 0)),
@@ -245,89 +281,78 @@ def _make_graph(
                         config.exclude_patterns,
                     )
                 )
-            source = str(work)
+            source = work
         elif config.precision == "fp16":
             from hrm_deploy.precision.fp16 import convert_half
 
             with stages.stage("converting to fp16 (float32 islands: norms, softmax, sigmoid)"):
-                converted, _ = convert_half(onnx.load(source), "fp16", True)
+                converted, _ = convert_half(onnx.load(str(src)), "fp16", True)
                 onnx.save(converted, str(work))
-            source = str(work)
-        with stages.stage(f"ONNX Runtime {ort.__version__} graph optimizations ({OPTIMIZATION_LEVEL}), offline"):
-            build["optimize_seconds"] = round(optimize_offline(source, str(tmp), config.threads), 3)
+            source = work
+        build.update(finish_graph(source, tmp, meta, props, config, stages))
     finally:
         work.unlink(missing_ok=True)
-    if config.fuse and config.precision != "fp16":  # fp16's float32 islands break the patterns
-        with stages.stage("fusing attention and RMSNorm into ORT's CPU kernels, each block checked"):
-            build["fusions"] = fuse_checked(tmp, meta, config.threads)
     return build
 
 
-def _within_budget(
-    src: Path, tmp: Path, meta: dict[str, Any], config: CpuBuildConfig, stages: Stages, calib: Any, build: dict
-) -> dict[str, Any]:
-    """Measure the static INT8 graph at ``tmp`` against FP32; outside the budget, rebuild it with
-    the most sensitive weights FP32 (``build`` updated). Returns the manifest's accuracy record."""
-    from hrm_deploy.backends.ort.builder.static import MIN_AGREEMENT_PCT, fit_budget, holdout
-    from hrm_deploy.precision.rule import accuracy_line, measuring, refusal
+def _static_int8(
+    src: Path,
+    model: ModelProto,
+    src_sha256: str,
+    props: dict[str, str],
+    config: CpuBuildConfig,
+    staging: Path,
+    stages: Stages,
+    quiet: bool,
+) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """Static INT8 through the precision pipeline: the one job preamble, the ISA's activation type,
+    and the conductor, which measures the candidates this target writes (:class:`StaticCandidates`)
+    and names the one to publish (the one it measured last). Returns its path, the build facts and
+    the recipe's record (calibration, activations, accuracy)."""
+    from hrm_deploy.backends.ort.builder.isa import choose_activations
+    from hrm_deploy.backends.ort.builder.static import StaticCandidates
+    from hrm_deploy.precision.accuracy import GraphRunner
+    from hrm_deploy.precision.calibrate import QuantConfig
+    from hrm_deploy.precision.conductor import Check, conduct
+    from hrm_deploy.precision.job import JobRequest, prepare_job
+    from hrm_deploy.precision.rule import Rule
 
-    check, cap = holdout(src, calib, meta, config)  # FP32's answers are computed when measured, where not known
-    with stages.stage(measuring("INT8", check.size, min(cap, len(check.pool)))):
-        whole, decided = check.decide(tmp, config.budget, cap)
-    quality = whole
-    record: dict[str, Any] = {
-        "checked": True,
-        "budget_points": config.budget,
-        "min_agreement_pct": MIN_AGREEMENT_PCT,
-        "holdout": _holdout_words(calib, check.examples.source),
-        "all_int8": whole.as_dict(),
-        "kept_float": [],
-    }
-    if not whole.within(config.budget):
-        probe = tmp.with_name(tmp.name + ".probe.onnx")
-        with stages.stage(f"outside the budget ({whole.describe()}): keeping the most sensitive layers FP32"):
-            kept, exclude, sensitivity, search = fit_budget(calib, config, whole, check, probe)
-        build.update(_make_graph(src, tmp, meta, config, stages, calib, exclude))
-        # the published graph, measured and judged by the same rule (the fallback's probes were not it)
-        with stages.stage(f"measuring the mix ({len(kept)} layers FP32) against FP32"):
-            quality, decided = check.decide(tmp, config.budget, cap)
-        if not quality.within(config.budget):
-            raise ConfigError(refusal("static INT8", whole, quality, len(kept), config.budget))
-        record.update(kept_float=kept, kept_float_nodes=len(exclude), sensitivity=sensitivity, fallback=search)
-    record["measured"] = quality.as_dict()
-    record["decided"] = decided
-    if not stages.quiet:
-        log.info(accuracy_line("INT8", quality, config.budget, quality is not whole))
-    return record
+    quant = QuantConfig(
+        method=config.calib_method, samples=config.calib_samples, exclude_patterns=config.exclude_patterns
+    )
+    request = JobRequest(
+        "int8", config.calib_data, quant, config.cache_dir, config.check_accuracy, config.holdout_samples
+    )
+    job, data = prepare_job(src, model, src_sha256, request, stages, quiet)
+    activations = choose_activations(config.activations, job.meta["mode"])
+    config = replace(config, activations=activations["activations"])
+
+    def finish(source: Path, out: Path, quiet_stages: bool) -> dict[str, Any]:
+        return finish_graph(source, out, job.meta, props, config, Stages(True) if quiet_stages else stages)
+
+    candidates = StaticCandidates(job, activations["activations"], finish, staging)
+    with GraphRunner(job.meta, table_of=src, threads=config.threads) as runner:
+        rule = Rule.of("int8", config.accuracy_budget)
+        check = Check(rule, data, runner, config.holdout_samples) if config.check_accuracy else None
+        verdict = conduct(job, candidates, check, staging, stages)
+    record = dict(verdict.record)
+    if check is not None:
+        record["measured_with_threads"] = config.threads or f"default ({os.cpu_count()} cores)"
+    recipe = {"calibration": job.report, "activations": activations, "accuracy": record}
+    return verdict.path, candidates.facts[verdict.kept], recipe
 
 
-def _holdout_words(calib: Any, source: str) -> str:
-    """Where the holdout's puzzles came from, for the manifest."""
-    if calib.share_holdout:
-        return f"{source} (the calibration set, FP32's answers from its pass; then the test split to grow into)"
-    return source + (" (examples calibration did not use)" if Path(source).is_file() else " (test split)")
-
-
-def _activations(meta: dict[str, Any], config: CpuBuildConfig, stages: Stages) -> dict[str, Any]:
-    """Static INT8's activation type (``config.activations``; auto: the faster integer GEMM on
-    this CPU for the model's MLP input projection at batch 1, see builder/isa.py)."""
-    from hrm_deploy.backends.ort.builder.isa import choose_activations, isa_flags
-    from hrm_deploy.model.families import config_from_dict
-
-    if meta.get("mode") == "loop":  # ORT fuses only U8S8 in a Loop's body: S8S8 rewrites the outer weights
-        if config.activations == "int8":
-            raise ConfigError(
-                "int8 activations of a loop graph are not offered: ONNX Runtime turns S8S8 Q/DQ into integer "
-                "GEMMs only where it may rewrite the weights, and a loop's body reads them from the outer graph; "
-                "use uint8 or auto"
-            )
-        why = "a loop graph: ONNX Runtime fuses only U8S8 Q/DQ inside a Loop's body"
-        return {"activations": "uint8", "chosen_by": why, "isa": isa_flags()}
-    model = config_from_dict(meta["config"])
-    with stages.stage("choosing the integer GEMM for this CPU (U8S8 or S8S8, measured)"):
-        return choose_activations(
-            config.activations, model.total_seq_len, model.hidden_size, 2 * model.intermediate_size, config.threads
-        )
+def load_check(path: Path, threads: int | None, name: str) -> None:
+    """ONNX Runtime loads the graph at ``path`` about to be published as ``name`` (the runtime it is
+    built for), or the build stops in one line naming it and ONNX Runtime's reason: nothing is written."""
+    try:
+        ort_session(str(path), threads=threads)
+    except Exception as exc:  # noqa: BLE001 - ORT's load failures are one family of many types
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise EngineError(
+            f"ONNX Runtime cannot load {name}, the graph this build wrote ({first}); nothing was written. Build "
+            "--fp32, or report this with the graph's export"
+        ) from None
 
 
 def build_cpu(
@@ -335,11 +360,11 @@ def build_cpu(
     config: CpuBuildConfig,
     out: str | os.PathLike | None = None,
     quiet: bool = False,
-    model: Any = None,
+    model: ModelProto | None = None,
 ) -> CpuBuildResult:
     """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export (``model``:
-    it already parsed, weights loaded for INT8; None parses it here, once). (Long on purpose: one
-    staging folder holds the graph from calibration to the published manifest.)"""
+    it already parsed, weights loaded for INT8; None parses it here, once). The graph published is
+    loaded by ONNX Runtime first (static INT8's, measured by the conductor, already was)."""
     onnx = require("onnx", "onnx", "The cpu target")
     ort = require("onnxruntime", "onnx", "The cpu target")
     from hrm_deploy.export.metadata import graph_metadata
@@ -371,23 +396,20 @@ def build_cpu(
         recipe = {"int8": config.int8_recipe, "description": RECIPES[config.int8_recipe]}
     start = time.perf_counter()
     with staging_dir(target.parent, "cpu-build") as staging:
-        tmp = staging / target.name
-        calib = None
         if static:
-            from hrm_deploy.backends.ort.builder.static import calibration
-
-            calib = calibration(src, model, src_sha256 or sha256_file(src), meta, config, quiet)
-            recipe["calibration"] = calib.report
-            recipe["activations"] = _activations(meta, config, stages)
-            config = replace(config, activations=recipe["activations"]["activations"])
-        del model  # the job holds it where static INT8 needs it
-        build.update(_make_graph(src, tmp, meta, config, stages, calib))
-        if calib is not None and config.check_accuracy:
-            recipe["accuracy"] = _within_budget(src, tmp, meta, config, stages, calib, build)
-        elif calib is not None:
-            recipe["accuracy"] = {"checked": False, "why": "--no-accuracy-check: not measured against FP32"}
-        _restore_metadata(tmp, props, config.precision)
-        optimized = onnx.load(str(tmp), load_external_data=False)
+            sha = src_sha256 or sha256_file(src)
+            graph, facts, measured = _static_int8(src, model, sha, props, config, staging, stages, quiet)
+            build.update(facts)
+            recipe.update(measured)
+            config = replace(config, activations=measured["activations"]["activations"])
+            if not measured["accuracy"].get("checked"):
+                load_check(graph, config.threads, target.name)
+        else:
+            graph = staging / target.name
+            build.update(_make_graph(src, graph, meta, props, config, stages))
+            load_check(graph, config.threads, target.name)
+        del model  # the job held it where static INT8 needed it
+        optimized = onnx.load(str(graph), load_external_data=False)
         ops: dict[str, int] = {}
         for node in all_nodes(optimized):  # a loop graph's body included
             key = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
@@ -400,9 +422,9 @@ def build_cpu(
                 "Check the ONNX with `hrm-deploy inspect`"
             )
         build["build_seconds"] = round(time.perf_counter() - start, 3)
-        build["engine_bytes"] = tmp.stat().st_size
+        build["engine_bytes"] = graph.stat().st_size
         manifest = publish_artifact(
-            tmp,
+            graph,
             target,
             stage="engine",
             parent=src,
@@ -422,7 +444,7 @@ def build_cpu(
                 "execution_mode": "sequential",
                 "threads_requested": config.threads,
             },
-            onnx_sha256=sha256_file(tmp),
+            onnx_sha256=sha256_file(graph),
             build=build,
             timings=stages.timings,
         )

@@ -1,19 +1,12 @@
-"""Static INT8's FP32 fallback on the cpu target, in a bounded number of cheap probes.
+"""Static INT8's fallback candidates on the cpu target: the one Q/DQ graph with chosen MatMuls back
+on float.
 
-The first fallback re-ran ORT's quantizer and the whole holdout for every candidate: on a
-Sudoku-size model (16 unrolled ACT steps) one quantization is about a minute and a greedy
-search takes up to 2 x (weights) of them, more than 8 minutes. Here:
-
-* **one quantization**: every probe is the all-INT8 Q/DQ graph with the chosen MatMuls put back
-  on their float inputs (their activation's Q/DQ pair bypassed, the FP32 export's weight
-  restored): a graph edit of seconds, the same graph the quantizer would write without them;
-* **ranking on a quarter of the holdout**: each weight's sensitivity (exact-accuracy points
-  plus agreement points lost with only that weight INT8) only has to order the weights;
-* **bisection** over that ranking (:func:`hrm_deploy.precision.fallback.bisect_fallback`): the
-  smallest number of most sensitive weights kept FP32 that is within the budget on the whole
-  holdout, in log2(weights) probes instead of up to all of them.
-
-This module holds the ONNX Runtime side: the probe graph, edited from ORT's Q/DQ output.
+ORT's quantizer takes about a minute on a Sudoku-size model's 16-step unroll, so a build quantizes
+once and every candidate of the fallback (:class:`~hrm_deploy.backends.ort.builder.static.StaticCandidates`)
+is that Q/DQ graph with the chosen MatMuls put back on their float inputs (their activation's Q/DQ
+pair bypassed, the FP32 export's weight restored): a graph edit of seconds, the same graph the
+quantizer would write without them. The search over which to keep float is the precision
+conductor's (:mod:`hrm_deploy.precision.conductor`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,22 @@
-"""Which integer GEMM the static INT8 graph asks of ONNX Runtime on this CPU: measured, not guessed.
+"""Which integer GEMM the static INT8 graph asks of ONNX Runtime on this CPU: chosen from the ISA.
 
 ORT's CPU runs a Q/DQ MatMul as ``MatMulIntegerToFloat`` with either uint8 activations (zero
 point 128: U8S8, the native form of AVX2's ``vpmaddubsw`` and AVX-512/AVX VNNI's ``vpdpbusd``)
-or int8 activations (S8S8: AMX's ``tdpbssd``; on AVX2 MLAS emulates it). Both read the same
-symmetric calibration ranges, so they give the same quantized values; only the speed differs,
-and it differs by machine: on an AMX Xeon S8S8 ran 1.2-1.4x U8S8 on the Sudoku-size MLP GEMM,
-and AVX2 machines run U8S8 natively. The build times one GEMM of the model's own shape both
-ways (well under a second) and records the choice, the timings and the CPU's ISA flags.
+or int8 activations (S8S8: AMX's ``tdpbssd``; without AMX, a kernel that is not the CPU's native
+form). Both read the same symmetric calibration ranges, so they hold the same quantized
+values. The choice is the machine's (its ISA flags, read once) or the caller's, never a stopwatch:
+a numerics choice made by timing would change with the load of the machine, and the accuracy
+verdict with it. :func:`choose_activations` says which and why; the manifest records it with the
+flags. On an AMX Xeon S8S8 ran 1.2-1.4x U8S8 on the Sudoku-size MLP GEMM; VNNI and AVX2 machines
+run U8S8 natively (on AVX2 without VNNI ``vpmaddubsw`` sums pairs of products in int16, which can
+saturate: the build's measurement sees those numerics, since it runs them).
+
+:func:`qdq_matmul_graph` and :func:`time_sessions` time both forms of one GEMM
+(``benchmarks/cpu_profile.py``), to check the table against a machine.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +25,6 @@ import numpy as np
 
 ACTIVATIONS = ("auto", "uint8", "int8")
 ISA_FLAGS = ("amx_int8", "amx_bf16", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512f", "avx2")
-ROUNDS = 5  # interleaved rounds of the two GEMMs; the median of the per-round times decides
 
 
 def isa_flags() -> list[str]:
@@ -80,28 +84,33 @@ def time_sessions(sessions: dict[str, Any], feeds: dict[str, Any], rounds: int, 
     return times
 
 
-def choose_activations(requested: str, tokens: int, k: int, n: int, threads: int | None) -> dict[str, Any]:
-    """The activation type for ``requested`` (``auto``: the faster of U8S8 and S8S8 on one
-    ``[tokens, k] @ [k, n]`` GEMM here, e.g. a layer's MLP input projection at batch 1).
-    Returns ``{"activations", "chosen_by", "isa", and with auto the two medians in ms}``."""
-    record: dict[str, Any] = {"activations": requested, "chosen_by": "--cpu-int8-activations", "isa": isa_flags()}
-    if requested != "auto":
-        return record
-    from hrm_deploy.onnx_runtime import ort_session
+def activations_for(flags: list[str]) -> tuple[str, str]:
+    """The activation type for a CPU with these ISA ``flags`` and why (see the module docstring)."""
+    if "amx_int8" in flags:
+        return "int8", "AMX-INT8: S8S8 runs on AMX's tdpbssd (measured 1.2-1.4x U8S8)"
+    if "avx512_vnni" in flags or "avx_vnni" in flags:
+        return "uint8", "VNNI: U8S8 is vpdpbusd's native form (int32 sums, no saturation)"
+    return "uint8", "no VNNI or AMX: U8S8 is AVX2's native form (vpmaddubsw)"
 
-    x = np.random.default_rng(1).standard_normal((tokens, k)).astype(np.float32)
-    # no spinning: an idle pool busy-waiting after its run would slow the other session's next run
-    sessions = {
-        a: ort_session(qdq_matmul_graph(tokens, k, n, a), threads=threads, spinning=False) for a in ("uint8", "int8")
-    }
-    times = time_sessions(sessions, {"x": x}, ROUNDS, 3)
-    medians = {a: statistics.median(t) for a, t in times.items()}
-    # ties (within 5 %) keep uint8: U8S8 is the form every x86 CPU with AVX2 runs natively
-    chosen = "int8" if medians["int8"] < 0.95 * medians["uint8"] else "uint8"
-    record.update(
-        activations=chosen,
-        chosen_by=f"measured: one [{tokens}x{k}] @ [{k}x{n}] GEMM, U8S8 vs S8S8, median of {ROUNDS} rounds",
-        u8s8_ms=round(medians["uint8"], 4),
-        s8s8_ms=round(medians["int8"], 4),
-    )
-    return record
+
+def choose_activations(requested: str, mode: str) -> dict[str, Any]:
+    """The activation type for ``requested`` (``auto``: from this CPU's ISA flags) of a graph of
+    ``mode``. Returns ``{"activations", "chosen_by", "isa"}``. A loop graph takes uint8: ONNX
+    Runtime fuses only U8S8 Q/DQ inside a Loop's body (S8S8 rewrites the weights, which a body reads
+    from the outer graph); int8 asked for one is refused in one line."""
+    from hrm_deploy.errors import ConfigError
+
+    flags = isa_flags()
+    if mode == "loop":
+        if requested == "int8":
+            raise ConfigError(
+                "int8 activations of a loop graph are not offered: ONNX Runtime turns S8S8 Q/DQ into integer "
+                "GEMMs only where it may rewrite the weights, and a loop's body reads them from the outer graph; "
+                "use uint8 or auto"
+            )
+        why = "a loop graph: ONNX Runtime fuses only U8S8 Q/DQ inside a Loop's body"
+        return {"activations": "uint8", "chosen_by": why, "isa": flags}
+    if requested != "auto":
+        return {"activations": requested, "chosen_by": "asked for (CpuBuildConfig.activations)", "isa": flags}
+    chosen, why = activations_for(flags)
+    return {"activations": chosen, "chosen_by": f"this CPU's ISA: {why}", "isa": flags}
