@@ -12,7 +12,8 @@ Rank  Rooms (first package level below ``hrm_deploy``)
 0     base: the package itself (``hrm_deploy/__init__``: lazy exports only), ``errors``, ``io``,
       ``manifest``, ``registry`` (the backend table, plain data), ``contract`` (the step / unrolled
       graphs' I/O names and shapes, the carry, the halting function type), ``artifacts``,
-      ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``puzzle_table`` (external puzzle-embedding
+      ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``agreement`` (a candidate's outputs judged
+      cell by cell against a reference's), ``puzzle_table`` (external puzzle-embedding
       tables), ``sources`` (where a checkpoint or dataset comes from: paths, run folders, the Hub), ``jetpack`` (the JetPack
       lines) -- used by everything, import only base
 1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format),
@@ -52,6 +53,7 @@ RANKS: dict[str, int] = {
     "system": 0,
     "progress": 0,
     "metrics": 0,
+    "agreement": 0,
     "puzzle_table": 0,
     "sources": 0,
     "jetpack": 0,

@@ -81,6 +81,10 @@ class ExportConfig:
                 f"--halt {self.halt}: only a loop graph fixes its halting rule at export (--mode loop); "
                 "step graphs take --halt at run time (verify, solve, serve)"
             )
+        if self.halt != "off":  # the rule's text checked now, before the model loads
+            from hrm_deploy.export.loop import LoopHalt
+
+            LoopHalt.parse(self.halt, q_halt_only=False)
         try:
             object.__setattr__(self, "puzzle_emb", Placement(self.puzzle_emb))
         except ValueError:

@@ -78,11 +78,11 @@ def test_the_manifest_records_the_common_fields_and_the_backends_options_side_by
     [
         (
             lambda: EngineConfig("fp16", options=CpuOptions(threads=2)),
-            "--threads 2 is an option of --target cpu; the desktop target does not take it",
+            "--threads 2 is an option of --target cpu; TensorRT does not take it",
         ),
         (
             lambda: EngineConfig("fp32", backend="torch", options=CpuOptions(fuse=False)),
-            "--no-fuse is an option of --target cpu; the desktop target does not take it",
+            "--no-fuse is an option of --target cpu; --backend torch does not take it",  # not "the desktop target"
         ),
         (
             lambda: EngineConfig("fp16", options=TorchOptions(tf32=True)),

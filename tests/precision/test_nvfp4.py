@@ -288,9 +288,10 @@ def test_verify_judges_nvfp4_by_its_own_bounds():
     from hrm_deploy.verify import judge
 
     def report(argmax, logits_rel, q_rel, q_sign, drop):
+        closeness = {"scale": 1.0, "max_abs": 1.0, "max_rel": logits_rel, "max_rel_agreeing": logits_rel}
         return {
-            "logits": {"argmax_agreement": argmax, "max_rel": logits_rel},
-            "q_halt": {"max_rel": q_rel, "sign_agreement": q_sign},
+            "logits": {**closeness, "argmax_agreement": argmax},
+            "q_halt": {**closeness, "max_rel": q_rel, "max_rel_agreeing": q_rel, "sign_agreement": q_sign},
             "reference": {"exact_accuracy": 0.833},
             "candidate": {"exact_accuracy": 0.833 - drop / 100},
         }

@@ -65,6 +65,20 @@ class Logger:
         self.level = level
 
 
+class ILogger:
+    """TensorRT's logger interface: ``log(severity, msg)``, severities 0 (internal error) to 4 (verbose)."""
+
+    class Severity(enum.IntEnum):
+        INTERNAL_ERROR = 0
+        ERROR = 1
+        WARNING = 2
+        INFO = 3
+        VERBOSE = 4
+
+    def log(self, severity: ILogger.Severity, msg: str) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
 STORAGE = {
     "FLOAT": np.float32,
     "HALF": np.float16,
@@ -410,4 +424,8 @@ class Runtime:
         try:
             return ICudaEngine(json.loads(data))
         except ValueError:
+            if hasattr(self.logger, "log"):  # as TensorRT says why, through the runtime's logger
+                self.logger.log(
+                    ILogger.Severity.ERROR, "IRuntime::deserializeCudaEngine: Error Code 1: magic tag mismatch"
+                )
             return None
