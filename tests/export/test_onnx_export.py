@@ -84,10 +84,10 @@ def test_external_data_export(tmp_path, tiny_model):
 
 @pytest.mark.slow
 def test_large_puzzle_table_is_traced_small_and_restored(tmp_path, tiny_config, monkeypatch):
-    from hrm_deploy.export import onnx_export
+    from hrm_deploy.export import trace
     from hrm_deploy.model.hrm import build_model
 
-    monkeypatch.setattr(onnx_export, "TRACE_TABLE_BYTES", 1000)  # force the swap on a small table
+    monkeypatch.setattr(trace, "TRACE_TABLE_BYTES", 1000)  # force the swap on a small table
     model = build_model(tiny_config.replace(num_puzzle_identifiers=50), seed=0).eval()
     with torch.no_grad():
         model.inner.puzzle_emb.weights.normal_()
