@@ -286,3 +286,11 @@ def test_no_import_circle_inside_a_package():
     }
     circles = import_circles(graph)
     assert not circles, "import circles inside a package:\n" + "\n".join(f"  {' <-> '.join(c)}" for c in circles)
+
+
+def test_the_fake_tensorrt_is_imported_by_nothing_in_the_package():
+    """backends.tensorrt.fake_trt is for tests and benchmarks: no module of the package reaches it."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    fake = "hrm_deploy.backends.tensorrt.fake_trt"
+    assert fake in files
+    assert not [name for name, path in files.items() if fake in _runtime_imports(path, set(files))]

@@ -1,5 +1,8 @@
-"""A fake ``tensorrt`` module that records every call, for driving the TensorRT adapter and the
-device loop on the CPU with :class:`~hrm_deploy.runtime.memory.HostMemory`.
+"""A fake ``tensorrt`` module for tests and benchmarks, never for a claim that an engine ran: it
+records every call, for driving the TensorRT adapter and the device loop on the CPU with
+:class:`~hrm_deploy.runtime.memory.HostMemory` (the tests check our side of TensorRT's protocol with
+it; ``benchmarks/loop_overhead.py`` times the loop's own Python cost with it). Nothing in the package
+imports it.
 
 An "engine" is a JSON spec (what ``deserialize_cuda_engine`` gets): its mode (step or
 unrolled), sizes, tensor dtypes (TensorRT DataType names) and batch profile. Executing
@@ -374,7 +377,8 @@ class Refitter:
     weight to stay missing."""
 
     def __init__(self, engine: ICudaEngine, logger: Logger):
-        self.engine, self.given = engine, None
+        self.engine = engine
+        self.given: str | None = None  # sha256 of the weights refit from
 
     def get_missing_weights(self) -> list[str]:
         forced = list(self.engine.spec.get("forced_missing", []))
