@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.contract import CARRY, CARRY_OUT
 from hrm_deploy.runtime.memory import HostMemory
 
 __version__ = "10.3.0.30"
@@ -166,11 +167,9 @@ def _io(s: dict[str, Any]) -> list[tuple[str, bool, tuple[int, ...]]]:
         feeds[1] = ("puzzle_emb_rows", True, (-1, s["rows_dim"]))
     if s["mode"] == "step":
         return feeds + [
-            ("z_H", True, (-1, T, D)),
-            ("z_L", True, (-1, T, D)),
+            *((name, True, (-1, T, D)) for name in CARRY),
             ("reset", True, (-1,)),
-            ("z_H_out", False, (-1, T, D)),
-            ("z_L_out", False, (-1, T, D)),
+            *((name, False, (-1, T, D)) for name in CARRY_OUT),
             ("logits", False, (-1, S, V)),
             ("q_halt_logits", False, (-1,)),
             ("q_continue_logits", False, (-1,)),
@@ -339,11 +338,11 @@ class IExecutionContext:
                     s,
                     get["inputs"],
                     get["puzzle_identifiers"],
-                    get["z_H"].astype(np.float32),
-                    get["z_L"].astype(np.float32),
+                    get[CARRY[0]].astype(np.float32),
+                    get[CARRY[1]].astype(np.float32),
                     get["reset"].astype(bool),
                 )
-                names: tuple[str, ...] = ("z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits")
+                names: tuple[str, ...] = (*CARRY_OUT, "logits", "q_halt_logits", "q_continue_logits")
             else:
                 ref = reference(s, get["inputs"], get["puzzle_identifiers"])
                 names = ("logits", "q_halt_logits", "q_continue_logits") + (
