@@ -31,19 +31,25 @@ def tiny_config():
     return HRMConfig(**TINY)
 
 
-@pytest.fixture
-def tiny_model(tiny_config):
+def make_tiny_model():
     """A seeded random tiny HRM with a non-zero Q head (upstream inits it to zero)."""
     import torch
 
+    from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.model.hrm import build_model
 
-    model = build_model(tiny_config, seed=0).eval()
+    model = build_model(HRMConfig(**TINY), seed=0).eval()
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(1)
         model.inner.q_head.weight.normal_(0, 0.05)
         model.inner.puzzle_emb.weights.normal_(0, 0.5)
     return model
+
+
+@pytest.fixture
+def tiny_model():
+    """A seeded random tiny HRM with a non-zero Q head (:func:`make_tiny_model`)."""
+    return make_tiny_model()
 
 
 def write_dataset_json(data: Path, cfg, **extra) -> None:
