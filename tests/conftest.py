@@ -296,6 +296,16 @@ def tiny_onnx(trained_tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def small_onnx(trained_small, tmp_path_factory):
+    """The ACT fixture's FP32 unrolled export (8 steps; parity not checked here: the export tests check
+    it), made once for the tests that only read it."""
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+
+    folder = tmp_path_factory.mktemp("export_small")
+    return export_onnx(trained_small.checkpoint, folder / "small.onnx", ExportConfig(parity=False), quiet=True).path
+
+
+@pytest.fixture(scope="session")
 def tiny_loop(trained_tiny, tmp_path_factory):
     """The trained fixture's loop graph (``export --mode loop``, halting off; parity not checked here)."""
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
