@@ -33,6 +33,7 @@ Rank  Rooms (first package level below ``hrm_deploy``)
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -95,11 +96,17 @@ def _rank(module: str) -> int:
     return RANKS[room]
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for all the checks here."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _imports(path: Path) -> set[str]:
     """Every hrm_deploy module ``path`` imports, top-level or inside functions."""
     found: set[str] = set()
     module = _module_name(path)
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "hrm_deploy")
         elif isinstance(node, ast.ImportFrom):
@@ -112,6 +119,7 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+@functools.cache
 def _edges() -> list[tuple[str, str]]:
     return [(_module_name(p), target) for p in sorted(PACKAGE.rglob("*.py")) for target in sorted(_imports(p))]
 
@@ -141,7 +149,7 @@ def test_every_room_has_a_rank():
 
 def _top_level_imports(path: Path, known: set[str]) -> set[str]:
     """hrm_deploy modules imported at module level (function bodies and TYPE_CHECKING blocks aside)."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     found: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
@@ -208,7 +216,7 @@ def test_the_stages_below_the_applications_import_no_backend():
 def _runtime_imports(path: Path, known: set[str]) -> set[str]:
     """The hrm_deploy modules ``path`` imports when it runs, at module level or inside functions
     (``from package import module`` counts as the module); ``if TYPE_CHECKING:`` blocks aside."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     module = _module_name(path)
     found: set[str] = set()
     todo: list[ast.AST] = [tree]
@@ -227,6 +235,13 @@ def _runtime_imports(path: Path, known: set[str]) -> set[str]:
             found.update(f"{name}.{a.name}" if f"{name}.{a.name}" in known else name for a in node.names)
         todo.extend(ast.iter_child_nodes(node))
     return {m for m in found if m in known and m != module}
+
+
+@functools.cache
+def _runtime_graph() -> dict[str, set[str]]:
+    """Each module -> the modules it imports when it runs (:func:`_runtime_imports`)."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: _runtime_imports(path, set(files)) for name, path in files.items()}
 
 
 def _siblings(files: dict[str, Path]) -> dict[str, str]:
@@ -281,8 +296,7 @@ def test_no_import_circle_inside_a_package():
     files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     package = _siblings(files)
     graph = {
-        name: {dst for dst in _runtime_imports(files[name], set(files)) if package.get(dst) == home}
-        for name, home in package.items()
+        name: {dst for dst in _runtime_graph()[name] if package.get(dst) == home} for name, home in package.items()
     }
     circles = import_circles(graph)
     assert not circles, "import circles inside a package:\n" + "\n".join(f"  {' <-> '.join(c)}" for c in circles)
@@ -290,7 +304,6 @@ def test_no_import_circle_inside_a_package():
 
 def test_the_fake_tensorrt_is_imported_by_nothing_in_the_package():
     """backends.tensorrt.fake_trt is for tests and benchmarks: no module of the package reaches it."""
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     fake = "hrm_deploy.backends.tensorrt.fake_trt"
-    assert fake in files
-    assert not [name for name, path in files.items() if fake in _runtime_imports(path, set(files))]
+    assert fake in _runtime_graph()
+    assert not [name for name, imported in _runtime_graph().items() if fake in imported]
