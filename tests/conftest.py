@@ -296,13 +296,30 @@ def tiny_onnx(trained_tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def small_onnx(trained_small, tmp_path_factory):
-    """The ACT fixture's FP32 unrolled export (8 steps; parity not checked here: the export tests check
-    it), made once for the tests that only read it."""
+def bundled_export(tmp_path_factory):
+    """``bundled_export(model="sudoku-small", mode="unrolled", halt="off")``: the path of that bundled
+    model's FP32 export (parity checked), made once per session for the tests that only read it (they
+    write what they build elsewhere)."""
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.train.presets import bundled_checkpoint
 
-    folder = tmp_path_factory.mktemp("export_small")
-    return export_onnx(trained_small.checkpoint, folder / "small.onnx", ExportConfig(parity=False), quiet=True).path
+    folder = tmp_path_factory.mktemp("bundled_exports")
+    made: dict[tuple[str, str, str], Path] = {}
+
+    def get(model: str = "sudoku-small", mode: str = "unrolled", halt: str = "off") -> Path:
+        if (model, mode, halt) not in made:
+            out = folder / f"{model}.{mode}.{halt.replace(':', '_')}.onnx"
+            config = ExportConfig(mode=mode, halt=halt)
+            made[model, mode, halt] = export_onnx(bundled_checkpoint(model), out, config, quiet=True).path
+        return made[model, mode, halt]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def small_onnx(bundled_export):
+    """The ACT fixture's (the bundled sudoku-small's) FP32 unrolled export, 8 steps: ``bundled_export()``."""
+    return bundled_export()
 
 
 @pytest.fixture(scope="session")

@@ -28,13 +28,8 @@ NAME, MAX_BATCH = "sudoku", 16
 
 
 @pytest.fixture(scope="module")
-def step_graph(trained_small, tmp_path_factory) -> Path:
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-
-    folder = tmp_path_factory.mktemp("triton_inflight")
-    return export_onnx(
-        trained_small.checkpoint, folder / "small.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
-    ).path
+def step_graph(bundled_export) -> Path:
+    return bundled_export(mode="step")
 
 
 @pytest.fixture(scope="module")
