@@ -347,7 +347,7 @@ def adapt(
     rank reads."""
     from hrm_deploy.train.distributed import init_distributed, on_main, shutdown
     from hrm_deploy.train.loop import train
-    from hrm_deploy.train.start import Start
+    from hrm_deploy.train.setup import Start
 
     dist_info = init_distributed(config.device)
     made: dict[str, Any] = {}  # rank 0's record and start model: not sent to the other ranks

@@ -28,7 +28,7 @@ DEFAULTS = {f.name: f.default for cls in (CpuOptions, TensorRTOptions, TorchOpti
         (lambda: TensorRTOptions(workspace_mib=8), "--workspace must be between 16 and"),
         (lambda: TensorRTOptions(optimization_level=6), "--opt-level must be between 0 and 5"),
         (lambda: CpuOptions(threads=-1), "--threads -1: give 1.."),
-        (lambda: TorchOptions(device="gpu"), "--device 'gpu': use auto, cpu, cuda or cuda:N"),
+        (lambda: TorchOptions(device="gpu"), "device 'gpu': use auto, cpu, cuda or cuda:N"),
         (lambda: EngineConfig("fp16", backend="torch"), "the torch backend builds fp32 or bf16, not fp16"),
         (lambda: EngineConfig("fp8", target="cpu"), "fp8 engines need a GPU of compute capability >= 8.9"),
         (lambda: EngineConfig("fp32", target="cpu", options=CpuOptions(int8_recipe="dynamic")), "add --int8"),
@@ -90,7 +90,7 @@ def test_the_manifest_records_the_common_fields_and_the_backends_options_side_by
         ),
         (
             lambda: EngineConfig("int8", target="cpu", options=TorchOptions(device="cpu")),
-            "--device cpu is an option of --backend torch; drop it",
+            "device='cpu' is an option of --backend torch; drop it",
         ),
         (
             lambda: EngineConfig("fp32", target="cpu", min_batch=2, options=TensorRTOptions(workspace_mib=64)),

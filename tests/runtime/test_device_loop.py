@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hrm_deploy.backends.tensorrt import fake_trt
 from hrm_deploy.backends.tensorrt.api import Backend
 from hrm_deploy.errors import ArtifactError, ConfigError, DataError, EngineError
 from hrm_deploy.manifest import write_manifest
-from tests.backends.tensorrt import fake_trt
 
 
 @pytest.fixture(autouse=True)

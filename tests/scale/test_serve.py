@@ -33,18 +33,13 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def step_graph(tmp_path_factory):
+def step_graph(bundled_export, tmp_path_factory):
     """The bundled model's step graph and 48 of its held-out puzzles."""
-    from hrm_deploy.cli.common import bundled_checkpoint
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
     folder = tmp_path_factory.mktemp("served")
     generate_sudoku(SudokuSpec(train=10, test=48, blanks=(10, 30), seed=78), str(folder / "data"))
-    graph = export_onnx(
-        bundled_checkpoint("sudoku-small"), folder / "s.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
-    )
-    return graph.path, folder / "data"
+    return bundled_export(mode="step"), folder / "data"
 
 
 class Served:
