@@ -346,6 +346,7 @@ def serve_on_ray(
             resources, _ = worker_resources(ray, config.artifact, ray_config)
             queue = config.queue_limit or 8 * max_batch
             serve.start(http_options={"host": config.host, "port": config.http_port})
+            _check_http(config)
             model: Any = serve.deployment(
                 model_class(serve, max_batch),
                 name="model",
@@ -389,6 +390,21 @@ def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
     return previous
+
+
+def _check_http(config: ServeConfig) -> None:
+    """Ray Serve has one HTTP proxy per cluster: where it already runs (a joined cluster, a notebook's
+    Ray) with another host or port, ``serve.start`` keeps those, and the application would answer
+    somewhere other than the line we print. Refuse instead, naming what runs."""
+    from ray.serve.context import _get_global_client
+
+    running = _get_global_client().http_config
+    if (running.host, running.port) != (config.host, config.http_port):
+        raise ConfigError(
+            f"Ray Serve already runs on this cluster with its HTTP proxy on {running.host}:{running.port} "
+            f"(one per cluster); pass --host {running.host} --http-port {running.port}, "
+            "or stop it first (`serve shutdown`)"
+        )
 
 
 def _ready_line(config: ServeConfig, replicas: Replicas, resources: dict[str, float], max_batch: int) -> str:

@@ -63,8 +63,11 @@ class Served:
             time.sleep(0.2)
 
     def stop(self) -> None:
+        from ray import serve
+
         self.stopped.set()
         self.thread.join(60)
+        serve.shutdown()  # the module's Ray stays up: the next application starts its own proxy on its own port
 
 
 def infer(url: str, tokens: np.ndarray, ids: np.ndarray) -> tuple[int, dict, Any]:
@@ -166,6 +169,15 @@ class TestTwoReplicas:
             urllib.request.urlopen(request, timeout=30)
         assert error.value.code == 404 and "unknown model" in json.loads(error.value.read())["error"]
 
+    def test_a_second_application_on_another_port_is_refused_in_one_line(self, two_replicas, step_graph):
+        from hrm_deploy.errors import ConfigError
+        from hrm_deploy.scale.serving import Replicas, serve_on_ray
+
+        config = ServeConfig(step_graph[0], http_port=free_port(), metrics_port=free_port(), grpc_port=free_port())
+        with pytest.raises(ConfigError, match=rf"HTTP proxy on 127.0.0.1:{two_replicas.port} .*--http-port"):
+            serve_on_ray(config, RayConfig(), Replicas(1))
+        assert infer(two_replicas.url, np.ones((1, 81), np.int32), np.zeros(1))[0] == 200  # the running one untouched
+
 
 def test_autoscaling_adds_a_replica_under_load_and_removes_it_when_idle(ray_cluster, step_graph):
     from ray import serve
@@ -189,14 +201,15 @@ def test_autoscaling_adds_a_replica_under_load_and_removes_it_when_idle(ray_clus
                 infer(served.url, np.ones((2, 81), np.int32), np.zeros(2))
 
         with cf.ThreadPoolExecutor(8) as pool:
-            for _ in range(8):
-                pool.submit(client)
+            clients = [pool.submit(client) for _ in range(8)]
             # a second replica loads the artifact in a fresh worker process: on a loaded 2-core
             # machine (the whole suite beside it) that alone can take tens of seconds
             end = time.monotonic() + 150
             while running() < 2 and time.monotonic() < end:
                 time.sleep(0.5)
             load.set()
+        for done in clients:
+            done.result()  # a client that failed put no load on the replicas: its error, not a count
         assert running() == 2
         end = time.monotonic() + 90
         while running() > 1 and time.monotonic() < end:
