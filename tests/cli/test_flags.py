@@ -144,3 +144,11 @@ def test_the_message_check_sees_a_flag_in_a_raise():
     tree = ast.parse('raise ConfigError(f"use --no-such-flag {x}")\nlog.info("--also-not")\nx = "--ignored"')
     named = [flag for _, text in _messages(tree) for flag in FLAG.findall(text)]
     assert named == ["--no-such-flag", "--also-not"]
+
+
+def test_the_root_help_names_every_target():
+    from hrm_deploy.engines.targets import TARGETS
+
+    text = " ".join(CliRunner().invoke(app, ["--help"], env={"NO_COLOR": "1", "COLUMNS": "200"}).output.split())
+    missing = [name for name in TARGETS if name not in text]
+    assert not missing, f"hrm-deploy --help names no {missing}"
