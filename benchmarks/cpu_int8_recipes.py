@@ -56,7 +56,7 @@ def build(name: str, work: Path) -> tuple[dict[str, Path], str, int]:
     fp32 = export_onnx(str(ckpt), folder / "model.onnx", ExportConfig(parity=False), quiet=True).path
     graphs = {}
     for row in ROWS:
-        precision, recipe = ("fp32", "dynamic") if row == "fp32" else ("int8", row)
+        precision, recipe = ("fp32", None) if row == "fp32" else ("int8", row)
         config = EngineConfig(precision, target="cpu", options=CpuOptions(int8_recipe=recipe))
         graphs[row] = build_cpu(fp32, config, folder / f"model.{row}.cpu.ort.onnx", quiet=True).path
     return graphs, str(folder / "data"), dependence_n

@@ -1,12 +1,16 @@
 """Each backend's build options: one frozen dataclass per building backend, named by its row.
 
-:class:`~hrm_deploy.engines.build.EngineConfig` holds what every build reads (precision, target,
+:class:`~hrm_deploy.engines.config.EngineConfig` holds what every build reads (precision, target,
 backend, batch profile, calibration, accuracy); the options only one backend reads live in its
 own :class:`BuildOptions` subclass, beside its builder (TensorRT: workspace, optimization level,
-timing cache...; the cpu target: threads, fusions, INT8 recipe; PyTorch: device, TF32), each with
-its own checks. The backend table names the class (``BackendEntry.build_options``, a
+timing cache...; the cpu target: threads, fusions, INT8 recipe; PyTorch: device, TF32, mode...),
+each with its own checks. The backend table names the class (``BackendEntry.build_options``, a
 ``"module:Class"`` string like its builder), so this module names no backend: an option given to a
 backend that does not take it is refused in one line written by the class that does take it.
+
+Each field is also a ``build-engine`` flag: :func:`option` records the flag, its help and its
+choices, :func:`command_line` lists the flags of every class for the command to offer, and
+:func:`from_command_line` turns what the command parsed back into field values.
 """
 
 from __future__ import annotations
