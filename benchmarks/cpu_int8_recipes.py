@@ -34,8 +34,10 @@ ROWS = ("fp32", "dynamic", "blockwise")
 def build(name: str, work: Path) -> tuple[dict[str, Path], str, int]:
     from sudoku_size import sudoku_size_model
 
-    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+    from hrm_deploy.backends.ort.builder.cpu import build_cpu
+    from hrm_deploy.backends.ort.builder.options import CpuOptions
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+    from hrm_deploy.engines.config import EngineConfig
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.checkpoint import save_checkpoint
     from hrm_deploy.train.presets import DEFAULT_PRESET, bundled_checkpoint, preset
@@ -54,8 +56,8 @@ def build(name: str, work: Path) -> tuple[dict[str, Path], str, int]:
     fp32 = export_onnx(str(ckpt), folder / "model.onnx", ExportConfig(parity=False), quiet=True).path
     graphs = {}
     for row in ROWS:
-        precision, recipe = ("fp32", "dynamic") if row == "fp32" else ("int8", row)
-        config = CpuBuildConfig(precision, int8_recipe=recipe)
+        precision, recipe = ("fp32", None) if row == "fp32" else ("int8", row)
+        config = EngineConfig(precision, target="cpu", options=CpuOptions(int8_recipe=recipe))
         graphs[row] = build_cpu(fp32, config, folder / f"model.{row}.cpu.ort.onnx", quiet=True).path
     return graphs, str(folder / "data"), dependence_n
 

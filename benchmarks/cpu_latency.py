@@ -65,7 +65,8 @@ def prepare(
     """Checkpoint, data, FP32 export and every row's artifact; build times recorded."""
     from sudoku_size import sudoku_size_model
 
-    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+    from hrm_deploy.backends.ort.builder.cpu import build_cpu
+    from hrm_deploy.backends.ort.builder.options import CpuOptions
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
     from hrm_deploy.engines.build import EngineConfig, build_engine
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
@@ -97,17 +98,22 @@ def prepare(
     fp32 = export_onnx(str(ckpt), folder / "model.onnx", ExportConfig(parity=False), quiet=True).path
     timings["export_s"] = time.perf_counter() - start
     configs = {
-        "cpu-fp32": CpuBuildConfig("fp32", threads),
-        "cpu-int8-static": CpuBuildConfig(
+        "cpu-fp32": EngineConfig("fp32", target="cpu", options=CpuOptions(threads=threads)),
+        "cpu-int8-static": EngineConfig(
             "int8",
-            threads,
+            target="cpu",
             calib_data=data,
-            cache_dir=str(folder / "calib"),
+            calib_cache=str(folder / "calib"),
             calib_samples=calib_samples,
-            check_accuracy=name == "bundled",
+            accuracy_check=name == "bundled",
+            options=CpuOptions(threads=threads),
         ),
-        "cpu-int8-dynamic": CpuBuildConfig("int8", threads, int8_recipe="dynamic"),
-        "cpu-int8-blockwise": CpuBuildConfig("int8", threads, int8_recipe="blockwise"),
+        "cpu-int8-dynamic": EngineConfig(
+            "int8", target="cpu", options=CpuOptions(threads=threads, int8_recipe="dynamic")
+        ),
+        "cpu-int8-blockwise": EngineConfig(
+            "int8", target="cpu", options=CpuOptions(threads=threads, int8_recipe="blockwise")
+        ),
     }
     graphs, manifests = {}, {}
     for row, config in configs.items():

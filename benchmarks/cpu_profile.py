@@ -102,10 +102,17 @@ def prepare(name: str, folder: Path) -> dict[str, Any]:
 
 
 def _build_child(src: str, out: str, options: dict[str, Any], queue: Any) -> None:
-    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+    from dataclasses import fields
 
+    from hrm_deploy.backends.ort.builder.cpu import build_cpu
+    from hrm_deploy.backends.ort.builder.options import CpuOptions
+    from hrm_deploy.engines.config import EngineConfig
+
+    own = {f.name for f in fields(CpuOptions)}  # the cpu target's options; the rest are the common fields
+    cpu = CpuOptions(**{k: v for k, v in options.items() if k in own})
+    config = EngineConfig(target="cpu", options=cpu, **{k: v for k, v in options.items() if k not in own})
     start = time.perf_counter()
-    built = build_cpu(src, CpuBuildConfig(**options), out, quiet=True)
+    built = build_cpu(src, config, out, quiet=True)
     manifest = json.loads(built.manifest.read_text())
     queue.put(
         {
@@ -138,8 +145,8 @@ def build_rows(name: str, prep: dict[str, Any], threads: int, rows: list[str], c
     for row in rows:
         options = {"threads": threads, **RECIPES[row]}
         if options["precision"] == "int8" and options.get("int8_recipe", "static") == "static":
-            options.update(calib_data=data, cache_dir=str(folder / "calib"), calib_samples=calib)
-            options["check_accuracy"] = name == "bundled"
+            options.update(calib_data=data, calib_cache=str(folder / "calib"), calib_samples=calib)
+            options["accuracy_check"] = name == "bundled"
         slug = row.split(" ")[0] + ("-" + options["activations"] if "activations" in options else "")
         built[row] = build(prep["unrolled"], folder / f"{slug}.cpu.ort.onnx", options)
         print(name, row, f"built in {built[row]['build_s']} s, peak {built[row]['peak_rss_mib']} MiB", flush=True)
@@ -273,9 +280,9 @@ def scaling(prep: dict[str, Any], threads: int, calib: int, rounds: int, quick: 
                 "precision": "int8",
                 "threads": threads,
                 "calib_data": str(folder / "data"),
-                "cache_dir": str(folder / "calib"),
+                "calib_cache": str(folder / "calib"),
                 "calib_samples": calib,
-                "check_accuracy": False,
+                "accuracy_check": False,
             },
         ),
     }

@@ -161,7 +161,9 @@ def main() -> int:
 
 def _engines(args, ckpt: Path, work: Path, rows: list[dict], torch) -> dict[str, Path]:
     """The engines to time: ``--step-engine`` as given, the other modes built here (one row each)."""
-    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.backends.torch.builder import build_torch_engine
+    from hrm_deploy.backends.torch.builder.options import TorchOptions
+    from hrm_deploy.engines.config import EngineConfig
 
     engines: dict[str, Path] = {}
     modes = [m for m in args.modes if not (m == "step" and args.step_engine)]
@@ -171,7 +173,12 @@ def _engines(args, ckpt: Path, work: Path, rows: list[dict], torch) -> dict[str,
         rows.append(_row("aoti_step", manifest, None))
     for mode in modes:
         start = time.perf_counter()
-        config = TorchEngineConfig(mode=mode, max_batch=max(args.batches), device="cuda", precision=args.precision)
+        config = EngineConfig(
+            max_batch=max(args.batches),
+            backend="torch",
+            precision=args.precision,
+            options=TorchOptions(mode=mode, device="cuda"),
+        )
         result = build_torch_engine(ckpt, config, work / f"sudoku.{mode}.pt2", quiet=True)
         engines[mode] = result.path
         manifest = json.loads(result.manifest.read_text())

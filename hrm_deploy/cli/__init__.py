@@ -12,7 +12,9 @@ from hrm_deploy.cli.common import App
 
 app = App(
     name="hrm-deploy",
-    help="Take trained HRM and TRM checkpoints to checked ONNX graphs, engines (TensorRT, TensorRT-RTX, AOTInductor, ONNX Runtime CPU), answers and servers.",
+    help="Take trained HRM and TRM checkpoints to checked ONNX graphs, engines (TensorRT / TensorRT-RTX for the "
+    "desktop, datacenter and jetson-orin-8gb targets, ONNX Runtime for the cpu target, PyTorch AOTInductor for this "
+    "machine's GPU or CPU), answers and servers.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -34,7 +36,8 @@ def _root(
         bool, typer.Option("--verbose", "-v", help="Show the library's debug messages and which module said what.")
     ] = False,
 ) -> None:
-    """checkpoint -> export (ONNX) -> build-engine (TensorRT, TensorRT-RTX, AOTInductor, cpu) -> verify / bench."""
+    """checkpoint -> export (ONNX) -> build-engine (--target desktop, datacenter, jetson-orin-8gb: TensorRT /
+    TensorRT-RTX; --target cpu: ONNX Runtime; --backend torch: AOTInductor) -> verify / bench / solve / serve."""
     from hrm_deploy.cli.logs import setup_logging
 
     setup_logging(verbose)

@@ -25,7 +25,7 @@ class _Choice(str, Enum):
         return str(self.value)
 
 
-def _choices(name: str, values: Iterable[str], doc: str) -> type[_Choice]:
+def make_choice(name: str, values: Iterable[str], doc: str) -> type[_Choice]:
     choice = _Choice(name, {v.upper().replace("-", "_"): v for v in values})  # type: ignore[call-overload]
     choice.__doc__ = doc
     return choice  # type: ignore[no-any-return]
@@ -36,24 +36,16 @@ if TYPE_CHECKING:  # a generated Enum of strings; type checkers see the values i
     Target = str
     Backend = str
 else:
-    Precision = _choices(
+    Precision = make_choice(
         "Precision", [*converted(), "fp32"], "Engine precision (the rows of ``hrm_deploy.precision.registry``)."
     )
-    Target = _choices("Target", TARGETS, "Build target (``hrm_deploy.engines.targets.TARGETS``).")
+    Target = make_choice("Target", TARGETS, "Build target (``hrm_deploy.engines.targets.TARGETS``).")
     # the table's builders, less the cpu target's (it takes no --backend)
-    Backend = _choices(
+    Backend = make_choice(
         "Backend",
         [n for entry in BACKENDS.values() for n in entry.builds_for if n not in TARGETS["cpu"].backends],
         "Engine builder (the ``builds_for`` names of ``hrm_deploy.registry.BACKENDS``).",
     )
-
-
-class CpuInt8Recipe(str, Enum):
-    """INT8 recipe of the cpu target (``hrm_deploy.backends.ort.builder.int8.RECIPES``)."""
-
-    STATIC = "static"
-    DYNAMIC = "dynamic"
-    BLOCKWISE = "blockwise"
 
 
 class CalibMethod(str, Enum):

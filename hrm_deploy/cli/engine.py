@@ -2,22 +2,48 @@
 
 from __future__ import annotations
 
-import os
+import inspect
+from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from hrm_deploy.cli import app
-from hrm_deploy.cli.choices import Backend, CalibMethod, CpuInt8Recipe, Precision, Target
+from hrm_deploy.cli.choices import Backend, CalibMethod, Precision, Target, make_choice
 from hrm_deploy.cli.common import Quiet, user_errors
 from hrm_deploy.errors import ConfigError
 
 _SHORT = "Short for --precision "
 
 
+def backend_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` with a keyword parameter per build option (:func:`hrm_deploy.engines.options.command_line`):
+    the flag, its help and choices come from the options class's field, grouped under the backend that
+    takes it, so a backend's new option is a new flag with no edit here."""
+    from hrm_deploy.engines.options import command_line
+
+    params = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    for flag in command_line():
+        kind: Any = bool if flag.switch else flag.kind
+        if flag.choices:  # an Enum, so --help lists them and Typer refuses anything else in one line
+            kind = make_choice(flag.name.title().replace("_", ""), flag.choices, flag.help)
+            kind = kind | None if flag.default is None else kind
+        option = typer.Option(flag.flag, help=flag.help, rich_help_panel=f"Options of {flag.owner.taker}")
+        default = False if flag.switch else flag.default
+        params.append(
+            inspect.Parameter(
+                flag.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option]
+            )
+        )
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return command
+
+
 @app.command("build-engine")
 @user_errors
+@backend_flags
 def build_engine(
     onnx: Annotated[
         Path | None,
@@ -81,69 +107,12 @@ def build_engine(
     min_batch: Annotated[int | None, typer.Option(help="Optimization profile: smallest batch.")] = None,
     opt_batch: Annotated[int | None, typer.Option(help="Optimization profile: batch tuned for.")] = None,
     max_batch: Annotated[int | None, typer.Option(help="Optimization profile: largest batch.")] = None,
-    workspace: Annotated[int | None, typer.Option(help="Builder workspace limit in MiB.")] = None,
-    opt_level: Annotated[int | None, typer.Option(help="Builder optimization level 0-5 (lower builds faster).")] = None,
-    compute_capability: Annotated[
-        str | None, typer.Option(help="TensorRT-RTX AOT target, e.g. SM120, SM89, SM86.")
-    ] = None,
-    timing_cache: Annotated[
-        str,
-        typer.Option(
-            help="TensorRT timing cache base path; the GPU and the TensorRT version are added to the file "
-            "name. 'none' builds without one.",
-        ),
-    ] = "engines/timing.cache",
-    threads: Annotated[
-        int | None, typer.Option(help="cpu target: ONNX Runtime intra-op threads (default: one per core).")
-    ] = None,
-    cpu_int8: Annotated[
-        CpuInt8Recipe | None,
-        typer.Option(
-            help="cpu target INT8 recipe. static (default): scales fixed by calibration, answers independent "
-            "of batching, kept within --accuracy-budget. dynamic: no calibration, fastest at batch > 1, but "
-            "an answer can depend on its batch-mates. blockwise: no calibration, batch-independent, slower "
-            "than FP32 on small models.",
-        ),
-    ] = None,
     no_accuracy_check: Annotated[
         bool,
         typer.Option(
             "--no-accuracy-check",
             help="INT8, FP8, NVFP4 (cpu target: static INT8): skip the comparison with FP32 on held-out puzzles "
             "(e.g. random weights, whose argmax any rounding changes); the manifest says it was not measured.",
-        ),
-    ] = False,
-    no_fuse: Annotated[
-        bool,
-        typer.Option(
-            "--no-fuse",
-            help="cpu target: leave attention and RMSNorm as ONNX Runtime's optimizer leaves them "
-            "(by default they become its fused CPU kernels, each fused block checked).",
-        ),
-    ] = False,
-    allow_unrolled: Annotated[
-        bool,
-        typer.Option(
-            "--allow-unrolled",
-            help="TensorRT: build an unrolled graph whose estimated build is over 3 min / 4 GB "
-            "(printed first); without it such a graph's single-step graph is exported and built instead.",
-        ),
-    ] = False,
-    strip_weights: Annotated[
-        bool,
-        typer.Option(
-            "--strip-weights",
-            help="TensorRT: a weight-stripped engine (STRIP_PLAN + REFIT_IDENTICAL, a fraction of the size): "
-            "the runner refits it from its ONNX graph (sha256-checked) on first run and saves it whole. "
-            "Needs a GPU to build (the board, or a GPU machine with the same TensorRT).",
-        ),
-    ] = False,
-    tf32: Annotated[
-        bool,
-        typer.Option(
-            "--tf32",
-            help="torch backend, fp32 on CUDA: let float32 matmuls use TF32 (faster, about 1e-3 relative "
-            "error); default exact float32. Recorded in the manifest.",
         ),
     ] = False,
     output: Annotated[
@@ -156,40 +125,20 @@ def build_engine(
         ),
     ] = None,
     quiet: Quiet = False,
+    **backend_options: Any,  # every backend's build options, one flag per field (added below)
 ) -> None:
     """Build an engine: TensorRT / TensorRT-RTX (strongly typed: the precision lives in the ONNX), the
     cpu target's optimized ONNX Runtime graph, or a PyTorch AOTInductor .pt2."""
-    from hrm_deploy.data.benchmarks import prepare_dataset
-    from hrm_deploy.engines.build import (
-        EngineConfig,
-        build_engine as build,
-        default_precision,
-        refuse_checkpoint_source,
-    )
-    from hrm_deploy.sources import resolve_artifact
+    from hrm_deploy.engines.build import EngineConfig, build_engine_from, default_precision
+    from hrm_deploy.engines.options import from_command_line
 
-    # before any work: a run folder -> its newest step file, hf:... -> the cached snapshot's file
-    onnx = resolve_artifact(onnx)
-    refuse_checkpoint_source(onnx, str(target), str(backend) if backend else None)
-    calib_data = prepare_dataset(calib_data, splits=("train", "test"), quiet=quiet)
     flags = {"fp16": fp16, "bf16": bf16, "int8": int8, "fp8": fp8, "nvfp4": nvfp4, "fp32": fp32}
     default = default_precision(str(target), str(backend) if backend else None)
     # every backend's options by field name; the building backend's row takes its own and refuses
     # another backend's option that was given (set away from its default) in one line
-    options = {
-        "workspace_mib": workspace,
-        "optimization_level": opt_level,
-        "compute_capability": compute_capability,
-        "allow_unrolled": allow_unrolled,
-        "strip_weights": strip_weights,
-        "timing_cache": None if timing_cache.lower() in ("", "none") else timing_cache,
-        "threads": threads,
-        "fuse": not no_fuse,
-        "int8_recipe": cpu_int8.value if cpu_int8 else None,
-        "tf32": tf32,
-    }
+    values = from_command_line({name: str(v) if isinstance(v, Enum) else v for name, v in backend_options.items()})
     config = EngineConfig.from_values(
-        options,
+        values,
         precision=_precision(str(precision) if precision else None, flags, default),
         target=str(target),
         backend=str(backend) if backend else None,
@@ -202,19 +151,7 @@ def build_engine(
         accuracy_budget=accuracy_budget,
         accuracy_check=not no_accuracy_check,
     )
-    if (
-        onnx is not None and onnx.suffix == ".onnx" and os.path.lexists(onnx)
-    ):  # a FIFO, /dev/zero or random bytes: one line, now
-        from hrm_deploy.onnx_runtime import load_onnx
-
-        load_onnx(onnx)
-    engine_path = None
-    if output is not None:  # before any work: never over an input or a file we did not write
-        from hrm_deploy.manifest import check_replaceable, output_path
-
-        engine_path = output_path(output, None)
-        check_replaceable(engine_path, [onnx, calib_data])
-    result = build(onnx, config, engine_path, quiet=quiet)
+    result = build_engine_from(onnx, config, output, quiet=quiet)
     seconds = result.build.get("build_seconds", 0.0)
     typer.echo(
         f"wrote {result.path} ({result.build.get('engine_bytes', 0) / 2**20:.1f} MiB, built in {seconds:.1f} s) "

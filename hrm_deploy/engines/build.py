@@ -1,7 +1,7 @@
 """The engine stage: an ONNX export (or a checkpoint) -> an engine + manifest, for a target.
 
 ``build_engine`` is one function from artifact to artifact, and it composes the pipeline: the
-options are validated once (:class:`EngineConfig`), the chosen backend's builder is looked up in the
+options are validated once (:class:`~hrm_deploy.engines.config.EngineConfig`), the chosen backend's builder is looked up in the
 backend table (:func:`hrm_deploy.engines.request.builder`) and asked to refuse what it cannot build before
 any work, then the stage resolves the source (the newest export by default), exports the
 single-step graph where the builder prefers it to an unroll, makes the precision graph where the
@@ -16,26 +16,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
-from hrm_deploy.engines.options import (
-    BATCH_FIELDS,
-    BuildOptions,
-    batch_given,
-    options_class,
-    refuse_foreign,
-    split_values,
-)
+from hrm_deploy.engines.config import EngineConfig
 from hrm_deploy.engines.request import Builder, BuildRequest, GraphInput, builder
 from hrm_deploy.engines.result import EngineResult, newest_export, recorded_data_fields
 from hrm_deploy.engines.targets import ENGINE_PRECISIONS, get_target
-from hrm_deploy.errors import ArtifactError, ConfigError, InternalError
+from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.manifest import check_artifact, manifest_path
 from hrm_deploy.onnx_runtime import load_onnx, made_from
-from hrm_deploy.precision.registry import PRECISIONS, get_precision
+from hrm_deploy.precision.registry import get_precision
 
 if TYPE_CHECKING:
     from onnx import ModelProto
@@ -45,104 +37,13 @@ __all__ = [
     "EngineConfig",
     "EngineResult",
     "build_engine",
+    "build_engine_from",
     "default_precision",
     "newest_export",
     "refuse_checkpoint_source",
 ]
 
 log = logging.getLogger(__name__)
-OptionsT = TypeVar("OptionsT", bound=BuildOptions)
-
-MAX_BATCH = 1 << 16  # TensorRT profiles: int32 dims, and far beyond any GPU's memory for this model
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """What to build: the fields every build reads, plus ``options``, the building backend's own
-    (its row's :class:`~hrm_deploy.engines.options.BuildOptions` class; left out: its defaults).
-    None fields take the target profile's default."""
-
-    precision: str = "fp16"
-    target: str = "desktop"
-    backend: str | None = None
-    min_batch: int | None = None  # the batch profile (TensorRT; PyTorch reads max_batch; the cpu target none)
-    opt_batch: int | None = None
-    max_batch: int | None = None
-    calib_data: str | None = None
-    calib_method: str = "minmax"  # see QuantConfig: measured defaults
-    calib_samples: int | None = None  # None: by the model's cost (precision.accuracy.calibration_size)
-    accuracy_budget: float | None = None
-    accuracy_check: bool = True  # INT8, FP8, NVFP4 (every target): compared with FP32 on held-out puzzles
-    options: BuildOptions = field(default_factory=BuildOptions)
-
-    def __post_init__(self) -> None:
-        """Every option checked here, once: its range, and whether the building backend takes it."""
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision {self.precision!r} unknown; use one of {', '.join(PRECISIONS)}")
-        self._check_ranges()
-        _check_target(self.target, self.backend)
-        receiver = options_class(self.target, self.backend)
-        if type(self.options) is BuildOptions and receiver is not BuildOptions:  # none given: the defaults
-            object.__setattr__(self, "options", receiver())
-        wrong = not isinstance(self.options, receiver)
-        foreign = batch_given(receiver, vars(self)) + (self.options.given() if wrong else [])
-        refuse_foreign(foreign, self.target, receiver)
-        if wrong:
-            raise ConfigError(
-                f"{type(self.options).__name__} are the options of {type(self.options).taker}; this build "
-                f"({receiver.taker}) takes {receiver.__name__}"
-            )
-        self.options.check(self)
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any], **common: Any) -> EngineConfig:
-        """An EngineConfig from the ``common`` fields and every backend's options by field name
-        (``values``: unset ones at their defaults, as the command line passes them): the building
-        backend's options class takes its own; another backend's option set away from its default
-        is refused in one line."""
-        target, backend = common.get("target", "desktop"), common.get("backend")
-        _check_target(target, backend)
-        receiver = options_class(target, backend)
-        options, foreign = split_values(receiver, values)
-        if foreign:
-            refuse_foreign(batch_given(receiver, common) + foreign, target, receiver)
-        return cls(**common, options=options)
-
-    def options_as(self, kind: type[OptionsT]) -> OptionsT:
-        """The options as ``kind``, the building backend's class (a builder reads its own)."""
-        if not isinstance(self.options, kind):
-            raise InternalError(f"a {kind.__name__} builder got {type(self.options).__name__}")
-        return self.options
-
-    def record(self) -> dict[str, Any]:
-        """The manifest's ``config``: the common fields and the backend's options, side by side."""
-        common = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
-        return {**common, **asdict(self.options)}
-
-    def _check_ranges(self) -> None:
-        for name, flag in BATCH_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not 1 <= value <= MAX_BATCH:
-                raise ConfigError(f"{flag} must be between 1 and {MAX_BATCH}, got {value}")
-        if self.calib_samples is not None and not 1 <= self.calib_samples <= 1_000_000:
-            raise ConfigError(f"--calib-samples must be between 1 and 1000000, got {self.calib_samples}")
-        if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
-            raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
-        if self.accuracy_budget is not None and not PRECISIONS[self.precision].calibrated:  # never recorded unapplied
-            calibrated = ", ".join(name for name, row in PRECISIONS.items() if row.calibrated)
-            raise ConfigError(
-                f"--accuracy-budget bounds what a calibrated precision ({calibrated}) may lose; {self.precision} "
-                "is not calibrated and has none: drop it, or build --int8"
-            )
-
-
-def _check_target(target: str, backend: str | None) -> None:
-    """The cpu target (ONNX Runtime's CPU provider) builds with its own backend only."""
-    if target == "cpu" and backend is not None:
-        raise ConfigError(
-            f"--backend {backend} does not build for --target cpu (ONNX Runtime's CPU provider); drop "
-            "--backend, or drop --target cpu (--backend torch builds a PyTorch engine for this machine's CPU)"
-        )
 
 
 def build_row(target: str, backend: str | None):
@@ -186,6 +87,33 @@ def build_engine(
     src = Path(onnx_path) if onnx_path else newest_export()
     with made_from(src):  # a graph made from it that ONNX Runtime refuses to load is named by it
         return _compose(make, request, src)
+
+
+def build_engine_from(
+    source: str | os.PathLike | None, config: EngineConfig, output: str | None = None, quiet: bool = False
+) -> EngineResult:
+    """``hrm-deploy build-engine``: :func:`build_engine` from what a user gives, each refusal before
+    any work. ``source``: an export, a checkpoint, a run folder (its newest step file) or
+    ``hf:ORG/NAME`` (the cached snapshot's file), None for the newest export; ``config.calib_data``:
+    a dataset folder, inputs, a benchmark's CSVs or ``hf:...`` (prepared once into the user cache);
+    ``output`` a file name (a trailing slash is refused), never one of the inputs or a file this
+    tool did not write."""
+    from hrm_deploy.data.benchmarks import prepare_dataset
+    from hrm_deploy.manifest import check_replaceable, output_path
+    from hrm_deploy.sources import resolve_artifact
+
+    src = resolve_artifact(source)
+    refuse_checkpoint_source(src, config.target, config.backend)
+    calib = prepare_dataset(config.calib_data, ("train", "test"), quiet=quiet)
+    if calib is not None and str(calib) != config.calib_data:
+        config = replace(config, calib_data=str(calib))
+    if src is not None and src.suffix == ".onnx" and os.path.lexists(src):
+        load_onnx(src)  # a FIFO, /dev/zero or random bytes: one line, now
+    engine_path = None
+    if output is not None:
+        engine_path = output_path(output, None)
+        check_replaceable(engine_path, [src, calib])
+    return build_engine(src, config, engine_path, quiet=quiet)
 
 
 def _compose(make: Builder, request: BuildRequest, src: Path) -> EngineResult:
@@ -261,5 +189,7 @@ def _precision_graph(onnx_path: Path, model: ModelProto | None, config: EngineCo
         quant=QuantConfig(method=config.calib_method, samples=config.calib_samples),
         accuracy_budget=config.accuracy_budget,
         accuracy_check=config.accuracy_check,
+        holdout_samples=config.holdout_samples,
+        cache_dir=config.calib_cache,
     )
     return make_precision_graph(onnx_path, precision, quiet=quiet, model=model).path

@@ -1,35 +1,81 @@
 """Each backend's build options: one frozen dataclass per building backend, named by its row.
 
-:class:`~hrm_deploy.engines.build.EngineConfig` holds what every build reads (precision, target,
+:class:`~hrm_deploy.engines.config.EngineConfig` holds what every build reads (precision, target,
 backend, batch profile, calibration, accuracy); the options only one backend reads live in its
 own :class:`BuildOptions` subclass, beside its builder (TensorRT: workspace, optimization level,
-timing cache...; the cpu target: threads, fusions, INT8 recipe; PyTorch: device, TF32), each with
-its own checks. The backend table names the class (``BackendEntry.build_options``, a
+timing cache...; the cpu target: threads, fusions, INT8 recipe; PyTorch: device, TF32, mode...),
+each with its own checks. The backend table names the class (``BackendEntry.build_options``, a
 ``"module:Class"`` string like its builder), so this module names no backend: an option given to a
 backend that does not take it is refused in one line written by the class that does take it.
+
+Each field is also a ``build-engine`` flag: :func:`option` records the flag, its help and its
+choices, :func:`command_line` lists the flags of every class for the command to offer, and
+:func:`from_command_line` turns what the command parsed back into field values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from hrm_deploy.engines.targets import get_target
 from hrm_deploy.errors import ConfigError, InternalError
 from hrm_deploy.registry import BACKENDS, build_entry, load
 
 if TYPE_CHECKING:
-    from hrm_deploy.engines.build import EngineConfig
+    from hrm_deploy.engines.config import EngineConfig
 
 # The batch profile: common fields of EngineConfig (field, flag), read only by some backends.
 BATCH_FIELDS = (("min_batch", "--min-batch"), ("opt_batch", "--opt-batch"), ("max_batch", "--max-batch"))
 
 
-def option(default: Any, flag: str | None, note: str = "") -> Any:
-    """A field of a :class:`BuildOptions` class: its default, the command-line flag that sets it
-    away from the default (``--no-fuse`` for a field that defaults to True; None for a field only
-    the Python API sets) and a note a refusal may add."""
-    return field(default=default, metadata={"flag": flag, "note": note})
+def option(
+    default: Any,
+    flag: str,
+    help: str,
+    *,
+    note: str = "",
+    choices: tuple[str, ...] = (),
+    parse: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A field of a :class:`BuildOptions` class, and with it a ``build-engine`` flag: its default, the
+    flag that sets it away from the default (a bool field is a switch: ``--no-fuse`` for a field that
+    defaults to True), the flag's ``help``, the values it takes (``choices``; none: any of the field's
+    type), how the command line's text becomes the field's value (``parse``, e.g. ``none`` -> None)
+    and a ``note`` a refusal may add. :func:`command_line` makes the flags of every class from these."""
+    if not flag.startswith("--"):
+        raise InternalError(f"a build option's flag starts with --, not {flag!r} (hrm_deploy.engines.options)")
+    return field(
+        default=default, metadata={"flag": flag, "help": help, "note": note, "choices": choices, "parse": parse}
+    )
+
+
+class Flag(NamedTuple):
+    """One ``build-engine`` flag made from a build option: the field it sets (``name``, also the
+    command's parameter name), the flag, the field's type and default, its help, the values it takes,
+    whether it is a switch, and the class that owns it."""
+
+    name: str
+    flag: str
+    kind: Any  # the field's type, resolved (int | None, str, bool ...)
+    default: Any
+    help: str
+    choices: tuple[str, ...]
+    owner: type[BuildOptions]
+
+    @property
+    def switch(self) -> bool:
+        """A bool field: the flag alone flips the field's default."""
+        return self.kind is bool
+
+    def value(self, given: Any) -> Any:
+        """The field's value for what the command line gave (a switch's on/off, the parsed text)."""
+        if self.switch:
+            return (not self.default) if given else self.default
+        parse = _field(self.owner, self.name).metadata.get("parse")
+        return parse(given) if parse and given is not None else given
 
 
 class Given(NamedTuple):
@@ -42,15 +88,12 @@ class Given(NamedTuple):
 
     @property
     def shown(self) -> str:
-        """How a message names it: the flag alone for a switch, else flag and value (``--threads 4``);
-        a field without a flag as the Python API spells it (``device='cuda'``)."""
-        if not self.flag.startswith("--"):
-            return f"{self.name}={self.value!r}"
+        """How a message names it: the flag alone for a switch, else flag and value (``--threads 4``)."""
         return self.flag if isinstance(self.value, bool) else f"{self.flag} {self.value}"
 
     @property
     def note(self) -> str:
-        return next((f.metadata.get("note", "") for f in fields(self.owner) if f.name == self.name), "")
+        return _field(self.owner, self.name).metadata.get("note", "")
 
 
 @dataclass(frozen=True)
@@ -68,7 +111,7 @@ class BuildOptions:
     def given(self) -> list[Given]:
         """The options set away from their defaults, in field order."""
         return [
-            Given(f.name, f.metadata.get("flag") or f.name, getattr(self, f.name), type(self))
+            Given(f.name, f.metadata["flag"], getattr(self, f.name), type(self))
             for f in fields(self)
             if f.default is not MISSING and getattr(self, f.name) != f.default
         ]
@@ -86,8 +129,6 @@ class BuildOptions:
 
 def options_class(target: str, backend: str | None) -> type[BuildOptions]:
     """The options class of the row that builds for ``backend`` (None: ``target``'s default backend)."""
-    from hrm_deploy.engines.targets import get_target
-
     return _load_class(build_entry(backend or get_target(target).backends[0]).build_options)
 
 
@@ -139,5 +180,33 @@ def split_values(receiver: type[BuildOptions], values: Mapping[str, Any]) -> tup
             raise InternalError(f"no backend's build options have a field {name!r}")
         spec, owner = others[name]
         if value != spec.default:
-            foreign.append(Given(name, spec.metadata.get("flag") or name, value, owner))
+            foreign.append(Given(name, spec.metadata["flag"], value, owner))
     return receiver(**{k: v for k, v in values.items() if k in own}), foreign
+
+
+def _field(cls: type[BuildOptions], name: str) -> Field:
+    return next(f for f in fields(cls) if f.name == name)
+
+
+def command_line() -> list[Flag]:
+    """The ``build-engine`` flags of every building backend's options, one per field, in table and
+    field order: the command line is made from this, so a new options class's fields become flags
+    with no edit to the command. Two classes may share a field only with the same flag."""
+    made: dict[str, Flag] = {}
+    for cls in every_class():
+        kinds = typing.get_type_hints(cls)
+        for f in fields(cls):
+            meta = f.metadata
+            flag = Flag(f.name, meta["flag"], kinds[f.name], f.default, meta["help"], meta["choices"], cls)
+            seen = made.setdefault(f.name, flag)
+            if seen.flag != flag.flag:
+                raise InternalError(
+                    f"{cls.__name__}.{f.name} is {flag.flag} but {seen.owner.__name__}'s is {seen.flag}"
+                )
+    return list(made.values())
+
+
+def from_command_line(given: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``build-engine`` parsed (each of :func:`command_line`'s flags by field name) -> every
+    backend's options by field name, as :meth:`EngineConfig.from_values` takes them."""
+    return {flag.name: flag.value(given[flag.name]) for flag in command_line()}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from hrm_deploy.engines.build import EngineConfig
+    from hrm_deploy.engines.config import EngineConfig
     from hrm_deploy.engines.result import EngineResult
     from hrm_deploy.engines.targets import TargetProfile
 

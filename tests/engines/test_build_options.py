@@ -90,7 +90,7 @@ def test_the_manifest_records_the_common_fields_and_the_backends_options_side_by
         ),
         (
             lambda: EngineConfig("int8", target="cpu", options=TorchOptions(device="cpu")),
-            "device='cpu' is an option of --backend torch; drop it",
+            "--device cpu is an option of --backend torch; drop it",
         ),
         (
             lambda: EngineConfig("fp32", target="cpu", min_batch=2, options=TensorRTOptions(workspace_mib=64)),

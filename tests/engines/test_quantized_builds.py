@@ -154,7 +154,9 @@ def test_a_threshold_changed_in_one_place_is_obeyed_by_both_targets(tiny_onnx, t
     hold their builds to it: a graph with one flipped cell is not published."""
     from dataclasses import replace
 
-    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+    from hrm_deploy.backends.ort.builder.cpu import build_cpu
+    from hrm_deploy.backends.ort.builder.options import CpuOptions
+    from hrm_deploy.engines.config import EngineConfig
     from hrm_deploy.errors import ConfigError
     from hrm_deploy.precision.calibrate import QuantConfig
     from hrm_deploy.precision.convert import PrecisionConfig, make_precision_graph
@@ -167,7 +169,14 @@ def test_a_threshold_changed_in_one_place_is_obeyed_by_both_targets(tiny_onnx, t
         "cpu": lambda: read_manifest(
             build_cpu(
                 tiny_onnx.unrolled,
-                CpuBuildConfig("int8", threads=1, calib_data=tiny_onnx.data, calib_samples=32, cache_dir=cache),
+                EngineConfig(
+                    "int8",
+                    target="cpu",
+                    calib_data=tiny_onnx.data,
+                    calib_samples=32,
+                    calib_cache=cache,
+                    options=CpuOptions(threads=1),
+                ),
                 tmp_path / "t.int8.cpu.ort.onnx",
                 quiet=True,
             ).path

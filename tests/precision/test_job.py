@@ -69,11 +69,18 @@ def test_a_loop_graphs_precision_stage_parses_and_calibrates_once(
 
 @pytest.mark.slow
 def test_the_cpu_targets_static_int8_parses_and_calibrates_once(tiny_onnx, tmp_path, counts):
-    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+    from hrm_deploy.backends.ort.builder.cpu import build_cpu
+    from hrm_deploy.backends.ort.builder.options import CpuOptions
+    from hrm_deploy.engines.config import EngineConfig
 
     counts["source"] = Path(tiny_onnx.unrolled).resolve()
-    config = CpuBuildConfig(
-        "int8", threads=1, calib_data=tiny_onnx.data, calib_samples=16, cache_dir=str(tmp_path / "calib")
+    config = EngineConfig(
+        "int8",
+        target="cpu",
+        calib_data=tiny_onnx.data,
+        calib_samples=16,
+        calib_cache=str(tmp_path / "calib"),
+        options=CpuOptions(threads=1),
     )
     build_cpu(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx", quiet=True)
     assert (counts["parses"], counts["calibrations"]) == (1, 1)

@@ -186,12 +186,19 @@ def test_build_engine_cpu_int8_of_a_loop_graph_is_within_budget_and_verifies(
 
 
 def test_cpu_int8_recipes_without_scales_are_refused_for_loop_graphs(small, tmp_path) -> None:
-    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+    from hrm_deploy.backends.ort.builder.cpu import build_cpu
+    from hrm_deploy.backends.ort.builder.options import CpuOptions
+    from hrm_deploy.engines.config import EngineConfig
     from hrm_deploy.errors import ConfigError
 
     for recipe in ("dynamic", "blockwise"):
         with pytest.raises(ConfigError, match=f"--cpu-int8 {recipe} of a loop graph.*static"):
-            build_cpu(small.q, CpuBuildConfig("int8", int8_recipe=recipe), tmp_path / "never.onnx", quiet=True)
+            build_cpu(
+                small.q,
+                EngineConfig("int8", target="cpu", options=CpuOptions(int8_recipe=recipe)),
+                tmp_path / "never.onnx",
+                quiet=True,
+            )
     assert not (tmp_path / "never.onnx").exists()
 
 

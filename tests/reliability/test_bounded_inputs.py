@@ -84,7 +84,8 @@ def test_onnx_files_are_size_and_type_checked_before_reading(not_onnx):
 @pytest.fixture(scope="module")
 def pt2(trained_tiny, tmp_path_factory):
     """A PyTorch engine of the trained fixture (the exported-program fallback: no C++ compile)."""
-    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.backends.torch.builder import build_torch_engine
+    from hrm_deploy.engines.config import EngineConfig
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("no C++ compiler (simulated)")
@@ -92,7 +93,12 @@ def pt2(trained_tiny, tmp_path_factory):
     folder = tmp_path_factory.mktemp("pt2")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch._inductor, "aoti_compile_and_package", no_compiler)
-        result = build_torch_engine(trained_tiny.checkpoint, TorchEngineConfig(max_batch=8), folder / "m.pt2", True)
+        result = build_torch_engine(
+            trained_tiny.checkpoint,
+            EngineConfig(precision="fp32", backend="torch", max_batch=8),
+            folder / "m.pt2",
+            True,
+        )
     return result.path
 
 

@@ -29,6 +29,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from hrm_deploy.errors import InternalError
 from hrm_deploy.io import pid_alive
 
 log = logging.getLogger(__name__)
@@ -197,7 +198,7 @@ class LoadedPackage:
 
     def __call__(self, *inputs: Any) -> Any:
         if len(inputs) != self.num_inputs:  # the manifest's io and the package disagree: a build bug
-            raise RuntimeError(f"the package takes {self.num_inputs} inputs, not {len(inputs)}")
+            raise InternalError(f"the package takes {self.num_inputs} inputs, not {len(inputs)}")
         return self._unflatten(self.loader.boxed_run(list(inputs)), self._out_spec)
 
     def get_metadata(self) -> dict[str, str]:

@@ -10,9 +10,11 @@ import pytest
 
 from hrm_deploy.backends import open_runner
 from hrm_deploy.backends.ort.builder import cpu as cpu_module
-from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+from hrm_deploy.backends.ort.builder.cpu import build_cpu
 from hrm_deploy.backends.ort.builder.fusion import check_rewrites, fuse_for_cpu
+from hrm_deploy.backends.ort.builder.options import CpuOptions
 from hrm_deploy.data.examples import load_examples
+from hrm_deploy.engines.config import EngineConfig
 from hrm_deploy.errors import InternalError
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 from hrm_deploy.metrics import accuracy
@@ -25,8 +27,10 @@ def _build(onnx_path, folder, precision, fuse, data=None):
     """INT8: the static recipe, calibrated on ``data`` (cache in ``folder``; the accuracy check
     is test_cpu_static.py's)."""
     name = f"m.{precision}{'' if fuse else '-unfused'}.cpu.ort.onnx"
-    static = {"calib_data": data, "cache_dir": str(folder / "calib"), "check_accuracy": False}
-    config = CpuBuildConfig(precision, threads=1, fuse=fuse, **(static if precision == "int8" else {}))
+    static = {"calib_data": data, "calib_cache": str(folder / "calib"), "accuracy_check": False}
+    config = EngineConfig(
+        precision, target="cpu", **(static if precision == "int8" else {}), options=CpuOptions(threads=1, fuse=fuse)
+    )
     return build_cpu(onnx_path, config, folder / name, quiet=True)
 
 
@@ -144,7 +148,7 @@ def test_a_failed_block_check_stops_the_build_without_debris(small_export, tmp_p
     monkeypatch.setattr("hrm_deploy.backends.ort.builder.fusion.check_rewrites", lambda *a, **k: 0.5)
     out = tmp_path / "engines" / "m.fp32.cpu.ort.onnx"
     with pytest.raises(InternalError, match="--no-fuse"):
-        build_cpu(fp32, CpuBuildConfig("fp32", threads=1), out, quiet=True)
+        build_cpu(fp32, EngineConfig("fp32", target="cpu", options=CpuOptions(threads=1)), out, quiet=True)
     assert not out.parent.exists() or list(out.parent.iterdir()) == []
 
 
@@ -172,7 +176,10 @@ def test_blocks_that_differ_from_the_pattern_are_left_alone(small_export, tmp_pa
 @pytest.mark.slow
 def test_fp16_and_no_fuse_builds_are_not_fused(small_export):
     folder, fp32 = small_export
-    for config in (CpuBuildConfig("fp16", threads=1), CpuBuildConfig("fp32", threads=1, fuse=False)):
+    for config in (
+        EngineConfig("fp16", target="cpu", options=CpuOptions(threads=1)),
+        EngineConfig("fp32", target="cpu", options=CpuOptions(threads=1, fuse=False)),
+    ):
         built = build_cpu(fp32, config, folder / f"nf.{config.precision}.cpu.ort.onnx", quiet=True)
         assert "fusions" not in built.build
         assert not any(op in built.build["op_types"] for op in FUSED_OPS)

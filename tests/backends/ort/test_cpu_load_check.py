@@ -9,14 +9,21 @@ import pytest
 
 import hrm_deploy.backends.ort.builder.cpu as cpu
 from hrm_deploy.backends import open_runner
-from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+from hrm_deploy.backends.ort.builder.cpu import build_cpu
+from hrm_deploy.backends.ort.builder.options import CpuOptions
 from hrm_deploy.data.examples import load_examples
+from hrm_deploy.engines.config import EngineConfig
 from hrm_deploy.errors import EngineError
 from hrm_deploy.runtime.infer import infer_all
 
 
 def test_an_fp16_loop_graph_builds_loads_and_answers_as_fp32(tiny_loop, trained_tiny, tmp_path):
-    built = build_cpu(tiny_loop, CpuBuildConfig("fp16", threads=1), tmp_path / "l.fp16.cpu.ort.onnx", quiet=True)
+    built = build_cpu(
+        tiny_loop,
+        EngineConfig("fp16", target="cpu", options=CpuOptions(threads=1)),
+        tmp_path / "l.fp16.cpu.ort.onnx",
+        quiet=True,
+    )
     assert built.build["loop_names_made_unique"] >= 1
     examples = load_examples(trained_tiny.data, 32, split="test")
     outputs = []
@@ -33,7 +40,7 @@ def test_a_graph_the_runtime_refuses_is_one_line_and_nothing_is_written(tiny_loo
     with pytest.raises(
         EngineError, match=r"ONNX Runtime cannot load l.fp16.cpu.ort.onnx, the graph this build wrote \(.*\); nothing"
     ) as info:
-        build_cpu(tiny_loop, CpuBuildConfig("fp16", threads=1), out, quiet=True)
+        build_cpu(tiny_loop, EngineConfig("fp16", target="cpu", options=CpuOptions(threads=1)), out, quiet=True)
     assert "\n" not in str(info.value) and not out.exists() and not list(tmp_path.iterdir())
 
 
@@ -45,8 +52,14 @@ def test_a_checked_build_leaves_no_onnx_runtime_session_to_the_garbage_collector
 
     import onnxruntime as ort
 
-    config = CpuBuildConfig(
-        "int8", threads=1, calib_data=tiny_onnx.data, calib_samples=16, holdout_samples=64, cache_dir=str(tmp_path)
+    config = EngineConfig(
+        "int8",
+        target="cpu",
+        calib_data=tiny_onnx.data,
+        calib_samples=16,
+        holdout_samples=64,
+        calib_cache=str(tmp_path),
+        options=CpuOptions(threads=1),
     )
     gc.collect()
     gc.disable()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hrm_deploy.backends import open_runner
-from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+from hrm_deploy.backends.ort.builder.cpu import build_cpu
 from hrm_deploy.backends.ort.builder.options import CpuOptions
 from hrm_deploy.backends.tensorrt.builder.options import TensorRTOptions
 from hrm_deploy.data.examples import load_examples
@@ -40,7 +40,13 @@ def test_static_int8_answers_do_not_depend_on_the_batch_and_dynamic_ones_do(smal
     fp32 = small_onnx
     static = build_cpu(
         fp32,
-        CpuBuildConfig("int8", threads=1, calib_data=str(data), cache_dir=str(tmp_path / "calib")),
+        EngineConfig(
+            "int8",
+            target="cpu",
+            calib_data=str(data),
+            calib_cache=str(tmp_path / "calib"),
+            options=CpuOptions(threads=1),
+        ),
         tmp_path / "s.int8.cpu.ort.onnx",
         quiet=True,
     )
@@ -59,7 +65,10 @@ def test_static_int8_answers_do_not_depend_on_the_batch_and_dynamic_ones_do(smal
     assert int((alone.argmax(-1) != batched.argmax(-1)).any(-1).sum()) == 0
     assert np.array_equal(alone, batched)  # bit-identical logits, not only answers
     dynamic = build_cpu(
-        fp32, CpuBuildConfig("int8", threads=1, int8_recipe="dynamic"), tmp_path / "d.int8.cpu.ort.onnx", quiet=True
+        fp32,
+        EngineConfig("int8", target="cpu", options=CpuOptions(threads=1, int8_recipe="dynamic")),
+        tmp_path / "d.int8.cpu.ort.onnx",
+        quiet=True,
     )
     alone, batched = _alone_and_batched(dynamic.path, examples)
     assert int((alone.argmax(-1) != batched.argmax(-1)).any(-1).sum()) > 0
@@ -72,7 +81,13 @@ def test_accuracy_budget_keeps_the_most_sensitive_layers_fp32(tiny_onnx, tmp_pat
     published graph is that mix: those weights read as float, every other one quantized."""
     harm_quantized(0.05)
     mlp = mlp_weights(tiny_onnx.unrolled)
-    config = CpuBuildConfig("int8", threads=1, calib_data=tiny_onnx.data, cache_dir=str(tmp_path / "calib"))
+    config = EngineConfig(
+        "int8",
+        target="cpu",
+        calib_data=tiny_onnx.data,
+        calib_cache=str(tmp_path / "calib"),
+        options=CpuOptions(threads=1),
+    )
     built = build_cpu(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx", quiet=True)
     record = json.loads(built.manifest.read_text())["recipe"]["accuracy"]
     assert record["all_quantized"]["loss_points"] > 1.0 and record["measured"]["loss_points"] <= 1.0
@@ -87,14 +102,15 @@ def test_accuracy_budget_keeps_the_most_sensitive_layers_fp32(tiny_onnx, tmp_pat
 @pytest.mark.slow
 def test_no_mix_within_the_budget_is_refused_with_the_numbers(tiny_onnx, tmp_path, harm_quantized):
     harm_quantized(0.5, every_weight=True)  # any quantized weight loses half the puzzles
-    config = CpuBuildConfig(
+    config = EngineConfig(
         "int8",
-        threads=1,
+        target="cpu",
         calib_data=tiny_onnx.data,
         calib_method="percentile",
         calib_samples=32,
         accuracy_budget=2.0,
-        cache_dir=str(tmp_path / "calib"),
+        calib_cache=str(tmp_path / "calib"),
+        options=CpuOptions(threads=1),
     )
     out = tmp_path / "t.int8.cpu.ort.onnx"
     with pytest.raises(
@@ -115,8 +131,13 @@ def test_calibration_data_defaults_to_the_checkpoints_provenance(tiny_onnx, tmp_
         return provenance.DataChoice(tiny_onnx.data, f"no {flag} given: using the checkpoint's own dataset")
 
     monkeypatch.setattr(provenance, "default_data", default_data)
-    config = CpuBuildConfig(
-        "int8", threads=1, calib_samples=16, cache_dir=str(tmp_path / "calib"), check_accuracy=False
+    config = EngineConfig(
+        "int8",
+        target="cpu",
+        calib_samples=16,
+        calib_cache=str(tmp_path / "calib"),
+        accuracy_check=False,
+        options=CpuOptions(threads=1),
     )
     built = build_cpu(tiny_onnx.unrolled, config, tmp_path / "t.int8.cpu.ort.onnx")
     recipe = json.loads(built.manifest.read_text())["recipe"]
@@ -139,11 +160,13 @@ def test_options_the_cpu_target_cannot_honour_are_refused():
     with pytest.raises(ConfigError, match="add --int8"):
         EngineConfig("fp32", target="cpu", options=CpuOptions(int8_recipe="static"))
     with pytest.raises(ConfigError, match="--calib-data, --accuracy-budget: only the static INT8 recipe"):
-        CpuBuildConfig("int8", int8_recipe="dynamic", calib_data="d", accuracy_budget=1.0)
+        EngineConfig(
+            "int8", target="cpu", calib_data="d", accuracy_budget=1.0, options=CpuOptions(int8_recipe="dynamic")
+        )
     with pytest.raises(ConfigError, match="--calib-method: only the static"):
-        CpuBuildConfig("fp32", calib_method="entropy")
+        EngineConfig("fp32", target="cpu", calib_method="entropy")
     with pytest.raises(ConfigError, match="--accuracy-budget is in exact-accuracy points"):
-        CpuBuildConfig("int8", accuracy_budget=-1.0)
+        EngineConfig("int8", target="cpu", accuracy_budget=-1.0)
 
 
 def test_cli_refuses_cpu_options_elsewhere_and_the_backend_on_cpu(tiny_onnx):

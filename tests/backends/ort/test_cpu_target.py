@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hrm_deploy.backends import open_runner
-from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu, cpu_output_path
+from hrm_deploy.backends.ort.builder.cpu import build_cpu, cpu_output_path
 from hrm_deploy.backends.ort.builder.options import CpuOptions
 from hrm_deploy.data.examples import load_examples
 from hrm_deploy.engines.build import EngineConfig, build_engine
@@ -22,9 +22,15 @@ from hrm_deploy.runtime.infer import predict
 def cpu_graphs(tiny_onnx, tmp_path_factory):
     folder = tmp_path_factory.mktemp("cpu")
     configs = {
-        "fp32": CpuBuildConfig("fp32", threads=1),
-        "int8": CpuBuildConfig("int8", threads=1, calib_data=tiny_onnx.data, cache_dir=str(folder / "calib")),
-        "dynamic": CpuBuildConfig("int8", threads=1, int8_recipe="dynamic"),
+        "fp32": EngineConfig("fp32", target="cpu", options=CpuOptions(threads=1)),
+        "int8": EngineConfig(
+            "int8",
+            target="cpu",
+            calib_data=tiny_onnx.data,
+            calib_cache=str(folder / "calib"),
+            options=CpuOptions(threads=1),
+        ),
+        "dynamic": EngineConfig("int8", target="cpu", options=CpuOptions(threads=1, int8_recipe="dynamic")),
     }
     return {
         p: build_cpu(tiny_onnx.unrolled, c, folder / f"tiny.{p}.cpu.ort.onnx", quiet=True) for p, c in configs.items()
@@ -94,7 +100,12 @@ def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(small_onnx, train
     fp32 = small_onnx
     graphs = {
         p: build_cpu(
-            fp32, CpuBuildConfig(p, threads=1, int8_recipe="dynamic"), tmp_path / f"{p}.cpu.ort.onnx", quiet=True
+            fp32,
+            EngineConfig(
+                p, target="cpu", options=CpuOptions(threads=1, int8_recipe="dynamic" if p == "int8" else None)
+            ),
+            tmp_path / f"{p}.cpu.ort.onnx",
+            quiet=True,
         )
         for p in ("fp32", "int8")
     }
@@ -135,9 +146,9 @@ def test_build_engine_dispatches_cpu_target(tiny_onnx, tmp_path, monkeypatch):
 
 def test_cpu_target_refuses_bf16_and_non_fp32_sources(cpu_graphs):
     with pytest.raises(ConfigError, match="BF16 needs a GPU"):
-        CpuBuildConfig("bf16")
+        EngineConfig("bf16", target="cpu")
     with pytest.raises(ConfigError, match="starts from the FP32 export"):
-        build_cpu(cpu_graphs["int8"].path, CpuBuildConfig("int8"), quiet=True)
+        build_cpu(cpu_graphs["int8"].path, EngineConfig("int8", target="cpu"), quiet=True)
 
 
 @pytest.mark.slow
@@ -168,7 +179,10 @@ def test_blockwise_int8_answers_do_not_depend_on_the_batch(small_onnx, trained_s
 
     fp32 = small_onnx
     blockwise = build_cpu(
-        fp32, CpuBuildConfig("int8", threads=1, int8_recipe="blockwise"), tmp_path / "m.int8.cpu.ort.onnx", quiet=True
+        fp32,
+        EngineConfig("int8", target="cpu", options=CpuOptions(threads=1, int8_recipe="blockwise")),
+        tmp_path / "m.int8.cpu.ort.onnx",
+        quiet=True,
     )
     assert blockwise.build["op_types"].get("com.microsoft.MatMulNBits") == blockwise.build["quantized_nodes"] == 192
     assert not any("lm_head" in n or "q_head" in n for n in _quantized_names(blockwise.path))
@@ -196,7 +210,7 @@ def _quantized_names(path) -> list[str]:
 
 def test_unknown_cpu_int8_recipe_is_one_clear_error():
     with pytest.raises(ConfigError, match="recipe is one of static, dynamic, blockwise"):
-        CpuBuildConfig("int8", int8_recipe="fast")
+        EngineConfig("int8", target="cpu", options=CpuOptions(int8_recipe="fast"))
 
 
 def test_an_older_onnxruntime_that_cannot_load_a_cpu_graph_says_so_in_one_line(cpu_graphs, monkeypatch):

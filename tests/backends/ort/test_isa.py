@@ -45,10 +45,11 @@ def test_u8s8_and_s8s8_graphs_compute_the_same_values():
 
 
 def test_unknown_activation_type_refused():
-    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig
+    from hrm_deploy.backends.ort.builder.options import CpuOptions
+    from hrm_deploy.engines.config import EngineConfig
 
     with pytest.raises(ConfigError, match="activations are one of auto, uint8, int8"):
-        CpuBuildConfig("int8", activations="int4")
+        EngineConfig("int8", target="cpu", options=CpuOptions(activations="int4"))
 
 
 @pytest.mark.slow
@@ -59,18 +60,20 @@ def test_static_graph_of_either_gemm_is_batch_independent(tiny_onnx, tmp_path, a
     import json
 
     from hrm_deploy.backends import open_runner
-    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
+    from hrm_deploy.backends.ort.builder.cpu import build_cpu
+    from hrm_deploy.backends.ort.builder.options import CpuOptions
     from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.engines.config import EngineConfig
     from hrm_deploy.runtime.infer import predict
 
-    config = CpuBuildConfig(
+    config = EngineConfig(
         "int8",
-        threads=1,
+        target="cpu",
         calib_data=tiny_onnx.data,
         calib_samples=32,
-        check_accuracy=False,
-        cache_dir=str(tmp_path / "calib"),
-        activations=activations,
+        accuracy_check=False,
+        calib_cache=str(tmp_path / "calib"),
+        options=CpuOptions(threads=1, activations=activations),
     )
     built = build_cpu(tiny_onnx.unrolled, config, tmp_path / f"{activations}.int8.cpu.ort.onnx", quiet=True)
     recipe = json.loads(built.manifest.read_text())["recipe"]

@@ -37,12 +37,14 @@ def torch_engines(tiny_onnx, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cuda_engine(trained_tiny, tmp_path_factory):
-    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.backends.torch.builder import build_torch_engine
+    from hrm_deploy.backends.torch.builder.options import TorchOptions
+    from hrm_deploy.engines.config import EngineConfig
 
     folder = tmp_path_factory.mktemp("cuda_engine")
     return build_torch_engine(
         trained_tiny.checkpoint,
-        TorchEngineConfig(max_batch=256, device="cuda"),
+        EngineConfig(precision="fp32", backend="torch", max_batch=256, options=TorchOptions(device="cuda")),
         folder / "tiny.step.cuda.pt2",
         quiet=True,
     ).path

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hrm_deploy.errors import ConfigError
+from hrm_deploy.errors import ConfigError, InternalError
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
@@ -131,7 +131,7 @@ def test_the_loader_parses_the_call_spec_once():
         result = package(torch.zeros(1), torch.ones(1))
     assert isinstance(result, tuple) and len(result) == 3 and float(result[1]) == 2.0
     assert Loader.calls == 1 and package.num_inputs == 2
-    with pytest.raises(RuntimeError, match="takes 2 inputs, not 1"):
+    with pytest.raises(InternalError, match="takes 2 inputs, not 1"):  # the manifest and the package disagree
         package(torch.zeros(1))
 
 

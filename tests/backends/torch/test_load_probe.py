@@ -128,8 +128,9 @@ def test_build_reports_an_unloadable_package_and_the_runner_falls_back(
     not the test), with the reference's answers."""
     from hrm_deploy.backends import open_runner
     from hrm_deploy.backends.reference import TorchRunner
-    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.backends.torch.builder import build_torch_engine
     from hrm_deploy.data.examples import load_examples
+    from hrm_deploy.engines.config import EngineConfig
     from hrm_deploy.manifest import check_artifact
 
     def package(program, package_path):  # the compile itself is not the test: a package the probe "loads"
@@ -138,7 +139,10 @@ def test_build_reports_an_unloadable_package_and_the_runner_falls_back(
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", package)
     with caplog.at_level(logging.WARNING):
         result = build_torch_engine(
-            trained_tiny.checkpoint, TorchEngineConfig(max_batch=8, device="cpu"), tmp_path / "e.pt2", quiet=True
+            trained_tiny.checkpoint,
+            EngineConfig(precision="fp32", backend="torch", max_batch=8, options=TorchOptions(device="cpu")),
+            tmp_path / "e.pt2",
+            quiet=True,
         )
     warned = [r.getMessage() for r in caplog.records if "cannot be loaded by a fresh process" in r.getMessage()]
     assert len(warned) == 1 and "SIGSEGV" in warned[0] and "e.pt2.program" in warned[0], caplog.text
@@ -229,11 +233,10 @@ def torch_cpu_package(tmp_path_factory):
 
 
 def test_tf32_is_an_option_of_cuda_torch_engines_and_restored_after_a_build():
-    from hrm_deploy.backends.torch.builder import TorchEngineConfig
     from hrm_deploy.backends.torch.package import tf32_matmuls
-    from hrm_deploy.engines.build import EngineConfig
+    from hrm_deploy.engines.config import EngineConfig
 
-    assert TorchEngineConfig().tf32 is False  # exact float32 unless asked
+    assert EngineConfig(precision="fp32", backend="torch").options.tf32 is False  # exact float32 unless asked
     before = torch.backends.cuda.matmul.allow_tf32
     with tf32_matmuls(torch, not before):
         assert torch.backends.cuda.matmul.allow_tf32 is (not before)

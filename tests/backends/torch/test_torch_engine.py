@@ -87,14 +87,18 @@ def test_fallback_saves_the_exported_program_and_runs_it_compiled(trained_tiny, 
     exported program and says so; the runner compiles it with torch.compile inside the same
     loop (torch.compile itself is replaced by the identity here: its compile time is not the test)."""
     from hrm_deploy.backends import open_runner
-    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.backends.torch.builder import build_torch_engine
+    from hrm_deploy.engines.config import EngineConfig
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Failed to find a C++ compiler (simulated)")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compiler)
     result = build_torch_engine(
-        trained_tiny.checkpoint, TorchEngineConfig(max_batch=8), tmp_path / "fb.pt2", quiet=True
+        trained_tiny.checkpoint,
+        EngineConfig(precision="fp32", backend="torch", max_batch=8),
+        tmp_path / "fb.pt2",
+        quiet=True,
     )
     manifest = json.loads((tmp_path / "fb.pt2.manifest.json").read_text())
     assert manifest["compile_path"] == "torch.compile" and "C++ compiler" in manifest["compile_fallback_reason"]
@@ -112,7 +116,7 @@ def test_fallback_saves_the_exported_program_and_runs_it_compiled(trained_tiny, 
     ref = _reference(trained_tiny.checkpoint, feeds, steps=2)
     np.testing.assert_array_equal(out["logits"].argmax(-1), ref["logits"].argmax(-1))
     with pytest.raises(ConfigError, match="--fp32 or --bf16"):
-        TorchEngineConfig(precision="fp16")
+        EngineConfig(precision="fp16", backend="torch")
 
 
 @pytest.mark.slow
@@ -327,10 +331,12 @@ def test_graph_capture_is_thread_local_and_on_the_runner_device(monkeypatch):
 
 @pytest.fixture(scope="module")
 def cuda_bf16_engine(trained_tiny, tmp_path_factory):
-    from hrm_deploy.backends.torch.builder import TorchEngineConfig, build_torch_engine
+    from hrm_deploy.backends.torch.builder import build_torch_engine
+    from hrm_deploy.backends.torch.builder.options import TorchOptions
+    from hrm_deploy.engines.config import EngineConfig
 
     folder = tmp_path_factory.mktemp("cuda_bf16")
-    config = TorchEngineConfig(precision="bf16", max_batch=64, device="cuda")
+    config = EngineConfig(precision="bf16", backend="torch", max_batch=64, options=TorchOptions(device="cuda"))
     return build_torch_engine(trained_tiny.checkpoint, config, folder / "bf16.pt2", quiet=True).path
 
 

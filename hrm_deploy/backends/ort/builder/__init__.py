@@ -1,7 +1,8 @@
 """The ``cpu`` target: an ONNX graph ONNX Runtime's CPU provider runs fastest.
 
 - :mod:`.target`: ``BUILDER`` (``build_for_cpu``), the build stage's entry point (it takes the FP32 export);
-- :mod:`.options`: ``CpuOptions``, the cpu target's build options (threads, fusions, INT8 recipe);
+- :mod:`.options`: ``CpuOptions``, the cpu target's build options (threads, fusions, INT8 recipe, static INT8's
+  activations), each a ``build-engine`` flag;
 - :mod:`.int8`: the INT8 recipes (dynamic, blockwise; static in :mod:`.static`);
 - :mod:`.cpu`: the build itself (fusions, quantization, the load check, manifest; static INT8 through the
   precision conductor);

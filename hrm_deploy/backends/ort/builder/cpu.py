@@ -32,12 +32,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hrm_deploy.backends.ort.builder.int8 import INTEGER_MATMULS, RECIPES, quantize_weights
+from hrm_deploy.backends.ort.builder.options import CpuOptions
 from hrm_deploy.contract import CARRY, PUZZLE_ROWS, RESET
+from hrm_deploy.engines.config import EngineConfig
 from hrm_deploy.errors import ArtifactError, ConfigError, EngineError, InternalError, require
 from hrm_deploy.export.loop_body import all_nodes, find_loop, first_step_feeds, lift_body, seat_body
 from hrm_deploy.io import sha256_file, staging_dir
@@ -50,72 +52,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CPU_PRECISIONS = ("fp32", "fp16", "int8")
 MAX_FUSED_BYTES = 1_900_000_000  # under protobuf's 2 GiB: graphs the fusion check can serialize
 OPTIMIZATION = Optimization.EXTENDED
 OPTIMIZATION_LEVEL = OPTIMIZATION.value  # as recorded in the manifest and the graph's metadata
-
-
-@dataclass(frozen=True)
-class CpuBuildConfig:
-    """How to build for ONNX Runtime CPU. ``threads`` None = ORT's default (one per core);
-    the value is recorded in the manifest and is what runners should pass as intra-op threads.
-    The ``calib_*`` fields, ``accuracy_budget`` and ``check_accuracy`` are the ``static`` INT8
-    recipe's (:mod:`hrm_deploy.backends.ort.builder.static`); the other recipes take no data."""
-
-    precision: str = "fp32"
-    threads: int | None = None
-    per_channel: bool = True
-    exclude_patterns: tuple[str, ...] = ("*lm_head*", "*q_head*")
-    fuse: bool = True  # attention + RMSNorm into ORT's fused CPU kernels (fusion.py)
-    int8_recipe: str = "static"  # int8.py: RECIPES
-    calib_data: str | None = None  # None: the checkpoint's own dataset, from its provenance
-    calib_method: str = "minmax"  # precision.calibrate.QuantConfig's measured defaults
-    calib_samples: int | None = None  # None: by the model's cost (precision.accuracy.calibration_size)
-    accuracy_budget: float | None = None  # exact-accuracy points; None: DEFAULT_BUDGET_POINTS
-    check_accuracy: bool = True  # static: measure against FP32 on held-out puzzles, fall back to FP32 layers
-    holdout_samples: int | None = None  # held-out puzzles of that check; None: by the model's cost (cpu_static)
-    cache_dir: str = "calib"
-    # static: uint8 (U8S8) or int8 (S8S8) activations; auto: this CPU's ISA decides (builder/isa.py)
-    activations: str = "auto"
-
-    def __post_init__(self) -> None:
-        from hrm_deploy.backends.ort.builder.isa import ACTIVATIONS
-
-        if self.activations not in ACTIVATIONS:
-            raise ConfigError(f"static INT8 activations are one of {', '.join(ACTIVATIONS)}, not {self.activations}")
-        if self.int8_recipe not in RECIPES:
-            raise ConfigError(f"the cpu INT8 recipe is one of {', '.join(RECIPES)}, not {self.int8_recipe}")
-        if self.precision not in CPU_PRECISIONS:
-            raise ConfigError(
-                f"the cpu target builds {', '.join(CPU_PRECISIONS)}, not {self.precision}; BF16 needs a GPU"
-            )
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError("--threads must be >= 1")
-        if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
-            raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
-        if (self.calib_samples is not None and self.calib_samples < 1) or (
-            self.holdout_samples is not None and self.holdout_samples < 1
-        ):
-            raise ConfigError("--calib-samples and the holdout size must be >= 1")
-        static = self.precision == "int8" and self.int8_recipe == "static"
-        given = [
-            flag
-            for flag, on in (
-                ("--calib-data", self.calib_data is not None),
-                ("--calib-method", self.calib_method != "minmax"),
-                ("--calib-samples", self.calib_samples is not None),
-                ("--accuracy-budget", self.accuracy_budget is not None),
-                ("--no-accuracy-check", not self.check_accuracy),
-            )
-            if on
-        ]
-        if given and not static:
-            what = f"--cpu-int8 {self.int8_recipe}" if self.precision == "int8" else self.precision.upper()
-            raise ConfigError(
-                f"{', '.join(given)}: only the static INT8 recipe calibrates and measures accuracy on the cpu target, "
-                f"{what} takes no data; drop {'them' if len(given) > 1 else 'it'} or build --int8 --cpu-int8 static"
-            )
+# dynamic and blockwise INT8: weights per output channel, the heads left float (QuantConfig's default)
+PER_CHANNEL = True
 
 
 @dataclass
@@ -238,47 +179,51 @@ def unique_subgraph_names(path: Path) -> int:
 
 
 def finish_graph(
-    source: Path, out: Path, meta: dict[str, Any], props: dict[str, str], config: CpuBuildConfig, stages: Stages
+    source: Path, out: Path, meta: dict[str, Any], props: dict[str, str], config: EngineConfig, stages: Stages
 ) -> dict[str, Any]:
     """A graph of the precision already written at ``source`` -> the engine graph at ``out``, as
     published: ORT's offline optimization, the checked fusions, names unique across a loop's scopes,
     the ``hrm_deploy.*`` metadata. Returns the build facts."""
     import onnxruntime as ort
 
+    options = config.options_as(CpuOptions)
     build: dict[str, Any] = {}
     with stages.stage(f"ONNX Runtime {ort.__version__} graph optimizations ({OPTIMIZATION_LEVEL}), offline"):
-        build["optimize_seconds"] = round(optimize_offline(str(source), str(out), config.threads), 3)
+        build["optimize_seconds"] = round(optimize_offline(str(source), str(out), options.threads), 3)
     renamed = unique_subgraph_names(out)
     if renamed:
         build["loop_names_made_unique"] = renamed
-    if config.fuse and config.precision != "fp16":  # fp16's float32 islands break the patterns
+    if options.fuse and config.precision != "fp16":  # fp16's float32 islands break the patterns
         with stages.stage("fusing attention and RMSNorm into ORT's CPU kernels, each block checked"):
-            build["fusions"] = fuse_checked(out, meta, config.threads)
+            build["fusions"] = fuse_checked(out, meta, options.threads)
     _restore_metadata(out, props, config.precision)
     return build
 
 
 def _make_graph(
-    src: Path, tmp: Path, meta: dict[str, Any], props: dict[str, str], config: CpuBuildConfig, stages: Stages
+    src: Path, tmp: Path, meta: dict[str, Any], props: dict[str, str], config: EngineConfig, stages: Stages
 ) -> dict[str, Any]:
     """``src`` -> the engine graph at ``tmp`` for FP32, FP16 and the data-free INT8 recipes: the
     precision's rewrite, then :func:`finish_graph`. Returns build facts."""
     import onnx
 
+    from hrm_deploy.precision.calibrate import QuantConfig
+
+    recipe = config.options_as(CpuOptions).recipe
     build: dict[str, Any] = {}
     work = tmp.with_name(tmp.name + ".pre.onnx")
     try:
         source = src
         if config.precision == "int8":
-            with stages.stage(f"{config.int8_recipe} INT8 of the weight MatMuls: {RECIPES[config.int8_recipe]}"):
+            with stages.stage(f"{recipe} INT8 of the weight MatMuls: {RECIPES[recipe]}"):
                 build["quantized_nodes"] = len(
                     quantize_weights(
                         str(src),
                         str(work),
-                        config.int8_recipe,
+                        recipe,
                         int(meta["config"].get("hidden_size", 0)),
-                        config.per_channel,
-                        config.exclude_patterns,
+                        PER_CHANNEL,
+                        QuantConfig().exclude_patterns,
                     )
                 )
             source = work
@@ -300,7 +245,7 @@ def _static_int8(
     model: ModelProto,
     src_sha256: str,
     props: dict[str, str],
-    config: CpuBuildConfig,
+    config: EngineConfig,
     staging: Path,
     stages: Stages,
     quiet: bool,
@@ -317,27 +262,26 @@ def _static_int8(
     from hrm_deploy.precision.job import JobRequest, prepare_job
     from hrm_deploy.precision.rule import Rule
 
-    quant = QuantConfig(
-        method=config.calib_method, samples=config.calib_samples, exclude_patterns=config.exclude_patterns
-    )
+    options = config.options_as(CpuOptions)
+    quant = QuantConfig(method=config.calib_method, samples=config.calib_samples)
     request = JobRequest(
-        "int8", config.calib_data, quant, config.cache_dir, config.check_accuracy, config.holdout_samples
+        "int8", config.calib_data, quant, config.calib_cache, config.accuracy_check, config.holdout_samples
     )
     job, data = prepare_job(src, model, src_sha256, request, stages, quiet)
-    activations = choose_activations(config.activations, job.meta["mode"])
-    config = replace(config, activations=activations["activations"])
+    activations = choose_activations(options.activations, job.meta["mode"])
+    config = replace(config, options=replace(options, activations=activations["activations"]))
 
     def finish(source: Path, out: Path, quiet_stages: bool) -> dict[str, Any]:
         return finish_graph(source, out, job.meta, props, config, Stages(True) if quiet_stages else stages)
 
     candidates = StaticCandidates(job, activations["activations"], finish, staging)
-    with GraphRunner(job.meta, table_of=src, threads=config.threads) as runner:
+    with GraphRunner(job.meta, table_of=src, threads=options.threads) as runner:
         rule = Rule.of("int8", config.accuracy_budget)
-        check = Check(rule, data, runner, config.holdout_samples) if config.check_accuracy else None
+        check = Check(rule, data, runner, config.holdout_samples) if config.accuracy_check else None
         verdict = conduct(job, candidates, check, staging, stages)
     record = dict(verdict.record)
     if check is not None:
-        record["measured_with_threads"] = config.threads or f"default ({os.cpu_count()} cores)"
+        record["measured_with_threads"] = options.threads or f"default ({os.cpu_count()} cores)"
     recipe = {"calibration": job.report, "activations": activations, "accuracy": record}
     return verdict.path, candidates.facts[verdict.kept], recipe
 
@@ -357,12 +301,13 @@ def load_check(path: Path, threads: int | None, name: str) -> None:
 
 def build_cpu(
     onnx_path: str | os.PathLike,
-    config: CpuBuildConfig,
+    config: EngineConfig,
     out: str | os.PathLike | None = None,
     quiet: bool = False,
     model: ModelProto | None = None,
 ) -> CpuBuildResult:
-    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export (``model``:
+    """Make ``engines/<name>.<precision>.cpu.ort.onnx`` (+ manifest) from an FP32 export, as
+    ``config`` (``--target cpu``: its options a :class:`~.options.CpuOptions`) says (``model``:
     it already parsed, weights loaded for INT8; None parses it here, once). The graph published is
     loaded by ONNX Runtime first (static INT8's, measured by the conductor, already was)."""
     onnx = require("onnx", "onnx", "The cpu target")
@@ -373,7 +318,8 @@ def build_cpu(
     if not src.is_file():
         raise ArtifactError(f"{src} does not exist; run `hrm-deploy export` first or pass the ONNX path")
     src_sha256 = (check_artifact(src) or {}).get("sha256")  # the export is what its manifest says
-    static = config.precision == "int8" and config.int8_recipe == "static"
+    options = config.options_as(CpuOptions)
+    static = config.precision == "int8" and options.recipe == "static"
     if model is None:
         model = load_onnx(src, weights=static)  # the one parse of the FP32 graph (static INT8's job keeps it)
     meta = graph_metadata(model)
@@ -384,7 +330,7 @@ def build_cpu(
         raise ConfigError(f"{src} is a {have} graph; the cpu target starts from the FP32 export")
     if meta.get("mode") == "loop" and config.precision == "int8" and not static:
         raise ConfigError(
-            f"--cpu-int8 {config.int8_recipe} of a loop graph is not offered (its quantizer rewrites the outer graph "
+            f"--cpu-int8 {options.recipe} of a loop graph is not offered (its quantizer rewrites the outer graph "
             "only); build it with --cpu-int8 static (the default), or the step graph with this recipe"
         )
     target = Path(out) if out else cpu_output_path(src, config.precision)
@@ -393,7 +339,7 @@ def build_cpu(
     build: dict[str, Any] = {"onnx_nodes_in": nodes_in}
     recipe: dict[str, Any] = {}
     if config.precision == "int8":
-        recipe = {"int8": config.int8_recipe, "description": RECIPES[config.int8_recipe]}
+        recipe = {"int8": options.recipe, "description": RECIPES[options.recipe]}
     start = time.perf_counter()
     with staging_dir(target.parent, "cpu-build") as staging:
         if static:
@@ -401,13 +347,14 @@ def build_cpu(
             graph, facts, measured = _static_int8(src, model, sha, props, config, staging, stages, quiet)
             build.update(facts)
             recipe.update(measured)
-            config = replace(config, activations=measured["activations"]["activations"])
+            options = replace(options, activations=measured["activations"]["activations"])
+            config = replace(config, options=options)
             if not measured["accuracy"].get("checked"):
-                load_check(graph, config.threads, target.name)
+                load_check(graph, options.threads, target.name)
         else:
             graph = staging / target.name
             build.update(_make_graph(src, graph, meta, props, config, stages))
-            load_check(graph, config.threads, target.name)
+            load_check(graph, options.threads, target.name)
         del model  # the job held it where static INT8 needed it
         optimized = onnx.load(str(graph), load_external_data=False)
         ops: dict[str, int] = {}
@@ -418,7 +365,7 @@ def build_cpu(
         del optimized
         if config.precision == "int8" and not any(k.endswith(INTEGER_MATMULS) for k in ops):
             raise ConfigError(
-                f"{config.int8_recipe} quantization produced no integer MatMul; the engine was not written. "
+                f"{options.recipe} quantization produced no integer MatMul; the engine was not written. "
                 "Check the ONNX with `hrm-deploy inspect`"
             )
         build["build_seconds"] = round(time.perf_counter() - start, 3)
@@ -429,7 +376,7 @@ def build_cpu(
             stage="engine",
             parent=src,
             parent_sha256=src_sha256,
-            config={"cpu": asdict(config)},
+            config=config.record(),
             backend={"name": "onnxruntime", "version": ort.__version__, "provider": "CPUExecutionProvider"},
             target={"name": "cpu", "description": "ONNX Runtime CPU execution provider"},
             precision=config.precision,
@@ -439,10 +386,10 @@ def build_cpu(
             runtime={
                 "graph_optimization_level": OPTIMIZATION_LEVEL,
                 "saved_optimized": True,
-                "intra_op_num_threads": config.threads or os.cpu_count(),
+                "intra_op_num_threads": options.threads or os.cpu_count(),
                 "inter_op_num_threads": 1,
                 "execution_mode": "sequential",
-                "threads_requested": config.threads,
+                "threads_requested": options.threads,
             },
             onnx_sha256=sha256_file(graph),
             build=build,

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-ACTIVATIONS = ("auto", "uint8", "int8")
 ISA_FLAGS = ("amx_int8", "amx_bf16", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512f", "avx2")
 
 
@@ -111,6 +110,6 @@ def choose_activations(requested: str, mode: str) -> dict[str, Any]:
         why = "a loop graph: ONNX Runtime fuses only U8S8 Q/DQ inside a Loop's body"
         return {"activations": "uint8", "chosen_by": why, "isa": flags}
     if requested != "auto":
-        return {"activations": requested, "chosen_by": "asked for (CpuBuildConfig.activations)", "isa": flags}
+        return {"activations": requested, "chosen_by": "asked for (--cpu-int8-activations)", "isa": flags}
     chosen, why = activations_for(flags)
     return {"activations": chosen, "chosen_by": f"this CPU's ISA: {why}", "isa": flags}

@@ -11,26 +11,11 @@ from hrm_deploy.engines.result import EngineResult
 
 
 def build_for_cpu(request: BuildRequest) -> EngineResult:
-    """The build stage's options (an ``EngineConfig``) on the cpu target: its options' ``int8_recipe``
-    is the INT8 recipe asked for (None: ``static``); ``config.accuracy_check`` False skips static
-    INT8's comparison with FP32. Returns the ``EngineResult``."""
-    from hrm_deploy.backends.ort.builder.cpu import CpuBuildConfig, build_cpu
-    from hrm_deploy.backends.ort.builder.options import CpuOptions
+    """The cpu target's build of ``request.ready`` as its ``EngineConfig`` says (its options a
+    ``CpuOptions``). Returns the ``EngineResult``."""
+    from hrm_deploy.backends.ort.builder.cpu import build_cpu
 
-    config = request.config
-    options = config.options_as(CpuOptions)
-    cpu = CpuBuildConfig(
-        config.precision,
-        options.threads,
-        fuse=options.fuse,
-        int8_recipe=options.int8_recipe or "static",
-        calib_data=config.calib_data,
-        calib_method=config.calib_method,
-        calib_samples=config.calib_samples,
-        accuracy_budget=config.accuracy_budget,
-        check_accuracy=config.accuracy_check,
-    )
-    built = build_cpu(request.ready, cpu, request.out, request.quiet, model=request.model)
+    built = build_cpu(request.ready, request.config, request.out, request.quiet, model=request.model)
     return EngineResult(built.path, built.manifest, built.source_onnx, built.build)
 
 

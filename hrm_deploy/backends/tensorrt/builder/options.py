@@ -29,12 +29,33 @@ class TensorRTOptions(BuildOptions):
 
     taker: ClassVar[str] = "TensorRT"
 
-    workspace_mib: int | None = option(None, "--workspace")
-    optimization_level: int | None = option(None, "--opt-level")
-    compute_capability: str | None = option(None, "--compute-capability")
-    allow_unrolled: bool = option(False, "--allow-unrolled")
-    timing_cache: str | None = option(DEFAULT_TIMING_CACHE, "--timing-cache")
-    strip_weights: bool = option(False, "--strip-weights")
+    workspace_mib: int | None = option(None, "--workspace", "Builder workspace limit in MiB.")
+    optimization_level: int | None = option(
+        None, "--opt-level", "Builder optimization level 0-5 (lower builds faster)."
+    )
+    compute_capability: str | None = option(
+        None, "--compute-capability", "TensorRT-RTX AOT target, e.g. SM120, SM89, SM86."
+    )
+    allow_unrolled: bool = option(
+        False,
+        "--allow-unrolled",
+        "TensorRT: build an unrolled graph whose estimated build is over 3 min / 4 GB (printed first); without "
+        "it such a graph's single-step graph is exported and built instead.",
+    )
+    timing_cache: str | None = option(
+        DEFAULT_TIMING_CACHE,
+        "--timing-cache",
+        "TensorRT timing cache base path; the GPU and the TensorRT version are added to the file name. 'none' "
+        "builds without one.",
+        parse=lambda text: None if text.lower() in ("", "none") else text,
+    )
+    strip_weights: bool = option(
+        False,
+        "--strip-weights",
+        "TensorRT: a weight-stripped engine (STRIP_PLAN + REFIT_IDENTICAL, a fraction of the size): the runner "
+        "refits it from its ONNX graph (sha256-checked) on first run and saves it whole. Needs a GPU to build "
+        "(the board, or a GPU machine with the same TensorRT).",
+    )
 
     def __post_init__(self) -> None:
         if self.workspace_mib is not None and not 16 <= self.workspace_mib <= MAX_WORKSPACE_MIB:

@@ -89,7 +89,7 @@ def compile_program(
     with warnings.catch_warnings(), tf32_matmuls(torch, tf32):
         warnings.simplefilter("ignore", FutureWarning)
         if compiler == "torch.compile":
-            reason = "compiler torch.compile was chosen"
+            reason = "--compiler torch.compile was chosen"
         else:
             try:
                 with stages.stage(f"AOTInductor compile for {device}"):
@@ -100,7 +100,7 @@ def compile_program(
                 if compiler == "aoti":
                     raise EngineError(
                         f"AOTInductor could not compile for {device}: {first_line}; install a host compiler "
-                        "(gcc) and the CUDA headers, or build with compiler 'auto' (the default: the exported "
+                        "(gcc) and the CUDA headers, or build with --compiler auto (the default: the exported "
                         "program is saved and the runner torch.compiles it)"
                     ) from None
                 reason = f"{type(exc).__name__}: {first_line}"

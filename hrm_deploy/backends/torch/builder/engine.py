@@ -14,8 +14,9 @@ The build has the shape of every builder's: a preflight (:func:`plan`: options, 
 output checked before any work), the build (:func:`compile_engine`: load, bf16 rebuild,
 ``torch.export``, compile, load probe; :mod:`.compile`) and the publish (:func:`publish`: the
 manifest and the package moved into place as one unit). :data:`BUILDER` is the backend table's
-builder; :func:`build_torch_engine` the same three steps from Python with the full
-:class:`TorchEngineConfig` (mode, steps, compiler).
+builder; :func:`build_torch_engine` the same three steps from Python. Both read one config, an
+``EngineConfig`` whose options are a :class:`~.options.TorchOptions` (device, TF32, mode, steps,
+compiler).
 """
 
 from __future__ import annotations
@@ -34,46 +35,14 @@ from hrm_deploy.backends.torch.builder.compile import (
     program_path,
     trace,
 )
-from hrm_deploy.backends.torch.builder.options import (
-    TORCH_PRECISIONS,
-    TorchOptions,
-    check_device,
-    check_torch_precision,
-)
+from hrm_deploy.backends.torch.builder.options import DEFAULT_MAX_BATCH, TORCH_PRECISIONS, TorchOptions
+from hrm_deploy.engines.config import EngineConfig
 from hrm_deploy.engines.request import BuildRequest, GraphInput, StepInstead
 from hrm_deploy.engines.result import EngineResult
 from hrm_deploy.errors import ArtifactError, ConfigError, require
 from hrm_deploy.io import sha256_file, staging_dir
 from hrm_deploy.manifest import publish_artifact
 from hrm_deploy.progress import Stages
-
-COMPILERS = ("auto", "aoti", "torch.compile")
-DEFAULT_MAX_BATCH = 1024
-
-
-@dataclass(frozen=True)
-class TorchEngineConfig:
-    """``mode``/``steps`` default to the ONNX graph's (or step mode and the checkpoint's
-    ``halt_max_steps`` for a checkpoint); ``device`` "auto" is cuda when torch sees a GPU;
-    ``tf32`` lets float32 CUDA matmuls use TF32 (default: exact float32)."""
-
-    precision: str = "fp32"
-    mode: str | None = None
-    steps: int | None = None
-    device: str = "auto"
-    max_batch: int = DEFAULT_MAX_BATCH
-    compiler: str = "auto"
-    tf32: bool = False  # float32 CUDA matmuls in TF32 (faster, ~1e-3 relative error); recorded in the manifest
-
-    def __post_init__(self) -> None:
-        check_torch_precision(self.precision)
-        check_device(self.device)
-        if self.mode not in (None, "step", "unrolled", "loop"):
-            raise ConfigError(f"mode {self.mode!r}: use step, unrolled or loop")
-        if self.compiler not in COMPILERS:
-            raise ConfigError(f"compiler {self.compiler!r}: use one of {', '.join(COMPILERS)}")
-        if self.max_batch < 2:
-            raise ConfigError("max_batch must be >= 2")
 
 
 @dataclass(frozen=True)
@@ -84,7 +53,7 @@ class Plan:
     source: Path
     checkpoint: Path
     meta: dict[str, Any]
-    config: TorchEngineConfig
+    config: EngineConfig
     device: str  # "cpu", "cuda" or "cuda:N", resolved
     target: Path
     stages: Stages
@@ -92,6 +61,15 @@ class Plan:
     @property
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
+
+    @property
+    def options(self) -> TorchOptions:
+        return self.config.options_as(TorchOptions)
+
+    @property
+    def max_batch(self) -> int:
+        """The package's largest batch: --max-batch, else :data:`DEFAULT_MAX_BATCH`."""
+        return self.config.max_batch or DEFAULT_MAX_BATCH
 
 
 @dataclass(frozen=True)
@@ -142,7 +120,7 @@ def _source(source: Path) -> tuple[Path, dict[str, Any]]:
 
 
 def plan(
-    torch: Any, source: str | os.PathLike, config: TorchEngineConfig, out: str | os.PathLike | None, quiet: bool
+    torch: Any, source: str | os.PathLike, config: EngineConfig, out: str | os.PathLike | None, quiet: bool
 ) -> Plan:
     """The preflight: the source (an ONNX export: its parent checkpoint; or a checkpoint), an FP32
     graph, the device and the output name, all checked before any loading or compiling."""
@@ -155,8 +133,9 @@ def plan(
             f"{src} is a {meta['precision']} graph; build the torch engine from the FP32 export "
             "(or the checkpoint) and choose --fp32 or --bf16"
         )
-    device = resolve_device(torch, config.device, config.tf32)
-    mode = config.mode or meta.get("mode", "step")
+    options = config.options_as(TorchOptions)
+    device = resolve_device(torch, options.device, options.tf32)
+    mode = options.mode or meta.get("mode", "step")
     # named after the export, or for a checkpoint as an export of it would be (<run>-step_N, the Hub repository)
     stem = src.name.removesuffix(".onnx") if src.suffix == ".onnx" else default_name(src)
     target = Path(out) if out else Path("engines") / f"{stem}.{mode}.{device.split(':')[0]}.torch.pt2"
@@ -171,7 +150,7 @@ def compile_engine(torch: Any, job: Plan, work: Path) -> Built:
     from hrm_deploy.engines.result import recorded_data_fields
     from hrm_deploy.model.checkpoint import load_checkpoint
 
-    config, stages, src = job.config, job.stages, job.source
+    config, options, stages, src = job.config, job.options, job.stages, job.source
     with stages.stage(f"loading {job.checkpoint.name}"):
         # an ONNX export's checkpoint is loaded as it was exported (an upstream checkpoint without its
         # dataset.json needs the sizes the export was given)
@@ -183,24 +162,24 @@ def compile_engine(torch: Any, job: Plan, work: Path) -> Built:
         model = type(model)(model_config.replace(forward_dtype=TORCH_PRECISIONS["bf16"])).eval()
         model.load_state_dict(state)
         model_config = model.inner.config
-    mode = config.mode or job.meta.get("mode", "step")
-    steps = int(config.steps or job.meta.get("steps") or model_config.halt_max_steps)
+    mode = options.mode or job.meta.get("mode", "step")
+    steps = int(options.steps or job.meta.get("steps") or model_config.halt_max_steps)
     started = time.perf_counter()
     what = {"step": "the single step", "loop": f"the ACT loop (torch.while_loop, at most {steps} steps)"}.get(
         mode, f"the {steps}-step unroll"
     )
     with stages.stage(f"torch.export of {what}"):
-        traced = trace(torch, model, job.meta, mode, steps, job.device, config.max_batch)
+        traced = trace(torch, model, job.meta, mode, steps, job.device, job.max_batch)
     staged = work / "engine.pt2"
-    tf32 = config.tf32 and job.cuda
+    tf32 = options.tf32 and job.cuda
     compile_path, reason = compile_program(
-        torch, traced.program, staged, config.compiler, tf32, job.device, stages, stages.quiet
+        torch, traced.program, staged, options.compiler, tf32, job.device, stages, stages.quiet
     )
     io = io_specs(mode, model_config, steps, traced.dtypes)
     checks = {}
     if compile_path == "aoti":
         with stages.stage("loading the package in a fresh process"):
-            checks = load_check(torch, traced.program, staged, job.target, job.device, tf32, io, config.max_batch)
+            checks = load_check(torch, traced.program, staged, job.target, job.device, tf32, io, job.max_batch)
     seconds = time.perf_counter() - started
     return Built(staged, model_config, mode, steps, traced, io, compile_path, reason, checks, seconds)
 
@@ -224,7 +203,7 @@ def publish(torch: Any, job: Plan, built: Built) -> EngineResult:
         job.target,
         stage="engine",
         parent=job.source,
-        config=asdict(config),
+        config={**config.record(), "max_batch": job.max_batch},
         backend={"name": "torch", "version": torch.__version__},
         precision=config.precision,
         mode=built.mode,
@@ -233,7 +212,7 @@ def publish(torch: Any, job: Plan, built: Built) -> EngineResult:
         device=job.device.split(":")[0],
         compile_path=built.compile_path,
         compile_fallback_reason=built.fallback_reason,
-        tf32=config.tf32 and job.cuda,
+        tf32=job.options.tf32 and job.cuda,
         companions=checks.get("companions", []),
         remove=[] if checks else [program_path(job.target)],  # an older build's, when this one has none
         load_check=checks.get("load_check"),
@@ -241,7 +220,7 @@ def publish(torch: Any, job: Plan, built: Built) -> EngineResult:
         checkpoint={"path": str(job.checkpoint), "sha256": sha256_file(job.checkpoint)},
         compute_capability=None,
         build_machine=gpu,
-        profile_shapes={"batch": [1, config.max_batch]},
+        profile_shapes={"batch": [1, job.max_batch]},
         io=built.io,
         model_config=asdict(built.model_config),
         build_seconds=built.seconds,
@@ -257,10 +236,11 @@ def publish(torch: Any, job: Plan, built: Built) -> EngineResult:
 
 
 def build_torch_engine(
-    source: str | os.PathLike, config: TorchEngineConfig, out: str | os.PathLike | None = None, quiet: bool = False
+    source: str | os.PathLike, config: EngineConfig, out: str | os.PathLike | None = None, quiet: bool = False
 ) -> EngineResult:
     """Compile ``source`` (an ONNX export: its parent checkpoint; or a checkpoint) into a PyTorch
-    engine: preflight, build, publish."""
+    engine as ``config`` says (``--backend torch``: its options a :class:`TorchOptions`): preflight,
+    build, publish."""
     torch = require("torch", "torch", "The PyTorch engine")
     job = plan(torch, source, config, out, quiet)
     job.target.parent.mkdir(parents=True, exist_ok=True)
@@ -280,7 +260,6 @@ class TorchBuilder:
         torch = require("torch", "torch", "The PyTorch engine")
         options = request.config.options_as(TorchOptions)
         device = resolve_device(torch, options.device, options.tf32)
-        self.engine_config(request)  # its own checks too, before any work
         return replace(request, facts={**request.facts, "device": device})
 
     def step_instead(self, graph: Path, request: BuildRequest) -> StepInstead | None:
@@ -288,20 +267,7 @@ class TorchBuilder:
 
     def build(self, request: BuildRequest) -> EngineResult:
         """The engine of ``request.ready`` (an export or a checkpoint) and its manifest."""
-        return build_torch_engine(request.ready, self.engine_config(request), request.out, request.quiet)
-
-    @staticmethod
-    def engine_config(request: BuildRequest) -> TorchEngineConfig:
-        """The build stage's options as the torch build's own config (the largest batch: --max-batch,
-        else 1024)."""
-        config = request.config
-        options = config.options_as(TorchOptions)
-        return TorchEngineConfig(
-            precision=config.precision,
-            max_batch=config.max_batch or DEFAULT_MAX_BATCH,
-            device=options.device,
-            tf32=options.tf32,
-        )
+        return build_torch_engine(request.ready, request.config, request.out, request.quiet)
 
 
 BUILDER = TorchBuilder()
