@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError
+from hrm_deploy.errors import ConfigError, InternalError
 from hrm_deploy.scale.cluster import RayConfig, connected, worker_resources
 from hrm_deploy.serve.server import ServeConfig
 
@@ -398,7 +398,10 @@ def _check_http(config: ServeConfig) -> None:
     somewhere other than the line we print. Refuse instead, naming what runs."""
     from ray.serve.context import _get_global_client
 
-    running = _get_global_client().http_config
+    client = _get_global_client()
+    if client is None:  # serve.start has just returned: its controller runs
+        raise InternalError("Ray Serve's controller is not running after serve.start")
+    running = client.http_config
     if (running.host, running.port) != (config.host, config.http_port):
         raise ConfigError(
             f"Ray Serve already runs on this cluster with its HTTP proxy on {running.host}:{running.port} "
