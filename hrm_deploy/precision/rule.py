@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -117,13 +117,111 @@ class Outputs:
 def differing_rows(reference: Outputs, candidate: Outputs) -> np.ndarray:
     """Indices of the rows where ``candidate`` differs from ``reference`` in anything the rule reads:
     a cell's argmax (and with it the answer), the q_halt sign, the halting step, a non-finite value."""
-    n = len(candidate)
-    differ = (candidate.logits.argmax(-1) != reference.logits.argmax(-1)).reshape(n, -1).any(1)
-    differ |= (candidate.q_halt >= 0) != (reference.q_halt >= 0)
-    differ |= candidate.nonfinite > 0
-    if reference.steps is not None and candidate.steps is not None:
-        differ |= candidate.steps != reference.steps
-    return np.flatnonzero(differ)
+    return Comparison.of(reference, candidate, None).differing()
+
+
+def fragile_order(reference: Outputs) -> np.ndarray:
+    """The row indices of ``reference`` (FP32's outputs), the puzzles FP32 was least sure of first:
+    by the smaller of two ranks, that of its least sure cell (top-1 minus top-2 logit, over the
+    cell's largest |logit|) and that of its last q_halt logit's distance from 0 (ties by index).
+    Where FP32 is unsure is where a quantized graph's answers, cells and q_halt signs move
+    (measured in docs/precision.md), so a failing candidate shows its failure early in this order."""
+    n = len(reference)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    top = np.sort(reference.logits, -1)[..., -2:]  # [N, S, 2]
+    scale = np.maximum(np.abs(reference.logits).max(-1), np.finfo(np.float32).tiny)  # [N, S]
+    cell = np.nan_to_num(((top[..., 1] - top[..., 0]) / scale).min(1), nan=np.inf)  # [N]
+    q = np.nan_to_num(np.abs(reference.q_halt), nan=np.inf)  # a loop graph's row that halted earlier: NaN
+
+    def rank(values: np.ndarray) -> np.ndarray:
+        ranks = np.empty(n, np.int64)
+        ranks[np.argsort(values, kind="stable")] = np.arange(n)
+        return ranks
+
+    return np.lexsort((np.arange(n), np.minimum(rank(cell), rank(q)))).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A candidate against FP32, puzzle by puzzle: what the rule reads of each row. ``flipped`` [N]:
+    the cells whose argmax differs from FP32's (of ``cells`` per puzzle); ``q_flip`` [N]: the last
+    q_halt's sign differs; ``moved`` [N]: the halting step differs (None: the graph reports no
+    steps); ``nonfinite`` [N]: the candidate's non-finite values; ``fp32_solved`` / ``solved`` [N]:
+    FP32 and the candidate solve the puzzle (None without labels). Sums of rows, so any subset of
+    puzzles is judged from the rows alone (:meth:`quality`)."""
+
+    flipped: np.ndarray
+    cells: int
+    q_flip: np.ndarray
+    moved: np.ndarray | None
+    nonfinite: np.ndarray
+    fp32_solved: np.ndarray | None
+    solved: np.ndarray | None
+
+    @classmethod
+    def of(cls, reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> Comparison:
+        """``candidate`` against ``reference`` (FP32) on the same puzzles (``labels`` [N, S] or None)."""
+        from hrm_deploy.metrics import solved_rows
+
+        n = len(candidate)
+        agree = (candidate.logits.argmax(-1) == reference.logits.argmax(-1)).reshape(n, -1)  # [N, S]
+        moved = None
+        if reference.steps is not None and candidate.steps is not None:
+            moved = np.asarray(reference.steps != candidate.steps, bool)
+        solved = fp32_solved = None
+        if labels is not None:
+            fp32_solved = np.asarray(solved_rows(reference.logits, labels), bool)
+            solved = np.asarray(solved_rows(candidate.logits, labels), bool)
+        return cls(
+            flipped=(~agree).sum(1).astype(np.int64),
+            cells=int(agree.shape[1]) if agree.ndim == 2 else 0,
+            q_flip=np.asarray((reference.q_halt >= 0) != (candidate.q_halt >= 0), bool),
+            moved=moved,
+            nonfinite=np.asarray(candidate.nonfinite, np.int64),
+            fp32_solved=fp32_solved,
+            solved=solved,
+        )
+
+    def __len__(self) -> int:
+        return len(self.flipped)
+
+    def differing(self) -> np.ndarray:
+        """Indices of the rows where the candidate differs from FP32 in anything the rule reads."""
+        differ = (self.flipped > 0) | self.q_flip | (self.nonfinite > 0)
+        if self.moved is not None:
+            differ |= self.moved
+        return np.flatnonzero(differ)
+
+    def quality(self) -> Quality:
+        """The rule's measurement over these rows (see :class:`Quality`)."""
+        n, cells = len(self), self.cells
+        size = n * cells
+        per_puzzle = 100.0 * (1.0 - (cells - self.flipped) / max(cells, 1))  # % of each puzzle's cells flipped
+        spread = float(per_puzzle.std()) / math.sqrt(n) if n > 1 else 100.0
+        common: dict[str, Any] = {
+            "puzzles": n,
+            "agreement": 100.0 * float((size - self.flipped.sum()) / max(size, 1)),
+            "q_halt_agreement": 100.0 * float((n - self.q_flip.sum()) / max(n, 1)),
+            "steps_agreement": None if self.moved is None else 100.0 * float((n - self.moved.sum()) / max(n, 1)),
+            "nonfinite": int(self.nonfinite.sum()),
+            "agreement_margin": Z * spread + 100.0 / max(size, 1),  # plus one cell more than seen
+        }
+        if self.fp32_solved is None or self.solved is None:
+            return Quality(**common)
+        base, ours = self.fp32_solved, self.solved
+        solved_cells = cells * int(base.sum())
+        solved_agreement = None
+        if solved_cells:
+            solved_agreement = 100.0 * float((solved_cells - self.flipped[base].sum()) / solved_cells)
+        return Quality(
+            **common,
+            fp32_exact=100.0 * float(base.sum() / max(n, 1)),
+            exact=100.0 * float(ours.sum() / max(n, 1)),
+            lost=int((base & ~ours).sum()),
+            gained=int((~base & ours).sum()),
+            solved_agreement=solved_agreement,
+        )
 
 
 # ----------------------------------------------------------------------------------------------- quality
@@ -199,44 +297,43 @@ class Quality:
             "puzzles_gained": self.gained,
         }
 
+    def completed(self, left: int, unsolved: int) -> Quality:
+        """The best this measurement can become once ``left`` more puzzles are measured: each agrees
+        with FP32 on every cell, q_halt sign and halting step, and every one of them FP32 does not
+        solve (``unsolved``) is gained. A check this fails, every completion fails (each check's
+        value only improves toward this bound). Argmax agreement's margin, from the spread of the
+        per-puzzle rates, has no such bound: it is infinite here, so that check never fails clearly."""
+        n = self.puzzles + left
+
+        def grown(pct: float) -> float:
+            return (pct * self.puzzles + 100.0 * left) / max(n, 1)
+
+        return replace(
+            self,
+            puzzles=n,
+            agreement=grown(self.agreement),
+            q_halt_agreement=grown(self.q_halt_agreement),
+            steps_agreement=None if self.steps_agreement is None else grown(self.steps_agreement),
+            gained=self.gained + (unsolved if self.fp32_exact is not None else 0),
+            agreement_margin=math.inf,
+        )
+
+    def one_more(self) -> Quality:
+        """This measurement with one more of each failure than seen: a puzzle lost, a q_halt sign and
+        a halting step moved. A screen's estimate (it sees only part of the holdout, the rest counted
+        as FP32 answered it, so its estimate leans toward passing) must pass with these to spare."""
+        step = 100.0 / max(self.puzzles, 1)
+        return replace(
+            self,
+            lost=self.lost + (1 if self.fp32_exact is not None else 0),
+            q_halt_agreement=max(0.0, self.q_halt_agreement - step),
+            steps_agreement=None if self.steps_agreement is None else max(0.0, self.steps_agreement - step),
+        )
+
 
 def quality(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> Quality:
     """``candidate`` against ``reference`` (FP32) on the same puzzles (``labels`` [N, S] or None)."""
-    from hrm_deploy.metrics import solved_rows
-
-    n = len(candidate)
-    agree = candidate.logits.argmax(-1) == reference.logits.argmax(-1)  # [N, S]
-    per_puzzle = 100.0 * (1.0 - agree.reshape(n, -1).mean(1))  # % of each puzzle's cells flipped
-    cells = agree.size
-    spread = float(per_puzzle.std()) / math.sqrt(n) if n > 1 else 100.0
-    margin = Z * spread + 100.0 / max(cells, 1)  # plus one cell more than seen
-    q_agree = (reference.q_halt >= 0) == (candidate.q_halt >= 0)
-    steps = None
-    if reference.steps is not None and candidate.steps is not None:
-        steps = 100.0 * float((reference.steps == candidate.steps).mean())
-    common: dict[str, Any] = {
-        "puzzles": n,
-        "agreement": 100.0 * float(agree.mean()),
-        "q_halt_agreement": 100.0 * float(q_agree.mean()),
-        "steps_agreement": steps,
-        "nonfinite": int(candidate.nonfinite.sum()),
-        "agreement_margin": margin,
-    }
-    if labels is None:
-        return Quality(**common)
-    base, ours = (
-        np.asarray(solved_rows(reference.logits, labels), bool),
-        np.asarray(solved_rows(candidate.logits, labels), bool),
-    )
-    solved = agree[base]
-    return Quality(
-        **common,
-        fp32_exact=100.0 * float(base.mean()),
-        exact=100.0 * float(ours.mean()),
-        lost=int((base & ~ours).sum()),
-        gained=int((~base & ours).sum()),
-        solved_agreement=100.0 * float(solved.mean()) if solved.size else None,
-    )
+    return Comparison.of(reference, candidate, labels).quality()
 
 
 # ----------------------------------------------------------------------------------------------- the rule
@@ -325,6 +422,15 @@ class Rule:
 
     def within(self, quality: Quality) -> bool:
         return not self.failures(quality)
+
+    def certainly_fails(self, best: Quality, final: bool) -> bool:
+        """Whether a measurement whose best completion is ``best`` (:meth:`Quality.completed`) fails
+        however the puzzles not yet run turn out: ``final``, where the measured values decide (the
+        holdout can grow no more), outside the rule; else outside it clearly (a check failing by more
+        than its margin: more puzzles would not be measured)."""
+        if final:
+            return not self.within(best)
+        return any(not check.passes and check.clear for check in self.checks(best))
 
     def settled(self, quality: Quality) -> bool:
         """Whether more puzzles could change the verdict: False while no check fails clearly and
