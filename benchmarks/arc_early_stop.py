@@ -25,14 +25,12 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from arc_adapt_heldout import run  # noqa: E402 - one way to run and log hrm-deploy in the ARC benchmarks
+from arc_adapt_heldout import run  # one way to run and log hrm-deploy in the ARC benchmarks
 
 RESULTS = Path(__file__).parent / "results"
 # name -> (preset, model overrides besides the width): an HRM of one H and one L layer and a TRM of

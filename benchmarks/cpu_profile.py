@@ -36,7 +36,6 @@ import multiprocessing
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,7 +44,6 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 # row -> (build options, session tuning); "spin-off" rows reuse a build with spinning disabled
 RECIPES: dict[str, dict[str, Any]] = {
     "fp32": {"precision": "fp32"},

@@ -1,13 +1,17 @@
-"""The export grid of the test suite (tests/export/test_export_grid.py), run once with its parity
-verdicts recorded: for every case, pass or fail, the worst tensor's max abs difference over its limit,
-which rule set the limit (depth-scaled strict limit, float32's own variation here, argmax agreement)
-and the seconds it took; plus this CPU's vector extensions (AVX2 vs AVX-512 round differently).
+"""The export grid: every valid recursion of HRM and both TRM variants over cycles and layers, in
+step and unrolled modes, exported with the export's own parity check, its verdicts recorded: for
+every case, pass or fail, the worst tensor's max abs difference over its limit, which rule set the
+limit (depth-scaled strict limit, float32's own variation here, argmax agreement) and the seconds it
+took; plus this CPU's vector extensions (AVX2 vs AVX-512 round differently).
 
     python benchmarks/export_grid.py [--upstream] [--no-grid] [--out benchmarks/results/export_grid_avx2.json]
 
-``--upstream`` adds TRM attention at upstream's full size (hidden 512, 8 heads, 2 layers, seq 81,
-16 ACT steps, random weights) at H/L 2/5 and 3/6 in step mode: the recipes refused on an AVX2 machine
-before the limits followed depth and float32's variation.
+The grid is defined here (:data:`TRM_GRID`, :data:`HRM_GRID`, the models by :func:`trm_model` and
+:func:`hrm_model`); the test suite (tests/export/test_export_grid.py) exports a pairwise subset of it
+that holds every value of every axis and every pair of values. ``--upstream`` adds TRM attention at
+upstream's full size (hidden 512, 8 heads, 2 layers, seq 81, 16 ACT steps, random weights) at H/L
+2/5 and 3/6 in step mode: the recipes refused on an AVX2 machine before the limits followed depth
+and float32's variation.
 """
 
 from __future__ import annotations
@@ -15,21 +19,61 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test grid it shares (tests/)
 
 from hrm_deploy.errors import ParityError
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 from hrm_deploy.model import HRMConfig, TRMConfig
 from hrm_deploy.model.checkpoint import save_checkpoint
 from hrm_deploy.model.hrm import build_model
-from tests.conftest import TRM_VARIANTS
-from tests.export.test_export_grid import GRID_BASE, HRM_GRID, TRM_GRID
+
+# small enough that one export with parity takes about a second
+GRID_BASE: dict[str, Any] = dict(
+    seq_len=16, vocab_size=11, num_puzzle_identifiers=1, hidden_size=32, num_heads=2, halt_max_steps=2
+)
+TRM_MIXERS = ("attention", "mlp_t")  # attention with RoPE, or upstream's Sudoku recipe: mlp_t, no positions
+
+# (mode, mixer or layers, H_cycles, L_cycles). The folding bug this grid guards against lived in the
+# traced segment, which step and unrolled graphs share (the unroll repeats the folded segment): the
+# step mode sweeps every cycle count, the unrolled mode the corners and upstream's recipes.
+TRM_GRID = [("step", m, hc, lc) for m in TRM_MIXERS for hc in (1, 2, 3) for lc in range(1, 7)]
+TRM_GRID += [("unrolled", m, hc, lc) for m in TRM_MIXERS for hc, lc in ((1, 1), (1, 6), (3, 1), (3, 4), (3, 6))]
+HRM_GRID = [("step", n, hc, lc) for n in (1, 2, 3, 4) for hc in (1, 2, 3) for lc in (1, 2, 3)]
+HRM_GRID += [("unrolled", n, hc, lc) for n in (1, 4) for hc, lc in ((1, 1), (3, 3), (1, 3), (3, 1))]
+
+
+def trm_model(mixer: str, H_cycles: int, L_cycles: int) -> Any:
+    """The grid's TRM of ``mixer`` (attention or mlp_t) at these cycles: seeded, random weights."""
+    mlp_t = mixer == "mlp_t"
+    cfg = TRMConfig(
+        **GRID_BASE,
+        H_cycles=H_cycles,
+        L_cycles=L_cycles,
+        L_layers=2,
+        puzzle_emb_len=4,
+        puzzle_emb_ndim=32,
+        mlp_t=mlp_t,
+        pos_encodings="none" if mlp_t else "rope",
+    )
+    return build_model(cfg, seed=H_cycles * 10 + L_cycles).eval()
+
+
+def hrm_model(layers: int, H_cycles: int, L_cycles: int) -> Any:
+    """The grid's HRM with ``layers`` H and L layers at these cycles: seeded, random weights."""
+    cfg = HRMConfig(
+        **GRID_BASE,
+        H_cycles=H_cycles,
+        L_cycles=L_cycles,
+        H_layers=layers,
+        L_layers=layers,
+        puzzle_emb_ndim=32,
+        pos_encodings="rope",
+    )
+    return build_model(cfg, seed=layers * 100 + H_cycles * 10 + L_cycles).eval()
+
 
 UPSTREAM_TRM: dict[str, Any] = dict(
     seq_len=81,
@@ -80,24 +124,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     cases: list[tuple[str, Any, str]] = []
-    cfg: Any
-    for mode, variant, hc, lc in [] if args.no_grid else TRM_GRID:
-        cfg = TRMConfig(
-            **{**GRID_BASE, "H_cycles": hc, "L_cycles": lc, "L_layers": 2, "puzzle_emb_len": 4, "puzzle_emb_ndim": 32},
-            **TRM_VARIANTS[variant],
-        )
-        cases.append((f"trm {variant} {mode} H{hc}/L{lc}", build_model(cfg, seed=hc * 10 + lc).eval(), mode))
+    for mode, mixer, hc, lc in [] if args.no_grid else TRM_GRID:
+        cases.append((f"trm {mixer} {mode} H{hc}/L{lc}", trm_model(str(mixer), hc, lc), mode))
     for mode, layers, hc, lc in [] if args.no_grid else HRM_GRID:
-        cfg = HRMConfig(
-            **{**GRID_BASE, "H_cycles": hc, "L_cycles": lc, "H_layers": layers, "L_layers": layers},
-            puzzle_emb_ndim=32,
-            pos_encodings="rope",
-        )
-        seed = layers * 100 + hc * 10 + lc
-        cases.append((f"hrm {layers} layers {mode} H{hc}/L{lc}", build_model(cfg, seed=seed).eval(), mode))
+        cases.append((f"hrm {layers} layers {mode} H{hc}/L{lc}", hrm_model(int(layers), hc, lc), mode))
     if args.upstream:
         for hc, lc in ((2, 5), (3, 6)):
-            cfg = TRMConfig(**UPSTREAM_TRM, H_cycles=hc, L_cycles=lc, **TRM_VARIANTS["attention"])
+            cfg = TRMConfig(**UPSTREAM_TRM, H_cycles=hc, L_cycles=lc, pos_encodings="rope", mlp_t=False)
             cases.append((f"trm attention upstream size step H{hc}/L{lc}", build_model(cfg, seed=0).eval(), "step"))
     rows = {}
     for name, model, mode in cases:

@@ -150,7 +150,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-torch-wrapper", action="store_true", help="leave out torch's Python loader rows")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_engine_load_cpu.json")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     result: dict[str, Any] = {"engine": args.engine.name, "machine": machine(), "rows": []}
 
     def add(row: dict[str, Any]) -> None:

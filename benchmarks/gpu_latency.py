@@ -136,11 +136,9 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/gpu_latency.json")
     args = parser.parse_args()
     import torch
+    from sudoku_size import sudoku_size_model
 
     from hrm_deploy.model.checkpoint import save_checkpoint
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from sudoku_size import sudoku_size_model
 
     if args.save_checkpoint:
         print(f"saved {save_checkpoint(Path(args.save_checkpoint), sudoku_size_model(seed=0))}", flush=True)

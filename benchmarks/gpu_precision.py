@@ -75,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_precision.json")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     import torch
 
     from hrm_deploy.train.presets import bundled_checkpoint

@@ -43,7 +43,6 @@ import json
 import logging
 import os
 import platform
-import sys
 import tempfile
 import threading
 import time
@@ -52,10 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from load_common import (  # noqa: E402 - after the path line
+from load_common import (
     PUZZLE_SEED,
     PUZZLES,
     SUDOKU_SIZE_BLANKS,

@@ -128,7 +128,7 @@ def built_row(
     row: dict[str, Any] = {
         "row": name,
         "weights": used,
-        "seconds": round(seconds, 1),
+        "seconds": round(seconds, 2),
         "timings": record.get("timings"),
         "calibration": calibration,
         "accuracy": accuracy,
@@ -148,7 +148,7 @@ def built_row(
         stages = sum((record.get("timings") or {}).values())
         row.update(
             work=runs,
-            fp32_pass_seconds=round(fp32, 2),
+            fp32_pass_seconds=round(fp32, 3),
             fp32_pass_puzzles=puzzles,
             ratio=round(seconds / fp32, 2),
             goal_ratio=GOAL_RATIO,

@@ -26,15 +26,12 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 BATCHES = {"bundled": (1, 8, 64), "sudoku": (1, 8)}
 FORMS = ("unrolled", "step+host", "loop")

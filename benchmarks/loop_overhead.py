@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,11 +33,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from hrm_deploy.backends import open_runner
+from hrm_deploy.backends.tensorrt import fake_trt
 from hrm_deploy.backends.tensorrt.api import Backend
-from tests.backends.tensorrt import fake_trt
 
 
 def _engine(folder: Path, steps: int) -> Path:

@@ -57,11 +57,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from front_overhead import measure as front_overhead  # noqa: E402 - after the path line
-from load_common import (  # noqa: E402 - after the path line
+from front_overhead import measure as front_overhead
+from load_common import (
     SUDOKU_SIZE_BLANKS,
     bundled_puzzles,
     closed_loop,

@@ -34,7 +34,7 @@ _LAZY = {
     "open_runner": "hrm_deploy.backends",
     "Thresholds": "hrm_deploy.verify",
     "BenchConfig": "hrm_deploy.bench.run",
-    "TrainConfig": "hrm_deploy.train.loop",
+    "TrainConfig": "hrm_deploy.train.config",
 }
 
 

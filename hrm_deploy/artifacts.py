@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from hrm_deploy.errors import ArtifactError
-from hrm_deploy.manifest import check_artifact, manifest_path, resolve_parent
+from hrm_deploy.manifest import check_artifact, manifest_path, path_error, resolve_parent
 from hrm_deploy.registry import CHECKPOINT_RUNNER, runner_name
 
-__all__ = ["find_reference", "is_checkpoint", "recorded_overrides", "runner_name"]
+__all__ = ["check_artifact_file", "find_reference", "is_checkpoint", "recorded_overrides", "runner_name"]
 # The longest real chain (checkpoint -> ONNX -> precision ONNX -> engine) has 3 links; the bound
 # stops a loop of manifests.
 MAX_PARENT_LINKS = 8
@@ -23,6 +23,14 @@ def is_checkpoint(artifact: str | Path) -> bool:
     return runner_name(artifact) == CHECKPOINT_RUNNER
 
 
+def check_artifact_file(artifact: str | Path) -> None:
+    """One line, before any work, when ``artifact`` is neither a file nor a checkpoint (folder): a
+    FIFO, a device or a link to nowhere is named as what it is (:func:`hrm_deploy.manifest.path_error`)."""
+    path = Path(artifact)
+    if not path.is_file() and not is_checkpoint(path):
+        raise path_error(path)
+
+
 def find_reference(artifact: Path) -> Path:
     """The checkpoint an artifact came from, following the manifests' parent links.
 
@@ -30,6 +38,7 @@ def find_reference(artifact: Path) -> Path:
     parent's sha256 must match the record (see :func:`hrm_deploy.manifest.resolve_parent`),
     so a manifest edited to name another file is refused, not followed."""
     current = Path(artifact)
+    check_artifact_file(current)  # a FIFO or a device is named as one first
     for _ in range(MAX_PARENT_LINKS):
         if not manifest_path(current).is_file():
             break

@@ -12,8 +12,9 @@ from hrm_deploy.manifest import MANIFEST_SUFFIX, check_artifact, manifest_path, 
 from hrm_deploy.registry import BACKENDS
 from hrm_deploy.sources import hub_origin
 
-# Manifest fields that judge the artifact's bytes; dropped when the bytes no longer match.
-_JUDGEMENTS = ("verify", "parity", "report", "build")
+# Manifest fields that judge or describe the artifact's bytes; dropped when the bytes no longer match
+# (or the graph's own metadata contradicts them)
+_JUDGEMENTS = ("verify", "parity", "report", "build", "precision", "mode", "steps")
 
 
 def _onnx_summary(path: Path) -> dict[str, Any]:
@@ -111,9 +112,17 @@ def hub_record(artifact: Path, manifest: dict[str, Any]) -> dict[str, Any] | Non
 
 
 def _artifact_status(artifact: Path) -> str:
-    """ "ok" when ``artifact`` matches its manifest, else the one-line reason it does not."""
+    """ "ok" when ``artifact`` matches its manifest (and, for a graph, the manifest says what the
+    graph's own metadata says), else the one-line reason it does not."""
     try:
-        check_artifact(artifact, require_manifest=True)
+        manifest = check_artifact(artifact, require_manifest=True)
+        if artifact.suffix == ".onnx":
+            from hrm_deploy.export.metadata import graph_metadata, manifest_mismatch
+            from hrm_deploy.onnx_runtime import load_onnx
+
+            wrong = manifest_mismatch(graph_metadata(load_onnx(artifact)), manifest)
+            if wrong:
+                return f"{artifact.name}: {wrong}"
     except ArtifactError as exc:
         return str(exc)
     return "ok"

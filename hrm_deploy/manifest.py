@@ -33,7 +33,7 @@ from typing import Any
 
 from hrm_deploy import __version__
 from hrm_deploy.errors import ArtifactError
-from hrm_deploy.io import json_sha256, same_file, sha256_bytes, sha256_file, write_text
+from hrm_deploy.io import json_sha256, not_a_plain_file, same_file, sha256_bytes, sha256_file, write_text
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_VERSION = 1
@@ -43,31 +43,20 @@ _SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
 SEAL_KEY = "manifest_sha256"
-# The first hrm-deploy release (every manifest it writes is sealed): a manifest without a seal whose
-# tool_version is this or newer had its seal removed, and is refused like an edited one.
-SEALED_SINCE = (0, 1, 0)
-
-
-def _version_tuple(text: Any) -> tuple[int, ...] | None:
-    """(0, 1, 0) of "0.1.0" (a local or pre-release suffix ignored); None when it is not a version."""
-    match = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", text) if isinstance(text, str) else None
-    return tuple(int(g or 0) for g in match.groups()) if match else None
 
 
 def _check_seal(data: dict[str, Any], path: str | Path) -> None:
-    """A seal that matches, or no seal where the writer predates sealing (its ``tool_version`` says so)."""
-    if SEAL_KEY in data:
-        if _sealed(data)[SEAL_KEY] != data[SEAL_KEY]:
-            raise ArtifactError(
-                f"manifest {path} was edited after hrm-deploy wrote it (its fields no longer match their "
-                "seal): what it says about the artifact cannot be trusted; re-create the artifact"
-            )
-        return
-    version = _version_tuple(data.get("tool_version"))
-    if version is None or version >= SEALED_SINCE:
+    """A seal that matches its fields. Every manifest hrm-deploy ever released writes is sealed, so
+    one without a seal (whatever ``tool_version`` it claims) was edited, and is refused like one."""
+    if SEAL_KEY not in data:
         raise ArtifactError(
-            f"manifest {path} has no seal ({SEAL_KEY}), yet hrm-deploy {data.get('tool_version')!r} seals every "
-            "manifest it writes: it was edited, so what it says cannot be trusted; re-create the artifact"
+            f"manifest {path} has no seal ({SEAL_KEY}), yet hrm-deploy seals every manifest it writes: it was "
+            "edited, so what it says about the artifact cannot be trusted; re-create the artifact"
+        )
+    if _sealed(data)[SEAL_KEY] != data[SEAL_KEY]:
+        raise ArtifactError(
+            f"manifest {path} was edited after hrm-deploy wrote it (its fields no longer match their "
+            "seal): what it says about the artifact cannot be trusted; re-create the artifact"
         )
 
 
@@ -301,15 +290,24 @@ def check_replaceable(
     )
 
 
-def output_path(out: str | os.PathLike, default_name: str | None, *, flag: str = "-o") -> Path:
-    """``out``, or ``<out>/<default_name>`` when ``out`` is an existing folder or ends with a
-    separator (``-o NEWDIR/``: the folder is made; one error line without a default name)."""
-    folder = str(out).endswith((os.sep, "/"))
-    out = Path(out)
-    if folder and not out.is_dir():
+def output_path(out: str | os.PathLike, default_name: str | None, *, flag: str = "-o", folder: bool = False) -> Path:
+    """Where ``-o`` writes, by one rule for every command that takes it: ``out`` ending with a
+    separator (``-o NEWDIR/``) or naming an existing folder is a folder, never a file of that name.
+    A command whose output is a folder (``folder``: datasets, runs, reports, repositories) writes
+    that folder; one whose output is a file writes ``<out>/<default_name>`` (the folder made when
+    missing), or, without a default name, refuses in one line. A file where a folder is meant is
+    one line too."""
+    text = os.fspath(out)
+    slash = text.endswith((os.sep, "/"))
+    out = Path(text)
+    if folder:
+        if os.path.lexists(out) and not out.is_dir():
+            raise ArtifactError(f"{flag} {text}: {out} is a file, not a folder; choose another path")
+        return out
+    if slash and not out.is_dir():
         if default_name is None:
             raise ArtifactError(f"{flag} {out}{os.sep} names a folder; give the output's file name inside it")
-        if out.exists():
+        if os.path.lexists(out):
             raise ArtifactError(f"{flag} {out}{os.sep} names a folder but {out} is a file; choose another path")
         out.mkdir(parents=True)
     if out.is_dir():
@@ -393,7 +391,7 @@ def check_artifact(artifact: str | Path, *, require_manifest: bool = False) -> d
     is caught). Without a manifest: ``None``, or an error when ``require_manifest``."""
     artifact = Path(artifact)
     if not artifact.is_file():
-        raise ArtifactError(f"{artifact} does not exist or is not a file")
+        raise path_error(artifact)
     if not manifest_path(artifact).exists():
         if require_manifest:
             read_manifest(artifact)  # raises the "no manifest" line
@@ -401,6 +399,19 @@ def check_artifact(artifact: str | Path, *, require_manifest: bool = False) -> d
     manifest = read_manifest(artifact)
     _verify_digest(artifact, manifest, sha256_file(artifact), artifact.stat().st_size)
     return manifest
+
+
+def path_error(artifact: Path) -> ArtifactError:
+    """The line for an artifact path that is not a regular file: what it is instead (a FIFO, a
+    device, a link to nowhere, a folder, nothing)."""
+    odd = not_a_plain_file(artifact)
+    if odd is not None:
+        return ArtifactError(
+            f"{artifact} is {odd}, not an artifact file; give the graph, engine or checkpoint file itself"
+        )
+    if artifact.is_dir():
+        return ArtifactError(f"{artifact} is a folder, not an artifact file; give the graph or engine file in it")
+    return ArtifactError(f"{artifact} does not exist; check the path")
 
 
 def read_verified(artifact: str | Path, *, require_manifest: bool = False) -> tuple[bytes, dict[str, Any] | None]:
@@ -411,7 +422,7 @@ def read_verified(artifact: str | Path, *, require_manifest: bool = False) -> tu
     try:
         data = artifact.read_bytes()
     except (FileNotFoundError, IsADirectoryError):
-        raise ArtifactError(f"{artifact} does not exist or is not a file") from None
+        raise path_error(artifact) from None
     if not manifest_path(artifact).exists():
         if require_manifest:
             read_manifest(artifact)

@@ -18,9 +18,11 @@ of them use it. onnxruntime is imported only when a session is made.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import logging
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
@@ -231,19 +233,8 @@ def ort_session(
         check_onnx_file(model)  # never block on a FIFO or read /dev/zero forever
     try:
         session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), options, providers=providers)
-    except (
-        ort.capi.onnxruntime_pybind11_state.InvalidProtobuf,
-        ort.capi.onnxruntime_pybind11_state.InvalidGraph,
-    ) as exc:
-        from hrm_deploy.errors import ArtifactError
-
-        if optimized_model_path is not None and "serialization failed" in str(exc):
-            # ORT failed to *write* the optimized graph (disk full, read-only...): never blame the input
-            raise _write_fault(Path(optimized_model_path)) from None
-        where = "the graph" if isinstance(model, bytes) else str(model)
-        raise ArtifactError(
-            f"{where} is not a readable ONNX file (ONNX Runtime cannot parse it); re-export it"
-        ) from None
+    except _load_errors(ort) as exc:
+        raise load_failure(model, exc, optimized_model_path) from None
     used = session.get_providers()[0]
     if used != wanted and not allow_fallback:
         raise DependencyError(
@@ -252,6 +243,74 @@ def ort_session(
             "matching CUDA/TensorRT, or use --provider cpu"
         )
     return session
+
+
+# The file the graphs being loaded were made from (a build's source), named when ONNX Runtime refuses
+# one of them (they are loaded from bytes: calibration's, a fusion's probe)
+_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("graph_source", default=None)
+
+
+@contextlib.contextmanager
+def made_from(source: str | Path) -> Iterator[None]:
+    """Within it, a graph that ONNX Runtime refuses to load from bytes is named as made from ``source``."""
+    token = _SOURCE.set(str(source))
+    try:
+        yield
+    finally:
+        _SOURCE.reset(token)
+
+
+def _load_errors(ort: Any) -> tuple[type[BaseException], ...]:
+    """The exceptions ONNX Runtime raises for a graph it cannot load (its pybind11 status classes)."""
+    state = ort.capi.onnxruntime_pybind11_state
+    names = (
+        *("Fail", "InvalidArgument", "NoSuchFile", "NoModel", "EngineError", "RuntimeException", "InvalidProtobuf"),
+        *("ModelLoaded", "NotImplemented", "InvalidGraph", "EPFail", "NotFound", "ModelRequiresCompilation"),
+    )
+    return tuple(getattr(state, name) for name in names if isinstance(getattr(state, name, None), type))
+
+
+_STATUS = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*(\w+)\s*:\s*")
+_LOAD_FROM = re.compile(r"^Load model from .*? failed:\s*")
+
+
+def load_reason(exc: BaseException) -> str:
+    """ONNX Runtime's reason, in one line: its first line without the status prefix and the path
+    (the caller names the file), at most 300 characters."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = _LOAD_FROM.sub("", _STATUS.sub("", text)).strip().rstrip(".") or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def load_failure(model: str | Path | bytes, exc: BaseException, written: str | Path | None = None) -> Exception:
+    """The one line for a graph ONNX Runtime refused to load (the loader's reason and what to do),
+    whichever command opened it: every session is made by :func:`ort_session`. A failure to *write*
+    the optimized graph (``written``) is the machine's, never the graph's."""
+    from hrm_deploy.errors import ArtifactError
+
+    status = _STATUS.match(str(exc).strip())
+    code = status.group(1) if status else type(exc).__name__.upper()
+    if written is not None and "serialization failed" in str(exc):
+        return _write_fault(Path(written))  # disk full, read-only...: never blame the input
+    where = str(model) if not isinstance(model, bytes) else f"the graph made from {_SOURCE.get() or 'it'}"
+    if code in ("INVALID_PROTOBUF", "INVALIDPROTOBUF"):
+        return ArtifactError(f"{where} is not a readable ONNX file (ONNX Runtime cannot parse it); re-export it")
+    if code in ("NO_SUCHFILE", "NOSUCHFILE"):
+        return ArtifactError(f"{where} does not exist (ONNX Runtime could not open it); give the graph's path")
+    if code in ("EP_FAIL", "EPFAIL"):
+        return DependencyError(
+            f"ONNX Runtime's execution provider could not take {where}: {load_reason(exc)}; use --provider cpu, "
+            "or install the onnxruntime and drivers the provider needs"
+        )
+    import onnxruntime
+
+    fix = (
+        "it needs kernels this ONNX Runtime lacks: run it where it was built for (a bf16 or fp8 graph on its GPU "
+        "engine: build-engine), or use the FP32 export"
+        if code in ("NOT_IMPLEMENTED", "NOTIMPLEMENTED")
+        else "it is damaged or was not written by hrm-deploy: re-export it (hrm-deploy export) or rebuild it"
+    )
+    return ArtifactError(f"ONNX Runtime {onnxruntime.__version__} cannot load {where}: {load_reason(exc)}; {fix}")
 
 
 @contextlib.contextmanager

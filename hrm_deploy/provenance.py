@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.artifacts import find_reference, is_checkpoint
+from hrm_deploy.artifacts import find_reference, is_checkpoint, recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 
 
@@ -134,13 +134,20 @@ def _describe(spec: dict[str, Any]) -> str:
     return f"{spec.get('generator')}, " + ", ".join(parts)
 
 
-def provenance_data(checkpoint: str | Path, flag: str, splits: dict[str, int | None] | None = None) -> DataChoice:
+def provenance_data(
+    checkpoint: str | Path,
+    flag: str,
+    splits: dict[str, int | None] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> DataChoice:
     """The dataset a checkpoint was trained on (see the module doc); ``flag`` names the option
     the user would otherwise pass, for the announcement and the error. ``splits``: what the command
-    reads (e.g. ``{"train": 128}`` to calibrate), so a regenerated dataset makes only that."""
+    reads (e.g. ``{"train": 128}`` to calibrate), so a regenerated dataset makes only that.
+    ``overrides``: the config fields an artifact was exported with (``recorded_overrides``), which
+    the checkpoint alone cannot tell (e.g. an upstream one without its dataset.json: seq_len)."""
     from hrm_deploy.model.checkpoint import _find_dataset_json, read_checkpoint
 
-    contents = read_checkpoint(checkpoint)
+    contents = read_checkpoint(checkpoint, **(overrides or {}))
     name = Path(checkpoint).name
     spec = contents.extra.get("dataset")
     if isinstance(spec, dict) and spec.get("generator"):
@@ -168,15 +175,23 @@ def provenance_data(checkpoint: str | Path, flag: str, splits: dict[str, int | N
     raise ConfigError(f"{name} records no dataset it was trained on; pass {flag} DATASET_DIR")
 
 
-def default_data(artifact: str | Path, flag: str, splits: dict[str, int | None] | None = None) -> DataChoice:
-    """Default data for a command on ``artifact`` (checkpoint, ONNX or engine); ``splits`` as in
-    :func:`provenance_data`. A damaged artifact or manifest is named first (it, not the data, is the problem)."""
+def default_data(
+    artifact: str | Path,
+    flag: str,
+    splits: dict[str, int | None] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> DataChoice:
+    """Default data for a command on ``artifact`` (checkpoint, ONNX or engine); ``splits`` and
+    ``overrides`` as in :func:`provenance_data` (None: those ``artifact``'s manifests recorded). A
+    damaged artifact or manifest is named first (it, not the data, is the problem)."""
     from hrm_deploy.manifest import check_artifact
 
     if Path(artifact).is_file():
         check_artifact(artifact)
     try:
         checkpoint = checkpoint_of(artifact)
+        if overrides is None:
+            overrides = {} if is_checkpoint(artifact) else recorded_overrides(artifact)
     except ArtifactError:
         if Path(artifact).suffix == ".onnx" and Path(artifact).is_file():
             from hrm_deploy.onnx_runtime import load_onnx
@@ -186,7 +201,7 @@ def default_data(artifact: str | Path, flag: str, splits: dict[str, int | None] 
             f"no {flag} given and the checkpoint {Path(artifact).name} came from is unknown (no "
             f"manifest names it, or it changed); pass {flag} DATASET_DIR"
         ) from None
-    return provenance_data(checkpoint, flag, splits)
+    return provenance_data(checkpoint, flag, splits, overrides)
 
 
 HELDOUT_SEED_OFFSET = 1_000_003  # a seed stream the checkpoint's own dataset never used
@@ -272,6 +287,41 @@ def _records(artifact: Path) -> tuple[dict[str, Any] | None, dict[str, Any], dic
             break
         current = nxt
     return parent, hub, files
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The checkpoint artifacts are compared with, and the config overrides they were exported with
+    (:func:`hrm_deploy.artifacts.recorded_overrides`): load it with exactly these."""
+
+    checkpoint: Path
+    overrides: dict[str, Any]
+
+
+def checked_reference(artifacts: list[Path], given: str | Path | None) -> Reference:
+    """The reference of ``artifacts``, settled before any work: ``given``, else the checkpoint the
+    first one's manifests name; checked against every artifact's record (:func:`check_reference`)
+    and read with their recorded overrides (one line if it cannot be: a field it lacks, e.g.)."""
+    from hrm_deploy.model.checkpoint import read_checkpoint
+
+    if given is not None:
+        checkpoint = Path(given)
+    elif artifacts:
+        checkpoint = artifacts[0] if is_checkpoint(artifacts[0]) else find_reference(artifacts[0])
+    else:
+        raise ConfigError("no reference checkpoint: pass --reference CKPT")
+    recorded = [recorded_overrides(a) for a in artifacts if not is_checkpoint(a)]
+    if any(r != recorded[0] for r in recorded):
+        raise ConfigError(
+            "these artifacts were exported with different checkpoint overrides "
+            f"({'; '.join(str(r) for r in recorded)}): they are not one model; compare them one at a time"
+        )
+    for artifact in artifacts:
+        if not is_checkpoint(artifact):
+            check_reference(artifact, checkpoint)
+    overrides = recorded[0] if recorded else {}
+    read_checkpoint(checkpoint, **overrides)  # a reference that cannot load fails now, not after the work
+    return Reference(checkpoint, overrides)
 
 
 def check_reference(artifact: str | Path, reference: str | Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hrm_deploy.artifacts import find_reference, recorded_overrides
+from hrm_deploy.artifacts import recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 from hrm_deploy.io import check_output_path, write_json, write_text
 from hrm_deploy.manifest import (
@@ -52,35 +52,17 @@ def _run(
 def compare(
     reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], labels: np.ndarray | None
 ) -> dict[str, Any]:
-    """Output errors, answer agreement, accuracy of both and the puzzles that flipped."""
+    """Output errors, answer agreement (:func:`hrm_deploy.agreement.measure`: closeness, flips and
+    non-finite values cell by cell), accuracy of both and the puzzles that flipped."""
+    from hrm_deploy.agreement import measure
     from hrm_deploy.metrics import accuracy, row_scores, solved_rows
 
-    ref_l, cand_l = reference["logits"], candidate["logits"]
-    scale = max(float(np.abs(ref_l).max()), 1e-6)
-    ref_q, cand_q = reference["q_halt_logits"], candidate["q_halt_logits"]
-    q_scale = max(float(np.abs(ref_q).max()), 1.0)
-    error = np.abs(ref_l - cand_l).max(-1)  # [N, S]: each cell's largest logit error
-    agree = ref_l.argmax(-1) == cand_l.argmax(-1)  # [N, S]
-    q_error = np.abs(ref_q[:, -1] - cand_q[:, -1])  # [N]
-    q_agree = (ref_q[:, -1] >= 0) == (cand_q[:, -1] >= 0)
-    report: dict[str, Any] = {
-        "logits": {
-            "max_abs": float(error.max()),
-            "max_rel": float(error.max() / scale),
-            # closeness where the answers agree: a cell whose answer flipped (which the agreement
-            # threshold allows) has a large logit error by nature and is counted there, not here
-            "max_rel_agreeing": float(error[agree].max() / scale) if agree.any() else 0.0,
-            "argmax_agreement": float(agree.mean()),
-        },
-        "q_halt": {
-            "max_abs": float(np.abs(ref_q - cand_q).max()),
-            "max_rel": float(q_error.max() / q_scale),
-            "max_rel_agreeing": float(q_error[q_agree].max() / q_scale) if q_agree.any() else 0.0,
-            "sign_agreement": float(q_agree.mean()),
-        },
-    }
-    if ref_q.shape == cand_q.shape:
-        report["per_step_q_halt_sign_agreement"] = [float(x) for x in ((ref_q >= 0) == (cand_q >= 0)).mean(0)]
+    report: dict[str, Any] = measure(reference, candidate, "the PyTorch reference").as_dict()
+    ref_q, cand_q = reference.get("q_halt_logits"), candidate.get("q_halt_logits")
+    if ref_q is not None and cand_q is not None and ref_q.shape == cand_q.shape:
+        with np.errstate(invalid="ignore"):  # NaN after a halted row's last step: not the same sign
+            same = (ref_q >= 0) == (cand_q >= 0)
+        report["per_step_q_halt_sign_agreement"] = [float(x) for x in same.mean(0)]
     ref_p, cand_p = reference.get("step_predictions"), candidate.get("step_predictions")
     if ref_p is not None and cand_p is not None and ref_p.shape == cand_p.shape:
         # the per-ACT-step curve: where do the two start to disagree, and how does accuracy grow
@@ -90,9 +72,9 @@ def compare(
                 solved = row_scores(preds, labels[:, None, :])[0]  # [N, steps]
                 report[f"per_step_exact_{name}"] = [float(x) for x in solved.mean(0)]
     if labels is not None:
-        report["reference"] = accuracy(ref_l, labels)
-        report["candidate"] = accuracy(cand_l, labels)
-        ref_ok, cand_ok = solved_rows(ref_l, labels), solved_rows(cand_l, labels)
+        report["reference"] = accuracy(reference["logits"], labels)
+        report["candidate"] = accuracy(candidate["logits"], labels)
+        ref_ok, cand_ok = solved_rows(reference["logits"], labels), solved_rows(candidate["logits"], labels)
         report["flipped"] = {
             "lost": np.flatnonzero(ref_ok & ~cand_ok).tolist(),
             "gained": np.flatnonzero(~ref_ok & cand_ok).tolist(),
@@ -101,25 +83,13 @@ def compare(
 
 
 def judge(report: dict[str, Any], thresholds: Thresholds) -> list[str]:
-    failures = []
-    if report["logits"]["argmax_agreement"] < thresholds.min_argmax_agreement:
-        failures.append(
-            f"argmax agreement {report['logits']['argmax_agreement']:.4f} < {thresholds.min_argmax_agreement}"
-        )
-    # closeness is judged where the answers (the q_halt signs) agree: the agreement thresholds
-    # already bound how many may flip, and a flipped cell's logits differ by about their range
-    logits_rel = report["logits"].get("max_rel_agreeing", report["logits"]["max_rel"])
-    if logits_rel > thresholds.max_logits_rel_error:
-        failures.append(
-            f"logits relative error where the answers agree {logits_rel:.4g} > {thresholds.max_logits_rel_error}"
-        )
-    q_rel = report["q_halt"].get("max_rel_agreeing", report["q_halt"].get("max_rel", 0.0))
-    if q_rel > thresholds.max_q_halt_rel_error:
-        failures.append(f"q_halt relative error where the signs agree {q_rel:.4g} > {thresholds.max_q_halt_rel_error}")
-    if report["q_halt"]["sign_agreement"] < thresholds.min_q_halt_sign_agreement:
-        failures.append(
-            f"q_halt sign agreement {report['q_halt']['sign_agreement']:.4f} < {thresholds.min_q_halt_sign_agreement}"
-        )
+    """What fails ``thresholds`` in a :func:`compare` report: the cells' judgement
+    (:meth:`hrm_deploy.agreement.Agreement.failures`: non-finite outputs, flips where the reference
+    was sure, the bound on every cell, closeness, agreement), a loop graph's halting steps and, with
+    labels, the exact-accuracy drop."""
+    from hrm_deploy.agreement import Agreement
+
+    failures = list(Agreement.from_dict(report).failures(thresholds))
     if "loop" in report and report["loop"]["steps_agreement"] < thresholds.min_q_halt_sign_agreement:
         failures.append(  # the halting decisions are the q_halt signs' consequence: held to their threshold
             f"halting steps agree on {report['loop']['steps_agreement']:.4f} of rows < "
@@ -143,10 +113,24 @@ def markdown(report: dict[str, Any]) -> str:
         "| check | value |",
         "|---|---|",
         f"| logits max abs / rel error | {report['logits']['max_abs']:.3g} / {report['logits']['max_rel']:.3g} |",
-        f"| logits rel error where the answers agree | {report['logits'].get('max_rel_agreeing', 0.0):.3g} |",
+        f"| logits rel error where the answers agree | {report['logits']['max_rel_agreeing']:.3g} |",
         f"| argmax agreement | {report['logits']['argmax_agreement']:.4%} |",
-        f"| q_halt sign agreement | {report['q_halt']['sign_agreement']:.4%} |",
+        f"| answers flipped; largest reference margin among them (of the scale) | {report['logits']['flips']}; "
+        f"{report['logits']['largest_flip_margin']:.3g} |",
     ]
+    if "q_halt" in report:
+        q_halt = report["q_halt"]
+        lines += [
+            f"| q_halt sign agreement | {q_halt['sign_agreement']:.4%} |",
+            f"| q_halt rel error: every step / last step where the signs agree | {q_halt['max_rel']:.3g} / "
+            f"{q_halt['max_rel_agreeing']:.3g} |",
+            f"| q_halt signs flipped; largest reference abs(q_halt) among them (of the scale) | {q_halt['flips']}; "
+            f"{q_halt['largest_flip_margin']:.3g} |",
+        ]
+    for bad in report.get("nonfinite", []):
+        lines.append(
+            f"| non-finite {bad['output']} | {bad['count']} (first: puzzle {bad['puzzle']}, {bad['position']}) |"
+        )
     if "loop" in report:
         loop = report["loop"]
         lines.append(
@@ -184,6 +168,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 def _check_thresholds(thresholds: Thresholds) -> None:
     for name, value in asdict(thresholds).items():
+        if value is None and name in ("max_flip_margin", "max_q_halt_flip"):  # None: the closeness threshold
+            continue
         if (
             not isinstance(value, (int, float))
             or not np.isfinite(value)
@@ -252,7 +238,7 @@ def verify(
     from hrm_deploy.backends import open_runner, reference_runner
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.manifest import refuse_companion
-    from hrm_deploy.provenance import check_reference
+    from hrm_deploy.provenance import checked_reference
 
     path = Path(artifact)
     refuse_companion(path)  # a .pt2's .program fallback given alone: name its engine
@@ -261,18 +247,19 @@ def verify(
 
         # the test split; the train split too when a budget:P rule is calibrated on it
         budget = any(str(rule).startswith("budget") for rule in halt or [])
-        choice = default_data(against or path, "--data", None if budget else {"test": None})
+        given = recorded_overrides(path) if against else None  # the fields the export was given
+        choice = default_data(against or path, "--data", None if budget else {"test": None}, given)
         log.info(choice.message)
         data = choice.path
     _check_options(samples, batch, thresholds, overrides)
     saving = _can_save_reports(path)  # links refused before the work; a read-only folder only warns
     before = (check_artifact(path) or {}).get("sha256") if path.is_file() else None  # folders: checkpoints
-    reference_ckpt = Path(against) if against else find_reference(path)
-    check_reference(path, reference_ckpt)  # a changed config or weights: one line, the old report kept
+    # a changed config or weights, or a reference that cannot load: one line now, the old report kept
+    reference_of = checked_reference([path], against)
+    reference_ckpt, ckpt_overrides = reference_of.checkpoint, reference_of.overrides
     candidate = open_runner(path, **runner_options)
     examples = load_examples(data, samples, split="test")
     cand_out = _run(candidate, examples, batch, f"{path.name} ({candidate.name})", quiet, check_vocab=True)
-    ckpt_overrides = recorded_overrides(path)  # the same model the artifact was exported as
     reference = reference_runner(reference_ckpt, steps=candidate.steps, **ckpt_overrides)
     # a loop graph halts by the rule fixed at its export: the reference runs the host loop with that rule
     loop_rule = builtin_halt_rule(path)

@@ -34,7 +34,7 @@ CHECKED = [
     "hrm_deploy/runtime/compat.py",
     "hrm_deploy/runtime/adapter.py",
     "hrm_deploy/runtime/device_loop.py",
-    "hrm_deploy/runtime/memory.py",
+    "hrm_deploy/runtime/memory",
 ]
 # the builders and the API they share with the runner (tests/backends/tensorrt checks the adapter's names)
 RTX_CHECKED = ["hrm_deploy/engines", "hrm_deploy/backends/tensorrt/builder", "hrm_deploy/backends/tensorrt/api.py"]

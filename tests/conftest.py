@@ -31,19 +31,25 @@ def tiny_config():
     return HRMConfig(**TINY)
 
 
-@pytest.fixture
-def tiny_model(tiny_config):
+def make_tiny_model():
     """A seeded random tiny HRM with a non-zero Q head (upstream inits it to zero)."""
     import torch
 
+    from hrm_deploy.model.config import HRMConfig
     from hrm_deploy.model.hrm import build_model
 
-    model = build_model(tiny_config, seed=0).eval()
+    model = build_model(HRMConfig(**TINY), seed=0).eval()
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(1)
         model.inner.q_head.weight.normal_(0, 0.05)
         model.inner.puzzle_emb.weights.normal_(0, 0.5)
     return model
+
+
+@pytest.fixture
+def tiny_model():
+    """A seeded random tiny HRM with a non-zero Q head (:func:`make_tiny_model`)."""
+    return make_tiny_model()
 
 
 def write_dataset_json(data: Path, cfg, **extra) -> None:
@@ -287,6 +293,33 @@ def tiny_onnx(trained_tiny, tmp_path_factory):
         trained_tiny.checkpoint, folder / "tiny.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
     )
     return SimpleNamespace(unrolled=unrolled.path, step=step.path, data=trained_tiny.data, folder=folder)
+
+
+@pytest.fixture(scope="session")
+def bundled_export(tmp_path_factory):
+    """``bundled_export(model="sudoku-small", mode="unrolled", halt="off")``: the path of that bundled
+    model's FP32 export (parity checked), made once per session for the tests that only read it (they
+    write what they build elsewhere)."""
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.train.presets import bundled_checkpoint
+
+    folder = tmp_path_factory.mktemp("bundled_exports")
+    made: dict[tuple[str, str, str], Path] = {}
+
+    def get(model: str = "sudoku-small", mode: str = "unrolled", halt: str = "off") -> Path:
+        if (model, mode, halt) not in made:
+            out = folder / f"{model}.{mode}.{halt.replace(':', '_')}.onnx"
+            config = ExportConfig(mode=mode, halt=halt)
+            made[model, mode, halt] = export_onnx(bundled_checkpoint(model), out, config, quiet=True).path
+        return made[model, mode, halt]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def small_onnx(bundled_export):
+    """The ACT fixture's (the bundled sudoku-small's) FP32 unrolled export, 8 steps: ``bundled_export()``."""
+    return bundled_export()
 
 
 @pytest.fixture(scope="session")

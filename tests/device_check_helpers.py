@@ -1,4 +1,5 @@
-"""Loading the GPU check scripts (scripts/ is not a package) in tests."""
+"""Loading the GPU check scripts and the benchmarks in tests (neither scripts/ nor benchmarks/ is a
+package: each runs as ``python <folder>/<name>.py``, which puts its folder on ``sys.path``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,17 @@ def load(name: str, path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py``, its imports of the modules beside it resolved as when it runs as a
+    script (the folder is on ``sys.path`` while it loads)."""
+    folder = str(ROOT / "benchmarks")
+    sys.path.insert(0, folder)
+    try:
+        return load(name, ROOT / "benchmarks" / f"{name}.py")
+    finally:
+        sys.path.remove(folder)
 
 
 def load_check(name: str, monkeypatch) -> ModuleType:

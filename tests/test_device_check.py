@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.device_check_helpers import ROOT, load as _load, load_check
+from tests.device_check_helpers import ROOT, load_benchmark, load_check
 
 
 @pytest.fixture
@@ -178,7 +178,7 @@ def test_the_cause_variants_run_only_where_the_builds_probe_died(check, fake_gpu
 
 
 def test_kernel_time_against_gaps_per_act_step():
-    latency = _load("gpu_latency", ROOT / "benchmarks" / "gpu_latency.py")
+    latency = load_benchmark("gpu_latency")
     kernels = [(0.0, 10.0), (5.0, 15.0), (20.0, 30.0)]  # microseconds; two overlap
     split = latency.split_gpu_time(kernels, [(30.0, 35.0)], wall_ms=0.05, steps=2)
     assert split["kernel_ms"] == pytest.approx(0.025) and split["copy_ms"] == pytest.approx(0.005)
@@ -190,7 +190,7 @@ def test_kernel_time_against_gaps_per_act_step():
 
 def test_a_profiled_call_without_gpu_activity_says_kernels_were_not_visible():
     torch = pytest.importorskip("torch")
-    latency = _load("gpu_latency", ROOT / "benchmarks" / "gpu_latency.py")
+    latency = load_benchmark("gpu_latency")
     calls = []
 
     class Runner:
@@ -219,7 +219,7 @@ def test_gpu_latency_saves_its_model_and_refuses_to_measure_without_a_gpu(tmp_pa
 @pytest.mark.slow
 def test_gpu_precision_on_the_cpu_compares_bf16_and_tf32_with_exact_fp32(tmp_path):
     pytest.importorskip("torch")
-    precision = _load("gpu_precision", ROOT / "benchmarks" / "gpu_precision.py")
+    precision = load_benchmark("gpu_precision")
     out = tmp_path / "p.json"
     assert precision.main(["--device", "cpu", "--samples", "8", "--batch", "4", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]

@@ -12,7 +12,8 @@ Rank  Rooms (first package level below ``hrm_deploy``)
 0     base: the package itself (``hrm_deploy/__init__``: lazy exports only), ``errors``, ``io``,
       ``manifest``, ``registry`` (the backend table, plain data), ``contract`` (the step / unrolled
       graphs' I/O names and shapes, the carry, the halting function type), ``artifacts``,
-      ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``puzzle_table`` (external puzzle-embedding
+      ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``agreement`` (a candidate's outputs judged
+      cell by cell against a reference's), ``puzzle_table`` (external puzzle-embedding
       tables), ``sources`` (where a checkpoint or dataset comes from: paths, run folders, the Hub), ``jetpack`` (the JetPack
       lines) -- used by everything, import only base
 1     ``model`` (the network, configs, checkpoints), ``data`` (datasets in upstream's format),
@@ -33,6 +34,7 @@ Rank  Rooms (first package level below ``hrm_deploy``)
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,7 @@ RANKS: dict[str, int] = {
     "system": 0,
     "progress": 0,
     "metrics": 0,
+    "agreement": 0,
     "puzzle_table": 0,
     "sources": 0,
     "jetpack": 0,
@@ -95,11 +98,17 @@ def _rank(module: str) -> int:
     return RANKS[room]
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for all the checks here."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _imports(path: Path) -> set[str]:
     """Every hrm_deploy module ``path`` imports, top-level or inside functions."""
     found: set[str] = set()
     module = _module_name(path)
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "hrm_deploy")
         elif isinstance(node, ast.ImportFrom):
@@ -112,6 +121,7 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+@functools.cache
 def _edges() -> list[tuple[str, str]]:
     return [(_module_name(p), target) for p in sorted(PACKAGE.rglob("*.py")) for target in sorted(_imports(p))]
 
@@ -141,7 +151,7 @@ def test_every_room_has_a_rank():
 
 def _top_level_imports(path: Path, known: set[str]) -> set[str]:
     """hrm_deploy modules imported at module level (function bodies and TYPE_CHECKING blocks aside)."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     found: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
@@ -203,3 +213,99 @@ def test_the_stages_below_the_applications_import_no_backend():
         if dst == "hrm_deploy.backends" or dst.startswith("hrm_deploy.backends.")
     ]
     assert not reaching, f"a stage below the applications imports a backend: {reaching}"
+
+
+def _runtime_imports(path: Path, known: set[str]) -> set[str]:
+    """The hrm_deploy modules ``path`` imports when it runs, at module level or inside functions
+    (``from package import module`` counts as the module); ``if TYPE_CHECKING:`` blocks aside."""
+    tree = _tree(path)
+    module = _module_name(path)
+    found: set[str] = set()
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            todo.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            name = node.module or ""
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - node.level + (path.name == "__init__.py")]
+                name = ".".join([*base, name] if name else base)
+            found.update(f"{name}.{a.name}" if f"{name}.{a.name}" in known else name for a in node.names)
+        todo.extend(ast.iter_child_nodes(node))
+    return {m for m in found if m in known and m != module}
+
+
+@functools.cache
+def _runtime_graph() -> dict[str, set[str]]:
+    """Each module -> the modules it imports when it runs (:func:`_runtime_imports`)."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: _runtime_imports(path, set(files)) for name, path in files.items()}
+
+
+def _siblings(files: dict[str, Path]) -> dict[str, str]:
+    """Each module that is not a package's ``__init__`` -> its package."""
+    return {name: name.rpartition(".")[0] for name, path in files.items() if path.name != "__init__.py"}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each set of modules that import one another round a circle (strongly connected, 2 or more)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            ring = []
+            while True:
+                member = stack.pop()
+                ring.append(member)
+                if member == node:
+                    break
+            if len(ring) > 1:
+                found.append(sorted(ring))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_circle_finder_sees_a_lazy_circle() -> None:
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_inside_a_package():
+    """The modules of one package import one another round no circle, lazy imports included: where
+    two modules need each other, what they share moves down into a module both import (the export's
+    INITIAL_CARRY into export.trace, TensorDiff into export.parity_limits). Type-only imports
+    (``if TYPE_CHECKING:``) run nothing and are left aside, and so is a package's ``__init__``, which
+    imports its own modules to present them (the command line registers its commands there); a
+    module-level circle through it is test_no_module_level_import_circle's."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    package = _siblings(files)
+    graph = {
+        name: {dst for dst in _runtime_graph()[name] if package.get(dst) == home} for name, home in package.items()
+    }
+    circles = import_circles(graph)
+    assert not circles, "import circles inside a package:\n" + "\n".join(f"  {' <-> '.join(c)}" for c in circles)
+
+
+def test_the_fake_tensorrt_is_imported_by_nothing_in_the_package():
+    """backends.tensorrt.fake_trt is for tests and benchmarks: no module of the package reaches it."""
+    fake = "hrm_deploy.backends.tensorrt.fake_trt"
+    assert fake in _runtime_graph()
+    assert not [name for name, imported in _runtime_graph().items() if fake in imported]

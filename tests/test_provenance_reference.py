@@ -80,3 +80,49 @@ def test_a_snapshot_file_linked_out_of_the_hub_cache_is_refused(tmp_path):
     (snapshot / "all_config.yaml").symlink_to(elsewhere)
     with pytest.raises(SourceError, match="outside the Hub cache's folder of acme/HRM-tiny"):
         hub_origin(snapshot / "checkpoint")
+
+
+@pytest.mark.slow
+def test_bench_checks_the_reference_it_builds_before_any_work(upstream_run, tmp_path, monkeypatch):
+    """bench without --reference built its reference row from an edited all_config.yaml (and exited 0,
+    minutes later); it now refuses before measuring anything, as verify does."""
+    from hrm_deploy.bench.run import BenchConfig, bench
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+
+    graph = export_onnx(upstream_run, tmp_path / "u.onnx", ExportConfig(parity=False), quiet=True).path
+    (upstream_run.parent / "all_config.yaml").write_text(
+        (upstream_run.parent / "all_config.yaml").read_text() + "# edit\n"
+    )
+
+    def measured(*args, **kwargs):
+        raise AssertionError("bench measured before checking its reference")
+
+    monkeypatch.setattr("hrm_deploy.bench.run._measure", measured)
+    with pytest.raises(ArtifactError, match=r"all_config.yaml changed since u.onnx was made from it"):
+        bench([graph], BenchConfig(data=str(tmp_path), out_dir=str(tmp_path / "b")), quiet=True)
+
+
+@pytest.mark.slow
+def test_bench_and_verify_read_the_reference_with_the_recorded_overrides(tmp_path, tiny_model, monkeypatch):
+    """An export made with --seq-len (its checkpoint has no dataset.json to tell) records it; bench's
+    reference row and verify's default data read it back (both ended with 'pass --seq-len N', which
+    neither command has)."""
+    from hrm_deploy.bench.run import BenchConfig, bench
+    from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+    from hrm_deploy.errors import ConfigError
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.verify import verify
+    from tests.conftest import write_upstream_run
+
+    monkeypatch.chdir(tmp_path)
+    step = write_upstream_run(tmp_path / "run", tiny_model, with_dataset=False)
+    config = ExportConfig(parity=False)
+    graph = export_onnx(step, tmp_path / "u.onnx", config, quiet=True, seq_len=81, vocab_size=11).path
+    data = tmp_path / "data"
+    generate_sudoku(SudokuSpec(train=4, test=8, blanks=(3, 6), workers=1), str(data))
+    report = bench([graph], BenchConfig(data=str(data), batches=(8,), iters=1, warmup=0, out_dir=str(tmp_path / "b")))
+    reference = next(row for row in report["rows"] if row.get("reference"))
+    assert reference["status"] == "ok", reference
+    with pytest.raises(ConfigError, match="pass --data") as refused:
+        verify(graph, None, samples=4, quiet=True)
+    assert "--seq-len" not in str(refused.value)

@@ -116,3 +116,61 @@ def test_verify_against_another_checkpoint_is_one_line_and_keeps_the_report(tiny
     with pytest.raises(ArtifactError, match="is not the checkpoint copy.onnx was made from"):
         verify(copy, tiny_onnx.data, against=other, samples=8)
     assert report.read_text() == '{"passed": true}'
+
+
+def _poisoned(source, out, rows_where: int, precision: str = "int8"):
+    """A copy of the graph ``source`` whose q_halt is NaN on the rows whose first cell holds token
+    ``rows_where`` (an engine bug a user could meet), labelled ``precision`` and resealed as
+    hrm-deploy would: only the judge can tell."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from hrm_deploy.io import sha256_file
+    from hrm_deploy.manifest import manifest_path, manifest_text
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    producer = next(n for n in graph.node if "q_halt_logits" in n.output)
+    producer.output[list(producer.output).index("q_halt_logits")] = "q_halt_clean"
+    graph.initializer.extend(
+        [
+            helper.make_tensor("poison_token", TensorProto.INT32, [], [rows_where]),
+            helper.make_tensor("poison_nan", TensorProto.FLOAT, [], [float("nan")]),
+            helper.make_tensor("poison_first", TensorProto.INT64, [1], [0]),
+        ]
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Gather", ["inputs", "poison_first"], ["poison_cell"], axis=1),  # [B, 1]
+            helper.make_node("Cast", ["poison_cell"], ["poison_cell32"], to=TensorProto.INT32),
+            helper.make_node("Equal", ["poison_cell32", "poison_token"], ["poison_rows"]),
+            helper.make_node("Where", ["poison_rows", "poison_nan", "q_halt_clean"], ["q_halt_logits"]),
+        ]
+    )
+    for prop in model.metadata_props:
+        if prop.key == "hrm_deploy.precision":
+            prop.value = precision
+    onnx.save(model, str(out))
+    data = read_manifest(source)
+    data.update(artifact=out.name, sha256=sha256_file(out), size_bytes=out.stat().st_size, precision=precision)
+    parent = dict(data["parent"])
+    parent["path"] = str(find_reference(source))  # the copy's own relative path to its checkpoint
+    data["parent"] = parent
+    manifest_path(out).write_text(manifest_text(data))
+    return out
+
+
+def test_verify_fails_a_graph_whose_q_halt_is_nan_on_a_few_rows(tiny_onnx, tmp_path):
+    """NaN where an engine should answer once PASSED (NaN compares false with every threshold); now the
+    command fails and says which output, how many values and where."""
+    from hrm_deploy.data.examples import load_examples
+
+    examples = load_examples(tiny_onnx.data, 100, split="test")
+    token = int(np.bincount(examples.inputs[:, 0]).argmax())  # the most common first cell
+    poisoned = _poisoned(tiny_onnx.unrolled, tmp_path / "nanq.onnx", token)
+    result = runner.invoke(app, ["verify", str(poisoned), "--data", tiny_onnx.data, "--samples", "100"])
+    assert result.exit_code == 3, result.output
+    rows = int((examples.inputs[:, 0] == token).sum())
+    assert f"the candidate's q_halt_logits hold {rows} non-finite values" in result.output
+    report = json.loads((tmp_path / "nanq.onnx.verify.json").read_text())
+    assert report["precision"] == "int8" and not report["passed"] and report["nonfinite"][0]["count"] == rows

@@ -116,10 +116,12 @@ def _check_arc_model(contents: CheckpointContents) -> int:
 def _check_out(out: Path, base: Path, task_paths: list[Path], resume: bool) -> None:
     """OUT is new (or, with ``resume``, an adapt run's); never the base checkpoint's folder, nor inside
     the base's run folder or a task folder given with --tasks."""
+    from hrm_deploy.outputs import run_folder
+
     check_output_path(out)
     real = out.resolve()
-    is_run = any((base.parent / name).exists() for name in ("metrics.jsonl", "all_config.yaml"))
-    inside = [(base.parent, "the base checkpoint's run folder")] if is_run else []
+    run = run_folder(base)  # last.pt / step_N, or a folder holding a run's files
+    inside = [(run, "the base checkpoint's run folder")] if run is not None else []
     inside += [(p, "an input task folder") for p in task_paths if p.is_dir()]
     same = [(base.parent, "the base checkpoint's folder")] + [(p.parent, "an input task folder") for p in task_paths]
     for folder, what in inside + same:
@@ -139,13 +141,7 @@ def _base_identifiers(contents: CheckpointContents, base_data: str | None) -> li
     """The base table's identifier names: ``base_data``'s ``identifiers.json`` or the recorded
     dataset's (tried as recorded, then beside the checkpoint); None when unknown."""
     rows = contents.config.num_puzzle_identifiers
-    recorded = contents.train_config.get("data_path")
-    if base_data:
-        candidates = [Path(base_data)]
-    elif isinstance(recorded, str) and recorded:
-        candidates = [Path(recorded)] + [parent / recorded for parent in contents.path.parents]
-    else:
-        candidates = []
+    candidates = [Path(base_data)] if base_data else _recorded_data(contents)
     for folder in candidates:
         path = folder / "identifiers.json"
         if not path.is_file():
@@ -168,6 +164,25 @@ def _base_identifiers(contents: CheckpointContents, base_data: str | None) -> li
         "cannot be checked against them; pass --base-data DIR to check"
     )
     return None
+
+
+def _recorded_data(contents: CheckpointContents) -> list[Path]:
+    """Where the dataset the checkpoint records may be: as recorded, then beside the checkpoint."""
+    recorded = contents.train_config.get("data_path")
+    if not isinstance(recorded, str) or not recorded:
+        return []
+    return [Path(recorded)] + [parent / recorded for parent in contents.path.parents]
+
+
+def _check_out_of_data(out: Path, contents: CheckpointContents, base_data: str | None) -> None:
+    """OUT is never inside the dataset the base was trained on (as recorded, or --base-data)."""
+    real = out.resolve()
+    for folder in ([Path(base_data)] if base_data else []) + _recorded_data(contents):
+        if folder.is_dir() and real.is_relative_to(folder.resolve()):
+            raise ConfigError(
+                f"-o {out} is inside {folder}, the dataset the base checkpoint was trained on; adapt never writes "
+                "there: choose another -o"
+            )
 
 
 def _start_model(contents: CheckpointContents, new_rows: int):
@@ -276,6 +291,7 @@ def _prepare(config: AdaptConfig, resume: bool, world: int) -> tuple[_Plan, dict
     _check_out(out, base, task_paths, resume)
     refs = task_refs(task_paths)
     contents = read_checkpoint(base)
+    _check_out_of_data(out, contents, config.base_data)
     side = _check_arc_model(contents)
     base_sha256 = sha256_file(base)
     if resume:
@@ -331,7 +347,7 @@ def adapt(
     rank reads."""
     from hrm_deploy.train.distributed import init_distributed, on_main, shutdown
     from hrm_deploy.train.loop import train
-    from hrm_deploy.train.start import Start
+    from hrm_deploy.train.setup import Start
 
     dist_info = init_distributed(config.device)
     made: dict[str, Any] = {}  # rank 0's record and start model: not sent to the other ranks

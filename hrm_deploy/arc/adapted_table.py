@@ -7,7 +7,8 @@ table rows, gathered on the host, instead of puzzle identifiers (:mod:`hrm_deplo
 with the longer table is the adapted model. What makes that true is checked here, each fault one
 line: the table's width and dtype are the export's, it extends the export's table (its first rows
 are the export's, bit for bit), the adapt run's record names the checkpoint the export was made
-from (by sha256), only the table was trained, and the dataset scored is the adapt run's own.
+from (by sha256), the adapted checkpoint is the one the run wrote (by sha256, recorded when the run
+ended), only the table was trained, and the dataset scored is the adapt run's own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from hrm_deploy.arc.adapt import CHECKPOINT, RECORD, TABLE_KEY, read_record
 from hrm_deploy.errors import ConfigError
+from hrm_deploy.io import sha256_file
 from hrm_deploy.puzzle_table import MANIFEST_KEY, Placement, PuzzleTable, given_table_error
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,19 @@ def _adapted_checkpoint(given: Path) -> tuple[Path, dict[str, Any]]:
             f"--puzzle-table {given}: no {RECORD} there; give the output folder of `hrm-deploy adapt` (or its "
             f"{CHECKPOINT}), whose record names the base checkpoint"
         )
-    return (folder / CHECKPOINT if given.is_dir() else given), read_record(folder)
+    checkpoint, record = (folder / CHECKPOINT if given.is_dir() else given), read_record(folder)
+    recorded = record.get("checkpoint_sha256")
+    if not recorded:
+        raise ConfigError(
+            f"--puzzle-table {given}: the adapt run in {folder} has not finished ({RECORD} records no checkpoint "
+            "sha256 yet); finish it with `hrm-deploy adapt ... --resume`, then give it again"
+        )
+    if not checkpoint.is_file() or sha256_file(checkpoint) != recorded:
+        raise ConfigError(
+            f"--puzzle-table {given}: {checkpoint} is not the checkpoint the adapt run wrote (its sha256 differs from "
+            f"{RECORD}'s record): it was changed or replaced after adapt; adapt again"
+        )
+    return checkpoint, record
 
 
 def _check_dataset(data: Path, folder: Path, record: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from hrm_deploy.arc.score import PASS_KS, Votes, labels_from_puzzles, labels_fro
 from hrm_deploy.arc.sources import Source, is_url, open_source
 from hrm_deploy.errors import ConfigError, DataError
 from hrm_deploy.io import check_output_path, write_json
+from hrm_deploy.manifest import output_path
 from hrm_deploy.outputs import check_user_output, publish_output, run_folder
 
 if TYPE_CHECKING:
@@ -62,6 +64,13 @@ class ArcEvalConfig:
     halt: str = "off"
     # run the batches on Ray workers (hrm_deploy.scale): the same records and submission as one process
     ray: RayConfig | None = None
+
+    def __post_init__(self) -> None:
+        price = self.price_per_hour
+        if price is not None:
+            if not 0 <= price < math.inf:  # NaN and inf are no price (inf would write Infinity, not JSON)
+                raise ConfigError(f"--price-per-hour {price}: give the machine's price, a finite 0 or more")
+            object.__setattr__(self, "price_per_hour", price + 0.0)  # -0 is 0 (never "cost -0.000000")
 
 
 def output_paths(submission: Path) -> dict[str, Path]:
@@ -359,12 +368,12 @@ def arc_eval(
     run = None if remote else run_folder(path)
     # beside an artifact of ours; a checkpoint's run folder is an input: its submission goes here
     default_dir = Path.cwd() if remote or run is not None else path.parent
-    submission = Path(output) if output else default_dir / f"{path.name}.arc-submission.json"
+    default_name = f"{path.name}.arc-submission.json"
+    # -o NEWDIR/ (or a folder): the submission goes in it under its default name
+    submission = output_path(output, default_name) if output else default_dir / default_name
     paths = output_paths(submission)
     if against is not None and 2 not in config.ks:
         raise ConfigError("--against compares pass@2: include 2 in --k")
-    if config.price_per_hour is not None and not config.price_per_hour >= 0:
-        raise ConfigError(f"--price-per-hour {config.price_per_hour}: give the machine's price, 0 or more")
     if not 0 <= config.max_pass2_difference_points <= 100:
         raise ConfigError(f"--max-pass2-difference {config.max_pass2_difference_points}: give points between 0 and 100")
     _check_outputs(submission, paths, [None if remote else path, against], [data, run, run_folder(against)])

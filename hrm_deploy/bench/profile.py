@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.artifacts import check_artifact_file
 from hrm_deploy.bench.blocks import Block, Layer, Profile, compare, fold, table
 from hrm_deploy.errors import ArtifactError, ConfigError
 
@@ -108,17 +109,22 @@ def _load_json(path: str | Path, what: str) -> list[Any]:
     return data
 
 
-def _timed(runner: Any, feeds: dict[str, np.ndarray], config: ProfileConfig, after_warmup: Callable[[], None]) -> float:
-    """Warm up, call ``after_warmup``, then time ``config.calls`` calls; their summed wall ms."""
+def _timed(
+    runner: Any, feeds: dict[str, np.ndarray], config: ProfileConfig, after_warmup: Callable[[], None]
+) -> tuple[float, int]:
+    """Warm up, call ``after_warmup``, then time ``config.calls`` calls: their summed wall ms, and
+    the ACT steps one call ran (a loop graph stops when every row has halted: its rows' most, not
+    its maximum; every other artifact runs all of its steps)."""
     for _ in range(config.warmup):
         runner.infer(feeds)
     after_warmup()
-    wall = 0.0
+    wall, out = 0.0, {}
     for _ in range(config.calls):
         start = time.perf_counter()
-        runner.infer(feeds)
+        out = runner.infer(feeds)
         wall += time.perf_counter() - start
-    return wall * 1e3
+    ran = out.get("steps_used") if isinstance(out, dict) else None
+    return wall * 1e3, int(np.max(ran)) if ran is not None and np.size(ran) else int(runner.steps)
 
 
 def profile_ort(path: Path, feeds: dict[str, np.ndarray], config: ProfileConfig) -> Profile:
@@ -130,7 +136,7 @@ def profile_ort(path: Path, feeds: dict[str, np.ndarray], config: ProfileConfig)
         runner: Any = open_runner(path, provider=config.provider, threads=config.threads, profile_prefix=prefix)
         runner.activate()
         try:
-            wall = _timed(runner, feeds, config, lambda: None)
+            wall, steps = _timed(runner, feeds, config, lambda: None)
             layers, model_run = read_ort_profile(runner.end_profiling(), config.calls, config.warmup)
             settings = dict(runner.runtime_settings)
         finally:
@@ -141,7 +147,7 @@ def profile_ort(path: Path, feeds: dict[str, np.ndarray], config: ProfileConfig)
         runner.precision,
         "onnxruntime session profiler",
         len(feeds["inputs"]),
-        runner.steps,
+        steps,
         config.calls,
         layers,
         wall_ms=wall,
@@ -214,12 +220,12 @@ def profile_torch(runner: Any, path: Path, feeds: dict[str, np.ndarray], config:
             for _ in range(config.warmup):
                 runner.infer(feeds)
             with torch_profile(activities=activities) as prof:
-                wall = _timed(runner, feeds, ProfileConfig(calls=config.calls, warmup=0), lambda: None)
+                wall, steps = _timed(runner, feeds, ProfileConfig(calls=config.calls, warmup=0), lambda: None)
         finally:
             if scopes is not None:
                 scopes.remove()
         layers, runtime = _torch_layers(prof.events(), cuda, scopes is not None)
-        steps, precision = runner.steps, runner.precision
+        precision = runner.precision
     finally:
         runner.close()
     source = "torch.profiler, " + ("module scopes" if scopes else "operators (compiled: no module scopes)")
@@ -257,8 +263,8 @@ def profile_trt(runner: Any, path: Path, feeds: dict[str, np.ndarray], config: P
     runner.activate()
     try:
         profiler = runner.attach_profiler(layer_profiler)
-        wall = _timed(runner, feeds, config, profiler.reports.clear)
-        steps, precision = runner.steps, runner.precision
+        wall, steps = _timed(runner, feeds, config, profiler.reports.clear)
+        precision = runner.precision
     finally:
         runner.close()
     return Profile(
@@ -308,6 +314,8 @@ def profile(artifacts: list[str | Path], config: ProfileConfig, reference: str |
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise ArtifactError(f"{', '.join(missing)} not found; give existing graphs, engines, checkpoints or JSONs")
+    for path in paths:  # a FIFO or a device is named as one, before the data
+        check_artifact_file(path)
     folder = ReportFolder(config.out_dir, PROFILE_FILES)
     folder.check()  # before the work: no user's file there is replaced
     feeds: dict[str, np.ndarray] = {}

@@ -209,7 +209,6 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     """Measure ``artifacts`` (default: every engine in engines/) and the reference; write
     report.json, report.md (and latency.png with matplotlib) under ``config.out_dir``. Progress
     with ETA per artifact goes to stderr unless ``quiet``."""
-    from hrm_deploy.artifacts import find_reference
     from hrm_deploy.backends import open_runner, reference_runner
     from hrm_deploy.bench.jetson import jetson_model
     from hrm_deploy.data.examples import load_examples
@@ -223,10 +222,12 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
             "`hrm-deploy bench --target jetson --host USER@JETSON`"
         )
     paths = [Path(a) for a in artifacts] or default_artifacts()
+    from hrm_deploy.artifacts import check_artifact_file
     from hrm_deploy.manifest import refuse_companion
 
-    for path in paths:  # a .pt2's .program fallback given alone: name its engine
+    for path in paths:  # a .pt2's .program fallback given alone: name its engine; a FIFO as one
         refuse_companion(path)
+        check_artifact_file(path)
     if not paths and not config.include_reference:
         raise ConfigError("nothing to bench: pass artifacts or build engines first (hrm-deploy build-engine)")
     from hrm_deploy.bench.files import BENCH_FILES, PROFILE_FILES, ReportFolder
@@ -236,16 +237,16 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     folder.check()
     if config.profile:
         ReportFolder(config.out_dir, PROFILE_FILES).check()
+    reference = None
+    if config.include_reference:  # accuracy only against the reference they were built from, checked now
+        from hrm_deploy.provenance import checked_reference
+
+        reference = checked_reference(paths, config.reference)
     config = resolve_data(config, paths)
     assert config.data is not None
     examples = load_examples(config.data, config.accuracy_samples, split="test")
     check_batch_memory(config.batches, examples.inputs.shape[1] + 1, _hidden_size(paths, config.reference))
     measured = {path: (check_artifact(path) or {}).get("sha256") for path in paths if path.is_file()}
-    if config.include_reference and config.reference:  # accuracy only against the reference they were built from
-        from hrm_deploy.provenance import check_reference
-
-        for path in measured:
-            check_reference(path, config.reference)
     rows: list[dict[str, Any]] = []
     steps = None
     for path in paths:
@@ -271,19 +272,19 @@ def bench(artifacts: list[str | Path], config: BenchConfig, quiet: bool = False)
     for path, digest in measured.items():
         if digest is not None and (check_artifact(path) or {}).get("sha256") != digest:
             raise ArtifactError(f"{path} was replaced while it was being measured; run bench again")
-    if config.include_reference:
-        reference = Path(config.reference) if config.reference else (find_reference(paths[0]) if paths else None)
-        if reference is None:
-            raise ConfigError("no reference checkpoint: pass --reference CKPT")
+    if reference is not None:
+        ckpt, overrides = reference.checkpoint, reference.overrides
         row = {
-            "artifact": str(reference),
+            "artifact": str(ckpt),
             "runner": CHECKPOINT_RUNNER,
             "reference": True,
-            "size_mb": reference.stat().st_size / 1e6,
+            "size_mb": ckpt.stat().st_size / 1e6,
         }
-        row.update(_measure(reference_runner(reference, steps=steps), examples, config, "PyTorch reference", quiet))
+        row.update(
+            _measure(reference_runner(ckpt, steps=steps, **overrides), examples, config, "PyTorch reference", quiet)
+        )
         if config.halt:
-            row["halting"] = _halting(reference, reference_runner(reference, steps=steps), examples, config)
+            row["halting"] = _halting(ckpt, reference_runner(ckpt, steps=steps, **overrides), examples, config)
         row["status"] = "ok"
         rows.append(row)
         _add_ratios(rows, row)

@@ -34,7 +34,7 @@ def _root(
         bool, typer.Option("--verbose", "-v", help="Show the library's debug messages and which module said what.")
     ] = False,
 ) -> None:
-    """checkpoint -> export (ONNX) -> build-engine (TensorRT) -> verify / bench."""
+    """checkpoint -> export (ONNX) -> build-engine (TensorRT, TensorRT-RTX, AOTInductor, cpu) -> verify / bench."""
     from hrm_deploy.cli.logs import setup_logging
 
     setup_logging(verbose)

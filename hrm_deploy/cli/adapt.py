@@ -50,9 +50,11 @@ def adapt(
     --puzzle-emb external answers the new tasks: `arc-eval GRAPH --data OUT/data --puzzle-table OUT`.
     Multi-GPU: `torchrun --nproc-per-node N -m hrm_deploy adapt ...` (DDP; --batch-size a multiple of N)."""
     from hrm_deploy.arc.adapt import AdaptConfig, adapt as run_adapt
+    from hrm_deploy.manifest import output_path
     from hrm_deploy.system import check_threads
 
     check_threads(threads)
+    out = output_path(out, None, folder=True)  # -o NEWDIR/ or NEWDIR: the adapt folder; a file there is one line
     config = AdaptConfig(
         checkpoint=checkpoint,
         tasks=tuple(str(t) for t in tasks),

@@ -38,8 +38,10 @@ def arc(
 ) -> None:
     """Build an ARC dataset in upstream's format (augmentations, identifiers.json) from task files."""
     from hrm_deploy.data.arc import ArcSpec, build_arc, find_subsets
+    from hrm_deploy.manifest import output_path
     from hrm_deploy.progress import progress
 
+    output = output_path(output, None, flag="--output", folder=True)  # a file there: one line, before the scan
     spec = ArcSpec(
         source=source,
         num_aug=num_aug,
@@ -67,7 +69,10 @@ def arc_eval(
     ],
     data: Annotated[Path, typer.Option("--data", help="ARC dataset folder (upstream's build or `data arc`).")],
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="submission.json to write (default: beside the artifact).")
+        str | None,  # a string, not a Path: "-o NEWDIR/" keeps its slash (a folder to make)
+        typer.Option(
+            "-o", "--output", help="submission.json to write, or a folder for it (default: beside the artifact)."
+        ),
     ] = None,
     k: Annotated[str, typer.Option("--k", help="pass@k values, comma-separated.")] = "1,2,5,10,100,1000",
     against: Annotated[
@@ -130,7 +135,7 @@ def arc_eval(
         hub = is_hub(artifact)
         artifact = str(resolve_checkpoint(artifact))
         if hub and output is None:
-            output = Path(f"{hub_name(artifact)}.arc-submission.json")
+            output = f"{hub_name(artifact)}.arc-submission.json"
     against = resolve_optional_checkpoint(against)
     data = prepare_dataset(data) or data
     config = ArcEvalConfig(

@@ -84,7 +84,10 @@ def bench(
     from hrm_deploy.bench.run import BenchConfig, bench as run_bench
     from hrm_deploy.data.benchmarks import prepare_dataset
     from hrm_deploy.errors import ConfigError
+    from hrm_deploy.manifest import output_path
     from hrm_deploy.sources import resolve_optional_checkpoint
+
+    out = output_path(out, None, folder=True)  # -o NEWDIR/ or NEWDIR: the report folder; a file is one line
 
     try:
         batches = tuple(int(b) for b in batch.split(",") if b.strip())

@@ -43,7 +43,10 @@ def profile(
     """Where the time of one call goes: per model block (embedding, QKV, attention, MLP, ...), host rows."""
     from hrm_deploy.bench.profile import ProfileConfig, profile as run_profile
     from hrm_deploy.data.benchmarks import prepare_dataset
+    from hrm_deploy.manifest import output_path
     from hrm_deploy.sources import resolve_optional_checkpoint
+
+    out = output_path(out, None, folder=True)  # -o NEWDIR/ or NEWDIR: the report folder; a file is one line
 
     reference = resolve_optional_checkpoint(reference)
     data = prepare_dataset(data)

@@ -144,8 +144,10 @@ def triton_repo(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing repository.")] = False,
 ) -> None:
     """Write a Triton Inference Server model repository (config.pbtxt, versions, manifests)."""
+    from hrm_deploy.manifest import output_path
     from hrm_deploy.serve.repo import RepoConfig, write_triton_repo
 
+    output = output_path(output, None, folder=True)  # -o NEWDIR/ or NEWDIR: the repository; a file is one line
     models = write_triton_repo(
         artifacts,
         RepoConfig(

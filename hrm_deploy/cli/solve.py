@@ -50,7 +50,10 @@ def solve(
         ),
     ] = None,
     provider: Annotated[Provider, typer.Option(help="ONNX Runtime provider for .onnx.")] = Provider.CPU,
-    out: Annotated[Path | None, typer.Option("-o", "--out", help="Also write the output to this file.")] = None,
+    out: Annotated[
+        str | None,  # a string, not a Path: "-o NEWDIR/" keeps its slash (a folder: refused, no default name)
+        typer.Option("-o", "--out", help="Also write the output to this file."),
+    ] = None,
     ray: Ray = False,
     address: RayAddress = None,
     workers: RayWorkers = None,
@@ -64,10 +67,13 @@ def solve(
     artifact = resolve_artifact(artifact)  # before any work: run folders and hf:... -> their checkpoint file
     scale = ray_config(ray, address, workers)
     options: dict[str, Any] = runner_options(artifact, provider=provider.value) if artifact is not None else {}
-    partial = None
-    if out is not None:  # before any work: never over an input, never over a user's file
-        _check_out(out, puzzle, [artifact, calib_data])
-        partial = PartialAnswers(out, json_lines)
+    partial, out_file = None, None
+    if out is not None:  # before any work: never a folder, over an input or over a user's file
+        from hrm_deploy.manifest import output_path
+
+        out_file = output_path(out, None)
+        _check_out(out_file, puzzle, [artifact, calib_data])
+        partial = PartialAnswers(out_file, json_lines)
     try:
         solutions = run_solve(
             puzzle,
@@ -83,14 +89,14 @@ def solve(
             **options,
         )
     except SolveInterrupted as stopped:  # Ctrl-C / SIGTERM: the answers so far are kept
-        _write(format_solutions(stopped.solutions, json_lines), out, partial)
+        _write(format_solutions(stopped.solutions, json_lines), out_file, partial)
         typer.echo(
             f"interrupted: wrote the {len(stopped.solutions)} answers computed of {stopped.total} puzzles"
-            + (f" (also to {out})" if out is not None else ""),
+            + (f" (also to {out_file})" if out_file is not None else ""),
             err=True,
         )
         raise typer.Exit(130) from None
-    _write(format_solutions(solutions, json_lines), out, partial)
+    _write(format_solutions(solutions, json_lines), out_file, partial)
 
 
 class PartialAnswers:

@@ -74,12 +74,13 @@ def train(
     sudoku-tiny reaches >= 90% exact accuracy in about 3 minutes on 2 CPU cores on data from
     `hrm-deploy data sudoku --train 5000 --test 300 --min-blanks 3 --max-blanks 6`.
     Multi-GPU: `torchrun --nproc-per-node N -m hrm_deploy train ...` (DDP)."""
+    from hrm_deploy.manifest import output_path
     from hrm_deploy.system import check_threads
     from hrm_deploy.train.loop import train as run_training
     from hrm_deploy.train.presets import train_configs
 
     check_threads(threads)
-
+    out = output_path(out, None, folder=True)  # -o NEWDIR/ or NEWDIR: the run folder; a file there is one line
     model_config, config = train_configs(
         preset.value,
         data,

@@ -115,6 +115,7 @@ def ensure_new_folder(root: str | Path) -> None:
     leads out of the workspace."""
     from hrm_deploy.errors import ArtifactError
     from hrm_deploy.io import check_output_path
+    from hrm_deploy.manifest import output_path
 
     root = Path(root)
     if root.is_symlink():  # its target as written (resolving a link loop would raise)
@@ -123,6 +124,7 @@ def ensure_new_folder(root: str | Path) -> None:
             "datasets are never written through a link"
         )
     try:
+        output_path(root, None, flag="--output", folder=True)  # the rule of every -o: a file is not a folder
         check_output_path(root)
     except ArtifactError as exc:
         raise DataError(str(exc)) from None

@@ -29,12 +29,12 @@ from hrm_deploy.engines.options import (
     refuse_foreign,
     split_values,
 )
-from hrm_deploy.engines.request import BuildRequest, GraphInput, builder
+from hrm_deploy.engines.request import Builder, BuildRequest, GraphInput, builder
 from hrm_deploy.engines.result import EngineResult, newest_export, recorded_data_fields
 from hrm_deploy.engines.targets import ENGINE_PRECISIONS, get_target
 from hrm_deploy.errors import ArtifactError, ConfigError, InternalError
 from hrm_deploy.manifest import check_artifact, manifest_path
-from hrm_deploy.onnx_runtime import load_onnx
+from hrm_deploy.onnx_runtime import load_onnx, made_from
 from hrm_deploy.precision.registry import PRECISIONS, get_precision
 
 if TYPE_CHECKING:
@@ -128,6 +128,12 @@ class EngineConfig:
             raise ConfigError(f"--calib-samples must be between 1 and 1000000, got {self.calib_samples}")
         if self.accuracy_budget is not None and not 0.0 <= self.accuracy_budget <= 100.0:
             raise ConfigError(f"--accuracy-budget is in exact-accuracy points, 0 to 100, got {self.accuracy_budget}")
+        if self.accuracy_budget is not None and not PRECISIONS[self.precision].calibrated:  # never recorded unapplied
+            calibrated = ", ".join(name for name, row in PRECISIONS.items() if row.calibrated)
+            raise ConfigError(
+                f"--accuracy-budget bounds what a calibrated precision ({calibrated}) may lose; {self.precision} "
+                "is not calibrated and has none: drop it, or build --int8"
+            )
 
 
 def _check_target(target: str, backend: str | None) -> None:
@@ -178,6 +184,13 @@ def build_engine(
     make = builder(backend)
     request = make.preflight(BuildRequest(config, target, backend, Path(out) if out else None, quiet))
     src = Path(onnx_path) if onnx_path else newest_export()
+    with made_from(src):  # a graph made from it that ONNX Runtime refuses to load is named by it
+        return _compose(make, request, src)
+
+
+def _compose(make: Builder, request: BuildRequest, src: Path) -> EngineResult:
+    """The build of ``src`` once the builder's preflight passed: the steps of the module docstring."""
+    config, quiet = request.config, request.quiet
     if make.takes is GraphInput.SOURCE:  # an export or a checkpoint, as given
         return make.build(replace(request, graph=src, source=src))
     if not src.is_file():

@@ -25,10 +25,10 @@ if TYPE_CHECKING:
 BATCH_FIELDS = (("min_batch", "--min-batch"), ("opt_batch", "--opt-batch"), ("max_batch", "--max-batch"))
 
 
-def option(default: Any, flag: str, note: str = "") -> Any:
+def option(default: Any, flag: str | None, note: str = "") -> Any:
     """A field of a :class:`BuildOptions` class: its default, the command-line flag that sets it
-    away from the default (``--no-fuse`` for a field that defaults to True) and a note a refusal
-    may add."""
+    away from the default (``--no-fuse`` for a field that defaults to True; None for a field only
+    the Python API sets) and a note a refusal may add."""
     return field(default=default, metadata={"flag": flag, "note": note})
 
 
@@ -42,7 +42,10 @@ class Given(NamedTuple):
 
     @property
     def shown(self) -> str:
-        """How a message names it: the flag alone for a switch, else flag and value (``--threads 4``)."""
+        """How a message names it: the flag alone for a switch, else flag and value (``--threads 4``);
+        a field without a flag as the Python API spells it (``device='cuda'``)."""
+        if not self.flag.startswith("--"):
+            return f"{self.name}={self.value!r}"
         return self.flag if isinstance(self.value, bool) else f"{self.flag} {self.value}"
 
     @property
@@ -65,7 +68,7 @@ class BuildOptions:
     def given(self) -> list[Given]:
         """The options set away from their defaults, in field order."""
         return [
-            Given(f.name, f.metadata.get("flag", f.name), getattr(self, f.name), type(self))
+            Given(f.name, f.metadata.get("flag") or f.name, getattr(self, f.name), type(self))
             for f in fields(self)
             if f.default is not MISSING and getattr(self, f.name) != f.default
         ]
@@ -136,5 +139,5 @@ def split_values(receiver: type[BuildOptions], values: Mapping[str, Any]) -> tup
             raise InternalError(f"no backend's build options have a field {name!r}")
         spec, owner = others[name]
         if value != spec.default:
-            foreign.append(Given(name, spec.metadata.get("flag", name), value, owner))
+            foreign.append(Given(name, spec.metadata.get("flag") or name, value, owner))
     return receiver(**{k: v for k, v in values.items() if k in own}), foreign

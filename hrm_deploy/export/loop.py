@@ -115,7 +115,7 @@ def assemble_loop(
     from onnx import TensorProto, helper
 
     from hrm_deploy.export.graph import GraphBuilder, value_info
-    from hrm_deploy.export.onnx_export import INITIAL_CARRY
+    from hrm_deploy.export.trace import INITIAL_CARRY
 
     b = GraphBuilder.empty()
     embed_names = b.add_initializers(embed.graph.initializer, "embed/")

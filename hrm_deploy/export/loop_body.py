@@ -26,6 +26,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from hrm_deploy.errors import InternalError
+
 log = logging.getLogger(__name__)
 
 LOOP_OP = "Loop"
@@ -35,15 +37,15 @@ def find_loop(model: Any) -> Any | None:
     """The top-level ``Loop`` node of a loop graph (None for the unrolled and step graphs)."""
     loops = [n for n in model.graph.node if n.op_type == LOOP_OP]
     if len(loops) > 1:  # export --mode loop writes one; anything else is not ours
-        raise ValueError(f"{len(loops)} top-level Loop nodes; a loop graph has one")
+        raise InternalError(f"{len(loops)} top-level Loop nodes; a loop graph has one")
     return loops[0] if loops else None
 
 
 def loop_node(model: Any) -> Any:
-    """The top-level ``Loop`` node of a loop graph (a ValueError for any other graph: our bug)."""
+    """The top-level ``Loop`` node of a loop graph (an InternalError for any other graph: our bug)."""
     loop = find_loop(model)
     if loop is None:
-        raise ValueError("not a loop graph: no top-level Loop node")
+        raise InternalError("not a loop graph: no top-level Loop node")
     return loop
 
 
@@ -120,7 +122,7 @@ def _outer_types(model: Any, names: list[str]) -> dict[str, Any]:
         known.update({v.name: v for v in inferred.graph.value_info})
     absent = [n for n in names if n not in known]
     if absent:
-        raise ValueError(f"no type for the outer values {absent} the loop body reads")
+        raise InternalError(f"no type for the outer values {absent} the loop body reads")
     return {n: known[n] for n in names}
 
 
@@ -138,12 +140,12 @@ def seat_body(model: Any, body_model: Any, check: bool = True) -> Any:
     own = [i.name for i in body.input]
     lifted_inputs = [i.name for i in body_model.graph.input]
     if lifted_inputs[: len(own)] != own:
-        raise ValueError(f"the edited body's inputs {lifted_inputs[: len(own)]} are not the Loop body's {own}")
+        raise InternalError(f"the edited body's inputs {lifted_inputs[: len(own)]} are not the Loop body's {own}")
     outputs = list(body_model.graph.output)
     names = [o.name for o in outputs]
     before = [o.name for o in body.output]
     if names[: len(before)] != before:
-        raise ValueError(f"the edited body's outputs {names[: len(before)]} are not the Loop body's {before}")
+        raise InternalError(f"the edited body's outputs {names[: len(before)]} are not the Loop body's {before}")
     made = {o for n in body_model.graph.node for o in n.output}
     # the body's own initializers (ONNX Runtime's optimizer makes some) stay in it; the edited
     # weights and the new scales become outer initializers, read by the body from outer scope

@@ -65,3 +65,21 @@ def graph_metadata(model) -> dict[str, Any]:
     meta["steps"] = int(meta.get("steps", 1))
     meta["config"] = json.loads(meta.get("config", "{}"))
     return meta
+
+
+# What a graph's manifest and its own metadata must both say (a manifest edited and resealed could
+# say bf16 of an fp32 graph: verify's tolerances and every report would follow the manifest)
+DESCRIBED = ("precision", "mode", "steps")
+
+
+def manifest_mismatch(meta: dict[str, Any], manifest: dict[str, Any] | None) -> str | None:
+    """The first field of :data:`DESCRIBED` on which ``manifest`` contradicts the graph's own
+    ``meta`` (:func:`graph_metadata`), as one line; None when they agree (or a field is absent)."""
+    for field in DESCRIBED:
+        graph, recorded = meta.get(field, "fp32" if field == "precision" else None), (manifest or {}).get(field)
+        if graph is not None and recorded is not None and str(graph) != str(recorded):
+            return (
+                f"its manifest says {field} {recorded} but the graph itself says {graph}: the manifest does not "
+                "describe this graph (edited and resealed?); re-create the artifact"
+            )
+    return None

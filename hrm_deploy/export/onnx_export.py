@@ -1,25 +1,26 @@
 """``export_onnx``: checkpoint or model -> FP32 ONNX (dynamic batch), checked and parity-tested.
 
-Fast path: the embedding and one ACT segment are traced once with the TorchScript
-exporter (seconds), and the ``steps``-long unroll is assembled at ONNX level with shared
-initializers (see :mod:`hrm_deploy.export.graph`). Tracing the whole unroll instead
-takes minutes (TorchScript) to over 25 minutes (dynamo) for the Sudoku-size model.
+The stages, each in its own module: trace the embedding and one ACT segment
+(:mod:`~hrm_deploy.export.trace`), assemble the graph of the chosen mode (step and unrolled:
+:mod:`~hrm_deploy.export.assemble`; loop: :mod:`~hrm_deploy.export.loop`), then here the structural
+checks, the parity check against PyTorch (:mod:`~hrm_deploy.export.parity`) and the artifact with
+its manifest.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import re
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hrm_deploy.contract import CARRY, CARRY_OUT, FEEDS, PUZZLE_ROWS, STEP_PREDICTIONS, UNROLLED_INPUTS, graph_io
-from hrm_deploy.errors import ArtifactError, ConfigError, InternalError, ParityError, require
+from hrm_deploy.errors import ArtifactError, ConfigError, ParityError, require
+from hrm_deploy.export.assemble import assemble, io_contract
+from hrm_deploy.export.loop import LoopHalt, assemble_loop, check_loop_parity
 from hrm_deploy.export.metadata import write_graph_metadata
-from hrm_deploy.export.unroll import EmbedInit, EmbedInitRows, FixedStepHRM, StepCore
+from hrm_deploy.export.trace import trace_pieces
+from hrm_deploy.export.unroll import FixedStepHRM
 from hrm_deploy.io import check_output_path, sha256_file, staging_dir
 from hrm_deploy.manifest import check_replaceable, output_path, publish_artifact
 from hrm_deploy.model.families import family_of
@@ -28,9 +29,6 @@ from hrm_deploy.provenance import reference_files
 from hrm_deploy.puzzle_table import Placement, table_path, write_table
 from hrm_deploy.sources import file_sha256, hub_origin
 
-if TYPE_CHECKING:
-    import onnx
-
 MODES = ("unrolled", "step", "loop")
 MIN_OPSET = 17
 MAX_OPSET = 20  # torch.onnx TorchScript exporter maximum (ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET)
@@ -38,11 +36,6 @@ MAX_BATCH = 1 << 16
 MAX_STEPS = 256  # each unrolled step inlines the whole segment graph
 DEFAULT_WORKSPACE = Path("export")
 EXTERNAL_DATA_BYTES = 1_500_000_000  # protobuf's hard limit is 2 GiB; stay well below it
-# Puzzle-embedding tables above this are swapped for one row while tracing and put back
-# into the graph afterwards (ARC's ~1M-row table would make tracing slow and huge).
-TRACE_TABLE_BYTES = 64 << 20
-
-INITIAL_CARRY = tuple(f"{name}0" for name in CARRY)  # the embed piece's outputs: the carry at reset
 
 
 @dataclass(frozen=True)
@@ -81,6 +74,10 @@ class ExportConfig:
                 f"--halt {self.halt}: only a loop graph fixes its halting rule at export (--mode loop); "
                 "step graphs take --halt at run time (verify, solve, serve)"
             )
+        if self.halt != "off":  # the rule's text checked now, before the model loads
+            from hrm_deploy.export.loop import LoopHalt
+
+            LoopHalt.parse(self.halt, q_halt_only=False)
         try:
             object.__setattr__(self, "puzzle_emb", Placement(self.puzzle_emb))
         except ValueError:
@@ -116,170 +113,6 @@ def default_name(source: Any) -> str:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "hrm"
-
-
-def _trace(module, args, input_names, output_names, opset: int) -> onnx.ModelProto:
-    import onnx
-    import torch
-
-    dynamic = {name: {0: "batch"} for name in (*input_names, *output_names)}
-    buffer = io.BytesIO()
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(
-            module,
-            args,
-            buffer,  # type: ignore[arg-type]  # a file-like object works too
-            dynamo=False,
-            input_names=list(input_names),
-            output_names=list(output_names),
-            dynamic_axes=dynamic,
-            opset_version=opset,
-            do_constant_folding=True,
-        )
-    return onnx.load_from_string(buffer.getvalue())
-
-
-def _swap_large_table(core):
-    """Replace a large puzzle-embedding table by its first row for tracing; returns the table."""
-    emb = getattr(core, "puzzle_emb", None)
-    if emb is None or emb.weights.numel() * emb.weights.element_size() <= TRACE_TABLE_BYTES:
-        return None
-    table = emb.weights
-    emb.weights = table[:1].clone()
-    return table
-
-
-def _restore_table(model: onnx.ModelProto, core, table) -> None:
-    from onnx import numpy_helper
-
-    core.puzzle_emb.weights = table
-    for i, init in enumerate(model.graph.initializer):
-        if init.name.endswith("puzzle_emb.weights"):
-            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(table.numpy(), init.name))
-            return
-    raise InternalError("could not find the puzzle-embedding table in the traced graph")
-
-
-def trace_pieces(core, opset: int, fold: bool = False, folding: dict | None = None, external: bool = False):
-    """Trace (embedding + init) and one ACT segment; returns their ONNX models. With ``fold``
-    their shape arithmetic is folded (:func:`hrm_deploy.export.graph.fold_constants`, on the
-    embedding before a large puzzle table is put back) and node counts go into ``folding``.
-    With ``external`` the embedding takes the table's rows (``puzzle_emb_rows``), not ids."""
-    import torch
-
-    from hrm_deploy.export.graph import fold_constants
-
-    folding = folding if folding is not None else {}
-
-    cfg = core.config
-    batch = 2
-    inputs = torch.zeros(batch, cfg.seq_len, dtype=torch.int32)
-    pids = torch.zeros(batch, dtype=torch.int32)
-    table = None if external else _swap_large_table(core)
-    try:
-        if external:  # the table never enters the graph: its rows come in gathered
-            rows = torch.zeros(batch, cfg.puzzle_emb_ndim)
-            names = (FEEDS[0], PUZZLE_ROWS)
-            embed = _trace(EmbedInitRows(core), (inputs, rows), names, ("x", *INITIAL_CARRY), opset)
-        else:
-            embed = _trace(EmbedInit(core), (inputs, pids), UNROLLED_INPUTS, ("x", *INITIAL_CARRY), opset)
-    finally:
-        if table is not None:
-            core.puzzle_emb.weights = table
-    if fold:
-        embed, folding["embed"] = fold_constants(embed)
-    if table is not None:
-        _restore_table(embed, core, table)
-    state = torch.zeros(batch, cfg.total_seq_len, cfg.hidden_size)
-    step = _trace(
-        StepCore(core),
-        (state, state, state),
-        (*CARRY, "x"),
-        (*CARRY_OUT, "logits", "q_halt", "q_continue"),
-        opset,
-    )
-    if fold:
-        step, folding["segment"] = fold_constants(step)
-    return embed, step
-
-
-def _io_contract(cfg, mode: str, steps: int, step_predictions: bool, external: bool = False):
-    from onnx import TensorProto
-
-    types = {"int32": TensorProto.INT32, "float32": TensorProto.FLOAT, "bool": TensorProto.BOOL}
-    rows = cfg.puzzle_emb_ndim if external else 0  # the gathered table rows in place of the identifiers
-    io = graph_io(mode, cfg.seq_len, cfg.total_seq_len, cfg.hidden_size, cfg.vocab_size, steps, step_predictions, rows)
-    return {
-        side: {t.name: (types[t.dtype], t.shape) for t in io if t.is_input == (side == "inputs")}
-        for side in ("inputs", "outputs")
-    }
-
-
-def assemble(embed, step, cfg, mode: str, steps: int, step_predictions: bool, external: bool = False):
-    """Build the unrolled or single-step graph from the two traced pieces (``external``: the
-    embedding piece takes ``puzzle_emb_rows``)."""
-    import onnx
-    from onnx import helper
-
-    from hrm_deploy.export.graph import GraphBuilder, prune_dead_nodes, value_info
-
-    b = GraphBuilder.empty()
-    embed_names = b.add_initializers(embed.graph.initializer, "embed/")
-    step_names = b.add_initializers(step.graph.initializer, "step/")
-    io_spec = _io_contract(cfg, mode, steps, step_predictions, external)
-    feeds = (FEEDS[0], PUZZLE_ROWS) if external else UNROLLED_INPUTS
-    e = b.inline(embed.graph, "embed/", {n: n for n in feeds}, embed_names)
-    if mode == "step":
-        # Rows with reset=True start from H_init/L_init: upstream's reset_carry.
-        axes = b.constant("const/axes_1_2", [1, 2])
-        b.node("Unsqueeze", ["reset", axes], ["reset_mask"], "reset/Unsqueeze")
-        for name, initial in zip(CARRY, INITIAL_CARRY):  # rows with reset start from the initial carry
-            b.node("Where", ["reset_mask", e[initial], name], [f"reset/{name}"], f"reset/Where_{name}")
-        carry_in = {name: f"reset/{name}" for name in CARRY}
-        o = b.inline(step.graph, "step/", {**carry_in, "x": e["x"]}, step_names)
-        rename = {
-            **{name: name for name in CARRY_OUT},
-            "logits": "logits",
-            "q_halt": "q_halt_logits",
-            "q_continue": "q_continue_logits",
-        }
-        for src, dst in rename.items():
-            b.node("Identity", [o[src]], [dst], f"output/{dst}")
-    else:
-        axis1 = b.constant("const/axes_1", [1])
-        z_H, z_L = (e[name] for name in INITIAL_CARRY)
-        per_step: dict[str, list[str]] = {"q_halt": [], "q_continue": [], "pred": []}
-        for i in range(steps):
-            o = b.inline(step.graph, f"step{i}/", {CARRY[0]: z_H, CARRY[1]: z_L, "x": e["x"]}, step_names)
-            z_H, z_L = (o[name] for name in CARRY_OUT)
-            for key in ("q_halt", "q_continue"):
-                b.node("Unsqueeze", [o[key], axis1], [f"step{i}/{key}_col"], f"step{i}/{key}_Unsqueeze")
-                per_step[key].append(f"step{i}/{key}_col")
-            if step_predictions:
-                b.node("ArgMax", [o["logits"]], [f"step{i}/argmax"], f"step{i}/ArgMax", axis=-1, keepdims=0)
-                b.node("Cast", [f"step{i}/argmax"], [f"step{i}/pred"], f"step{i}/Cast_pred", to=onnx.TensorProto.INT32)
-                b.node("Unsqueeze", [f"step{i}/pred", axis1], [f"step{i}/pred_row"], f"step{i}/pred_Unsqueeze")
-                per_step["pred"].append(f"step{i}/pred_row")
-        b.node("Identity", [o["logits"]], ["logits"], "output/logits")
-        b.node("Concat", per_step["q_halt"], ["q_halt_logits"], "output/q_halt_logits", axis=1)
-        b.node("Concat", per_step["q_continue"], ["q_continue_logits"], "output/q_continue_logits", axis=1)
-        if step_predictions:
-            b.node("Concat", per_step["pred"], [STEP_PREDICTIONS], f"output/{STEP_PREDICTIONS}", axis=1)
-
-    outputs = list(io_spec["outputs"])
-    nodes = prune_dead_nodes(b.nodes, outputs)
-    used = {i for n in nodes for i in n.input}
-    graph = helper.make_graph(
-        nodes,
-        "hrm_unrolled" if mode == "unrolled" else "hrm_step",
-        [value_info(n, *spec) for n, spec in io_spec["inputs"].items()],
-        [value_info(n, *spec) for n, spec in io_spec["outputs"].items()],
-        initializer=[t for name, t in b.initializers.items() if name in used],
-    )
-    model = helper.make_model(graph, opset_imports=list(step.opset_import), producer_name="hrm-deploy")
-    model.ir_version = step.ir_version
-    return model, io_spec
 
 
 def _source_file(model_or_ckpt) -> tuple[Path | None, str | None]:
@@ -370,8 +203,6 @@ def export_onnx(
         raise ConfigError("--puzzle-emb external: this model has no puzzle-embedding table (puzzle_emb_ndim 0)")
     loop_halt = None
     if mode == "loop":
-        from hrm_deploy.export.loop import LoopHalt
-
         loop_halt = LoopHalt.parse(config.halt, q_halt_only=cfg.halts_on_q_halt_alone)
     elif config.halt != "off":
         raise ConfigError(f"--halt {config.halt}: only --mode loop fixes a halting rule at export")
@@ -387,9 +218,7 @@ def export_onnx(
     what = {"step": "the single-step graph", "loop": f"the ACT loop (at most {steps} steps)"}
     with stages.stage(f"assembling {what.get(mode, f'{steps}-step unroll')}"):
         if loop_halt is not None:
-            from hrm_deploy.export.loop import assemble_loop
-
-            io_spec = _io_contract(cfg, mode, steps, False, external_table)
+            io_spec = io_contract(cfg, mode, steps, False, external_table)
             graph = assemble_loop(embed, step, cfg, steps, loop_halt, io_spec, external_table)
             # the same segment as a step graph: the per-step parity check and the loop's host-loop twin
             step_graph, _ = assemble(embed, step, cfg, "step", steps, False, external_table)
@@ -447,8 +276,6 @@ def export_onnx(
                     report.segment = check_segment(step.SerializeToString(), core)
                 parity = report.to_dict()
                 if loop_halt is not None and report.passed:
-                    from hrm_deploy.export.loop import check_loop_parity
-
                     parity["loop"] = check_loop_parity(
                         str(staged), checked, cfg, loop_halt, batches, steps, puzzle_table=table
                     )

@@ -20,26 +20,11 @@ import numpy as np
 
 from hrm_deploy.contract import CARRY
 from hrm_deploy.errors import ParityError
-from hrm_deploy.export.parity_limits import ABS_FLOOR, NOISE_FACTOR, Float32Noise, by_argmax, judge
+from hrm_deploy.export.parity_limits import ABS_FLOOR, NOISE_FACTOR, Float32Noise, TensorDiff, by_argmax, judge
 from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.onnx_runtime import ort_session, run_stepwise
 
 STEP_TOLERANCE = 1e-3  # one segment, no recurrence: error relative to max(1, |ref|)
-
-
-@dataclass
-class TensorDiff:
-    max_abs: float
-    max_rel: float
-    argmax_agreement: float | None = None
-
-    @classmethod
-    def of(cls, candidate: np.ndarray, reference: np.ndarray, argmax: bool = False) -> TensorDiff:
-        c, r = candidate.astype(np.float64), reference.astype(np.float64)
-        diff = np.abs(c - r)
-        rel = diff / np.maximum(np.abs(r), 1e-6)
-        agree = float((c.argmax(-1) == r.argmax(-1)).mean()) if argmax else None
-        return cls(float(diff.max(initial=0.0)), float(rel.max(initial=0.0)), agree)
 
 
 @dataclass

@@ -17,6 +17,7 @@ An export bug moves values by orders of magnitude more than any of these.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,24 @@ NOISE_FACTOR = 10.0  # ORT may deviate this many times float32's own variation..
 ABS_FLOOR = 1e-4  # ...or this much, relative to the output scale, at the reference depth
 REFERENCE_DEPTH = 6  # ABS_FLOOR holds at HRM's 2 x (2 + 1) applications per step; deeper steps scale it
 ARGMAX_BAND = 4.0  # a carry within this many limits passes where every answer (logits argmax) agrees
+
+
+@dataclass
+class TensorDiff:
+    """How far a candidate tensor is from its reference: max abs and relative difference (float64),
+    and for logits the fraction of positions whose argmax agrees."""
+
+    max_abs: float
+    max_rel: float
+    argmax_agreement: float | None = None
+
+    @classmethod
+    def of(cls, candidate: np.ndarray, reference: np.ndarray, argmax: bool = False) -> TensorDiff:
+        c, r = candidate.astype(np.float64), reference.astype(np.float64)
+        diff = np.abs(c - r)
+        rel = diff / np.maximum(np.abs(r), 1e-6)
+        agree = float((c.argmax(-1) == r.argmax(-1)).mean()) if argmax else None
+        return cls(float(diff.max(initial=0.0)), float(rel.max(initial=0.0)), agree)
 
 
 def step_depth(config: HRMConfig) -> int:
@@ -76,7 +95,7 @@ def judge(name: str, triples: list, config: HRMConfig, noise: Float32Noise) -> d
     the depth-scaled strict limit or, where that is missed, ``NOISE_FACTOR`` x float32's own variation."""
     worst, worst_step, worst_limit, agree = 0.0, triples[0][0] if triples else 0, 0.0, None
     for i, c, r in triples:
-        diff = _diff(c, r, name == "logits")
+        diff = TensorDiff.of(c, r, argmax=name == "logits")
         limit = strict_limit(config, float(np.abs(r).max(initial=0.0)))
         if diff.max_abs / limit >= (worst / worst_limit if worst_limit else 0.0):
             worst, worst_step, worst_limit = diff.max_abs, i, limit
@@ -111,9 +130,3 @@ def by_argmax(entry: dict[str, dict]) -> None:
     for name, verdict in entry.items():
         if name != "logits" and not verdict["passed"] and verdict["max_abs"] <= ARGMAX_BAND * verdict["limit"]:
             verdict.update(passed=True, decided_by="argmax agreement 100 %")
-
-
-def _diff(c, r, argmax: bool):
-    from hrm_deploy.export.parity import TensorDiff
-
-    return TensorDiff.of(c, r, argmax=argmax)

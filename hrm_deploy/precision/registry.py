@@ -37,15 +37,31 @@ from hrm_deploy.errors import ConfigError
 
 @dataclass(frozen=True)
 class Thresholds:
-    """A candidate passes when all hold (agreements as fractions, drop in exact-accuracy points)."""
+    """What ``verify`` asks of an artifact of a precision: it passes when all hold. They are judged
+    cell by cell by :mod:`hrm_deploy.agreement` (its docstring says how). Agreements are fractions
+    (0 to 1); errors and margins are fractions of a *scale*: the reference's largest |logit| for the
+    logits, max(the reference's largest |q_halt|, 1) for q_halt. Any non-finite output fails."""
 
+    # at least this fraction of the output cells keep the reference's answer (argmax over the vocabulary)
     min_argmax_agreement: float
+    # with labels: at most this many points of exact accuracy (% of puzzles solved) lost against the reference
     max_exact_drop_points: float
+    # at least this fraction of the rows keep the sign of the reference's q_halt at their last step (a loop
+    # graph: its halting step too)
     min_q_halt_sign_agreement: float
-    # Output closeness, so a model whose logits are far off fails even when argmax agrees:
-    # max |ref - cand| over the reference's max |logit| (resp. max(|q_halt|, 1)).
+    # closeness: a cell whose answer agrees is at most this far from the reference (its largest
+    # |reference - candidate| logit over the scale); every cell, flipped or not, at most agreement.CELL_BAND
+    # times this
     max_logits_rel_error: float = 0.02
+    # the same for q_halt: at each row's last step where the signs agree; at every step within CELL_BAND times this
     max_q_halt_rel_error: float = 0.02
+    # a flipped answer is excused only where the reference's top-1 minus top-2 margin there is at most this
+    # (the reference hesitated between two answers; the agreement threshold counts those flips); a flip where
+    # the reference was surer fails. None: max_logits_rel_error (a flip the closeness threshold itself allows)
+    max_flip_margin: float | None = None
+    # a q_halt sign flip (at any step both ran) is excused only where the reference's |q_halt| is at most this
+    # (near zero); a clear one fails. None: max_q_halt_rel_error
+    max_q_halt_flip: float | None = None
 
 
 Kind = Literal["fp32", "cast", "qdq"]

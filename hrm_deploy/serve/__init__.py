@@ -11,7 +11,9 @@
   step boundaries; :mod:`~hrm_deploy.serve.endpoint`: the front's in-flight endpoint over it;
 - :mod:`~hrm_deploy.serve.repo`: ``hrm-deploy triton-repo``, a model repository for a stand-alone
   Triton (``tensorrt_plan`` / ``onnxruntime`` models, a Python-backend ACT driver for step models,
-  in-flight by request rescheduling; a KServe manifest);
+  in-flight by request rescheduling; a KServe manifest), whose Python-backend models are
+  :mod:`~hrm_deploy.serve.triton_models` (the ACT driver, ONNX Runtime on the CPU: self-contained
+  files copied into the repository);
 - :mod:`~hrm_deploy.serve.client`: :func:`~hrm_deploy.serve.client.infer_remote` over HTTP.
 
 An artifact's sizes and I/O come from :func:`hrm_deploy.runtime.artifact.read_contract`. Nothing here

@@ -22,7 +22,7 @@ def step_outcomes(model: HRMACT, split: Split, samples: int | None = None, batch
     """Per row and ACT step: ``solved`` [N, K] bool, ``token_fraction`` [N, K] (both
     :func:`hrm_deploy.metrics.row_scores`), ``q_halt`` and ``q_continue`` [N, K] logits
     (K = halt_max_steps), on ``samples`` test rows (all if None)."""
-    from hrm_deploy.train.loop import to_batch
+    from hrm_deploy.train.sampler import to_batch
 
     was_training = model.training
     model.eval()

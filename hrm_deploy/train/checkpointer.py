@@ -28,8 +28,8 @@ LOCK_NAME = ".train.lock"
 
 @contextlib.contextmanager
 def run_lock(out: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``<out>/.train.lock`` while a run writes its folder: a second
-    ``train`` of the same run (a double ``--resume``) is refused in one line naming the holder's
+    """Hold an exclusive ``flock`` on ``<out>/.train.lock`` while a run (``train``, or ``adapt``, which
+    trains with the same loop) writes its folder: a second run of the same folder (a double ``--resume``) is refused in one line naming the holder's
     pid, instead of interleaving checkpoints and metrics. The kernel drops the lock when the
     holder dies, so a killed run never blocks the next one."""
     import fcntl
@@ -39,7 +39,7 @@ def run_lock(out: Path) -> Iterator[None]:
     path = out / LOCK_NAME
     if path.is_dir() and not path.is_symlink():  # not ours to remove: say what it is and what to do
         raise ConfigError(
-            f"{path} is a folder where train keeps its run lock (a file); remove or rename that folder, "
+            f"{path} is a folder where train and adapt keep their run lock (a file); remove or rename that folder, "
             "or pick another --out"
         )
     check_output_path(path)
@@ -50,7 +50,7 @@ def run_lock(out: Path) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             raise ConfigError(
-                f"{out} is being written by another train (pid {holder}); wait for it to finish, "
+                f"{out} is being written by another run of train or adapt (pid {holder}); wait for it to finish, "
                 "stop it, or pick another --out"
             ) from None
         os.ftruncate(fd, 0)

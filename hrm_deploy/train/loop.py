@@ -4,6 +4,9 @@ One optimizer *step* is one ACT segment on one global batch. The ACT carry persi
 across steps (upstream ``pretrain.py``): only rows that halted take new examples from
 the incoming batch, so one example stays in the batch for up to ``halt_max_steps``
 steps. Epochs are counted in examples drawn: one epoch visits every puzzle group once.
+
+The config is :mod:`hrm_deploy.train.config`'s; what a run starts from (data, model, optimizers,
+a resumed checkpoint's state) is :mod:`hrm_deploy.train.setup`'s; this module is the loop.
 """
 
 from __future__ import annotations
@@ -22,101 +25,40 @@ import numpy as np
 import torch
 
 from hrm_deploy import progress as display
-from hrm_deploy.data.format import Split, check_fits_model, load_split, select_examples
-from hrm_deploy.errors import CheckpointError, ConfigError, DataError, HRMDeployError
+from hrm_deploy.data.format import Split, select_examples
+from hrm_deploy.errors import ConfigError, HRMDeployError
 from hrm_deploy.io import append_line
 from hrm_deploy.metrics import row_scores, summary
-from hrm_deploy.model.checkpoint import model_from_contents, read_checkpoint
 from hrm_deploy.model.config import HRMConfig
-from hrm_deploy.model.hrm import HRMACT, ACTCarry, build_model
+from hrm_deploy.model.hrm import HRMACT, ACTCarry
 from hrm_deploy.train.checkpointer import Checkpointer, StopRequest, check_out_dir, rewind_metrics, run_lock
+from hrm_deploy.train.config import OPTIMIZERS, TrainConfig
 from hrm_deploy.train.distributed import (
     Distributed,
     agree,
     barrier,
     init_distributed,
     reduce_metrics,
-    resolve_device,
     shutdown,
 )
-from hrm_deploy.train.ema import EMA
 from hrm_deploy.train.losses import act_loss
-from hrm_deploy.train.optim import AdamATan2, PuzzleEmbeddingSignSGD
+from hrm_deploy.train.optim import PuzzleEmbeddingSignSGD
 from hrm_deploy.train.sampler import EpochSampler, to_batch
+from hrm_deploy.train.setup import Start, load_splits, set_up
 from hrm_deploy.train.sinks import MetricSinks
-from hrm_deploy.train.start import Start
-from hrm_deploy.train.state import carry_from, seed_all, set_rng_state
 
-__all__ = ["EpochSampler", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "lr_at", "to_batch", "train"]
-
-
-OPTIMIZERS = ("adam_atan2", "adamw")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Hyper-parameters (upstream names where upstream has them)."""
-
-    data_path: str
-    out_dir: str = "runs/hrm"
-    steps: int = 1000  # optimizer steps = ACT segments on one global batch
-    global_batch_size: int = 64
-    lr: float = 1e-4
-    lr_min_ratio: float = 1.0
-    lr_warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    puzzle_emb_lr: float = 1e-2
-    puzzle_emb_weight_decay: float = 0.1
-    loss_type: str = "stablemax_cross_entropy"
-    optimizer: str = "adam_atan2"  # or "adamw"
-    seed: int = 0
-    checkpoint_every: int = 0  # also write step_N.pt every N steps (0: never)
-    checkpoint_minutes: float = 5.0  # refresh last.pt at least this often (0: only at the end / on a signal)
-    overwrite: bool = False  # start over in an out_dir that already holds a run
-    eval_every: int = 0  # 0: only at the end
-    eval_samples: int = 200  # fast evaluation subset of the test split
-    threads: int = 0  # torch CPU threads (0: torch's default)
-    device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
-    compile: bool = False  # torch.compile the model core (GPU; minutes of warm-up)
-    tf32: bool = True  # TF32 matmuls on CUDA (Ampere and newer)
-    export_upstream: bool = False  # also write upstream's step_N + all_config.yaml under <out_dir>/upstream
-    ema: bool = False  # evaluate and checkpoint an exponential moving average of the weights (upstream TRM's ema)
-    ema_rate: float = 0.999
-    log_to: tuple[str, ...] = ()  # extra metric sinks: "tensorboard", "wandb" (rank 0)
-    version: int = 1
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"optimizer {self.optimizer!r} unknown; use adam_atan2 or adamw")
-        if self.loss_type not in ("stablemax_cross_entropy", "softmax_cross_entropy"):
-            raise ConfigError(f"loss_type {self.loss_type!r} unknown")
-        if self.steps < 1 or self.global_batch_size < 1:
-            raise ConfigError("steps and global_batch_size must be >= 1")
-        finite = {
-            "lr": self.lr,
-            "puzzle_emb_lr": self.puzzle_emb_lr,
-            "weight_decay": self.weight_decay,
-            "puzzle_emb_weight_decay": self.puzzle_emb_weight_decay,
-            "checkpoint_minutes": self.checkpoint_minutes,
-        }
-        for name, value in finite.items():
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.lr == 0:
-            raise ConfigError("lr must be > 0 (a zero learning rate trains nothing)")
-        if not 0.0 <= self.lr_min_ratio <= 1.0 or not 0.0 <= self.beta1 < 1.0 or not 0.0 <= self.beta2 < 1.0:
-            raise ConfigError("lr_min_ratio must be in [0, 1] and beta1, beta2 in [0, 1)")
-        if not 0 <= self.threads <= 4096:
-            raise ConfigError(f"threads must be between 0 (torch's default) and 4096, got {self.threads}")
-        for name in ("lr_warmup_steps", "checkpoint_every", "eval_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 < self.ema_rate < 1.0:
-            raise ConfigError(f"ema_rate must be in (0, 1), got {self.ema_rate}")
-        if self.eval_samples < 1:
-            raise ConfigError(f"eval_samples must be >= 1, got {self.eval_samples}")
+__all__ = [
+    "OPTIMIZERS",
+    "EpochSampler",
+    "Start",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingDiverged",
+    "evaluate",
+    "lr_at",
+    "to_batch",
+    "train",
+]
 
 
 def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -158,44 +100,6 @@ class TrainResult:
 
 class TrainingDiverged(HRMDeployError):
     """The loss became NaN/inf; the last good checkpoint is kept."""
-
-
-def _check_splits(train_split: Split, test_split: Split, vocab_size: int, where: str) -> None:
-    """Labels must be token ids of the vocabulary (or the ignore label); the test split must not be empty."""
-    for name, split in (("train", train_split), ("test", test_split)):
-        if len(split) == 0:
-            raise DataError(
-                f"{where}: the {name} split holds no examples; regenerate the dataset with a non-empty "
-                f"{name} split (accuracy on 0 examples means nothing)"
-            )
-        ignore = split.metadata.ignore_label_id
-        for start in range(0, len(split), 65536):  # chunks: the arrays are memory-mapped and may be large
-            labels = np.asarray(split.labels[start : start + 65536])
-            valid = (labels >= 0) & (labels < vocab_size)
-            if ignore is not None:
-                valid |= labels == ignore
-            if valid.all():
-                continue
-            bad = int(labels[~valid].flat[0])
-            raise DataError(
-                f"{where}: the {name} split has label {bad}, outside the vocabulary [0, {vocab_size}) "
-                "and not the ignore label; the dataset is damaged or built for another vocabulary"
-            )
-
-
-def _build_optimizers(model: HRMACT, config: TrainConfig, fused: bool):
-    params = list(model.parameters())
-    betas = (config.beta1, config.beta2)
-    if config.optimizer == "adamw":
-        optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-            params, lr=0.0, betas=betas, weight_decay=config.weight_decay, **({"fused": True} if fused else {})
-        )
-    else:
-        optimizer = AdamATan2(params, lr=0.0, betas=betas, weight_decay=config.weight_decay)
-    emb_opt = None
-    if model.inner.config.puzzle_emb_ndim > 0:
-        emb_opt = PuzzleEmbeddingSignSGD(model.inner.puzzle_emb, 0.0, config.puzzle_emb_weight_decay)
-    return optimizer, emb_opt
 
 
 def _set_lrs(position: int, config: TrainConfig, optimizer, emb_opt) -> float:
@@ -241,95 +145,6 @@ def _out_of_memory(config: TrainConfig, dist_info: Distributed, out: Path) -> Co
         f"out of GPU memory at global batch {config.global_batch_size}; retry with --batch-size "
         f"{smaller} (and --resume {out / 'last.pt'} if it exists), or a smaller model"
     )
-
-
-def _load_splits(model_config: HRMConfig, config: TrainConfig) -> tuple[Split, Split]:
-    train_split = load_split(config.data_path, "train")
-    test_split = load_split(config.data_path, "test")
-    check_fits_model(train_split.metadata, model_config, config.data_path)
-    _check_splits(train_split, test_split, model_config.vocab_size, config.data_path)
-    return train_split, test_split
-
-
-@dataclass
-class _Setup:
-    """What a (resumed) run starts from."""
-
-    model: HRMACT
-    step_model: torch.nn.Module  # the DDP wrapper under torchrun, else the model
-    optimizer: torch.optim.Optimizer
-    emb_opt: PuzzleEmbeddingSignSGD | None
-    device: torch.device
-    position: int
-    carry: ACTCarry | None
-    ema: EMA | None = None
-
-    def eval_model(self) -> HRMACT:
-        """The weights evaluation and checkpoints use: the EMA copy when on, else the model."""
-        return self.ema.copy_of(self.model) if self.ema is not None else self.model
-
-
-def _setup(
-    model_config: HRMConfig, config: TrainConfig, resume: str | None, dist_info: Distributed, start: Start
-) -> _Setup:
-    """Build (or restore) model, optimizers, RNG state, step position and ACT carry."""
-    position, carry_saved, contents = 0, None, None
-    shadow: dict[str, torch.Tensor] | None = None  # EMA weights of a resumed run
-    if resume:
-        from hrm_deploy.train.checkpointer import written_by_us
-
-        not_ours = CheckpointError(
-            f"{resume} is not a trainer checkpoint (it has weights but no optimizer and random state, e.g. an "
-            "upstream step_N or a bundled preset); --resume takes a last.pt/step_N.pt written by hrm-deploy train"
-        )
-        try:
-            contents = read_checkpoint(resume)
-        except (CheckpointError, ConfigError):  # an upstream file's hints name export's flags, not train's
-            if written_by_us(resume):
-                raise
-            raise not_ours from None
-        if contents.kind != "hrm-deploy" or not all(k in contents.extra for k in ("optimizer", "rng")):
-            raise not_ours
-        model = model_from_contents(contents)  # the weights saved for inference (the EMA copy with ema)
-        if contents.extra.get("live_state") is not None:
-            shadow = {"inner." + k: v for k, v in contents.state_dict.items()}
-            model.inner.load_state_dict(contents.extra["live_state"])
-        if contents.config != model_config:
-            raise ConfigError(f"{resume} was trained with a different model config; resume it without overrides")
-        position = int(contents.step or 0)
-        if config.steps <= position:  # nothing would run: say so instead of finishing silently
-            raise ConfigError(
-                f"--steps {config.steps}: {resume} is already at step {position} (steps count from the run's "
-                f"start); give --steps above {position} to train further"
-            )
-        carry_saved = contents.extra.get("carry")
-    else:
-        model = start.model if start.model is not None else build_model(model_config, seed=config.seed)
-        seed_all(config.seed, dist_info.rank)
-    model.requires_grad_(not start.frozen_weights)  # frozen: no optimizer ever sees a gradient
-    device = resolve_device(config.device, dist_info.local_rank)
-    if device.type == "cuda" and config.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    model.to(device).train()
-    ema = None
-    if config.ema:
-        ema = EMA(model, config.ema_rate, shadow)
-    optimizer, emb_opt = _build_optimizers(model, config, fused=device.type == "cuda")
-    if contents is not None:
-        optimizer.load_state_dict(contents.extra["optimizer"])
-        if emb_opt is not None and contents.extra.get("puzzle_emb_optimizer"):
-            emb_opt.load_state_dict(contents.extra["puzzle_emb_optimizer"])
-        set_rng_state(contents.extra["rng"])
-    carry = carry_from(carry_saved, device, dist_info)
-    if config.compile:
-        model.inner.compile()  # in place: state-dict keys stay upstream's
-    step_model: torch.nn.Module = model
-    if dist_info.world > 1 and not start.frozen_weights:  # frozen: no gradient to all-reduce
-        from torch.nn.parallel import DistributedDataParallel
-
-        step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return _Setup(model, step_model, optimizer, emb_opt, device, position, carry, ema)
 
 
 def _diverged(
@@ -421,10 +236,10 @@ def _train(
 ) -> TrainResult:
     """The training loop of :func:`train`, run while the run folder's lock is held: data, model,
     then one visible step loop with its checkpoints, then the final evaluation."""
-    train_split, test_split = _load_splits(model_config, config)
+    train_split, test_split = load_splits(model_config, config)
     sampler = EpochSampler(train_split, config.global_batch_size, config.seed)
     example_pids = train_split.example_puzzle_ids()
-    run = _setup(model_config, config, resume, dist_info, start)
+    run = set_up(model_config, config, resume, dist_info, start)
     model, optimizer, emb_opt = run.model, run.optimizer, run.emb_opt
     device, position, carry = run.device, run.position, run.carry
     out.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from hrm_deploy.errors import ConfigError
 
 if TYPE_CHECKING:
     from hrm_deploy.model.config import HRMConfig
-    from hrm_deploy.train.loop import TrainConfig
+    from hrm_deploy.train.config import TrainConfig
 
 # What the two CPU presets share: a hidden-64 model of one H and one L layer with float32 compute,
 # and the optimizer settings found by benchmarks/tiny_recipe.py.
@@ -151,7 +151,7 @@ def train_configs(
     ``overrides`` (``None`` values mean "the preset's") replace the preset's train settings;
     ``settings`` are the remaining ``TrainConfig`` fields (device, compile, threads, ...)."""
     from hrm_deploy.data.format import load_split
-    from hrm_deploy.train.loop import TrainConfig
+    from hrm_deploy.train.config import TrainConfig
 
     chosen = preset(name)
     meta = load_split(data, "train").metadata

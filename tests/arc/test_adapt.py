@@ -230,3 +230,19 @@ def test_the_recorded_dataset_names_the_base_rows(arc_run):
     ):
         adapt(_config(recorded, known, tmp / "out"), progress=False)
     assert not (tmp / "out").exists()
+
+
+def test_adapt_never_writes_inside_the_dataset_the_base_was_trained_on(arc_run):
+    """-o inside the base's dataset (as its checkpoint records it, or --base-data) is refused before
+    any work, as the base's run folder and the task folders are."""
+    from hrm_deploy.model.checkpoint import load_checkpoint, save_checkpoint
+
+    checkpoint, data, tmp = arc_run
+    tasks = new_tasks(tmp / "new")
+    with pytest.raises(ConfigError, match="is inside .*the dataset the base checkpoint was trained on"):
+        adapt(_config(checkpoint, tasks, data / "ad", base_data=str(data)), progress=False)
+    model, _ = load_checkpoint(checkpoint)  # a trainer's checkpoint records its data_path
+    recorded = save_checkpoint(tmp / "trained.pt", model, train_config={"data_path": str(data)})
+    with pytest.raises(ConfigError, match="is inside .*the dataset the base checkpoint was trained on"):
+        adapt(_config(recorded, tasks, data / "sub" / "ad"), progress=False)
+    assert not (data / "ad").exists() and not (data / "sub").exists()

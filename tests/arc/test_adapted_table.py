@@ -89,3 +89,29 @@ def test_a_table_adapted_from_another_base_is_refused(arc_run):
     adapt(_config(checkpoint, tasks, tmp / "all", steps=1, train="all"), progress=False)
     with pytest.raises(ConfigError, match="--train all, which changed the model's weights"):
         load_adapted_table(base_graph.path, tmp / "all")
+
+
+@pytest.mark.slow
+def test_an_adapted_checkpoint_changed_after_adapt_is_refused(arc_run):
+    """adapt.json records the sha256 of the checkpoint the run wrote: two new rows swapped in last.pt
+    afterwards (a table that answers the wrong tasks) are refused, and so is a run that never
+    finished (no sha256 recorded yet)."""
+    import json
+
+    import torch
+
+    checkpoint, data, tmp = arc_run
+    external = _export(checkpoint, tmp / "ext.onnx", puzzle_emb=Placement.EXTERNAL, parity=False)
+    result = adapt(_config(checkpoint, new_tasks(tmp / "new"), tmp / "adapted", steps=1, base_data=str(data)), False)
+    assert load_adapted_table(external.path, tmp / "adapted").rows == 25
+    state = torch.load(result.checkpoint, map_location="cpu", weights_only=False)
+    table = state["model_state"]["puzzle_emb.weights"]
+    table[[17, 18]] = table[[18, 17]]  # two new tasks' rows swapped
+    torch.save(state, result.checkpoint)
+    with pytest.raises(ConfigError, match="is not the checkpoint the adapt run wrote"):
+        load_adapted_table(external.path, tmp / "adapted")
+    record = json.loads(result.record.read_text())
+    record.pop("checkpoint_sha256")
+    result.record.write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="has not finished"):
+        load_adapted_table(external.path, tmp / "adapted")

@@ -4,6 +4,7 @@ the host from the memory-mapped ``.npy``, answers identical to the graph that em
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +19,26 @@ def _export(checkpoint, out, **kwargs):
     return export_onnx(checkpoint, out, ExportConfig(**kwargs), quiet=True)
 
 
+@pytest.fixture(scope="module")
+def arc_exports(tmp_path_factory):
+    """The random tiny ARC model, its dataset and ``export(mode, placement)``: each export made once
+    for the module with the export's parity check (the tests read them; one that edits a table
+    edits a copy)."""
+    from tests.arc.conftest import random_arc_model
+
+    folder = tmp_path_factory.mktemp("arc_exports")
+    checkpoint, data, _ = random_arc_model(folder)
+    made = {}
+
+    def export(mode: str = "unrolled", placement: Placement = Placement.EMBEDDED):
+        if (mode, placement) not in made:
+            out = folder / f"{placement.value}.{mode}.onnx"
+            made[mode, placement] = _export(checkpoint, out, mode=mode, puzzle_emb=placement)
+        return made[mode, placement]
+
+    return SimpleNamespace(checkpoint=checkpoint, data=data, export=export)
+
+
 def _test_feeds(data, n=12):
     from hrm_deploy.data.format import load_split
 
@@ -27,14 +48,13 @@ def _test_feeds(data, n=12):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["unrolled", "step"])
-def test_external_table_answers_like_the_embedded_one(arc_run, mode):
+def test_external_table_answers_like_the_embedded_one(arc_exports, mode):
     import onnx
 
     from hrm_deploy.backends import open_runner
 
-    checkpoint, data, tmp = arc_run
-    embedded = _export(checkpoint, tmp / f"emb.{mode}.onnx", mode=mode)
-    external = _export(checkpoint, tmp / f"ext.{mode}.onnx", mode=mode, puzzle_emb=Placement.EXTERNAL)
+    checkpoint, data = arc_exports.checkpoint, arc_exports.data
+    embedded, external = arc_exports.export(mode), arc_exports.export(mode, Placement.EXTERNAL)
     assert external.parity["passed"]  # the export's own parity check ran through the gathered rows
 
     graph = onnx.load(external.path)
@@ -77,11 +97,17 @@ def _tensors(obj):
 
 
 @pytest.mark.slow
-def test_arc_eval_on_the_external_graph_scores_like_the_checkpoint(arc_run):
-    from hrm_deploy.arc.evaluate import ArcEvalConfig, arc_eval
+def test_arc_eval_on_the_external_graph_scores_like_the_checkpoint(arc_exports, tmp_path):
+    import shutil
 
-    checkpoint, data, tmp = arc_run
-    external = _export(checkpoint, tmp / "ext.onnx", puzzle_emb=Placement.EXTERNAL, parity=False)
+    from hrm_deploy.arc.evaluate import ArcEvalConfig, arc_eval
+    from hrm_deploy.manifest import manifest_path
+
+    checkpoint, data, tmp = arc_exports.checkpoint, arc_exports.data, tmp_path
+    shared = arc_exports.export(placement=Placement.EXTERNAL).path
+    for file in (shared, manifest_path(shared), table_path(shared)):  # a copy: its table is edited below
+        shutil.copyfile(file, tmp / file.name)
+    external = SimpleNamespace(path=tmp / shared.name)
     config = ArcEvalConfig(ks=(1, 2), quiet=True)
     ref = arc_eval(checkpoint, data, tmp / "ref.json", config=config)
     got = arc_eval(external.path, data, tmp / "ext.json", config=config)
@@ -106,15 +132,14 @@ def test_arc_eval_on_the_external_graph_scores_like_the_checkpoint(arc_run):
 
 
 @pytest.mark.slow
-def test_cpu_engine_of_the_external_graph_finds_the_table_of_its_parent(arc_run):
+def test_cpu_engine_of_the_external_graph_finds_the_table_of_its_parent(arc_exports, tmp_path):
     """An engine built from the external graph takes the rows too; its runner finds the table
     beside the export named as the engine's parent (tables are never copied per engine)."""
     from hrm_deploy.backends import open_runner
     from hrm_deploy.engines.build import EngineConfig, build_engine
 
-    checkpoint, data, tmp = arc_run
-    embedded = _export(checkpoint, tmp / "emb.onnx", parity=False)
-    external = _export(checkpoint, tmp / "ext.onnx", puzzle_emb=Placement.EXTERNAL, parity=False)
+    data, tmp = arc_exports.data, tmp_path
+    embedded, external = arc_exports.export(), arc_exports.export(placement=Placement.EXTERNAL)
     engine = build_engine(external.path, EngineConfig(precision="fp32", target="cpu"), tmp / "ext.cpu.onnx", quiet=True)
     assert not table_path(engine.path).exists()
     feeds = _test_feeds(data)

@@ -166,9 +166,9 @@ def test_tensorrt_iprofiler_through_the_runner(tmp_path, monkeypatch):
     execute): warm-up reports are dropped, every step of every call counts."""
     import hrm_deploy.backends.tensorrt.runner as trt_runner
     from hrm_deploy.backends import open_runner
+    from hrm_deploy.backends.tensorrt import fake_trt
     from hrm_deploy.backends.tensorrt.api import Backend
     from hrm_deploy.bench.profile import profile_trt
-    from tests.backends.tensorrt import fake_trt
 
     monkeypatch.setattr(trt_runner, "load_backend", lambda name: Backend("tensorrt", fake_trt))
     # microseconds: the host loop's own wall time (numpy on the CPU) is far longer

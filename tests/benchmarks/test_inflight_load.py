@@ -3,7 +3,6 @@ smoke run on CPU measures both modes with answers equal to a lone run's."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,15 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.device_check_helpers import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "inflight_load.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("inflight_load", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("inflight_load")
 
 
 class EchoRunner:

@@ -94,12 +94,16 @@ def test_arc_eval_gets_the_newest_step_files(run_folder, monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_torch_engine_from_a_run_folder_for_real(run_folder):
+def test_torch_engine_from_a_run_folder_for_real(run_folder, monkeypatch):
     """The user's command end to end on the CPU: it used to compile for a minute and then fail with
-    IsADirectoryError hashing the folder."""
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+    IsADirectoryError hashing the folder. The compile itself is not the test (the PyTorch engine tests
+    compile): AOTInductor is made to fail, so the build saves the exported program, hashes and publishes."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
     import json
 
+    monkeypatch.setattr(
+        torch._inductor, "aoti_compile_and_package", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("skip"))
+    )
     folder, newest = run_folder
     result = runner.invoke(app, ["build-engine", str(folder), "--backend", "torch", "-q"])
     assert result.exit_code == 0, result.output

@@ -2,9 +2,7 @@
 
 import json
 import shlex
-import subprocess
 import sys
-from pathlib import Path
 
 import onnx
 import pytest
@@ -159,12 +157,3 @@ def test_missing_backend_names_the_extra(monkeypatch):
 def test_no_export_is_one_clear_error(tmp_path):
     with pytest.raises(ArtifactError, match="hrm-deploy export"):
         newest_export(tmp_path)
-
-
-@pytest.mark.slow  # a mypy run: ~20 s on 2 cores
-def test_tensorrt_path_type_checks_against_stubs():
-    pytest.importorskip("tensorrt_stubs", reason="pip install --no-deps tensorrt-stubs")
-    pytest.importorskip("mypy", reason="mypy is not installed (pip install 'hrm-deploy[dev]')")
-    script = Path(__file__).resolve().parents[2] / "scripts" / "typecheck_tensorrt.py"
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout + run.stderr

@@ -28,7 +28,7 @@ DEFAULTS = {f.name: f.default for cls in (CpuOptions, TensorRTOptions, TorchOpti
         (lambda: TensorRTOptions(workspace_mib=8), "--workspace must be between 16 and"),
         (lambda: TensorRTOptions(optimization_level=6), "--opt-level must be between 0 and 5"),
         (lambda: CpuOptions(threads=-1), "--threads -1: give 1.."),
-        (lambda: TorchOptions(device="gpu"), "--device 'gpu': use auto, cpu, cuda or cuda:N"),
+        (lambda: TorchOptions(device="gpu"), "device 'gpu': use auto, cpu, cuda or cuda:N"),
         (lambda: EngineConfig("fp16", backend="torch"), "the torch backend builds fp32 or bf16, not fp16"),
         (lambda: EngineConfig("fp8", target="cpu"), "fp8 engines need a GPU of compute capability >= 8.9"),
         (lambda: EngineConfig("fp32", target="cpu", options=CpuOptions(int8_recipe="dynamic")), "add --int8"),
@@ -78,11 +78,11 @@ def test_the_manifest_records_the_common_fields_and_the_backends_options_side_by
     [
         (
             lambda: EngineConfig("fp16", options=CpuOptions(threads=2)),
-            "--threads 2 is an option of --target cpu; the desktop target does not take it",
+            "--threads 2 is an option of --target cpu; TensorRT does not take it",
         ),
         (
             lambda: EngineConfig("fp32", backend="torch", options=CpuOptions(fuse=False)),
-            "--no-fuse is an option of --target cpu; the desktop target does not take it",
+            "--no-fuse is an option of --target cpu; --backend torch does not take it",  # not "the desktop target"
         ),
         (
             lambda: EngineConfig("fp16", options=TorchOptions(tf32=True)),
@@ -90,7 +90,7 @@ def test_the_manifest_records_the_common_fields_and_the_backends_options_side_by
         ),
         (
             lambda: EngineConfig("int8", target="cpu", options=TorchOptions(device="cpu")),
-            "--device cpu is an option of --backend torch; drop it",
+            "device='cpu' is an option of --backend torch; drop it",
         ),
         (
             lambda: EngineConfig("fp32", target="cpu", min_batch=2, options=TensorRTOptions(workspace_mib=64)),

@@ -147,16 +147,12 @@ def test_plan_of_an_engine_reads_its_file_and_profile(tiny_onnx, tmp_path):
     assert plan.weights == 3 * MIB and plan.weights_from == "engine file" and plan.buckets[-1].batch == 4
 
 
-def test_the_bundled_default_step_graph_by_hand(trained_small, tmp_path):
+def test_the_bundled_default_step_graph_by_hand(bundled_export):
     """sudoku-small: hidden 64, 4 heads, SwiGLU width round(4*64*2/3)=171 -> 256, 1 H + 1 L layer, 81 cells + 1 prefix
     position. Parameters: per block 64*192 + 64*64 + 64*512 + 256*64 = 65,536, x 2 = 131,072; embeddings and heads
     11*64 * 2 + 64*2 + 2 = 1,538: 132,610."""
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
-    step = export_onnx(
-        trained_small.checkpoint, tmp_path / "s.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
-    )
-    plan = memory_plan(step.path, max_batch=16)
+    plan = memory_plan(bundled_export(mode="step"), max_batch=16)
     assert plan.precision == "fp16" and plan.mode == "step"
     # the weights at 16 bits, plus the constants the export folds in (RoPE tables, the initial carry)
     assert 2 * 132_610 <= plan.weights <= 2 * 132_610 + 2 * 3 * 82 * 64 + 64 * 1024

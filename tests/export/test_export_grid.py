@@ -2,9 +2,11 @@
 
 A folder evaluates each traced use of a shared tensor on its own; the RoPE tables are used once
 per attention call, so a segment with H_cycles x (L_cycles + 1) x layers calls used to carry that
-many copies of them and upstream's TRM recipes (H/L 3/4, 3/6) failed to export. The grid exports
-HRM and both TRM variants over cycles and layers in step and unrolled modes, each with the
-export's own parity check against PyTorch.
+many copies of them and upstream's TRM recipes (H/L 3/4, 3/6) failed to export. The grid
+(``benchmarks/export_grid.py``, which sweeps all of it and records the verdicts) spans HRM and both
+TRM variants over cycles and layers in step and unrolled modes; here a pairwise subset of it is
+exported, each with the export's own parity check against PyTorch: every value of every axis and
+every pair of values the grid holds, and the deepest TRM and HRM cases.
 """
 
 from __future__ import annotations
@@ -16,13 +18,12 @@ import torch
 from hrm_deploy.export.graph import fold_constants, initializer_bytes
 from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 from hrm_deploy.model.checkpoint import save_checkpoint
-from hrm_deploy.model.config import HRMConfig
 from hrm_deploy.model.hrm import build_model
 from hrm_deploy.model.trm_config import TRMConfig
-from tests.conftest import TRM_TINY, TRM_VARIANTS
+from tests.conftest import TRM_TINY
+from tests.device_check_helpers import load_benchmark
 
-# small enough that one export with parity takes about a second
-GRID_BASE = dict(seq_len=16, vocab_size=11, num_puzzle_identifiers=1, hidden_size=32, num_heads=2, halt_max_steps=2)
+GRID = load_benchmark("export_grid")
 
 
 class _SharedTable(torch.nn.Module):
@@ -80,40 +81,44 @@ def test_trm_upstream_arc_recipe_exports(tmp_path):
     _export(tmp_path, build_model(cfg, seed=0).eval(), "step")
 
 
-# The folding bug lived in the traced segment, which step and unrolled graphs share (the unroll
-# repeats the folded segment): the step mode covers the whole grid; the unrolled mode the corners
-# and upstream's recipes, which keeps the grid at a few minutes of CI.
-TRM_GRID = [("step", v, hc, lc) for v in sorted(TRM_VARIANTS) for hc in (1, 2, 3) for lc in range(1, 7)]
-TRM_GRID += [
-    ("unrolled", v, hc, lc) for v in sorted(TRM_VARIANTS) for hc, lc in ((1, 1), (1, 6), (3, 1), (3, 4), (3, 6))
-]
-HRM_GRID = [("step", n, hc, lc) for n in (1, 2, 3, 4) for hc in (1, 2, 3) for lc in (1, 2, 3)]
-HRM_GRID += [("unrolled", n, hc, lc) for n in (1, 4) for hc, lc in ((1, 1), (3, 3), (1, 3), (3, 1))]
+def _pairs(case: tuple) -> set[tuple]:
+    return {(i, case[i], j, case[j]) for i in range(len(case)) for j in range(i + 1, len(case))}
+
+
+def pairwise(cases: list[tuple], seeds: list[tuple]) -> list[tuple]:
+    """A subset of ``cases`` (tuples of (mode, variant or layers, H_cycles, L_cycles)) holding every
+    pair of axis values that ``cases`` holds: ``seeds`` first, then greedily the case covering the
+    most missing pairs, the cheaper on a tie (step before unrolled, fewer cycles)."""
+    chosen = list(seeds)
+    missing = set().union(*map(_pairs, cases)) - set().union(*map(_pairs, chosen))
+    while missing:
+        best = max(cases, key=lambda c: (len(_pairs(c) & missing), c[0] == "step", -c[2] * c[3]))
+        chosen.append(best)
+        missing -= _pairs(best)
+    return chosen
+
+
+# the deepest cases, where the folded copies multiplied most: upstream's deepest TRM recipe (H/L 3/6)
+# with attention (RoPE tables at every call) and the HRM of the most layers at the most cycles
+DEEPEST_TRM, DEEPEST_HRM = ("step", "attention", 3, 6), ("step", 4, 3, 3)
+TRM_CASES = pairwise(GRID.TRM_GRID, [DEEPEST_TRM])
+HRM_CASES = pairwise(GRID.HRM_GRID, [DEEPEST_HRM])
+
+
+def test_the_subset_holds_every_value_and_pair_of_the_grid():
+    for grid, subset in ((GRID.TRM_GRID, TRM_CASES), (GRID.HRM_GRID, HRM_CASES)):
+        assert set().union(*map(_pairs, subset)) == set().union(*map(_pairs, grid))
+        assert len(set(subset)) == len(subset) < len(grid) / 2
+    assert DEEPEST_TRM in GRID.TRM_GRID and DEEPEST_HRM in GRID.HRM_GRID
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,variant,H_cycles,L_cycles", TRM_GRID)
-def test_trm_grid_exports(tmp_path, mode, variant, H_cycles, L_cycles):
-    cfg = TRMConfig(
-        **{
-            **GRID_BASE,
-            "H_cycles": H_cycles,
-            "L_cycles": L_cycles,
-            "L_layers": 2,
-            "puzzle_emb_len": 4,
-            "puzzle_emb_ndim": 32,
-        },
-        **TRM_VARIANTS[variant],
-    )
-    _export(tmp_path, build_model(cfg, seed=H_cycles * 10 + L_cycles).eval(), mode)
+@pytest.mark.parametrize("mode,mixer,H_cycles,L_cycles", TRM_CASES)
+def test_trm_grid_exports(tmp_path, mode, mixer, H_cycles, L_cycles):
+    _export(tmp_path, GRID.trm_model(mixer, H_cycles, L_cycles), mode)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,layers,H_cycles,L_cycles", HRM_GRID)
+@pytest.mark.parametrize("mode,layers,H_cycles,L_cycles", HRM_CASES)
 def test_hrm_grid_exports(tmp_path, mode, layers, H_cycles, L_cycles):
-    cfg = HRMConfig(
-        **{**GRID_BASE, "H_cycles": H_cycles, "L_cycles": L_cycles, "H_layers": layers, "L_layers": layers},
-        puzzle_emb_ndim=32,
-        pos_encodings="rope",
-    )
-    _export(tmp_path, build_model(cfg, seed=layers * 100 + H_cycles * 10 + L_cycles).eval(), mode)
+    _export(tmp_path, GRID.hrm_model(layers, H_cycles, L_cycles), mode)

@@ -9,15 +9,10 @@ import numpy as np
 import pytest
 
 from hrm_deploy.errors import ConfigError, ExportError
-from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+from hrm_deploy.export.onnx_export import ExportConfig
 from hrm_deploy.train.presets import bundled_checkpoint
 
 pytestmark = pytest.mark.slow  # each export traces and checks a model (seconds)
-
-
-def _export(tmp_path: Path, model: str, mode: str, halt: str = "off") -> Path:
-    out = tmp_path / f"{model}.{mode}.{halt.replace(':', '_')}.onnx"
-    return export_onnx(bundled_checkpoint(model), out, ExportConfig(mode=mode, halt=halt), quiet=True).path
 
 
 def _feeds(n: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -35,10 +30,10 @@ def _run(path: Path, feeds: dict[str, np.ndarray], halt=None) -> dict[str, np.nd
         return runner.infer(feeds, halt=halt)
 
 
-def test_halting_off_equals_the_unrolled_graph_bit_for_bit(tmp_path: Path) -> None:
+def test_halting_off_equals_the_unrolled_graph_bit_for_bit(bundled_export) -> None:
     feeds = _feeds(24)
-    loop = _run(_export(tmp_path, "sudoku-small", "loop"), feeds)
-    unrolled = _run(_export(tmp_path, "sudoku-small", "unrolled"), feeds)
+    loop = _run(bundled_export("sudoku-small", "loop"), feeds)
+    unrolled = _run(bundled_export("sudoku-small", "unrolled"), feeds)
     for name in ("logits", "q_halt_logits", "q_continue_logits"):
         assert np.array_equal(loop[name], unrolled[name]), name
     assert (loop["steps_used"] == 8).all()
@@ -47,12 +42,12 @@ def test_halting_off_equals_the_unrolled_graph_bit_for_bit(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("model", "rule"), [("sudoku-small", "q"), ("sudoku-small", "threshold:0.7"), ("trm-sudoku-small", "q")]
 )
-def test_each_rule_equals_the_host_loop_over_the_step_graph(tmp_path: Path, model: str, rule: str) -> None:
+def test_each_rule_equals_the_host_loop_over_the_step_graph(bundled_export, model: str, rule: str) -> None:
     from hrm_deploy.halting import resolve_rule
 
     feeds = _feeds(32)
-    step = _export(tmp_path, model, "step")
-    loop_path = _export(tmp_path, model, "loop", rule)
+    step = bundled_export(model, "step")
+    loop_path = bundled_export(model, "loop", rule)
     loop = _run(loop_path, feeds)
     host = _run(step, feeds, halt=resolve_rule(rule, str(step)).should_halt)
     assert np.array_equal(loop["steps_used"], host["steps_used"])
@@ -72,28 +67,28 @@ def test_each_rule_equals_the_host_loop_over_the_step_graph(tmp_path: Path, mode
     assert manifest["parity"]["loop"]["passed"]
 
 
-def test_a_rule_that_needs_host_state_is_refused_with_the_alternative(tmp_path: Path) -> None:
+def test_a_rule_that_needs_host_state_is_refused_with_the_alternative(bundled_export) -> None:
     with pytest.raises(ConfigError, match="--mode step"):
-        _export(tmp_path, "sudoku-small", "loop", "budget:1")
+        bundled_export("sudoku-small", "loop", "budget:1")
     with pytest.raises(ConfigError, match="only a loop graph"):
         ExportConfig(mode="step", halt="q")
 
 
-def test_a_loop_graph_refuses_a_run_time_rule_in_one_line(tmp_path: Path) -> None:
+def test_a_loop_graph_refuses_a_run_time_rule_in_one_line(bundled_export) -> None:
     from hrm_deploy.halting import HaltRule
 
-    path = _export(tmp_path, "sudoku-small", "loop", "q")
+    path = bundled_export("sudoku-small", "loop", "q")
     with pytest.raises(ConfigError, match="halts by its own rule \\(q"):
         _run(path, _feeds(2), halt=HaltRule.parse("q").should_halt)
 
 
-def test_control_flow_is_allowed_only_as_the_one_top_level_loop(tmp_path: Path) -> None:
+def test_control_flow_is_allowed_only_as_the_one_top_level_loop(bundled_export) -> None:
     import onnx
 
     from hrm_deploy.export.graph import check_structure
     from hrm_deploy.manifest import read_manifest
 
-    path = _export(tmp_path, "sudoku-small", "loop")
+    path = bundled_export("sudoku-small", "loop")
     model = onnx.load(str(path))
     io = {
         side: {n: (getattr(onnx.TensorProto, t), tuple(d)) for n, (t, d) in read_manifest(path)["io"][side].items()}
@@ -135,13 +130,13 @@ def test_the_torch_while_loop_twin_equals_the_host_loop() -> None:
         np.testing.assert_allclose(q_halt.numpy(), host["q_halt_logits"], atol=1e-4)  # NaN where NaN
 
 
-def test_bench_reports_a_loop_graphs_mean_steps_beside_the_unrolled_graph(tmp_path: Path) -> None:
+def test_bench_reports_a_loop_graphs_mean_steps_beside_the_unrolled_graph(bundled_export, tmp_path: Path) -> None:
     from hrm_deploy.bench.run import BenchConfig, bench, table
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
 
     data = tmp_path / "data"
     generate_sudoku(SudokuSpec(train=4, test=32, blanks=(10, 30), augment=0, seed=9), str(data))
-    loop, unrolled = _export(tmp_path, "sudoku-small", "loop", "q"), _export(tmp_path, "sudoku-small", "unrolled")
+    loop, unrolled = bundled_export("sudoku-small", "loop", "q"), bundled_export("sudoku-small", "unrolled")
     config = BenchConfig(
         data=str(data), batches=(1, 8), iters=2, warmup=1, include_reference=False, out_dir=str(tmp_path / "b")
     )

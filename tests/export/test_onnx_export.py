@@ -14,10 +14,19 @@ from hrm_deploy.manifest import read_manifest
 from hrm_deploy.onnx_runtime import ort_session, run_stepwise
 
 
+@pytest.fixture(scope="module")
+def tiny_unrolled(tmp_path_factory):
+    """The tiny model's unrolled export with per-step answers (parity checked), read by the tests below."""
+    from tests.conftest import make_tiny_model
+
+    model = make_tiny_model()
+    out = tmp_path_factory.mktemp("unrolled") / "tiny.onnx"
+    return model, out, export_onnx(model, out, ExportConfig(step_predictions=True, max_batch=8), quiet=True)
+
+
 @pytest.mark.slow
-def test_unrolled_export_contract_and_parity(tmp_path, tiny_model):
-    out = tmp_path / "tiny.onnx"
-    result = export_onnx(tiny_model, out, ExportConfig(step_predictions=True, max_batch=8), quiet=True)
+def test_unrolled_export_contract_and_parity(tiny_unrolled):
+    _, out, result = tiny_unrolled
     model = onnx.load(out)
     names = [i.name for i in model.graph.input], [o.name for o in model.graph.output]
     assert names == (
@@ -43,9 +52,8 @@ def test_unrolled_export_contract_and_parity(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
-def test_onnx_matches_pytorch_at_any_batch(tmp_path, tiny_model):
-    out = tmp_path / "tiny.onnx"
-    export_onnx(tiny_model, out, ExportConfig(parity=False), quiet=True)
+def test_onnx_matches_pytorch_at_any_batch(tiny_unrolled):
+    tiny_model, out, _ = tiny_unrolled
     session = ort_session(str(out))
     for batch in (1, 5):
         feeds = sample_inputs(tiny_model.config, batch, seed=11)
@@ -84,10 +92,10 @@ def test_external_data_export(tmp_path, tiny_model):
 
 @pytest.mark.slow
 def test_large_puzzle_table_is_traced_small_and_restored(tmp_path, tiny_config, monkeypatch):
-    from hrm_deploy.export import onnx_export
+    from hrm_deploy.export import trace
     from hrm_deploy.model.hrm import build_model
 
-    monkeypatch.setattr(onnx_export, "TRACE_TABLE_BYTES", 1000)  # force the swap on a small table
+    monkeypatch.setattr(trace, "TRACE_TABLE_BYTES", 1000)  # force the swap on a small table
     model = build_model(tiny_config.replace(num_puzzle_identifiers=50), seed=0).eval()
     with torch.no_grad():
         model.inner.puzzle_emb.weights.normal_()
@@ -116,17 +124,27 @@ def test_parity_failure_is_an_error_with_numbers_and_writes_nothing(tmp_path, ti
     assert not out.exists() and not list(tmp_path.glob("*.manifest.json"))
 
 
+@pytest.fixture(scope="module")
+def chaotic16(tmp_path_factory):
+    """A random tiny model over 16 steps, exported with parity on batches 1 and 3 and no float64
+    twin available (the teacher-forced check never needs one)."""
+    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.hrm import build_model
+    from tests.conftest import TINY
+
+    model = build_model(HRMConfig(**{**TINY, "halt_max_steps": 16}), seed=3).eval()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(parity_mod, "float64_twin", None)
+        out = tmp_path_factory.mktemp("chaos") / "chaos.onnx"
+        return export_onnx(model, out, ExportConfig(parity_batches=(1, 3)), quiet=True)
+
+
 @pytest.mark.slow
-def test_chaotic_model_passes_teacher_forced_parity(tmp_path, tiny_config, monkeypatch):
+def test_chaotic_model_passes_teacher_forced_parity(chaotic16):
     """A random model over many steps: ORT and PyTorch float32 disagree legitimately end to end;
     every step checked from the graph's own carry stays within the strict limit, with no
     float64 reference."""
-    from hrm_deploy.model.hrm import build_model
-
-    monkeypatch.setattr(parity_mod, "float64_twin", None)  # never needed any more
-    model = build_model(tiny_config.replace(halt_max_steps=16), seed=3).eval()
-    result = export_onnx(model, tmp_path / "chaos.onnx", ExportConfig(), quiet=True)
-    for entry in result.parity["batches"].values():
+    for entry in chaotic16.parity["batches"].values():
         assert set(entry) == {"z_H", "z_L", "q_halt_logits", "q_continue_logits", "logits"}
         assert all(e["passed"] and e["max_abs"] <= e["strict_limit"] for e in entry.values())
         assert entry["logits"]["check"] == "teacher-forced per step" and entry["logits"]["worst_step"] == 15
@@ -154,13 +172,9 @@ def test_wrong_carry_in_a_middle_step_fails_parity(tmp_path, tiny_config, monkey
 
 
 @pytest.mark.slow
-def test_sampled_parity_checks_first_two_and_last_step_and_proves_the_copies(tmp_path, tiny_config):
-    from hrm_deploy.model.hrm import build_model
-
-    model = build_model(tiny_config.replace(halt_max_steps=16), seed=3).eval()
-    result = export_onnx(model, tmp_path / "m.onnx", ExportConfig(parity_batches=(1, 3)), quiet=True)
-    assert result.parity["checked_steps"] == [0, 1, 15] and result.parity["method"] == "teacher-forced per step"
-    worst = {e["worst_step"] for entry in result.parity["batches"].values() for e in entry.values()}
+def test_sampled_parity_checks_first_two_and_last_step_and_proves_the_copies(chaotic16):
+    assert chaotic16.parity["checked_steps"] == [0, 1, 15] and chaotic16.parity["method"] == "teacher-forced per step"
+    worst = {e["worst_step"] for entry in chaotic16.parity["batches"].values() for e in entry.values()}
     assert worst <= {0, 1, 15}
 
 

@@ -198,15 +198,14 @@ def test_nvfp4_budget_fallback_keeps_harmful_layers_in_float(tiny_onnx, tmp_path
 
 
 @pytest.mark.slow
-def test_nvfp4_budget_holds_on_the_trained_act_model(trained_small, tmp_path):
+def test_nvfp4_budget_holds_on_the_trained_act_model(small_onnx, trained_small, tmp_path):
     """Plain NVFP4 loses many points on the trained 8-step model; with a 2-point budget the fallback
     keeps layers in float until the simulated graph is within it, and says which."""
     from hrm_deploy.data.examples import load_examples
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.precision.accuracy import onnx_accuracy
     from hrm_deploy.precision.nvfp4 import cpu_runnable
 
-    fp32 = export_onnx(trained_small.checkpoint, tmp_path / "small.onnx", ExportConfig(parity=False), quiet=True).path
+    fp32 = small_onnx
     result = _nvfp4(fp32, trained_small.data, tmp_path, accuracy_budget=2.0, holdout_samples=100)
     report = result.report["accuracy"]
     assert report["kept_float"] and report["measured"]["loss_points"] <= 2.0, report
@@ -288,9 +287,10 @@ def test_verify_judges_nvfp4_by_its_own_bounds():
     from hrm_deploy.verify import judge
 
     def report(argmax, logits_rel, q_rel, q_sign, drop):
+        closeness = {"scale": 1.0, "max_abs": 1.0, "max_rel": logits_rel, "max_rel_agreeing": logits_rel}
         return {
-            "logits": {"argmax_agreement": argmax, "max_rel": logits_rel},
-            "q_halt": {"max_rel": q_rel, "sign_agreement": q_sign},
+            "logits": {**closeness, "argmax_agreement": argmax},
+            "q_halt": {**closeness, "max_rel": q_rel, "max_rel_agreeing": q_rel, "sign_agreement": q_sign},
             "reference": {"exact_accuracy": 0.833},
             "candidate": {"exact_accuracy": 0.833 - drop / 100},
         }

@@ -135,10 +135,11 @@ def test_a_manifest_field_edited_by_hand_is_refused(tmp_path, field, value):
         check_artifact(artifact)
 
 
-@pytest.mark.parametrize("tool_version", ["0.1.0", "7.3", None, "not a version"])
-def test_a_manifest_whose_seal_was_removed_is_refused(tmp_path, tool_version):
-    """Deleting the seal does not make a manifest read as one from before seals: hrm-deploy 0.1.0 on
-    seals every manifest, so a missing seal there (or an unreadable version) is an edit."""
+@pytest.mark.parametrize("tool_version", ["0.1.0", "7.3", "0.0.9", "0.0.1", None, "not a version"])
+def test_a_manifest_whose_seal_was_removed_is_refused_whatever_version_it_claims(tmp_path, tool_version):
+    """Deleting the seal never makes a manifest readable: every hrm-deploy release seals every
+    manifest, so a manifest without one was edited, even one claiming a version from before 0.1.0
+    (that claim once let an edited precision through: bf16 tolerances for an fp32 graph)."""
     artifact = _publish(tmp_path, "a.onnx", b"graph bytes")
     data = json.loads(manifest_path(artifact).read_text())
     data.pop("manifest_sha256")
@@ -149,13 +150,13 @@ def test_a_manifest_whose_seal_was_removed_is_refused(tmp_path, tool_version):
         check_artifact(artifact)
 
 
-def test_a_manifest_older_than_the_seal_is_read_without_one(tmp_path):
-    artifact = _publish(tmp_path, "a.onnx", b"graph bytes")
-    data = json.loads(manifest_path(artifact).read_text())
-    data.pop("manifest_sha256")
-    data["tool_version"] = "0.0.9"
-    manifest_path(artifact).write_text(json.dumps(data))
-    assert check_artifact(artifact)["tool_version"] == "0.0.9"
+def test_no_fixture_or_bundled_file_holds_an_unsealed_manifest():
+    """Every manifest file in the repository (fixtures, bundled presets, results) is sealed, so none
+    relies on the unsealed reading that is gone."""
+    folders = ("hrm_deploy", "tests", "benchmarks", "scripts", "docs", "jetson")
+    for path in (p for folder in folders for p in (ROOT / folder).rglob("*.manifest.json")):
+        data = json.loads(path.read_text())
+        assert "manifest_sha256" in data, path
 
 
 @pytest.mark.parametrize(
@@ -181,6 +182,24 @@ def test_inspect_of_a_json_that_is_not_a_manifest_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text('{"lr": 0.001}')
     result = runner.invoke(app, ["inspect", str(tmp_path / "config.json")])
     assert result.exit_code == 2 and "not an hrm-deploy manifest" in result.output
+
+
+def test_a_resealed_manifest_that_contradicts_its_graph_is_caught(tiny_onnx, tmp_path):
+    """The seal is a checksum, not a signature: a manifest edited and resealed to say bf16 of an fp32
+    graph was shown by inspect as bf16. inspect shows the contradiction instead, and the runner every
+    command opens the graph with refuses it (verify would judge it by bf16's tolerances)."""
+    copy = tmp_path / "tiny.onnx"
+    shutil.copy(tiny_onnx.unrolled, copy)
+    data = read_manifest(tiny_onnx.unrolled)
+    data.update(precision="bf16", verify={"passed": True})
+    manifest_path(copy).write_text(manifest_text(data))
+    for target in (copy, manifest_path(copy)):
+        shown = json.loads(runner.invoke(app, ["inspect", str(target)]).output)
+        assert "manifest says precision bf16 but the graph itself says fp32" in shown["artifact_check"]
+        assert '"passed": true' not in json.dumps(shown) and shown.get("precision") != "bf16"
+        assert not (shown.get("manifest") or {}).get("precision")
+    result = runner.invoke(app, ["verify", str(copy), "--data", tiny_onnx.data, "--samples", "4"])
+    assert result.exit_code == 2 and "the graph itself says fp32" in result.output, result.output
 
 
 def test_inspect_never_shows_an_old_pass_for_a_changed_file(tiny_onnx, tmp_path):

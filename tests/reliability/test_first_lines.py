@@ -188,3 +188,71 @@ def test_a_pt2_program_fallback_given_alone_names_its_engine(tmp_path):
         verify(program, tmp_path)
     with pytest.raises(ArtifactError, match=r"give .*m.cpu.pt2 itself"):
         bench([str(program)], BenchConfig(data=str(tmp_path), out_dir=str(tmp_path / "out")), quiet=True)
+
+
+@pytest.mark.parametrize("command", ["verify", "bench", "inspect", "solve", "profile", "build-engine"])
+def test_a_fifo_given_as_a_graph_is_named_as_a_fifo(tmp_path, command):
+    """Not "does not exist or is not a file" (which a user reads as a wrong path), nor a question
+    about the checkpoint it came from."""
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+
+    fifo = tmp_path / "m.onnx"
+    os.mkfifo(fifo)
+    argv = {
+        "verify": ["verify", str(fifo), "--data", str(tmp_path)],
+        "bench": ["bench", str(fifo), "--data", str(tmp_path), "-o", str(tmp_path / "b")],
+        "inspect": ["inspect", str(fifo)],
+        "solve": ["solve", "0" * 81, str(fifo)],
+        "profile": ["profile", str(fifo), "--data", str(tmp_path), "-o", str(tmp_path / "p")],
+        "build-engine": ["build-engine", str(fifo), "--target", "cpu", "-o", str(tmp_path / "e.onnx")],
+    }[command]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "FIFO" in result.output and "does not exist" not in result.output, result.output
+
+
+def test_export_refuses_a_bad_loop_halting_rule_before_the_model_loads(monkeypatch, tmp_path):
+    """It used to refuse only after loading the model and tracing it (6-8 s)."""
+    from typer.testing import CliRunner
+
+    from hrm_deploy.cli import app
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the rule was checked")
+
+    monkeypatch.setattr("hrm_deploy.export.onnx_export._resolve_source", no_load)
+    result = CliRunner().invoke(app, ["export", "--mode", "loop", "--halt", "garbage", "-o", str(tmp_path / "m.onnx")])
+    assert result.exit_code == 2 and "--halt 'garbage'" in result.output, result.output
+
+
+def test_an_accuracy_budget_is_refused_where_no_build_applies_it():
+    """--fp16 --accuracy-budget 3 was recorded in the manifest and never applied."""
+    from hrm_deploy.engines.build import EngineConfig
+    from hrm_deploy.errors import ConfigError
+
+    for precision in ("fp16", "bf16", "fp32"):
+        with pytest.raises(ConfigError, match=f"--accuracy-budget .*{precision} is not calibrated"):
+            EngineConfig(precision, accuracy_budget=3.0)
+    assert EngineConfig("int8", accuracy_budget=3.0).accuracy_budget == 3.0
+
+
+@pytest.mark.parametrize("price", [float("inf"), float("nan"), -1.0])
+def test_a_price_per_hour_must_be_a_finite_price(price):
+    """inf wrote Infinity into report.json (not JSON)."""
+    from hrm_deploy.arc.evaluate import ArcEvalConfig
+    from hrm_deploy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--price-per-hour"):
+        ArcEvalConfig(price_per_hour=price)
+
+
+def test_a_price_of_minus_zero_is_zero():
+    """-0 printed "cost -0.000000"."""
+    import math
+
+    from hrm_deploy.arc.evaluate import ArcEvalConfig
+
+    price = ArcEvalConfig(price_per_hour=-0.0).price_per_hour
+    assert price == 0.0 and math.copysign(1.0, price) == 1.0

@@ -252,7 +252,7 @@ def test_a_second_writer_of_a_run_is_refused_naming_the_holder(micro_data, tmp_p
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         before = (out / "metrics.jsonl").read_bytes()
-        with pytest.raises(ConfigError, match=f"another train \\(pid {holder.pid}\\)"):
+        with pytest.raises(ConfigError, match=f"another run of train or adapt \\(pid {holder.pid}\\)"):
             train(MICRO, _cfg(micro_data, out, steps=4), resume=str(out / "last.pt"), progress=False)
         assert (out / "metrics.jsonl").read_bytes() == before
     finally:
@@ -269,7 +269,7 @@ def test_a_lock_file_that_is_a_folder_is_named_as_one(tmp_path):
 
     (tmp_path / "run" / LOCK_NAME).mkdir(parents=True)
     with (
-        pytest.raises(ConfigError, match=r"\.train\.lock is a folder where train keeps its run lock"),
+        pytest.raises(ConfigError, match=r"\.train\.lock is a folder where train and adapt keep their run lock"),
         run_lock(tmp_path / "run"),
     ):
         pass

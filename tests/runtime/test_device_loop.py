@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hrm_deploy.backends.tensorrt import fake_trt
 from hrm_deploy.backends.tensorrt.api import Backend
 from hrm_deploy.errors import ArtifactError, ConfigError, DataError, EngineError
 from hrm_deploy.manifest import write_manifest
-from tests.backends.tensorrt import fake_trt
 
 
 @pytest.fixture(autouse=True)
@@ -296,4 +296,19 @@ def test_external_table_engine_gathers_rows_on_the_host(tmp_path, mode):
     np.testing.assert_allclose(out["q_halt_logits"], ref["q_halt_logits"], atol=2e-2)
     table_path(path).unlink()
     with pytest.raises(ArtifactError, match="puzzle_emb.npy is missing"):
+        open_fake(path).activate()
+
+
+def test_an_engine_tensorrt_refuses_to_load_is_one_line_with_its_reason(tmp_path):
+    """Every command opens engines through the runner: TensorRT's refusal (its reason, from its logger)
+    is one line naming the file, not a bare "could not deserialize"."""
+    path, _ = make_engine(tmp_path)
+    from hrm_deploy.io import sha256_file
+    from hrm_deploy.manifest import manifest_path, manifest_text, read_manifest
+
+    path.write_bytes(b"not an engine")  # the bytes a build would never write, resealed as if it had
+    data = read_manifest(path)
+    data.update(sha256=sha256_file(path), size_bytes=path.stat().st_size)
+    manifest_path(path).write_text(manifest_text(data))
+    with pytest.raises(EngineError, match=r"cannot load .*fake\.engine: IRuntime::deserializeCudaEngine: .*magic tag"):
         open_fake(path).activate()

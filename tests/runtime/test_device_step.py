@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hrm_deploy.backends.tensorrt import fake_trt
 from hrm_deploy.backends.tensorrt.api import Backend
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.halting import drive, run_continuous
 from hrm_deploy.serve.inflight import InflightScheduler
-from tests.backends.tensorrt import fake_trt
 
 
 @pytest.fixture(autouse=True)

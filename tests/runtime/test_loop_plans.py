@@ -9,9 +9,9 @@ import logging
 import numpy as np
 import pytest
 
+from hrm_deploy.backends.tensorrt import fake_trt
 from hrm_deploy.runtime.device_loop import bucket
 from hrm_deploy.runtime.memory import HostMemory
-from tests.backends.tensorrt import fake_trt
 from tests.runtime.test_device_loop import fake_backend, feeds, make_engine, open_fake  # noqa: F401
 
 

@@ -18,16 +18,13 @@ from hrm_deploy.scale.cluster import RayConfig
 
 
 @pytest.fixture(scope="module")
-def sudoku(tmp_path_factory):
+def sudoku(small_onnx, tmp_path_factory):
     """300 held-out Sudoku (the bundled model's difficulty) and the bundled model's FP32 export."""
-    from hrm_deploy.cli.common import bundled_checkpoint
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
     folder = tmp_path_factory.mktemp("sudoku")
     generate_sudoku(SudokuSpec(train=10, test=300, blanks=(10, 30), seed=77), str(folder / "data"))
-    graph = export_onnx(bundled_checkpoint("sudoku-small"), folder / "m.onnx", ExportConfig(parity=False), quiet=True)
-    return folder / "data", graph.path
+    return folder / "data", small_onnx
 
 
 def _kill_one_worker(name: str) -> int | None:

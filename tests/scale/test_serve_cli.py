@@ -19,19 +19,16 @@ from tests.scale.test_serve import free_port
 pytestmark = pytest.mark.slow
 
 
-def test_serve_ray_from_the_command_line_answers_and_stops_clean(tmp_path):
+def test_serve_ray_from_the_command_line_answers_and_stops_clean(small_onnx, tmp_path):
     pytest.importorskip("ray", reason="pip install -e '.[scale]'")
     if ray_processes():
         pytest.skip("another Ray is running on this machine: the check that none is left would be meaningless")
-    from hrm_deploy.cli.common import bundled_checkpoint
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.solve import format_solutions, solve
 
-    graph = export_onnx(bundled_checkpoint("sudoku-small"), tmp_path / "m.onnx", ExportConfig(parity=False), quiet=True)
     generate_sudoku(SudokuSpec(train=10, test=24, blanks=(10, 30), seed=79), str(tmp_path / "data"))
     port, metrics = free_port(), free_port()
-    command = [sys.executable, "-m", "hrm_deploy", "serve", str(graph.path), "--ray", "--http-port", str(port)]
+    command = [sys.executable, "-m", "hrm_deploy", "serve", str(small_onnx), "--ray", "--http-port", str(port)]
     command += ["--metrics-port", str(metrics), "--max-batch", "8"]
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -42,7 +39,7 @@ def test_serve_ray_from_the_command_line_answers_and_stops_clean(tmp_path):
             line = server.stderr.readline()
         assert "Ray Serve (1 replica(s)" in line and f"http://127.0.0.1:{port}" in line
         url = f"http://127.0.0.1:{port}"
-        local = format_solutions(solve(str(tmp_path / "data"), graph.path, quiet=True), as_json=True)
+        local = format_solutions(solve(str(tmp_path / "data"), small_onnx, quiet=True), as_json=True)
         assert format_solutions(solve(str(tmp_path / "data"), url=url, batch=8, quiet=True), as_json=True) == local
         text = ""
         end = time.monotonic() + 30

@@ -11,6 +11,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -282,78 +283,81 @@ def test_stop_mid_load_then_restart(tiny_onnx, reference, tmp_path):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.mark.slow
-@live
-def test_generated_repository_answers_in_bundled_tritonserver(tiny_onnx, reference, tmp_path):
-    """The repository for the unrolled graph and for the step graph (ACT driver + BLS) loads in
-    PyTriton's tritonserver and answers as the in-process runner. That server has only the Python
-    backend, so the ONNX graphs run with --onnx-backend python (ONNX Runtime inside the stub);
-    the onnxruntime / tensorrt_plan configs are checked structurally (test_repo.py)."""
-    from hrm_deploy.serve.client import infer_remote
-    from hrm_deploy.serve.repo import OnnxBackend, RepoConfig, write_triton_repo
-
-    tokens, ids, ref = reference
-    repo = tmp_path / "repo"
-    write_triton_repo(
-        [tiny_onnx.unrolled, tiny_onnx.step],
-        RepoConfig(output=repo, onnx_backend=OnnxBackend.python, names=("unrolled", "act"), max_batch=8),
-    )
-    with repository_server(repo) as url:
-        for name in ("unrolled", "act"):
-            out = infer_remote(url, {"inputs": tokens[:8], "puzzle_identifiers": ids[:8]}, model_name=name)
-            assert np.array_equal(out["answer"], ref["logits"][:8].argmax(-1)), name
-            assert np.abs(out["logits"] - ref["logits"][:8]).max() < 1e-4, name
-            assert out["q_halt_logits"].shape == (8, 1) and (out["steps"] == 1).all()
-
-
-@pytest.mark.slow
-@live
-def test_act_driver_halting_in_bundled_tritonserver(tiny_model, tmp_path):
-    """A 4-step random-weight step graph behind the generated ACT driver (BLS loop in Triton):
-    halt off gives the host loop's outputs; threshold:X stops each row at its first step with
-    sigmoid(q_halt) > X, with that step's answer, while other rows go on in a smaller batch."""
+@pytest.fixture(scope="module")
+def repository(tiny_onnx, tmp_path_factory):
+    """One generated repository in PyTriton's tritonserver for the tests that only query it: the
+    trained fixture's unrolled graph and its step graph behind the ACT driver (``unrolled``, ``act``),
+    and a 4-step random-weight step graph behind the driver with halting off and at a threshold that
+    stops about half the rows after step 1 (``off``, ``thr``). That server has only the Python
+    backend, so the ONNX graphs run with --onnx-backend python (ONNX Runtime inside the stub); the
+    onnxruntime / tensorrt_plan configs are checked structurally (test_repo.py). Yields the URL and
+    the random graph's host-loop outputs with the threshold's logit."""
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.model.checkpoint import save_checkpoint
     from hrm_deploy.onnx_runtime import ort_session, run_stepwise
-    from hrm_deploy.serve.client import infer_remote
     from hrm_deploy.serve.repo import OnnxBackend, RepoConfig, write_triton_repo
+    from tests.conftest import make_tiny_model
 
-    ckpt = save_checkpoint(tmp_path / "random.pt", tiny_model)
-    step = export_onnx(
-        str(ckpt), tmp_path / "random.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
-    ).path
+    work = tmp_path_factory.mktemp("repository")
+    ckpt = save_checkpoint(work / "random.pt", make_tiny_model())
+    step = export_onnx(str(ckpt), work / "random.step.onnx", ExportConfig(mode="step", parity=False), quiet=True).path
     rng = np.random.default_rng(0)
-    tokens = rng.integers(1, 11, (12, 81)).astype(np.int32)
-    ids = np.zeros(12, np.int32)
-    ref = run_stepwise(
-        ort_session(step),
-        {"inputs": tokens, "puzzle_identifiers": ids},
-        None,
-        4,
-    )
+    tokens, ids = rng.integers(1, 11, (12, 81)).astype(np.int32), np.zeros(12, np.int32)
+    ref = run_stepwise(ort_session(step), {"inputs": tokens, "puzzle_identifiers": ids}, None, 4)
     q = np.sort(ref["q_halt_logits"][:, 0])
     cut = (q[5] + q[6]) / 2  # about half the rows halt after step 1
-    x = float(1 / (1 + np.exp(-cut)))
-    fires = ref["q_halt_logits"] > cut
+    threshold = f"threshold:{float(1 / (1 + np.exp(-cut))):.12f}"
+    repo = work / "repo"
+    repo.mkdir()
+    parts = [  # (graphs, model names, halting rule, max batch)
+        ([tiny_onnx.unrolled, tiny_onnx.step], ("unrolled", "act"), None, 8),
+        ([step], ("off",), None, None),
+        ([step], ("thr",), threshold, None),
+    ]
+    for i, (graphs, names, halt, max_batch) in enumerate(parts):  # one repository of every part's models
+        out = work / f"part{i}"
+        config = RepoConfig(output=out, onnx_backend=OnnxBackend.python, names=names, halt=halt, max_batch=max_batch)
+        write_triton_repo(graphs, config)
+        for folder in out.iterdir():
+            folder.rename(repo / folder.name)
+    with repository_server(repo) as url:
+        yield SimpleNamespace(url=url, tokens=tokens, ids=ids, ref=ref, cut=cut)
+
+
+@pytest.mark.slow
+@live
+def test_generated_repository_answers_in_bundled_tritonserver(repository, reference):
+    """The repository for the unrolled graph and for the step graph (ACT driver + BLS) loads in
+    PyTriton's tritonserver and answers as the in-process runner."""
+    from hrm_deploy.serve.client import infer_remote
+
+    tokens, ids, ref = reference
+    for name in ("unrolled", "act"):
+        out = infer_remote(repository.url, {"inputs": tokens[:8], "puzzle_identifiers": ids[:8]}, model_name=name)
+        assert np.array_equal(out["answer"], ref["logits"][:8].argmax(-1)), name
+        assert np.abs(out["logits"] - ref["logits"][:8]).max() < 1e-4, name
+        assert out["q_halt_logits"].shape == (8, 1) and (out["steps"] == 1).all()
+
+
+@pytest.mark.slow
+@live
+def test_act_driver_halting_in_bundled_tritonserver(repository):
+    """A 4-step random-weight step graph behind the generated ACT driver (BLS loop in Triton):
+    halt off gives the host loop's outputs; threshold:X stops each row at its first step with
+    sigmoid(q_halt) > X, with that step's answer, while other rows go on in a smaller batch."""
+    from hrm_deploy.serve.client import infer_remote
+
+    tokens, ids, ref = repository.tokens, repository.ids, repository.ref
+    fires = ref["q_halt_logits"] > repository.cut
     want_steps = np.where(fires.any(1), fires.argmax(1) + 1, 4)
     assert 1 <= (want_steps == 1).sum() < 12
-
-    repo = tmp_path / "repo"
-    write_triton_repo([step], RepoConfig(output=repo, onnx_backend=OnnxBackend.python, names=("off",)))
-    write_triton_repo(
-        [step],
-        RepoConfig(output=tmp_path / "r2", onnx_backend=OnnxBackend.python, names=("thr",), halt=f"threshold:{x:.12f}"),
-    )
-    for folder in (tmp_path / "r2").iterdir():
-        folder.rename(repo / folder.name)
-    with repository_server(repo) as url:
-        off = infer_remote(url, {"inputs": tokens, "puzzle_identifiers": ids}, model_name="off")
-        assert np.array_equal(off["answer"], ref["logits"].argmax(-1)) and (off["steps"] == 4).all()
-        assert np.abs(off["q_halt_logits"] - ref["q_halt_logits"]).max() < 1e-4
-        thr = infer_remote(url, {"inputs": tokens, "puzzle_identifiers": ids}, model_name="thr")
-        assert np.array_equal(thr["steps"], want_steps)
-        rows = np.arange(12)
-        assert np.array_equal(thr["answer"], ref["step_predictions"][rows, want_steps - 1])
+    off = infer_remote(repository.url, {"inputs": tokens, "puzzle_identifiers": ids}, model_name="off")
+    assert np.array_equal(off["answer"], ref["logits"].argmax(-1)) and (off["steps"] == 4).all()
+    assert np.abs(off["q_halt_logits"] - ref["q_halt_logits"]).max() < 1e-4
+    thr = infer_remote(repository.url, {"inputs": tokens, "puzzle_identifiers": ids}, model_name="thr")
+    assert np.array_equal(thr["steps"], want_steps)
+    rows = np.arange(12)
+    assert np.array_equal(thr["answer"], ref["step_predictions"][rows, want_steps - 1])
 
 
 @pytest.mark.slow

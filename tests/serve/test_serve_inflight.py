@@ -26,13 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(_WHY_NOT is not None, reason=
 
 
 @pytest.fixture(scope="module")
-def small_step(trained_small, tmp_path_factory):
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-
-    folder = tmp_path_factory.mktemp("inflight")
-    return export_onnx(
-        trained_small.checkpoint, folder / "small.step.onnx", ExportConfig(mode="step", parity=False), quiet=True
-    ).path
+def small_step(bundled_export):
+    return bundled_export(mode="step")
 
 
 @pytest.fixture(scope="module")

@@ -16,17 +16,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(_WHY_NOT is not None, reason=
 
 
 @pytest.fixture(scope="module")
-def loop_graph(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
+def loop_graph(bundled_export) -> tuple[Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The bundled model's loop graph with the q rule, 24 puzzles and the in-process runner's answers."""
     from hrm_deploy.backends import open_runner
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
-    from hrm_deploy.train.presets import bundled_checkpoint
 
-    folder = tmp_path_factory.mktemp("loop")
-    path = export_onnx(
-        bundled_checkpoint("sudoku-small"), folder / "model.loop.onnx", ExportConfig(mode="loop", halt="q"), quiet=True
-    ).path
+    path = bundled_export("sudoku-small", "loop", "q")
     split = generate_sudoku(SudokuSpec(train=0, test=24, blanks=(10, 30), augment=0, seed=3))["test"]
     feeds = {"inputs": split.inputs.astype(np.int32), "puzzle_identifiers": np.zeros(24, np.int32)}
     with open_runner(path) as runner:

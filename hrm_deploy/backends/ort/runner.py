@@ -54,7 +54,7 @@ class OrtRunner(Runner):
 
     def _activate(self) -> None:
         require("onnx", "onnx", "The ONNX Runtime runner")
-        from hrm_deploy.export.metadata import graph_metadata
+        from hrm_deploy.export.metadata import graph_metadata, manifest_mismatch
         from hrm_deploy.manifest import check_artifact
 
         manifest = check_artifact(self.path)  # a graph whose manifest describes other bytes is refused
@@ -69,6 +69,9 @@ class OrtRunner(Runner):
                 )
             meta = graph_metadata(model)
             del model
+        wrong = manifest_mismatch(meta, manifest)
+        if wrong:  # e.g. bf16 recorded for an fp32 graph: verify would judge it by looser thresholds
+            raise ArtifactError(f"{self.path.name}: {wrong}")
         self.precision, self.mode = meta.get("precision", "fp32"), meta["mode"]
         self.halt_rule = meta.get("halt", "off")  # a loop graph's built-in rule
         self.steps = self.requested_steps or meta["steps"]

@@ -107,6 +107,47 @@ def load_backend(name: str) -> Backend:
     return Backend(name, module)
 
 
+# ---------------------------------------------------------------- loading an engine
+
+ERROR_SEVERITY = 1  # ILogger.Severity: INTERNAL_ERROR 0, ERROR 1, WARNING 2, INFO 3, VERBOSE 4
+
+
+def recording_logger(trt: Any) -> Any:
+    """A TensorRT logger that keeps the errors TensorRT reports (``.errors``: why it refused to
+    deserialize an engine) and passes its warnings on to this module's log."""
+
+    class Recording(trt.ILogger):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            level = int(severity)
+            if level <= ERROR_SEVERITY:
+                self.errors.append(str(msg).strip())
+            elif level == ERROR_SEVERITY + 1:
+                log.warning("%s", msg)
+
+    return Recording()
+
+
+def deserialize(backend: Backend, runtime: Any, logger: Any, blob: bytes, path: str | Path) -> Any:
+    """``runtime.deserialize_cuda_engine(blob)`` (``logger``: the runtime's :func:`recording_logger`),
+    or one :class:`EngineError` line naming ``path`` and TensorRT's reason: the one place an engine
+    is loaded, whichever command opened it."""
+    from hrm_deploy.errors import EngineError
+
+    logger.errors.clear()
+    engine = runtime.deserialize_cuda_engine(blob)
+    if engine is None:
+        reason = next((e for e in logger.errors if e), "it gave no reason").splitlines()[0][:300]
+        raise EngineError(
+            f"{backend.name} {backend.version} cannot load {path}: {reason}; rebuild it here (hrm-deploy build-engine), "
+            "with the TensorRT and GPU it will run on"
+        )
+    return engine
+
+
 # ---------------------------------------------------------------- runtime cache (TensorRT-RTX)
 
 RUNTIME_CACHE_SUFFIX = ".runtime.cache"

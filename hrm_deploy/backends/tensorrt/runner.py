@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from hrm_deploy.backends.tensorrt.api import load_backend, runtime_cache_path
+from hrm_deploy.backends.tensorrt.api import deserialize, load_backend, recording_logger, runtime_cache_path
 from hrm_deploy.contract import CARRY
 from hrm_deploy.errors import EngineError
 from hrm_deploy.manifest import read_verified
@@ -44,7 +44,7 @@ class TrtRunner(LoopRunner):
         backend = load_backend(self.manifest.get("backend", {}).get("name", "tensorrt"))
         self.memory = device_memory(self.device_index, self.memory_kind)
         trt = backend.trt
-        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._logger = recording_logger(trt)
         self._runtime = trt.Runtime(self._logger)
         blob, _ = read_verified(self.path, require_manifest=True)  # the bytes we hash are the bytes we load
         for warning in (
@@ -62,13 +62,10 @@ class TrtRunner(LoopRunner):
             log.warning(warning)
         if self.manifest.get("weights_stripped"):  # refit from its graph on first run (saved whole for the next)
             blob = self._refitted(backend, blob)
-        engine = self._runtime.deserialize_cuda_engine(blob)
-        if engine is None:
-            raise EngineError(f"{backend.name} {backend.version} could not deserialize {self.path}; rebuild it here")
-        self._engine = engine
+        self._engine = deserialize(backend, self._runtime, self._logger, blob, self.path)
         adapter = TrtAdapter(
             trt,
-            engine,
+            self._engine,
             self.memory,
             is_rtx=backend.is_rtx,
             backend=backend,
@@ -101,9 +98,7 @@ class TrtRunner(LoopRunner):
         if saved is not None:
             return saved
         graph, data = refit_source(self.path, self.manifest)
-        stripped = self._runtime.deserialize_cuda_engine(blob)
-        if stripped is None:
-            raise EngineError(f"{backend.name} {backend.version} could not deserialize {self.path}; rebuild it here")
+        stripped = deserialize(backend, self._runtime, self._logger, blob, self.path)
         whole = refit(backend.trt, self._logger, stripped, graph, data)
         save_refitted(self.path, self.manifest, whole, digest)
         return whole

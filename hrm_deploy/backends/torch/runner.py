@@ -136,8 +136,8 @@ class TorchEngineRunner(LoopRunner):
             # On an H100 this pairing failed (an illegal memory access, then a crash loading the
             # package): AOTInductor's kernels and allocator belong to torch, so its buffers do too.
             raise ConfigError(
-                "the PyTorch engine runs on torch's CUDA memory; --memory cuda-python is for TensorRT "
-                "engines on machines without torch: use --memory torch (or auto)"
+                "the PyTorch engine runs on torch's CUDA memory; the runner option memory='cuda-python' is "
+                "for TensorRT engines on machines without torch: open it with memory='torch' (or 'auto')"
             )
         self.memory = device_memory(self.device_index if on_cuda else "cpu", "torch" if on_cuda else "auto")
         check_compatible(self.manifest, "torch", torch.__version__, self.memory.capability, self.memory.gpu_name)
@@ -185,8 +185,8 @@ class TorchEngineRunner(LoopRunner):
         if companion is None:
             raise EngineError(
                 f"{self.path.name} cannot be loaded by {where}: {verdict.reason}; rebuild it with "
-                "`hrm-deploy build-engine --backend torch` (which saves a fallback beside it) or build it with "
-                "--compiler torch.compile"
+                "`hrm-deploy build-engine --backend torch`, which saves its exported program beside it to run "
+                "where the package cannot load"
             )
         log.warning(
             "%s cannot be loaded by %s (%s); running its exported program instead",

@@ -40,11 +40,8 @@ def _predictions(path, examples):
 
 
 @pytest.fixture(scope="module")
-def small_export(trained_small, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("fusion")
-    return folder, export_onnx(
-        trained_small.checkpoint, folder / "small.onnx", ExportConfig(parity=False), quiet=True
-    ).path
+def small_export(small_onnx, tmp_path_factory):
+    return tmp_path_factory.mktemp("fusion"), small_onnx
 
 
 @pytest.mark.slow

@@ -27,18 +27,17 @@ def _alone_and_batched(path, examples):
 
 
 @pytest.mark.slow
-def test_static_int8_answers_do_not_depend_on_the_batch_and_dynamic_ones_do(trained_small, tmp_path):
+def test_static_int8_answers_do_not_depend_on_the_batch_and_dynamic_ones_do(small_onnx, tmp_path):
     """300 held-out puzzles on the bundled ACT model, each run alone and in batches of 64: static
     INT8 gives every puzzle the same bytes both ways; dynamic INT8 (one activation scale per call)
     answers some differently, so this comparison can fail."""
     from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.train.presets import preset
 
     data = tmp_path / "data"
     spec = preset("sudoku-small")["data"]
     generate_sudoku(SudokuSpec(**{**spec, "train": 128, "test": 300, "augment": 0, "seed": 777}), str(data))
-    fp32 = export_onnx(trained_small.checkpoint, tmp_path / "small.onnx", ExportConfig(parity=False), quiet=True).path
+    fp32 = small_onnx
     static = build_cpu(
         fp32,
         CpuBuildConfig("int8", threads=1, calib_data=str(data), cache_dir=str(tmp_path / "calib")),

@@ -86,13 +86,12 @@ def test_cpu_int8_is_not_slower_than_fp32(cpu_graphs, tiny_onnx):
 
 
 @pytest.mark.slow
-def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(trained_small, tmp_path):
+def test_cpu_int8_is_faster_than_fp32_on_the_bundled_act_model(small_onnx, trained_small, tmp_path):
     """The embedded default (sudoku-small, 8 ACT steps): dynamic INT8 measured 1.27x faster than
     FP32 at batch 8 with 2 threads, both fused (benchmarks/results/cpu_fusion_latency.json); the bound
     only says "not slower", with room for noise. Interleaved, fastest call of each."""
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
-    fp32 = export_onnx(trained_small.checkpoint, tmp_path / "small.onnx", ExportConfig(parity=False), quiet=True).path
+    fp32 = small_onnx
     graphs = {
         p: build_cpu(
             fp32, CpuBuildConfig(p, threads=1, int8_recipe="dynamic"), tmp_path / f"{p}.cpu.ort.onnx", quiet=True
@@ -163,12 +162,11 @@ def test_cli_build_engine_target_cpu(tiny_onnx, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_blockwise_int8_answers_do_not_depend_on_the_batch(trained_small, tmp_path):
+def test_blockwise_int8_answers_do_not_depend_on_the_batch(small_onnx, trained_small, tmp_path):
     """Dynamic INT8 scales activations per call over the whole batch, so a puzzle's answer can
     change with its batch-mates; the blockwise recipe scales each row's blocks on their own."""
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
-    fp32 = export_onnx(trained_small.checkpoint, tmp_path / "small.onnx", ExportConfig(parity=False), quiet=True).path
+    fp32 = small_onnx
     blockwise = build_cpu(
         fp32, CpuBuildConfig("int8", threads=1, int8_recipe="blockwise"), tmp_path / "m.int8.cpu.ort.onnx", quiet=True
     )

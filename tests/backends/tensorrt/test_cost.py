@@ -77,13 +77,11 @@ def test_precision_graphs_count_like_their_export():
 
 
 @pytest.mark.slow
-def test_the_bundled_default_builds_without_opt_in(trained_small, tmp_path):
+def test_the_bundled_default_builds_without_opt_in(small_onnx):
     """CI and the README build the embedded sudoku-small export (8-step unroll) with no flag."""
     from hrm_deploy.export.metadata import graph_metadata
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
 
-    result = export_onnx(trained_small.checkpoint, tmp_path / "small.onnx", ExportConfig(parity=False), quiet=True)
-    model = onnx.load(str(result.path), load_external_data=False)
+    model = onnx.load(str(small_onnx), load_external_data=False)
     meta = graph_metadata(model)
     assert meta["mode"] == "unrolled" and meta["steps"] == 8
     for precision in ("fp16", "int8", "fp32"):

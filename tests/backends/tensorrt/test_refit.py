@@ -11,11 +11,11 @@ import os
 import numpy as np
 import pytest
 
+from hrm_deploy.backends.tensorrt import fake_trt
 from hrm_deploy.backends.tensorrt.api import Backend
 from hrm_deploy.backends.tensorrt.refit import refitted_path
 from hrm_deploy.errors import ArtifactError, EngineError
 from hrm_deploy.manifest import read_manifest
-from tests.backends.tensorrt import fake_trt
 
 
 @pytest.fixture(autouse=True)

@@ -88,3 +88,16 @@ def test_adapter_surface_exists_in_installed_tensorrt_rtx():
     ):
         assert hasattr(trt.IExecutionContext, name), name
     assert hasattr(trt.IRuntimeConfig, "set_execution_context_allocation_strategy")
+
+
+def test_tensorrt_rtxs_own_refusal_to_load_an_engine_is_one_line(tmp_path):
+    """The real TensorRT-RTX (no GPU needed to refuse): its reason comes through the runner's logger."""
+    trt = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is not installed (pip install 'hrm-deploy[rtx]')")
+    if not hasattr(trt, "Builder"):
+        pytest.skip("tensorrt_rtx here is type stubs only; pip install tensorrt-rtx for the real package")
+    from hrm_deploy.backends.tensorrt.api import deserialize, load_backend, recording_logger
+
+    backend = load_backend("tensorrt-rtx")
+    logger = recording_logger(trt)
+    with pytest.raises(EngineError, match=r"cannot load m\.engine: .*Error Code"):
+        deserialize(backend, trt.Runtime(logger), logger, b"not an engine", "m.engine")

@@ -71,7 +71,7 @@ def test_the_fallback_mode_comes_from_the_environment(monkeypatch):
 @pytest.mark.slow
 def test_retarget_moves_the_weights_and_the_devices_the_graph_names():
     """The exported program holds its build's device (cuda:0) in its weights and in the device
-    arguments of tensors it creates; the runner's --device N moves both (here cpu -> meta)."""
+    arguments of tensors it creates; the runner's device index moves both (here cpu -> meta)."""
     from hrm_deploy.backends.torch.fallback import retarget
 
     root = torch.nn.Module()

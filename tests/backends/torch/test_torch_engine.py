@@ -262,7 +262,7 @@ def test_adapter_runs_on_the_memory_backends_gpu_and_views_bf16_cuda_python_buff
     from types import SimpleNamespace
 
     from hrm_deploy.backends.torch.runner import TorchEngineAdapter
-    from hrm_deploy.runtime.memory import _CudaBuffer
+    from hrm_deploy.runtime.memory.cuda_python import _CudaBuffer
 
     memory = SimpleNamespace(kind="cuda-python", stream_handle=0, device_index=1)
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle: None)
@@ -339,7 +339,7 @@ def test_gpu_bf16_engine_runs_and_refuses_cuda_python_memory(cuda_bf16_engine, t
     from hrm_deploy.backends import open_runner
 
     path = cuda_bf16_engine
-    with pytest.raises(ConfigError, match="--memory torch"):
+    with pytest.raises(ConfigError, match="memory='torch'"):
         open_runner(path, memory="cuda-python").activate()
     memory = "torch"
     feeds = _examples(trained_tiny.data, 64).feeds(0, 64)
@@ -377,7 +377,7 @@ def test_cuda_python_memory_is_refused_for_a_cuda_torch_engine(tmp_path, monkeyp
         path, stage="engine", config={}, backend={"name": "torch", "version": torch.__version__}, device="cuda"
     )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(ConfigError, match="--memory cuda-python is for TensorRT engines"):
+    with pytest.raises(ConfigError, match="memory='cuda-python' is for TensorRT engines"):
         open_runner(path, memory="cuda-python").activate()
 
 

@@ -12,20 +12,17 @@ from hrm_deploy.errors import ConfigError
 pytestmark = pytest.mark.slow  # an AOTInductor compile and its load probe: a minute or two
 
 
-def test_a_cpu_loop_engine_halts_each_row_where_the_host_loop_does(trained_small, tmp_path):
+def test_a_cpu_loop_engine_halts_each_row_where_the_host_loop_does(bundled_export, trained_small, tmp_path):
     from hrm_deploy.backends import open_runner
     from hrm_deploy.engines.build import EngineConfig, build_engine
-    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.halting import resolve_rule
     from hrm_deploy.manifest import read_manifest
     from tests.serve.helpers import puzzles
 
-    loop = export_onnx(
-        trained_small.checkpoint, tmp_path / "m.loop.onnx", ExportConfig(mode="loop", halt="q"), quiet=True
-    )
-    step = export_onnx(trained_small.checkpoint, tmp_path / "m.step.onnx", ExportConfig(mode="step"), quiet=True)
+    loop = bundled_export(mode="loop", halt="q")
+    step = bundled_export(mode="step")
     engine = build_engine(
-        loop.path,
+        loop,
         EngineConfig(precision="fp32", backend="torch", max_batch=64, options=TorchOptions(device="cpu")),
         tmp_path / "m.pt2",
         quiet=True,
@@ -37,9 +34,9 @@ def test_a_cpu_loop_engine_halts_each_row_where_the_host_loop_does(trained_small
     with open_runner(engine) as runner:
         got = runner.infer(feeds)
         with pytest.raises(ConfigError, match="loop engine"):
-            runner.infer(feeds, halt=resolve_rule("q", str(step.path)).should_halt)
-    with open_runner(step.path) as runner:
-        host = runner.infer(feeds, halt=resolve_rule("q", str(step.path)).should_halt)
+            runner.infer(feeds, halt=resolve_rule("q", str(step)).should_halt)
+    with open_runner(step) as runner:
+        host = runner.infer(feeds, halt=resolve_rule("q", str(step)).should_halt)
     assert got["steps_used"].min() < got["steps_used"].max()  # rows really halt at different steps
     assert np.array_equal(got["steps_used"], host["steps_used"])
     assert np.array_equal(got["logits"].argmax(-1), host["logits"].argmax(-1))

@@ -50,4 +50,4 @@ class CpuOptions(BuildOptions):
 
     @classmethod
     def refuse(cls, given: list[Given], target: str, receiver: type[BuildOptions]) -> str:
-        return f"{given[0].shown} is an option of --target cpu; the {target} target does not take it"
+        return f"{given[0].shown} is an option of --target cpu; {receiver.taker} does not take it"

@@ -83,30 +83,34 @@ def trace(torch: Any, model: Any, meta: dict[str, Any], mode: str, steps: int, d
 def compile_program(
     torch: Any, program: Any, built: Path, compiler: str, tf32: bool, device: str, stages: Stages, quiet: bool
 ) -> tuple[str, str | None]:
-    """AOTInductor-compile ``program`` into ``built``, or save the exported program there where it
-    cannot (with ``compiler`` auto); returns (compile_path, why it fell back or None)."""
+    """AOTInductor-compile ``program`` into ``built``, or save the exported program there for the
+    runner to ``torch.compile`` (``compiler`` "torch.compile", or "auto" where AOTInductor cannot);
+    returns (compile_path, why the program was saved instead of compiled, or None)."""
     with warnings.catch_warnings(), tf32_matmuls(torch, tf32):
         warnings.simplefilter("ignore", FutureWarning)
-        try:
-            if compiler == "torch.compile":
-                raise RuntimeError("torch.compile was asked for")
-            with stages.stage(f"AOTInductor compile for {device}"):
-                torch._inductor.aoti_compile_and_package(program, package_path=str(built))
-            return "aoti", None
-        except Exception as exc:  # noqa: BLE001 - a missing host compiler / CUDA headers surface as many types
-            if compiler == "aoti":
-                raise EngineError(
-                    f"AOTInductor could not compile for {device}: {str(exc).splitlines()[0][:300]}; "
-                    "install a host compiler (gcc) and the CUDA headers, or use --compiler auto"
-                ) from None
-            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            if not quiet and compiler == "auto":
+        if compiler == "torch.compile":
+            reason = "compiler torch.compile was chosen"
+        else:
+            try:
+                with stages.stage(f"AOTInductor compile for {device}"):
+                    torch._inductor.aoti_compile_and_package(program, package_path=str(built))
+                return "aoti", None
+            except Exception as exc:  # noqa: BLE001 - a missing host compiler / CUDA headers surface as many types
+                first_line = str(exc).splitlines()[0][:300] if str(exc) else ""
+                if compiler == "aoti":
+                    raise EngineError(
+                        f"AOTInductor could not compile for {device}: {first_line}; install a host compiler "
+                        "(gcc) and the CUDA headers, or build with compiler 'auto' (the default: the exported "
+                        "program is saved and the runner torch.compiles it)"
+                    ) from None
+                reason = f"{type(exc).__name__}: {first_line}"
+            if not quiet:
                 log.warning(
                     f"AOTInductor could not compile ({reason}); saving the exported program, the runner "
                     "will torch.compile it"
                 )
-            torch.export.save(program, str(built))
-            return "torch.compile", reason
+        torch.export.save(program, str(built))
+        return "torch.compile", reason
 
 
 def program_path(target: Path) -> Path:

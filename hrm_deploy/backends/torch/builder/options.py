@@ -27,19 +27,20 @@ def check_torch_precision(precision: str) -> None:
 def check_device(device: str) -> None:
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
     if device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", device):
-        raise ConfigError(f"--device {device!r}: use auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"device {device!r}: use auto, cpu, cuda or cuda:N")
 
 
 @dataclass(frozen=True)
 class TorchOptions(BuildOptions):
-    """``device``: compile for ``cuda``, ``cpu`` or ``auto`` (cuda when torch sees a GPU); ``tf32``:
-    float32 CUDA matmuls may use TF32 (default: exact float32; recorded in the manifest)."""
+    """``device``: compile for ``cuda``, ``cpu`` or ``auto`` (cuda when torch sees a GPU; the Python
+    API sets it, ``build-engine`` compiles for ``auto``); ``tf32``: float32 CUDA matmuls may use TF32
+    (default: exact float32; recorded in the manifest)."""
 
     taker: ClassVar[str] = "--backend torch"
     batch: ClassVar[tuple[str, ...]] = ("max_batch",)  # the largest batch of the compiled package
     declines: ClassVar[str] = "--backend torch compiles for this machine and reads only --max-batch"
 
-    device: str = option("auto", "--device")
+    device: str = option("auto", None)  # no flag: build-engine compiles for this machine
     tf32: bool = option(False, "--tf32", "TensorRT engines take their precision from the ONNX")
 
     def __post_init__(self) -> None:

@@ -1,5 +1,8 @@
-"""A fake ``tensorrt`` module that records every call, for driving the TensorRT adapter and the
-device loop on the CPU with :class:`~hrm_deploy.runtime.memory.HostMemory`.
+"""A fake ``tensorrt`` module for tests and benchmarks, never for a claim that an engine ran: it
+records every call, for driving the TensorRT adapter and the device loop on the CPU with
+:class:`~hrm_deploy.runtime.memory.HostMemory` (the tests check our side of TensorRT's protocol with
+it; ``benchmarks/loop_overhead.py`` times the loop's own Python cost with it). Nothing in the package
+imports it.
 
 An "engine" is a JSON spec (what ``deserialize_cuda_engine`` gets): its mode (step or
 unrolled), sizes, tensor dtypes (TensorRT DataType names) and batch profile. Executing
@@ -19,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from hrm_deploy.contract import CARRY, CARRY_OUT
 from hrm_deploy.runtime.memory import HostMemory
 
 __version__ = "10.3.0.30"
@@ -63,6 +67,20 @@ class Logger:
 
     def __init__(self, level: int = 2):
         self.level = level
+
+
+class ILogger:
+    """TensorRT's logger interface: ``log(severity, msg)``, severities 0 (internal error) to 4 (verbose)."""
+
+    class Severity(enum.IntEnum):
+        INTERNAL_ERROR = 0
+        ERROR = 1
+        WARNING = 2
+        INFO = 3
+        VERBOSE = 4
+
+    def log(self, severity: ILogger.Severity, msg: str) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
 
 
 STORAGE = {
@@ -163,11 +181,9 @@ def _io(s: dict[str, Any]) -> list[tuple[str, bool, tuple[int, ...]]]:
         feeds[1] = ("puzzle_emb_rows", True, (-1, s["rows_dim"]))
     if s["mode"] == "step":
         return feeds + [
-            ("z_H", True, (-1, T, D)),
-            ("z_L", True, (-1, T, D)),
+            *((name, True, (-1, T, D)) for name in CARRY),
             ("reset", True, (-1,)),
-            ("z_H_out", False, (-1, T, D)),
-            ("z_L_out", False, (-1, T, D)),
+            *((name, False, (-1, T, D)) for name in CARRY_OUT),
             ("logits", False, (-1, S, V)),
             ("q_halt_logits", False, (-1,)),
             ("q_continue_logits", False, (-1,)),
@@ -336,11 +352,11 @@ class IExecutionContext:
                     s,
                     get["inputs"],
                     get["puzzle_identifiers"],
-                    get["z_H"].astype(np.float32),
-                    get["z_L"].astype(np.float32),
+                    get[CARRY[0]].astype(np.float32),
+                    get[CARRY[1]].astype(np.float32),
                     get["reset"].astype(bool),
                 )
-                names: tuple[str, ...] = ("z_H_out", "z_L_out", "logits", "q_halt_logits", "q_continue_logits")
+                names: tuple[str, ...] = (*CARRY_OUT, "logits", "q_halt_logits", "q_continue_logits")
             else:
                 ref = reference(s, get["inputs"], get["puzzle_identifiers"])
                 names = ("logits", "q_halt_logits", "q_continue_logits") + (
@@ -374,7 +390,8 @@ class Refitter:
     weight to stay missing."""
 
     def __init__(self, engine: ICudaEngine, logger: Logger):
-        self.engine, self.given = engine, None
+        self.engine = engine
+        self.given: str | None = None  # sha256 of the weights refit from
 
     def get_missing_weights(self) -> list[str]:
         forced = list(self.engine.spec.get("forced_missing", []))
@@ -410,4 +427,8 @@ class Runtime:
         try:
             return ICudaEngine(json.loads(data))
         except ValueError:
+            if hasattr(self.logger, "log"):  # as TensorRT says why, through the runtime's logger
+                self.logger.log(
+                    ILogger.Severity.ERROR, "IRuntime::deserializeCudaEngine: Error Code 1: magic tag mismatch"
+                )
             return None
