@@ -91,39 +91,25 @@ class Decision:
 
 @dataclass
 class _Rows:
-    """What the current candidate file showed on each pool row it ran (a
-    :class:`~hrm_deploy.precision.rule.Comparison`'s columns, indexed by pool row)."""
+    """What a graph file showed against FP32 on each pool row it ran: a
+    :class:`~hrm_deploy.precision.rule.Comparison`'s per-row columns, indexed by pool row."""
 
     key: tuple[str, int, int, int]
     size: int
     ran: np.ndarray = field(init=False)
     order: list[int] = field(default_factory=list)  # the rows it ran, in the order it ran them
-    flipped: np.ndarray = field(init=False)
-    q_flip: np.ndarray = field(init=False)
-    moved: np.ndarray | None = None
-    nonfinite: np.ndarray = field(init=False)
-    solved: np.ndarray | None = None
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
     cells: int = 0
 
     def __post_init__(self) -> None:
         self.ran = np.zeros(self.size, bool)
-        self.flipped = np.zeros(self.size, np.int64)
-        self.q_flip = np.zeros(self.size, bool)
-        self.nonfinite = np.zeros(self.size, np.int64)
 
     def store(self, rows: np.ndarray, compared: Comparison) -> None:
         self.cells = compared.cells
-        self.flipped[rows], self.q_flip[rows], self.nonfinite[rows] = (
-            compared.flipped,
-            compared.q_flip,
-            compared.nonfinite,
-        )
-        if compared.moved is not None:
-            self.moved = np.zeros(self.size, bool) if self.moved is None else self.moved
-            self.moved[rows] = compared.moved
-        if compared.solved is not None:
-            self.solved = np.zeros(self.size, bool) if self.solved is None else self.solved
-            self.solved[rows] = compared.solved
+        for name, values in compared.rows().items():
+            if name not in self.columns:
+                self.columns[name] = np.zeros(self.size, values.dtype)
+            self.columns[name][rows] = values
         self.ran[rows] = True
         self.order.extend(rows.tolist())
 
@@ -148,12 +134,15 @@ class Holdout:
     _done: int = 0  # and those done so far
     _rows: _Rows | None = None  # the current candidate file's rows
     _orders: dict[int, np.ndarray] = field(default_factory=dict)
-    _solved: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # FP32 solves pool row i
+    # FP32 against itself on each pool row: what a row a candidate has not run counts as (its scale,
+    # whether FP32 solves it, nothing moved)
+    _itself: _Rows = field(init=False)
 
     def __post_init__(self) -> None:
         self.fp32 = Path(self.fp32)
         self.size = max(1, min(self.size, len(self.pool)))
         self.cap = max(self.size, min(self.cap, len(self.pool)))
+        self._itself = _Rows(("fp32", 0, 0, 0), len(self.pool))
 
     # ------------------------------------------------------------------------------------------- FP32
     def _fp32_runs(self, rows: np.ndarray) -> None:
@@ -173,7 +162,14 @@ class Holdout:
         if known < count:
             self._fp32_runs(np.arange(known, count))
         assert self.known is not None
+        missing = np.flatnonzero(~self._itself.ran[:count])
+        if len(missing):
+            fp32 = self.known.take(missing)
+            self._itself.store(missing, Comparison.of(fp32, fp32, self._labels(missing)))
         return self.known.head(count)
+
+    def _labels(self, rows: np.ndarray) -> np.ndarray | None:
+        return None if self.pool.labels is None else self.pool.labels[rows]
 
     def order(self, count: int) -> np.ndarray:
         """The first ``count`` puzzles of the pool, those FP32 was least sure of first
@@ -182,23 +178,10 @@ class Holdout:
             self._orders[count] = fragile_order(self.reference(count))
         return self._orders[count]
 
-    def _fp32_solved(self, rows: np.ndarray) -> np.ndarray:
-        """Whether FP32 solves each of the pool's puzzles ``rows`` (all False without labels), from
-        its outputs (computed once per row)."""
-        from hrm_deploy.metrics import solved_rows
-
-        if self.pool.labels is None or not len(rows):
-            return np.zeros(len(rows), bool)
-        reference = self.reference(int(rows.max()) + 1)
-        have = len(self._solved)
-        if have < len(reference):
-            more = np.asarray(solved_rows(reference.logits[have:], self.pool.labels[have : len(reference)]), bool)
-            self._solved = np.concatenate([self._solved, more])
-        return self._solved[rows]
-
     def _unsolved(self, rows: np.ndarray) -> int:
         """How many of the pool's puzzles ``rows`` FP32 does not solve (0 without labels)."""
-        return 0 if self.pool.labels is None else int(len(rows) - self._fp32_solved(rows).sum())
+        solved = self._itself.columns.get("fp32_solved")
+        return 0 if solved is None else int(len(rows) - solved[rows].sum())
 
     # ------------------------------------------------------------------------------------------- candidates
     def left(self) -> tuple[int, int]:
@@ -221,24 +204,15 @@ class Holdout:
         return np.asarray(self._file(Path(path)).order, np.int64)
 
     def _comparison(self, rows: _Rows, selected: np.ndarray) -> Comparison:
-        """The candidate's rows ``selected`` (pool indices, each run or counted as FP32 answered it)."""
+        """The candidate's rows ``selected`` (pool indices): those it ran as it ran them, the others
+        as FP32 answered them (FP32 against itself: nothing moved, FP32's scale and answers)."""
+        self.reference(int(selected.max(initial=-1)) + 1)
         ran = rows.ran[selected]
-        fp32_solved = self._fp32_solved(selected) if self.pool.labels is not None else None
-        solved = None
-        if fp32_solved is not None:
-            solved = fp32_solved.copy()
-            if rows.solved is not None:
-                solved[ran] = rows.solved[selected][ran]
-        moved = None if rows.moved is None else rows.moved[selected] & ran
-        return Comparison(
-            rows.flipped[selected] * ran,
-            rows.cells,
-            rows.q_flip[selected] & ran,
-            moved,
-            rows.nonfinite[selected] * ran,
-            fp32_solved,
-            solved,
-        )
+        columns: dict[str, np.ndarray] = {}
+        for name, fp32 in self._itself.columns.items():
+            mine = rows.columns.get(name)
+            columns[name] = fp32[selected] if mine is None else np.where(ran, mine[selected], fp32[selected])
+        return Comparison.from_rows(columns, rows.cells or self._itself.cells)
 
     def _runs(self, path: Path, rows: _Rows, wanted: np.ndarray) -> Iterator[None]:
         """Run the candidate on the puzzles of ``wanted`` (pool indices, in that order) it has not run,
@@ -248,14 +222,13 @@ class Holdout:
 
         missing = wanted[~rows.ran[wanted]]
         self._planned, self._done = len(missing), 0
-        labels = self.pool.labels
         for start in range(0, len(missing), CHUNK):
             chunk = missing[start : start + CHUNK]
             reference = self.reference(int(chunk.max()) + 1).take(chunk)
             began = time.perf_counter()
             out = self.run(path, _pick(self.pool, chunk))
             seconds = time.perf_counter() - began
-            rows.store(chunk, Comparison.of(reference, out, None if labels is None else labels[chunk]))
+            rows.store(chunk, Comparison.of(reference, out, self._labels(chunk)))
             self._done += len(chunk)
             self.tally.add(False, len(chunk), seconds)
             yield
@@ -281,8 +254,13 @@ class Holdout:
         left = np.flatnonzero(~rows.ran[:count])
         if not len(left):
             return None
-        found = self._comparison(rows, np.flatnonzero(rows.ran[:count])).quality()
-        return found.completed(len(left), self._unsolved(left))
+        return self._best(rows, np.arange(count), left)
+
+    def _best(self, rows: _Rows, selected: np.ndarray, left: np.ndarray) -> Quality:
+        """The best the candidate can still show on ``selected`` with the rows ``left`` not yet run:
+        those counted as FP32 answered them (every check's value is then at its best, the scale
+        FP32's over all of ``selected``), each FP32 does not solve gained."""
+        return self._comparison(rows, selected).quality().completed(0, self._unsolved(left))
 
     def measure_rows(self, path: str | Path, rows: np.ndarray, total: int, stop: Stop | None = None) -> Quality:
         """The candidate at ``path`` run on the pool's puzzles ``rows`` only (indices below
@@ -296,11 +274,7 @@ class Holdout:
         everything = np.arange(total)
         for _ in self._runs(path, kept, rows):
             left = rows[~kept.ran[rows]]
-            if (
-                stop is not None
-                and len(left)
-                and stop(self._comparison(kept, everything).quality().completed(0, self._unsolved(left)))
-            ):
+            if stop is not None and len(left) and stop(self._best(kept, everything, left)):
                 break
         return self._comparison(kept, everything).quality()
 

@@ -73,7 +73,7 @@ def _run(harm):
             kept = set(json.loads(path.read_text()))
             answers[harm(kept, examples.puzzle_identifiers), 0] = 0
         heads = {
-            "logits": np.eye(10, dtype=np.float32)[answers],
+            "logits": 0.9 + 0.1 * np.eye(10, dtype=np.float32)[answers],  # unsure: flips verify excuses
             "q_halt_logits": np.ones(len(answers), np.float32),
             "q_continue_logits": np.zeros(len(answers), np.float32),
         }

@@ -15,7 +15,7 @@ import pytest
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.precision.holdout import CHUNK, GROWTH, Holdout, growth_cap
 from hrm_deploy.precision.registry import PRECISIONS
-from hrm_deploy.precision.rule import Outputs, Quality, Rule, differing_rows, fragile_order, verify_view
+from hrm_deploy.precision.rule import Comparison, Outputs, Quality, Rule, fragile_order, verify_view
 
 INT8 = Rule.of("int8")
 
@@ -58,7 +58,7 @@ def test_the_rule_judges_what_verify_judges_at_the_precisions_thresholds():
     assert INT8.failures(nan) == ["non-finite output values 3.00 (needs <= 0)"]
     assert INT8.settled(nan)  # a NaN is never noise
     names = [c.name for c in verify_view(good, PRECISIONS["int8"].thresholds)]
-    assert names == ["argmax agreement %", "q_halt sign agreement %", "halting steps agreement %"]
+    assert names[:3] == ["argmax agreement %", "q_halt sign agreement %", "halting steps agreement %"]
     assert "halting steps agreement %" not in [
         c.name for c in verify_view(replace(good, steps_agreement=None), INT8.thresholds)
     ]
@@ -66,10 +66,14 @@ def test_the_rule_judges_what_verify_judges_at_the_precisions_thresholds():
     assert Rule(1.0, loose).within(q_signs)
 
 
-def _outputs(answers: np.ndarray, q: np.ndarray | None = None, steps: np.ndarray | None = None) -> Outputs:
+def _outputs(
+    answers: np.ndarray, q: np.ndarray | None = None, steps: np.ndarray | None = None, sure: bool = False
+) -> Outputs:
+    """Outputs answering ``answers`` [N, S]: each cell's answer 1.0, every other value 0.9 (unsure:
+    its top-1 minus top-2 margin 0.1 of the scale, a flip verify excuses) or, ``sure``, 0.0."""
     n = len(answers)
     heads = {
-        "logits": np.eye(10, dtype=np.float32)[answers],
+        "logits": (0.0 if sure else 0.9) + (1.0 if sure else 0.1) * np.eye(10, dtype=np.float32)[answers],
         "q_halt_logits": np.ones((n, 2), np.float32) if q is None else q,
         "q_continue_logits": np.zeros((n, 2), np.float32),
     }
@@ -90,15 +94,27 @@ def test_a_loop_graphs_nan_after_halting_is_its_contract_any_other_is_counted():
     ).nonfinite.tolist() == [0, 1, 0]
 
 
-def test_differing_rows_are_every_row_the_rule_could_see_move():
-    base = _outputs(np.ones((5, 4), np.int64), np.ones((5, 2), np.float32), np.full(5, 2, np.int32))
-    answers = np.ones((5, 4), np.int64)
-    answers[1, 3] = 2  # a cell
-    q = np.ones((5, 2), np.float32)
-    q[2, -1] = -1.0  # a q_halt sign
-    steps = np.full(5, 2, np.int32)
-    steps[3] = 1  # a halting step
-    assert differing_rows(base, _outputs(answers, q, steps)).tolist() == [1, 2, 3]
+def test_an_answer_flipped_where_fp32_was_sure_fails_the_rule_as_it_fails_verify():
+    """Verify's cell judgement, row by row: one cell flipped where FP32 was sure (top-1 minus top-2
+    the whole scale) fails the rule however many cells agree; the same flip where FP32 hesitated (0.1
+    of the scale) is excused, and a subset of rows is judged at its own scale."""
+    from hrm_deploy.agreement import judge_cells
+
+    answers = np.ones((300, 81), np.int64)
+    flipped = answers.copy()
+    flipped[7, 3] = 2
+    sure, moved = _outputs(answers, sure=True), _outputs(flipped, sure=True)
+    found = Comparison.of(sure, moved, answers).quality()
+    assert found.agreement > 99.99 and found.sure_flip == 1.0
+    assert INT8.failures(found) == ["FP32's margin at a flipped answer (of the scale) 1 (needs <= 0.6)"]
+    assert INT8.settled(found)  # one row decides it: no margin
+    verdict = judge_cells(sure.heads(), moved.heads(), INT8.thresholds)  # verify, on the same outputs
+    assert not verdict.passed and any("flipped where the reference was sure" in line for line in verdict.failures)
+    unsure = Comparison.of(_outputs(answers), _outputs(flipped), answers).quality()
+    assert unsure.sure_flip == pytest.approx(0.1 / 1.0, rel=1e-5) and INT8.within(unsure)
+    assert judge_cells(_outputs(answers).heads(), _outputs(flipped).heads(), INT8.thresholds).passed
+    rows = Comparison.of(sure, moved, answers).rows()  # the columns a holdout keeps per row
+    assert Comparison.from_rows({k: v[5:10] for k, v in rows.items()}, 81).quality().sure_flip == 1.0
 
 
 def _examples(count: int) -> Examples:
