@@ -200,6 +200,31 @@ def test_a_non_finite_output_fails_the_rule(tmp_path, monkeypatch):
     assert verdict.record["measured"]["nonfinite_values"] == 0
 
 
+def test_an_answer_flipped_where_fp32_was_sure_keeps_its_weight_float(tmp_path, monkeypatch):
+    """One cell of one puzzle flipped where FP32 was sure (the toy's FP32 margin there raised to the
+    whole scale) fails the rule as it fails verify, though no puzzle is lost beyond the budget: the
+    fallback keeps float the weight that made it."""
+
+    def harm(kept, ids):
+        return ids < 0  # no answer lost
+
+    clean, _ = _run(harm)
+
+    def run(path, examples):
+        out = clean(path, examples)
+        logits = out.logits.copy()
+        sure = examples.puzzle_identifiers == 5
+        logits[sure, 1] = 0.0
+        logits[sure, 1, examples.labels[sure, 1]] = 1.0  # FP32 sure of puzzle 5's cell 1
+        if path.name != "fp32.onnx" and "mm3" not in json.loads(path.read_text()):
+            logits[sure, 1] = logits[sure, 1, ::-1]  # its answer flipped, far from the others
+        return Outputs.of({"logits": logits, "q_halt_logits": out.q_halt, "q_continue_logits": out.q_halt})
+
+    verdict, _, _ = _conduct(tmp_path, monkeypatch, harm, run=run)
+    assert verdict.record["all_quantized"]["largest_flip_margin"] == 1.0
+    assert verdict.kept == ("mm0", "mm1", "mm2", "mm3") and verdict.record["measured"]["largest_flip_margin"] == 0.0
+
+
 def test_the_same_inputs_give_the_same_verdict(tmp_path, monkeypatch):
     def harm(kept, ids):
         return _lost_by(0, ids) if "mm0" not in kept else ids < 0
