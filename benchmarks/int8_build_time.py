@@ -12,13 +12,17 @@ Each row runs ``hrm-deploy`` in a fresh process, as a user would (calibration ca
   calibrated on its own dataset or ``--data``.
 
 A row records the wall time of the build (calibration included), its stage timings and accuracy
-record (screens, certifications, the puzzle runs of FP32 and of candidates), then times one FP32
-pass of the export over as many held-out puzzles as the verdict used, in this process, and gives
-the ratio of the two (goal: <= 3), and the same of the build's stages alone (without the process
-start, imports and parse: seconds that do not grow with the model, which dominate a small one). It also gives the ratio to the FP32 seconds the build itself
-measured (the same pass, timed inside the build). The weights a row used are named with their
-sha256; the machine's CPU, ISA flags and load average go into the JSON: compare rows from one
-machine only.
+record (screens, certifications, the puzzle runs of FP32 and of candidates by kind, the candidate
+graphs written), then times one FP32 pass over as many held-out puzzles as the verdict used, in this
+process, the way the build runs FP32 (:meth:`hrm_deploy.precision.holdout.Holdout.reference`: the
+same runner, the same run calls), and gives the ratio of the two (goal: <= 3), and the same of the
+build's stages alone (without the process start, imports and parse: seconds that do not grow with
+the model, which dominate a small one). A TensorRT row also gives the engine compile's seconds (the
+TensorRT-RTX build, in its child process: the same for an FP16 build of the graph, no part of the
+verdict) and the ratio without them. ``work`` counts the puzzle runs (calibration, FP32, candidates)
+per held-out puzzle: what the build did, whatever the machine's load. The weights a row used are
+named with their sha256; the machine's CPU, ISA flags and load average go into the JSON: compare
+rows from one machine only.
 
     nice python benchmarks/int8_build_time.py                                  # both bundled rows
     nice python benchmarks/int8_build_time.py --checkpoint /work/trained/run-full/last.pt \\
@@ -77,31 +81,50 @@ def weights(checkpoint: str) -> dict[str, Any]:
     return record
 
 
-def fp32_pass(export: Path, data: str, puzzles: int) -> float:
-    """Seconds of one FP32 pass of ``export`` over ``puzzles`` held-out puzzles of ``data`` (its test
-    split), on ONNX Runtime CPU as the build measures: the ratio's denominator."""
-    from hrm_deploy.data.examples import load_examples
+def fp32_pass(export: Path, data: str, puzzles: int, calibration: dict[str, Any]) -> float:
+    """Seconds of one FP32 pass of ``export`` over the ``puzzles`` held-out puzzles its verdict used,
+    on ONNX Runtime CPU as the build runs FP32 (the same runner and run calls): the ratio's
+    denominator. A holdout that is the calibration set (a costly model) starts with its puzzles."""
+    import numpy as np
+
+    from hrm_deploy.data.examples import Examples, load_examples
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.onnx_runtime import load_onnx
     from hrm_deploy.precision.accuracy import GraphRunner
+    from hrm_deploy.precision.holdout import Holdout
 
-    examples = load_examples(data, puzzles, split="test")
-    runner = GraphRunner(graph_metadata(load_onnx(export)))
-    runner(export, load_examples(data, 1, split="test"))  # the session's start, not timed: the build's is not either
-    start = time.perf_counter()
-    runner(export, examples)
-    return time.perf_counter() - start
+    shared = min(puzzles, int(calibration["samples"])) if calibration.get("holdout") else 0
+    parts = [load_examples(data, shared)] if shared else []
+    if puzzles > shared:
+        parts.append(load_examples(data, puzzles - shared, split="test"))
+    examples = Examples(
+        np.concatenate([p.inputs for p in parts]), np.concatenate([p.puzzle_identifiers for p in parts]), None, data, ""
+    )
+    with GraphRunner(graph_metadata(load_onnx(export)), table_of=export) as runner:
+        runner(export, load_examples(data, 1, split="test"))  # the session's start, not timed
+        holdout = Holdout(export, examples, runner, puzzles, puzzles)
+        start = time.perf_counter()
+        holdout.reference(puzzles)
+        return time.perf_counter() - start
 
 
 def built_row(
-    name: str, work: Path, export: Path, manifest: Path, seconds: float, used: dict[str, Any]
+    name: str,
+    work: Path,
+    export: Path,
+    manifest: Path,
+    seconds: float,
+    used: dict[str, Any],
+    engine: Path | None = None,
 ) -> dict[str, Any]:
-    """A row from a finished build: its record, and the ratio to one FP32 pass over its holdout."""
+    """A row from a finished build: its record, the work it did, and the ratio to one FP32 pass over
+    its holdout (``engine``: a TensorRT row's engine manifest, whose compile is given apart)."""
     record = json.loads(manifest.read_text())
     report = record.get("recipe") or record.get("report") or {}
     accuracy = report.get("accuracy") or {}
     calibration = report.get("calibration") or {}
     puzzles = int((accuracy.get("measured") or {}).get("holdout_puzzles") or 0)
+    cost = accuracy.get("cost") or {}
     row: dict[str, Any] = {
         "row": name,
         "weights": used,
@@ -111,10 +134,20 @@ def built_row(
         "accuracy": accuracy,
     }
     if puzzles:
-        fp32 = fp32_pass(export, calibration["data"], puzzles)
-        cost = accuracy.get("cost") or {}
+        calibrated = 0 if calibration.get("reused") else int(calibration.get("samples") or 0)
+        runs = {
+            "calibration_puzzles": calibrated,
+            "fp32_puzzle_runs": cost.get("fp32_puzzle_runs"),
+            "candidate_puzzle_runs": cost.get("candidate_puzzle_runs"),
+            "candidate_puzzle_runs_by_kind": cost.get("candidate_puzzle_runs_by_kind"),
+            "candidate_graphs_written": cost.get("candidate_graphs_written"),
+        }
+        total = calibrated + int(cost.get("fp32_puzzle_runs") or 0) + int(cost.get("candidate_puzzle_runs") or 0)
+        runs["puzzle_runs_per_holdout_puzzle"] = round(total / puzzles, 3)
+        fp32 = fp32_pass(export, calibration["data"], puzzles, calibration)
         stages = sum((record.get("timings") or {}).values())
         row.update(
+            work=runs,
             fp32_pass_seconds=round(fp32, 3),
             fp32_pass_puzzles=puzzles,
             ratio=round(seconds / fp32, 2),
@@ -125,6 +158,13 @@ def built_row(
             ratio_of_stages=round(stages / fp32, 2),
             ratio_to_fp32_inside_build=round(seconds / cost["fp32_seconds"], 2) if cost.get("fp32_seconds") else None,
         )
+        if engine is not None:
+            compile_seconds = float(sum((json.loads(engine.read_text()).get("timings") or {}).values()))
+            row.update(
+                engine_compile_seconds=round(compile_seconds, 1),
+                engine_compile_in_fp32_passes=round(compile_seconds / fp32, 2),
+                ratio_without_engine_compile=round((seconds - compile_seconds) / fp32, 2),
+            )
     return row
 
 
@@ -149,7 +189,8 @@ def run_row(name: str, work: Path, checkpoint: str | None, data: str | None, tin
     seconds = hrm("build-engine", "model.onnx", "--int8", "-o", "model.int8.engine", *extra, cwd=work)
     precision = sorted(work.glob("*.int8.onnx.manifest.json"))  # the precision stage's graph (unroll or step)
     step = sorted(work.glob("*.step.onnx"))
-    return built_row(name, work, step[0] if step else export, precision[0], seconds, used)
+    engine = work / "model.int8.engine.manifest.json"
+    return built_row(name, work, step[0] if step else export, precision[0], seconds, used, engine)
 
 
 def main() -> None:
@@ -180,8 +221,16 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     for row in report["rows"]:
+        compile_words = ""
+        if "engine_compile_seconds" in row:
+            compile_words = (
+                f"; {row['ratio_without_engine_compile']} x without the engine compile "
+                f"({row['engine_compile_seconds']} s = {row['engine_compile_in_fp32_passes']} FP32 passes)"
+            )
         print(
             f"{row['row']}: {row['seconds']} s, {row.get('ratio')} x one FP32 pass over its holdout (goal {GOAL_RATIO})"
+            f"{compile_words}; {(row.get('work') or {}).get('puzzle_runs_per_holdout_puzzle')} puzzle runs per "
+            "held-out puzzle"
         )
     print(f"wrote {out}")
 

@@ -129,13 +129,13 @@ def main() -> None:
 
     import onnx
 
-    from hrm_deploy.backends.ort.builder.fallback import float_probe
     from hrm_deploy.backends.ort.builder.isa import isa_flags
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
     from hrm_deploy.onnx_runtime import load_onnx
     from hrm_deploy.precision.calibrate import QuantConfig
+    from hrm_deploy.precision.fallback import keep_float
     from hrm_deploy.precision.job import calibrate_job, new_job
     from hrm_deploy.provenance import heldout_data, provenance_data
     from hrm_deploy.train.presets import bundled_checkpoint
@@ -164,14 +164,13 @@ def main() -> None:
     if examples.labels is None:
         raise SystemExit(f"{data_words} has no labels: the criteria need answers to compare")
     labels = examples.labels
-    weights = {t.name: t for t in model.graph.initializer}
     rows: list[dict[str, Any]] = []
     for form in [f.strip() for f in args.forms.split(",") if f.strip()]:
         qdq, mixes = candidates(job, form, work)
         graph = onnx.load(str(qdq))
         for name, exclude in mixes:
             path = work / "candidate.onnx"
-            onnx.save(float_probe(graph, weights, exclude) if exclude else graph, str(path))
+            onnx.save(keep_float(graph, model, exclude) if exclude else graph, str(path))
             row = {"candidate": name, "form": form, "kept_float_nodes": len(exclude)}
             row.update(compare(reference, _outputs(path, examples, meta), labels))
             rows.append(row)

@@ -437,8 +437,10 @@ def harm_quantized(monkeypatch):
     """Real measurements with a known harm: ``harm_quantized(rate)`` makes every graph the builds'
     accuracy check runs (:class:`hrm_deploy.precision.accuracy.GraphRunner`) answer as it does,
     except that for each quantized L-level MLP weight (``every_weight``: each quantized weight) a
-    further ``rate`` of the puzzles (chosen by their content, the same in every run) get cell 0 wrong. The fallback's ranking puts those
-    weights first where it has a signal (NVFP4 ranks by screens, which see the harm)."""
+    further ``rate`` of the puzzles (chosen by their content, the same in every run) get their least
+    sure cell wrong (its top two logits swapped: a flip where the model hesitated, as quantization
+    flips, which verify's cell judgement excuses: the harm is the puzzles lost). The fallback's
+    ranking puts those weights first where it has a signal (NVFP4 ranks by screens, which see the harm)."""
     import numpy as np
 
     import hrm_deploy.precision.sensitivity as sensitivity
@@ -467,9 +469,16 @@ def harm_quantized(monkeypatch):
             if not bad.any():
                 return out
             logits = out.logits.copy()
-            top = logits[bad, 0].argmax(-1)
-            logits[np.flatnonzero(bad), 0, top] = logits[bad, 0].min(-1) - 1.0  # cell 0's answer moves
-            return Outputs(logits, out.q_halt, out.steps, out.nonfinite)
+            rows = np.flatnonzero(bad)
+            top2 = np.argsort(logits[rows], -1, kind="stable")[..., -2:]  # [b, S, 2]: second, first
+            values = np.take_along_axis(logits[rows], top2, -1)
+            cell = (values[..., 1] - values[..., 0]).argmin(-1)  # each puzzle's least sure cell
+            first, second = top2[np.arange(len(rows)), cell, 1], top2[np.arange(len(rows)), cell, 0]
+            logits[rows, cell, first], logits[rows, cell, second] = (
+                logits[rows, cell, second],
+                logits[rows, cell, first],
+            )
+            return Outputs(logits, out.q_halt, out.steps, out.nonfinite, out.q_steps)
 
         def signal(qdq, fp32, groups, examples, source, meta):  # a real signal where there is one, MLP weights first
             found = real_signal(qdq, fp32, groups, examples, source, meta)

@@ -9,21 +9,27 @@ float) and how a graph runs; the conductor does the rest, the same way for all:
 
 1. **estimate** before measuring: the puzzles the verdict needs and their time, from the calibration
    pass's measured FP32 cost per puzzle; the progress line then says how much is left;
-2. **certify** the all-quantized candidate on the holdout: measured on its first puzzles
-   (:func:`first_puzzles`), then on more while the verdict is not settled, a clear failure stopping
-   it early, a pass counting only on the whole holdout (which grows while its verdict is within the
-   noise: :meth:`~hrm_deploy.precision.holdout.Holdout.decide`); FP32 runs once per puzzle;
+2. **certify** the all-quantized candidate on the holdout: FP32 runs once per puzzle, then the
+   candidate runs the puzzles FP32 was least sure of first (where quantization moves answers,
+   cells and q_halt signs) and stops as soon as its failure is certain, when even the best the
+   puzzles left could do leaves it outside the rule; a pass counts only on the whole holdout (which
+   grows while its verdict is within the noise: :meth:`~hrm_deploy.precision.holdout.Holdout.decide`);
 3. outside the rule, the **fallback**: the weights are ranked once (each one's own output error, one
-   pass: :mod:`hrm_deploy.precision.sensitivity`) and the float set is chosen by bisection
-   (:mod:`hrm_deploy.precision.fallback`) on **screens**: a candidate runs only on the puzzles where
-   the all-quantized graph differed from FP32 in anything the rule reads (an answer, a cell, a
-   q_halt sign, a halting step) and those it never ran (a clear failure stops it early), every
-   other puzzle counted as FP32 answered it, so a screen judges at the whole holdout's resolution
-   for a fraction of its cost. Only the chosen candidate meets the
-   whole holdout again; a certification that fails sends the search to larger float sets;
+   pass: :mod:`hrm_deploy.precision.sensitivity`) and the float set is searched
+   (:mod:`hrm_deploy.precision.fallback`: galloping up from one weight, then bisecting) on
+   **screens**: a candidate runs only the *front* of the holdout, the puzzles the all-quantized
+   candidate ran before its failure was certain (those FP32 was least sure of), every other
+   puzzle counted as FP32 answered it, and passes only with one more lost puzzle, q_halt sign and
+   halting step to spare than it showed (its estimate leans toward passing); a screen stops as
+   soon as its failure is certain. The chosen candidate is certified on the whole holdout, its
+   screen's puzzles not run again (the same file); a certification that fails adds the puzzles it
+   ran to the front and sends the search to larger float sets;
 4. the graph to **publish** is the file certified last: the very bytes measured, its float set by
    node name in the record. Outside the rule after the fallback, the build is refused in one line
    with both measurements.
+
+The record counts the work deterministically (puzzle runs of FP32 and of candidates, by kind, and
+candidate graphs written) beside the seconds, so a build's cost can be compared across machines.
 
 Every step is deterministic for the same inputs (no clock decides anything), so the same build
 gives the same verdict, float set and graph.
@@ -40,10 +46,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from hrm_deploy.errors import ConfigError, InternalError
-from hrm_deploy.precision.fallback import MAX_CERTIFICATIONS, MAX_SCREENS, Bisection, weight_groups
+from hrm_deploy.errors import ConfigError
+from hrm_deploy.precision.fallback import MAX_CERTIFICATIONS, MAX_SCREENS, Search, weight_groups
 from hrm_deploy.precision.holdout import Decision, Holdout, Run, growth_cap
-from hrm_deploy.precision.rule import Quality, Rule, accuracy_line, differing_rows, refusal
+from hrm_deploy.precision.rule import Quality, Rule, accuracy_line, refusal
 
 if TYPE_CHECKING:
     from onnx import ModelProto
@@ -52,18 +58,6 @@ if TYPE_CHECKING:
     from hrm_deploy.progress import Stages
 
 log = logging.getLogger(__name__)
-
-FIRST_PUZZLES = 64  # a certification measures at least this many puzzles before a clear failure may stop it
-
-
-def first_puzzles(holdout: Holdout, budget: float) -> int:
-    """The puzzles a certification measures first: the fewest on which one puzzle lost is within the
-    budget (100 for 1 point: fewer cannot tell a candidate within it from one a puzzle outside), at
-    least :data:`FIRST_PUZZLES`, at most the holdout."""
-    import math
-
-    fewest = math.ceil(100.0 / budget) if budget > 0 else FIRST_PUZZLES
-    return min(holdout.size, max(FIRST_PUZZLES, fewest))
 
 
 class Candidates(Protocol):
@@ -152,9 +146,9 @@ def _holdout_words(job: QuantJob, holdout: Holdout) -> str:
 @dataclass
 class Meter:
     """The progress line of the measurements: the phase, the puzzle runs left in the measurement
-    under way (FP32's and the candidate's, as the holdout grows), and their seconds at the cost per
-    puzzle measured so far (FP32's from the calibration pass until measured here; a candidate's as
-    FP32's until one ran)."""
+    under way (FP32's and, at most, the candidate's: a failure certain early ends it), as the holdout
+    grows, and their seconds at the cost per puzzle measured so far (FP32's from the calibration
+    pass until measured here; a candidate's as FP32's until one ran)."""
 
     holdout: Holdout
     fp32_per_puzzle: float | None
@@ -173,8 +167,8 @@ class Meter:
         left = "?" if fp32 is None or candidate is None else f"{fp32_left * fp32 + candidate_left * candidate:.0f} s"
         grow = f" (up to {self.holdout.cap} if undecided)" if self.holdout.cap > self.holdout.target else ""
         return (
-            f"{self.phase}: {self.holdout.target} puzzles{grow}, {fp32_left} FP32 and {candidate_left} candidate "
-            f"runs left, about {left} left"
+            f"{self.phase}: {self.holdout.target} puzzles{grow}, {fp32_left} FP32 and up to {candidate_left} "
+            f"candidate runs left, about {left} left at most"
         )
 
     def show(self, *_: Any) -> None:
@@ -215,11 +209,11 @@ class _Search:
     rule: Rule
     work: Path
     meter: Meter
-    first: int
     files: dict[int, Path] = field(default_factory=dict)
+    written: int = 0  # candidate graphs written
     screens: int = 0
     certifications: int = 0
-    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # the puzzles screens run
+    front: list[int] = field(default_factory=list)  # the puzzles screens run, in order
     total: int = 0  # the puzzles a screen's verdict stands for (the whole holdout)
 
     def file(self, key: int, exclude: tuple[str, ...]) -> Path:
@@ -228,6 +222,7 @@ class _Search:
             path = self.work / f"candidate-{key}.onnx"
             self.candidates.write(exclude, path)
             self.files[key] = path
+            self.written += 1
         return self.files[key]
 
     def drop(self, keep: int | None) -> None:
@@ -235,20 +230,40 @@ class _Search:
         for key in [k for k in self.files if k != keep]:
             self.files.pop(key).unlink(missing_ok=True)
 
-    def screen_of(self, path: Path, what: str) -> Quality:
-        """The candidate on the screen's puzzles (:attr:`rows`), judged over the :attr:`total`
-        puzzles of the holdout, as measured."""
+    def widen(self, path: Path) -> None:
+        """Add the puzzles the candidate at ``path`` ran (a failed certification) to the front."""
+        have = set(self.front)
+        self.front += [r for r in self.holdout.ran(path).tolist() if r not in have]
+        self.total = max(self.total, self.holdout.size, max(self.front, default=-1) + 1)
+
+    def screen_of(self, path: Path, what: str) -> tuple[Quality, bool]:
+        """The candidate on the front (:attr:`front`), judged over the :attr:`total` puzzles of the
+        holdout, the rest counted as FP32 answered them; whether it passes with one more lost puzzle,
+        q_halt sign and halting step to spare (it stops once it cannot)."""
         self.screens += 1
         self.meter.phase = f"screen {self.screens} ({what})"
-        found = self.holdout.measure_rows(path, self.rows, self.total)
-        log.info("%s, %s (screened on %d puzzles): %s", self.candidates.name, what, len(self.rows), found.describe())
-        return found
+        self.holdout.tally.kind = "screens"
+        rule = self.rule
+        found = self.holdout.measure_rows(
+            path, np.asarray(self.front, np.int64), self.total, lambda best: not rule.within(best.one_more())
+        )
+        passes = rule.within(found.one_more())
+        log.info(
+            "%s, %s (screened on the %d puzzles of the front): %s; %s",
+            self.candidates.name,
+            what,
+            len(self.front),
+            found.describe(),
+            "passes with one of each to spare" if passes else "fails",
+        )
+        return found, passes
 
     def certify(self, path: Path, what: str) -> tuple[Quality, Decision]:
-        """The candidate on the whole holdout (growing while undecided, a clear failure stopping it)."""
+        """The candidate on the whole holdout (growing while undecided, stopping once its failure is certain)."""
         self.certifications += 1
         self.meter.phase = f"certifying {what}"
-        found, decided = self.holdout.decide(path, self.rule, self.first, self.holdout.size, self.holdout.cap)
+        self.holdout.tally.kind = "all_quantized" if self.certifications == 1 else "certifications"
+        found, decided = self.holdout.decide(path, self.rule, self.holdout.size, self.holdout.cap)
         log.info("%s, %s, certified on the holdout: %s", self.candidates.name, what, found.describe())
         return found, decided
 
@@ -278,7 +293,6 @@ def conduct(job: QuantJob, candidates: Candidates, check: Check | None, work: Pa
         candidates.write((), path)
         return Verdict(path, (), {"checked": False, "why": "--no-accuracy-check: not measured against FP32"})
     holdout = make_holdout(job, check.data, check.samples, check.run)
-    first = first_puzzles(holdout, check.rule.budget)
     fp32_cost = job.fp32_seconds_per_puzzle
     log.info(estimate_line(candidates.name, holdout, fp32_cost))
     started = time.perf_counter()
@@ -286,7 +300,7 @@ def conduct(job: QuantJob, candidates: Candidates, check: Check | None, work: Pa
     with stages.stage(label + (f" (up to {holdout.cap} if undecided)" if holdout.cap > holdout.size else "")) as say:
         meter = Meter(holdout, fp32_cost, say)
         holdout.tally.on_run = meter.show
-        search = _Search(job, candidates, holdout, check.rule, work, meter, first)
+        search = _Search(job, candidates, holdout, check.rule, work, meter)
         try:
             verdict = _run(search)
         finally:
@@ -298,6 +312,8 @@ def conduct(job: QuantJob, candidates: Candidates, check: Check | None, work: Pa
     verdict.record["cost"] = {
         "fp32_puzzle_runs": tally.fp32_puzzles,
         "candidate_puzzle_runs": tally.candidate_puzzles,
+        "candidate_puzzle_runs_by_kind": dict(sorted(tally.by_kind.items())),
+        "candidate_graphs_written": search.written,
         "fp32_seconds": round(tally.fp32_seconds, 3),
         "candidate_seconds": round(tally.candidate_seconds, 3),
         "measuring_seconds": round(time.perf_counter() - started, 3),
@@ -311,30 +327,23 @@ def conduct(job: QuantJob, candidates: Candidates, check: Check | None, work: Pa
 
 
 def _run(search: _Search) -> Verdict:
-    """Certify the all-quantized candidate (a clear failure stops it after its first puzzles);
-    outside the rule, the fallback."""
+    """Certify the all-quantized candidate (stopped once its failure is certain); outside the rule,
+    the fallback."""
     everything = search.file(0, ())
     first, decided = search.certify(everything, "all quantized")
-    if search.rule.within(first):
+    if search.rule.within(first) and first.puzzles >= search.holdout.size:
         search.drop(0)
         return Verdict(everything, (), search.record(first, decided), first)
-    return _fallback(search, first)
+    return _fallback(search, first, decided)
 
 
-def _fallback(search: _Search, first: Quality) -> Verdict:
-    """Keep the fewest most harmful weights float: rank once, bisect on screens, certify the choice
-    (a failed certification moves the search to larger float sets)."""
+def _fallback(search: _Search, first: Quality, first_decided: Decision) -> Verdict:
+    """Keep the fewest most harmful weights float: rank once, search on screens of the front, certify
+    the choice (a failed certification widens the front and moves the search to larger float sets)."""
     from hrm_deploy.precision import sensitivity
 
     job, rule = search.job, search.rule
-    everything = search.holdout.last_outputs()
-    if everything is None:
-        raise InternalError("the fallback starts from the all-quantized candidate's measurement")
-    # the screens stand for the whole holdout: they run the puzzles where all-quantized differed from
-    # FP32, and those it was never run on (a clear failure stopped it early): the rest agreed
-    measured, search.total = len(everything), max(len(everything), search.holdout.size)
-    differed = differing_rows(search.holdout.reference(measured), everything)
-    search.rows = np.concatenate([differed, np.arange(measured, search.total)]).astype(np.int64)
+    search.widen(search.files[0])  # the front: the puzzles all-quantized ran, the least sure first
     by_weight = weight_groups(job.model, job.plan.quantize)
     weights = list(by_weight)
 
@@ -346,60 +355,70 @@ def _fallback(search: _Search, first: Quality) -> Verdict:
     )
     ranking = "each weight's own output error (one pass)"
     if not any(signal.values()):  # no Q/DQ activation to read (NVFP4): screen each weight alone quantized
-        ranking = "points lost and cells flipped with only that weight quantized (one screen per weight)"
+        ranking = (
+            "puzzles lost, cells flipped, q_halt signs and halting steps moved with only that weight quantized "
+            "(one screen per weight; puzzles gained do not offset a weight's harm)"
+        )
 
         def alone(weight: str) -> float:
-            path = search.file(-1, exclude([w for w in weights if w != weight]))  # not a mix of the bisection
-            found = search.screen_of(path, f"only {weight} quantized")
+            path = search.file(-1, exclude([w for w in weights if w != weight]))  # not a mix of the search
+            found, _ = search.screen_of(path, f"only {weight} quantized")
             search.files.pop(-1).unlink(missing_ok=True)
-            return found.loss + (100.0 - found.agreement)
+            moved = 100.0 - (100.0 if found.steps_agreement is None else found.steps_agreement)
+            lost = 100.0 * found.lost / max(found.puzzles, 1)
+            return lost + (100.0 - found.agreement) + (100.0 - found.q_halt_agreement) + moved
 
         signal = {w: alone(w) for w in weights}
     order = sorted(weights, key=lambda w: -signal[w])
-    bisection = Bisection(len(weights))
+    search_k = Search(len(weights))
     last, screens = first, 0  # the last measurement: a screen's, or a certification's
     certified = first  # the last measurement on the whole holdout (the refusal's)
     stopped = ""
     while True:
-        k = bisection.next()
+        k = search_k.next()
         if k is not None and screens < MAX_SCREENS:
             screens += 1
-            found = search.screen_of(search.file(k, exclude(order[:k])), f"{k} of {len(weights)} weights kept float")
-            bisection.record(k, rule.within(found))
+            found, passes = search.screen_of(
+                search.file(k, exclude(order[:k])), f"{k} of {len(weights)} weights kept float"
+            )
+            search_k.record(k, passes, near=rule.within(found))
             last = found
             continue
         if k is not None:
             stopped = f" (the fallback search stopped after {MAX_SCREENS} screens)"
-        chosen = bisection.best
+        chosen = search_k.best if search_k.best is not None else search_k.near_miss()
         if chosen is not None and search.certifications >= MAX_CERTIFICATIONS:
             stopped = f" (the fallback search stopped after {MAX_CERTIFICATIONS} certifications on the whole holdout)"
         if chosen is None or search.certifications >= MAX_CERTIFICATIONS:
             break
         last, decided = search.certify(search.files[chosen], f"{chosen} of {len(weights)} weights kept float")
         certified = last
-        if rule.within(last):
+        if rule.within(last) and last.puzzles >= search.holdout.size:
             search.drop(chosen)
             kept = order[:chosen]
             record = search.record(last, decided)
             record.update(
                 all_quantized=first.as_dict(),
+                all_quantized_decided=first_decided.as_dict(),
                 kept_float=[{"weight": w, "node": by_weight[w][0], "nodes": len(by_weight[w])} for w in kept],
                 kept_float_nodes=list(exclude(kept)),
                 sensitivity={w: round(signal[w], 6) for w in order},
                 fallback={
                     "ranking": ranking,
+                    "search": "galloping up from one weight, then bisecting",
                     "screens": screens,
-                    "screened_puzzles": len(search.rows),
+                    "screened_puzzles": len(search.front),
                     "screens_stand_for": search.total,
                     "certifications": search.certifications,
                 },
             )
             return Verdict(search.files[chosen], exclude(kept), record, last, kept)
-        bisection.refute(chosen)  # the screens' choice did not hold on the whole holdout
+        search.widen(search.files[chosen])  # where it failed, the next screens look too
+        search_k.refute(chosen)  # the screens' choice did not hold on the whole holdout
         if stopped:
             break
     search.drop(None)
     # both measurements: all quantized, and the last mix on the whole holdout (a screen's when none was
     # certified: no mix passed its screen)
     final = certified if certified is not first else last
-    raise ConfigError(refusal(search.candidates.name, first, final, bisection.most(), rule) + stopped)
+    raise ConfigError(refusal(search.candidates.name, first, final, search_k.most(), rule) + stopped)

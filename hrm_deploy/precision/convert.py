@@ -87,12 +87,14 @@ def _write_cast(model: ModelProto, config: PrecisionConfig, tmp: Path, stages: S
 @dataclass
 class RowCandidates:
     """The precision stage's candidates (:class:`~hrm_deploy.precision.conductor.Candidates`): the
-    row's Q/DQ writer from the job, the precision set in the graph's metadata, as published."""
+    row's Q/DQ writer from the job writes the all-quantized graph once; each candidate keeping nodes
+    float is that graph with them put back on float (:func:`~hrm_deploy.precision.fallback.keep_float`,
+    a graph edit, not another quantization); the precision set in the graph's metadata, as published."""
 
     job: QuantJob
     precision: str
     plans: dict[tuple[str, ...], QuantPlan] = field(default_factory=dict)
-    everything: Path | None = None
+    _qdq: ModelProto | None = None
 
     @property
     def name(self) -> str:
@@ -101,19 +103,29 @@ class RowCandidates:
     def write(self, exclude: tuple[str, ...], out: Path) -> None:
         import onnx
 
-        self.plans[exclude] = load(PRECISIONS[self.precision].writer or "")(self.job, out, exclude)
-        graph = onnx.load(str(out))
-        set_graph_precision(graph, self.precision)
-        onnx.save(graph, str(out))
+        from hrm_deploy.precision.fallback import keep_float
+
         if not exclude:
-            self.everything = out
+            self.plans[()] = load(PRECISIONS[self.precision].writer or "")(self.job, out, ())
+            graph = onnx.load(str(out))
+            set_graph_precision(graph, self.precision)
+            self._qdq = graph
+        else:
+            everything = self.plans.get(())
+            if everything is None:
+                raise InternalError("a fallback candidate is written before the all-quantized one")
+            graph = keep_float(self.qdq(), self.job.model, exclude)
+            kept = set(exclude)
+            self.plans[exclude] = QuantPlan(
+                [n for n in everything.quantize if n not in kept],
+                {**everything.excluded, **{n: "kept in float by the accuracy fallback" for n in exclude}},
+            )
+        onnx.save(graph, str(out))
 
     def qdq(self) -> ModelProto:
-        import onnx
-
-        if self.everything is None or not self.everything.is_file():
+        if self._qdq is None:
             raise InternalError("the all-quantized candidate is ranked before it was written")
-        return onnx.load(str(self.everything))
+        return self._qdq
 
 
 def _write_qdq(

@@ -1,29 +1,40 @@
 """The puzzles a quantized build's verdict is measured on: :class:`Holdout` runs FP32 once per
-puzzle per build and a candidate only on puzzles it has not yet run (its outputs kept while its file
-is unchanged), measures prefixes of its pool and, for a screen, chosen rows
-(:meth:`Holdout.measure_rows`), and decides a verdict on as many puzzles as it needs
-(:meth:`Holdout.decide`: more while the rule's verdict is not settled, up to a cap). :class:`Tally`
-counts the puzzle runs and their seconds for the build's estimate and progress line."""
+puzzle per build and a candidate only on puzzles it has not yet run (what it showed on each kept,
+row by row, while its file is unchanged), and decides a verdict on as many puzzles as it needs
+(:meth:`Holdout.decide`: more while the rule's verdict is not settled, up to a cap).
+
+A candidate runs the puzzles FP32 was least sure of first (:func:`~hrm_deploy.precision.rule.fragile_order`),
+and stops as soon as its failure is certain: when even the best the puzzles not yet run could do
+(each agreeing with FP32, every one FP32 does not solve gained: :meth:`~hrm_deploy.precision.rule.Quality.completed`)
+leaves it outside the rule. A pass still needs every puzzle of the holdout. A screen
+(:meth:`Holdout.measure_rows`) runs chosen rows only, the others counted as FP32 answered them.
+:class:`Tally` counts the puzzle runs, by kind, and their seconds, for the build's estimate,
+progress line and record."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hrm_deploy.data.examples import Examples
-from hrm_deploy.precision.rule import CONFIDENCE_PCT, Outputs, Quality, Rule, quality
+from hrm_deploy.precision.rule import CONFIDENCE_PCT, Comparison, Outputs, Quality, Rule, fragile_order
 
 log = logging.getLogger(__name__)
 
 GROWTH = 4  # the holdout grows to at most this many times its first size (and the data it has)
 
 Run = Callable[[Path, Examples], Outputs]  # a graph's outputs on examples (the graph at a path)
-CHUNK = 32  # puzzles per run call: the progress line moves, and a grown holdout runs only new puzzles
+Stop = Callable[[Quality], bool]  # given the best a measurement under way can still become: stop it?
+# puzzles per run call: a failing candidate stops within this many puzzles of the one that made its
+# failure certain, the progress line moves, and a grown holdout runs only new puzzles (on the bundled
+# model ONNX Runtime's cost per puzzle at batch 8 is no higher than at 32 or 64)
+CHUNK = 8
 
 
 def _pick(examples: Examples, rows: np.ndarray) -> Examples:
@@ -34,13 +45,16 @@ def _pick(examples: Examples, rows: np.ndarray) -> Examples:
 
 @dataclass
 class Tally:
-    """Puzzle runs so far (FP32 and candidates) and their seconds: what the progress line and the
-    estimate read. ``on_run(what, puzzles, seconds)`` is called after every run call."""
+    """Puzzle runs so far (FP32 and candidates, the candidates' also by ``kind``: what the build was
+    measuring when they ran) and their seconds: what the progress line, the estimate and the
+    record read. ``on_run(what, puzzles, seconds)`` is called after every run call."""
 
     fp32_puzzles: int = 0
     fp32_seconds: float = 0.0
     candidate_puzzles: int = 0
     candidate_seconds: float = 0.0
+    kind: str = "candidate"
+    by_kind: dict[str, int] = field(default_factory=dict)
     on_run: Callable[[str, int, float], None] | None = None
 
     def add(self, fp32: bool, puzzles: int, seconds: float) -> None:
@@ -49,6 +63,7 @@ class Tally:
         else:
             self.candidate_puzzles += puzzles
             self.candidate_seconds += seconds
+            self.by_kind[self.kind] = self.by_kind.get(self.kind, 0) + puzzles
         if self.on_run is not None:
             self.on_run("fp32" if fp32 else "candidate", puzzles, seconds)
 
@@ -75,11 +90,37 @@ class Decision:
 
 
 @dataclass
+class _Rows:
+    """What a graph file showed against FP32 on each pool row it ran: a
+    :class:`~hrm_deploy.precision.rule.Comparison`'s per-row columns, indexed by pool row."""
+
+    key: tuple[str, int, int, int]
+    size: int
+    ran: np.ndarray = field(init=False)
+    order: list[int] = field(default_factory=list)  # the rows it ran, in the order it ran them
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    cells: int = 0
+
+    def __post_init__(self) -> None:
+        self.ran = np.zeros(self.size, bool)
+
+    def store(self, rows: np.ndarray, compared: Comparison) -> None:
+        self.cells = compared.cells
+        for name, values in compared.rows().items():
+            if name not in self.columns:
+                self.columns[name] = np.zeros(self.size, values.dtype)
+            self.columns[name][rows] = values
+        self.ran[rows] = True
+        self.order.extend(rows.tolist())
+
+
+@dataclass
 class Holdout:
     """Held-out puzzles (``pool``, of which the first ``size`` are the holdout a verdict must reach,
     growing up to ``cap``) and FP32's outputs on them, each puzzle run once (``known``: FP32's
     outputs on the pool's first rows, already computed: the calibration pass's where the holdout is
-    the calibration set). Candidates are measured on prefixes of the pool (:meth:`measure`)."""
+    the calibration set). Candidates are measured on prefixes of the pool (:meth:`measure`), the
+    puzzles FP32 was least sure of first."""
 
     fp32: Path
     pool: Examples
@@ -89,127 +130,190 @@ class Holdout:
     known: Outputs | None = None
     tally: Tally = field(default_factory=Tally)
     target: int = 0  # the puzzles the measurement under way stands for (FP32 runs up to them)
-    _planned: int = 0  # the candidate's puzzle runs that measurement needs
-    _rows: int = 0  # and those done so far
-    # the current candidate file's outputs, one row per puzzle it ran (keyed by the file's identity)
-    _candidate: tuple[tuple[str, int, int, int], dict[int, tuple[int, int]]] | None = None
-    _runs_kept: list[Outputs] = field(default_factory=list)
-    _last: Outputs | None = None
+    _planned: int = 0  # the candidate's puzzle runs that measurement may need
+    _done: int = 0  # and those done so far
+    _rows: _Rows | None = None  # the current candidate file's rows
+    _orders: dict[int, np.ndarray] = field(default_factory=dict)
+    # FP32 against itself on each pool row: what a row a candidate has not run counts as (its scale,
+    # whether FP32 solves it, nothing moved)
+    _itself: _Rows = field(init=False)
 
     def __post_init__(self) -> None:
         self.fp32 = Path(self.fp32)
         self.size = max(1, min(self.size, len(self.pool)))
         self.cap = max(self.size, min(self.cap, len(self.pool)))
+        self._itself = _Rows(("fp32", 0, 0, 0), len(self.pool))
 
-    def _runs(self, path: Path, rows: np.ndarray, fp32: bool) -> Outputs:
-        """The graph at ``path`` on the pool's puzzles ``rows`` (indices, in order), chunk by chunk,
-        each chunk counted in the tally (and so on the progress line)."""
+    # ------------------------------------------------------------------------------------------- FP32
+    def _fp32_runs(self, rows: np.ndarray) -> None:
+        """FP32 on the pool's puzzles ``rows`` (the next unknown ones), chunk by chunk, kept."""
         import time
 
-        parts: list[Outputs] = []
         for start in range(0, len(rows), CHUNK):
             chunk = rows[start : start + CHUNK]
             began = time.perf_counter()
-            parts.append(self.run(path, _pick(self.pool, chunk)))
-            if fp32:
-                self.known = parts[-1] if self.known is None else Outputs.concat([self.known, parts[-1]])
-            else:
-                self._rows += len(chunk)
-            self.tally.add(fp32, len(chunk), time.perf_counter() - began)
-        return Outputs.concat(parts)
-
-    def left(self) -> tuple[int, int]:
-        """Puzzle runs left in the measurement under way: FP32's and the candidate's."""
-        known = 0 if self.known is None else len(self.known)
-        return max(0, self.target - known), max(0, self._planned - self._rows)
+            out = self.run(self.fp32, _pick(self.pool, chunk))
+            self.known = out if self.known is None else Outputs.concat([self.known, out])
+            self.tally.add(True, len(chunk), time.perf_counter() - began)
 
     def reference(self, count: int) -> Outputs:
         """FP32's outputs on the first ``count`` puzzles (computing only those not yet known)."""
         known = 0 if self.known is None else len(self.known)
         if known < count:
-            self._runs(self.fp32, np.arange(known, count), fp32=True)
+            self._fp32_runs(np.arange(known, count))
         assert self.known is not None
+        missing = np.flatnonzero(~self._itself.ran[:count])
+        if len(missing):
+            fp32 = self.known.take(missing)
+            self._itself.store(missing, Comparison.of(fp32, fp32, self._labels(missing)))
         return self.known.head(count)
 
-    def _plan(self, path: Path, rows: np.ndarray) -> np.ndarray:
-        """The puzzles of ``rows`` the candidate at ``path`` has not run while its file is the same
-        (path, inode, size, modification time): a screen's puzzles are not run again when the same
-        file is certified, nor a prefix when the holdout grows. Sets what the progress line counts."""
+    def _labels(self, rows: np.ndarray) -> np.ndarray | None:
+        return None if self.pool.labels is None else self.pool.labels[rows]
+
+    def order(self, count: int) -> np.ndarray:
+        """The first ``count`` puzzles of the pool, those FP32 was least sure of first
+        (:func:`~hrm_deploy.precision.rule.fragile_order`; FP32 run on them first)."""
+        if count not in self._orders:
+            self._orders[count] = fragile_order(self.reference(count))
+        return self._orders[count]
+
+    def _unsolved(self, rows: np.ndarray) -> int:
+        """How many of the pool's puzzles ``rows`` FP32 does not solve (0 without labels)."""
+        solved = self._itself.columns.get("fp32_solved")
+        return 0 if solved is None else int(len(rows) - solved[rows].sum())
+
+    # ------------------------------------------------------------------------------------------- candidates
+    def left(self) -> tuple[int, int]:
+        """Puzzle runs left in the measurement under way, at most: FP32's and the candidate's."""
+        known = 0 if self.known is None else len(self.known)
+        return max(0, self.target - known), max(0, self._planned - self._done)
+
+    def _file(self, path: Path) -> _Rows:
+        """The rows of the candidate at ``path``, kept while its file is the same (path, inode, size,
+        modification time): a screen's puzzles are not run again when the same file is certified,
+        nor a prefix when the holdout grows."""
         stat = path.stat()
         key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        if self._candidate is None or self._candidate[0] != key:
-            self._candidate, self._runs_kept = (key, {}), []
-        ran = self._candidate[1]
-        missing = np.array([r for r in rows.tolist() if r not in ran], np.int64)
-        self._planned, self._rows = len(missing), 0
-        return missing
+        if self._rows is None or self._rows.key != key:
+            self._rows = _Rows(key, len(self.pool))
+        return self._rows
 
-    def _candidate_rows(self, path: Path, rows: np.ndarray, missing: np.ndarray) -> Outputs:
-        """The candidate at ``path`` on the pool's puzzles ``rows``, running the ``missing`` ones."""
-        assert self._candidate is not None
-        ran = self._candidate[1]  # puzzle index -> (run, row within it)
-        if len(missing):
-            self._runs_kept.append(self._runs(path, missing, fp32=False))
-            for i, row in enumerate(missing.tolist()):
-                ran[row] = (len(self._runs_kept) - 1, i)
-        return Outputs.concat([self._runs_kept[run].take(np.array([i])) for run, i in (ran[r] for r in rows.tolist())])
+    def ran(self, path: str | Path) -> np.ndarray:
+        """The pool rows the candidate at ``path`` has run, in the order it ran them."""
+        return np.asarray(self._file(Path(path)).order, np.int64)
 
-    def measure(self, path: str | Path, count: int) -> Quality:
-        """The candidate at ``path`` on the first ``count`` puzzles of the pool (each puzzle run once
-        per candidate file)."""
-        count = min(count, len(self.pool))
-        self.target, rows = count, np.arange(count)
-        missing = self._plan(Path(path), rows)
-        reference = self.reference(count)
-        outputs = self._candidate_rows(Path(path), rows, missing)
-        self._last = outputs
-        labels = None if self.pool.labels is None else self.pool.labels[:count]
-        return quality(reference, outputs, labels)
+    def _comparison(self, rows: _Rows, selected: np.ndarray) -> Comparison:
+        """The candidate's rows ``selected`` (pool indices): those it ran as it ran them, the others
+        as FP32 answered them (FP32 against itself: nothing moved, FP32's scale and answers)."""
+        self.reference(int(selected.max(initial=-1)) + 1)
+        ran = rows.ran[selected]
+        columns: dict[str, np.ndarray] = {}
+        for name, fp32 in self._itself.columns.items():
+            mine = rows.columns.get(name)
+            columns[name] = fp32[selected] if mine is None else np.where(ran, mine[selected], fp32[selected])
+        return Comparison.from_rows(columns, rows.cells or self._itself.cells)
 
-    def last_outputs(self) -> Outputs | None:
-        """The outputs of the candidate measured last by :meth:`measure`, on the puzzles it ran."""
-        return self._last
+    def _runs(self, path: Path, rows: _Rows, wanted: np.ndarray) -> Iterator[None]:
+        """Run the candidate on the puzzles of ``wanted`` (pool indices, in that order) it has not run,
+        chunk by chunk, each chunk counted in the tally (and so on the progress line); yields after
+        each chunk (the caller may stop there)."""
+        import time
 
-    def measure_rows(self, path: str | Path, rows: np.ndarray, total: int) -> Quality:
-        """The candidate at ``path`` run on the pool's puzzles ``rows`` only (indices below ``total``),
-        judged over the first ``total`` puzzles with every other puzzle counted as FP32 answered it:
-        a screen, on the puzzles where another candidate differed from FP32 (:func:`differing_rows`)."""
-        self.target, rows = total, np.asarray(rows, np.int64)
-        missing = self._plan(Path(path), rows)
-        reference = self.reference(total)
-        candidate = reference.patched(rows, self._candidate_rows(Path(path), rows, missing)) if len(rows) else reference
-        labels = None if self.pool.labels is None else self.pool.labels[:total]
-        return quality(reference, candidate, labels)
+        missing = wanted[~rows.ran[wanted]]
+        self._planned, self._done = len(missing), 0
+        for start in range(0, len(missing), CHUNK):
+            chunk = missing[start : start + CHUNK]
+            reference = self.reference(int(chunk.max()) + 1).take(chunk)
+            began = time.perf_counter()
+            out = self.run(path, _pick(self.pool, chunk))
+            seconds = time.perf_counter() - began
+            rows.store(chunk, Comparison.of(reference, out, self._labels(chunk)))
+            self._done += len(chunk)
+            self.tally.add(False, len(chunk), seconds)
+            yield
 
-    def counts(self, first: int, reach: int, most: int) -> Iterator[int]:
-        """The prefix sizes a sequential measurement goes through: ``first``, doubling, with
-        ``reach`` and ``most`` among the stops (bounded by the pool)."""
+    def measure(self, path: str | Path, count: int, stop: Stop | None = None) -> Quality:
+        """The candidate at ``path`` on the first ``count`` puzzles of the pool, those FP32 was least
+        sure of first (each puzzle run once per candidate file). ``stop``, asked after every run call
+        with the best the measurement can still become (:meth:`~hrm_deploy.precision.rule.Quality.completed`),
+        ends it early: the measurement returned then covers the puzzles run (fewer than ``count``)."""
+        path, count = Path(path), min(count, len(self.pool))
+        rows = self._file(path)
+        self.target, self._planned, self._done = count, int((~rows.ran[:count]).sum()), 0
+        order = self.order(count)
+        for _ in self._runs(path, rows, order):
+            if stop is not None and (best := self.best(path, count)) is not None and stop(best):
+                return self._comparison(rows, np.flatnonzero(rows.ran[:count])).quality()
+        return self._comparison(rows, np.arange(count)).quality()
+
+    def best(self, path: str | Path, count: int) -> Quality | None:
+        """The best the candidate at ``path`` can still show on the first ``count`` puzzles, from
+        those it ran (:meth:`~hrm_deploy.precision.rule.Quality.completed`); None when it ran them all."""
+        rows = self._file(Path(path))
+        left = np.flatnonzero(~rows.ran[:count])
+        if not len(left):
+            return None
+        return self._best(rows, np.arange(count), left)
+
+    def _best(self, rows: _Rows, selected: np.ndarray, left: np.ndarray) -> Quality:
+        """The best the candidate can still show on ``selected`` with the rows ``left`` not yet run:
+        those counted as FP32 answered them (every check's value is then at its best, the scale
+        FP32's over all of ``selected``), each FP32 does not solve gained."""
+        return self._comparison(rows, selected).quality().completed(0, self._unsolved(left))
+
+    def measure_rows(self, path: str | Path, rows: np.ndarray, total: int, stop: Stop | None = None) -> Quality:
+        """The candidate at ``path`` run on the pool's puzzles ``rows`` only (indices below
+        ``total``, run in that order), judged over the first ``total`` puzzles with every other puzzle
+        counted as FP32 answered it: a screen. ``stop`` as in :meth:`measure` (the best completion:
+        the screen's rows not yet run agreeing, those FP32 does not solve gained)."""
+        path, rows = Path(path), np.asarray(rows, np.int64)
+        kept = self._file(path)
+        self.target, self._planned, self._done = total, int((~kept.ran[rows]).sum()), 0
+        self.reference(total)
+        everything = np.arange(total)
+        for _ in self._runs(path, kept, rows):
+            left = rows[~kept.ran[rows]]
+            if stop is not None and len(left) and stop(self._best(kept, everything, left)):
+                break
+        return self._comparison(kept, everything).quality()
+
+    # ------------------------------------------------------------------------------------------- verdicts
+    def counts(self, reach: int, most: int) -> Iterator[int]:
+        """The holdout sizes a measurement goes through: ``reach`` (the holdout), then doubling up
+        to ``most`` (bounded by the pool)."""
         most = min(most, len(self.pool))
-        count = min(first, most)
+        count = min(reach, most)
         while True:
             yield count
             if count >= most:
                 return
-            bigger = min(2 * count, most)
-            if count < reach < bigger:
-                bigger = reach
-            count = bigger
+            count = min(2 * count, most)
 
-    def decide(self, path: str | Path, rule: Rule, first: int, reach: int, most: int) -> tuple[Quality, Decision]:
-        """Measure the candidate on ``first`` puzzles, then on more (doubling) while its verdict is
-        not settled, up to ``most``: a clear failure stops it early; a pass counts only from ``reach``
-        puzzles on (the full holdout, for the graph that will be published; the first count, for a
-        screen). At ``most`` the measured values decide, and the decision says so."""
-        reach = min(reach, most, len(self.pool))
-        for count in self.counts(first, reach, most):
-            found = self.measure(path, count)
-            settled = rule.settled(found)
-            failing_clearly = not rule.within(found) and settled
-            if failing_clearly or (count >= reach and settled):
-                return found, Decision(True, found.puzzles, min(most, len(self.pool)))
+    def decide(self, path: str | Path, rule: Rule, reach: int, most: int) -> tuple[Quality, Decision]:
+        """Measure the candidate on the ``reach`` puzzles of the holdout (the least sure first), then
+        on more (doubling) while its verdict is not settled, up to ``most``. A failure stops it as
+        soon as it is certain (:meth:`~hrm_deploy.precision.rule.Rule.certainly_fails`: clear, before
+        the last size; at ``most``, where the measured values decide, outside the rule); a pass
+        counts only on every puzzle. At ``most`` the measured values decide, and the decision says so."""
+        most = min(most, len(self.pool))
+        found: Quality | None = None
+        for count in self.counts(reach, most):
+            stop = partial(rule.certainly_fails, final=count >= most)
+            found = self.measure(path, count, stop)
+            best = self.best(path, count)
+            if best is not None:  # stopped: a failure certain on every puzzle left
+                clear = rule.certainly_fails(best, final=False)
+                why = f"failure certain after {found.puzzles} of {count} puzzles, those FP32 was least sure of first"
+                if not clear:
+                    why += " (within the noise of the most puzzles it may use: the measured values decide)"
+                return found, Decision(clear, found.puzzles, most, why)
+            if rule.settled(found):
+                return found, Decision(True, found.puzzles, most)
             log.debug("%d puzzles do not settle the verdict yet: %s", count, found.describe())
+        assert found is not None
         why = "the verdict is within the noise of the most puzzles it may use: the measured values decide"
-        return found, Decision(False, found.puzzles, min(most, len(self.pool)), why)
+        return found, Decision(False, found.puzzles, most, why)
 
 
 def growth_cap(size: int) -> int:

@@ -9,8 +9,11 @@ A candidate passes when every check holds (:meth:`Rule.checks`):
   (lost - gained) / puzzles;
 * what ``verify`` asks of an artifact of this precision (:func:`verify_view`, the thresholds of its
   ``PRECISIONS`` row): argmax agreement over all cells, q_halt sign agreement and, for a graph that
-  halts inside (a loop graph with a halting rule), the rows halting at FP32's step. A build whose
-  graph ``verify`` would refuse is not published.
+  halts inside (a loop graph with a halting rule), the rows halting at FP32's step; and verify's
+  cell judgement (:func:`cell_checks`, by :mod:`hrm_deploy.agreement`'s own measure, flip bounds and
+  band, row by row): no answer flipped where FP32 was sure, no cell beyond the band, no agreeing
+  cell beyond closeness, the same of q_halt. A build whose graph ``verify`` would refuse is not
+  published.
 
 Each check carries a one-sided :data:`CONFIDENCE_PCT` % margin from the counts it was measured on
 (one more discordant puzzle or cell than seen, so a clean small sample is not certainty). A verdict
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -48,12 +51,15 @@ class Outputs:
     the last column of an unrolled or loop graph's [N, steps], NaN where a loop graph's row halted
     earlier); ``steps`` [N] int32: the ACT steps each row ran, for a graph that reports them (a loop
     graph), else None; ``nonfinite`` [N]: per row, the non-finite values among the outputs the
-    contract defines (a loop graph's q logits after a row's halting step are NaN by contract)."""
+    contract defines (a loop graph's q logits after a row's halting step are NaN by contract);
+    ``q_steps`` [N, T]: q_halt at every step (what verify's cell judgement reads), None: ``q_halt``
+    as the one step."""
 
     logits: np.ndarray
     q_halt: np.ndarray
     steps: np.ndarray | None
     nonfinite: np.ndarray
+    q_steps: np.ndarray | None = None
 
     @classmethod
     def of(cls, heads: dict[str, np.ndarray]) -> Outputs:
@@ -71,11 +77,19 @@ class Outputs:
             if steps is not None:  # a loop graph: NaN after each row's halting step is the contract
                 defined = np.arange(q.shape[1])[None, :] < steps[:, None]
             bad = bad + (~np.isfinite(q) & defined).sum(1)
-        q_halt = np.asarray(heads[Q_LOGITS[0]], np.float32).reshape(n, -1)[:, -1]
-        return cls(logits, q_halt, steps, bad.astype(np.int64))
+        q_steps = np.asarray(heads[Q_LOGITS[0]], np.float32).reshape(n, -1)
+        return cls(logits, q_steps[:, -1], steps, bad.astype(np.int64), q_steps)
 
     def __len__(self) -> int:
         return len(self.logits)
+
+    def heads(self) -> dict[str, np.ndarray]:
+        """The outputs as :func:`hrm_deploy.agreement.measure` reads them (``logits``,
+        ``q_halt_logits`` [N, T], ``steps_used`` where the graph reports it)."""
+        heads = {"logits": self.logits, "q_halt_logits": self.q_halt[:, None] if self.q_steps is None else self.q_steps}
+        if self.steps is not None:
+            heads["steps_used"] = self.steps
+        return heads
 
     def join(self, more: Outputs) -> Outputs:
         """These rows, then ``more``'s."""
@@ -84,46 +98,201 @@ class Outputs:
     @staticmethod
     def concat(parts: list[Outputs]) -> Outputs:
         """The rows of ``parts``, in order (one copy, however many parts)."""
-        steps = None
+        steps = q_steps = None
         if all(p.steps is not None for p in parts):
             steps = np.concatenate([p.steps for p in parts if p.steps is not None])
+        if (
+            all(p.q_steps is not None for p in parts)
+            and len({p.q_steps.shape[1:] for p in parts if p.q_steps is not None}) == 1
+        ):
+            q_steps = np.concatenate([p.q_steps for p in parts if p.q_steps is not None])
         return Outputs(
             np.concatenate([p.logits for p in parts]),
             np.concatenate([p.q_halt for p in parts]),
             steps,
             np.concatenate([p.nonfinite for p in parts]),
+            q_steps,
         )
 
     def take(self, rows: np.ndarray | slice) -> Outputs:
         """The rows ``rows`` (indices or a slice), in that order."""
         steps = None if self.steps is None else self.steps[rows]
-        return Outputs(self.logits[rows], self.q_halt[rows], steps, self.nonfinite[rows])
+        q_steps = None if self.q_steps is None else self.q_steps[rows]
+        return Outputs(self.logits[rows], self.q_halt[rows], steps, self.nonfinite[rows], q_steps)
 
     def head(self, count: int) -> Outputs:
         """The first ``count`` rows."""
         return self.take(slice(0, count))
 
-    def patched(self, rows: np.ndarray, other: Outputs) -> Outputs:
-        """These outputs with the ``rows`` (indices) replaced by ``other``'s rows, in order."""
-        logits, q_halt, nonfinite = self.logits.copy(), self.q_halt.copy(), self.nonfinite.copy()
-        logits[rows], q_halt[rows], nonfinite[rows] = other.logits, other.q_halt, other.nonfinite
-        steps = None
-        if self.steps is not None and other.steps is not None:
-            steps = self.steps.copy()
-            steps[rows] = other.steps
-        return Outputs(logits, q_halt, steps, nonfinite)
+
+def fragile_order(reference: Outputs) -> np.ndarray:
+    """The row indices of ``reference`` (FP32's outputs), the puzzles FP32 was least sure of first:
+    by the smaller of two ranks, that of its least sure cell (top-1 minus top-2 logit, over the
+    cell's largest |logit|) and that of its last q_halt logit's distance from 0 (ties by index).
+    Where FP32 is unsure is where a quantized graph's answers, cells and q_halt signs move
+    (measured in docs/precision.md), so a failing candidate shows its failure early in this order."""
+    n = len(reference)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    top = np.sort(reference.logits, -1)[..., -2:]  # [N, S, 2]
+    scale = np.maximum(np.abs(reference.logits).max(-1), np.finfo(np.float32).tiny)  # [N, S]
+    cell = np.nan_to_num(((top[..., 1] - top[..., 0]) / scale).min(1), nan=np.inf)  # [N]
+    q = np.nan_to_num(np.abs(reference.q_halt), nan=np.inf)  # a loop graph's row that halted earlier: NaN
+
+    def rank(values: np.ndarray) -> np.ndarray:
+        ranks = np.empty(n, np.int64)
+        ranks[np.argsort(values, kind="stable")] = np.arange(n)
+        return ranks
+
+    return np.lexsort((np.arange(n), np.minimum(rank(cell), rank(q)))).astype(np.int64)
 
 
-def differing_rows(reference: Outputs, candidate: Outputs) -> np.ndarray:
-    """Indices of the rows where ``candidate`` differs from ``reference`` in anything the rule reads:
-    a cell's argmax (and with it the answer), the q_halt sign, the halting step, a non-finite value."""
+@dataclass(frozen=True)
+class Comparison:
+    """A candidate against FP32, puzzle by puzzle: what the rule reads of each row. ``flipped`` [N]:
+    the cells whose argmax differs from FP32's (of ``cells`` per puzzle); ``q_flip`` [N]: the last
+    q_halt's sign differs; ``moved`` [N]: the halting step differs (None: the graph reports no
+    steps); ``nonfinite`` [N]: the candidate's non-finite values; ``fp32_solved`` / ``solved`` [N]:
+    FP32 and the candidate solve the puzzle (None without labels). The rest are verify's cell
+    judgement (:func:`hrm_deploy.agreement.measure`) of each row, in the row's own units so any
+    subset rescales them to its scale: ``scale`` [N], FP32's largest |logit|; ``sure_flip`` [N], FP32's
+    largest top-1 minus top-2 margin at a flipped cell (0: none); ``cell_error`` [N] and
+    ``agreeing_error`` [N], the largest |FP32 - candidate| logit of a cell, of a cell whose answer
+    agrees; ``q_scale``, ``q_sure_flip``, ``q_error``, ``q_agreeing_error`` [N], the same of q_halt
+    (its scale at least 1). Sums and maxima of rows, so any subset of puzzles is judged from the rows
+    alone (:meth:`quality`)."""
+
+    flipped: np.ndarray
+    cells: int
+    q_flip: np.ndarray
+    moved: np.ndarray | None
+    nonfinite: np.ndarray
+    fp32_solved: np.ndarray | None
+    solved: np.ndarray | None
+    scale: np.ndarray
+    sure_flip: np.ndarray
+    cell_error: np.ndarray
+    agreeing_error: np.ndarray
+    q_scale: np.ndarray
+    q_sure_flip: np.ndarray
+    q_error: np.ndarray
+    q_agreeing_error: np.ndarray
+
+    @classmethod
+    def of(cls, reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> Comparison:
+        """``candidate`` against ``reference`` (FP32) on the same puzzles (``labels`` [N, S] or None)."""
+        from hrm_deploy.metrics import solved_rows
+
+        n = len(candidate)
+        agree = (candidate.logits.argmax(-1) == reference.logits.argmax(-1)).reshape(n, -1)  # [N, S]
+        moved = None
+        if reference.steps is not None and candidate.steps is not None:
+            moved = np.asarray(reference.steps != candidate.steps, bool)
+        solved = fp32_solved = None
+        if labels is not None:
+            fp32_solved = np.asarray(solved_rows(reference.logits, labels), bool)
+            solved = np.asarray(solved_rows(candidate.logits, labels), bool)
+        return cls(
+            flipped=(~agree).sum(1).astype(np.int64),
+            cells=int(agree.shape[1]) if agree.ndim == 2 else 0,
+            q_flip=np.asarray((reference.q_halt >= 0) != (candidate.q_halt >= 0), bool),
+            moved=moved,
+            nonfinite=np.asarray(candidate.nonfinite, np.int64),
+            fp32_solved=fp32_solved,
+            solved=solved,
+            **_judged_rows(reference, candidate),
+        )
+
+    def rows(self) -> dict[str, np.ndarray]:
+        """The per-row columns (those present), by name: what :meth:`from_rows` takes back."""
+        return {
+            f.name: value for f in fields(self) if f.name != "cells" and (value := getattr(self, f.name)) is not None
+        }
+
+    @classmethod
+    def from_rows(cls, columns: dict[str, np.ndarray], cells: int) -> Comparison:
+        """The comparison of the rows ``columns`` hold (:meth:`rows`' names; a column absent: None)."""
+        values: dict[str, Any] = {f.name: columns.get(f.name) for f in fields(cls) if f.name != "cells"}
+        return cls(cells=cells, **values)
+
+    def __len__(self) -> int:
+        return len(self.flipped)
+
+    def quality(self) -> Quality:
+        """The rule's measurement over these rows (see :class:`Quality`)."""
+        n, cells = len(self), self.cells
+        size = n * cells
+        per_puzzle = 100.0 * (1.0 - (cells - self.flipped) / max(cells, 1))  # % of each puzzle's cells flipped
+        spread = float(per_puzzle.std()) / math.sqrt(n) if n > 1 else 100.0
+        common: dict[str, Any] = {
+            "puzzles": n,
+            "agreement": 100.0 * float((size - self.flipped.sum()) / max(size, 1)),
+            "q_halt_agreement": 100.0 * float((n - self.q_flip.sum()) / max(n, 1)),
+            "steps_agreement": None if self.moved is None else 100.0 * float((n - self.moved.sum()) / max(n, 1)),
+            "nonfinite": int(self.nonfinite.sum()),
+            "agreement_margin": Z * spread + 100.0 / max(size, 1),  # plus one cell more than seen
+            **_judged(self),
+        }
+        if self.fp32_solved is None or self.solved is None:
+            return Quality(**common)
+        base, ours = self.fp32_solved, self.solved
+        solved_cells = cells * int(base.sum())
+        solved_agreement = None
+        if solved_cells:
+            solved_agreement = 100.0 * float((solved_cells - self.flipped[base].sum()) / solved_cells)
+        return Quality(
+            **common,
+            fp32_exact=100.0 * float(base.sum() / max(n, 1)),
+            exact=100.0 * float(ours.sum() / max(n, 1)),
+            lost=int((base & ~ours).sum()),
+            gained=int((~base & ours).sum()),
+            solved_agreement=solved_agreement,
+        )
+
+
+def _judged_rows(reference: Outputs, candidate: Outputs) -> dict[str, np.ndarray]:
+    """Verify's cell judgement of each row (:func:`hrm_deploy.agreement.measure`, one row at a time),
+    in the row's own units (:class:`Comparison`'s cell columns)."""
+    from hrm_deploy.agreement import measure
+
     n = len(candidate)
-    differ = (candidate.logits.argmax(-1) != reference.logits.argmax(-1)).reshape(n, -1).any(1)
-    differ |= (candidate.q_halt >= 0) != (reference.q_halt >= 0)
-    differ |= candidate.nonfinite > 0
-    if reference.steps is not None and candidate.steps is not None:
-        differ |= candidate.steps != reference.steps
-    return np.flatnonzero(differ)
+    columns = {name: np.zeros(n, np.float64) for names in _CELL_COLUMNS for name in names}
+    ref_heads, cand_heads = reference.heads(), candidate.heads()
+    for i in range(n):
+        found = measure(
+            {k: v[i : i + 1] for k, v in ref_heads.items()}, {k: v[i : i + 1] for k, v in cand_heads.items()}
+        )
+        for (scale, flip, error, agreeing), output in zip(_CELL_COLUMNS, (found.logits, found.q_halt), strict=True):
+            if output is None:
+                continue
+            columns[scale][i] = output.scale
+            columns[flip][i] = output.largest_flip_margin * output.scale
+            columns[error][i] = output.max_abs
+            columns[agreeing][i] = output.max_rel_agreeing * output.scale
+    return columns
+
+
+# Comparison's cell columns (scale, surest flip, largest error, largest error where the answers agree)
+_CELL_COLUMNS = (
+    ("scale", "sure_flip", "cell_error", "agreeing_error"),
+    ("q_scale", "q_sure_flip", "q_error", "q_agreeing_error"),
+)
+
+
+def _judged(rows: Comparison) -> dict[str, float]:
+    """The cell judgement's measures over ``rows``, as fractions of their scale (verify's: FP32's
+    largest |logit| over all of them; q_halt's at least 1)."""
+    if not len(rows):
+        return {}
+    scale, q_scale = float(rows.scale.max()), max(float(rows.q_scale.max()), 1.0)
+    return {
+        "sure_flip": float(rows.sure_flip.max()) / scale,
+        "cell_error": float(rows.cell_error.max()) / scale,
+        "agreeing_error": float(rows.agreeing_error.max()) / scale,
+        "q_sure_flip": float(rows.q_sure_flip.max()) / q_scale,
+        "q_error": float(rows.q_error.max()) / q_scale,
+        "q_agreeing_error": float(rows.q_agreeing_error.max()) / q_scale,
+    }
 
 
 # ----------------------------------------------------------------------------------------------- quality
@@ -154,6 +323,15 @@ class Quality:
     gained: int = 0
     agreement_margin: float = 0.0
     solved_agreement: float | None = None
+    # verify's cell judgement, fractions of the scale (:func:`hrm_deploy.agreement.measure`): FP32's
+    # largest top-1 minus top-2 margin at a flipped cell (0: none), the largest error of any cell and
+    # of a cell whose answer agrees; the same of q_halt (sign flips; every step both ran)
+    sure_flip: float = 0.0
+    cell_error: float = 0.0
+    agreeing_error: float = 0.0
+    q_sure_flip: float = 0.0
+    q_error: float = 0.0
+    q_agreeing_error: float = 0.0
 
     @property
     def loss(self) -> float:
@@ -181,6 +359,9 @@ class Quality:
             parts.append(f"halting steps {self.steps_agreement:.2f} %")
         if self.nonfinite:
             parts.append(f"{self.nonfinite} non-finite values")
+        parts.append(f"cells within {self.cell_error:.3g} of the scale")
+        if self.sure_flip:
+            parts.append(f"surest flip {self.sure_flip:.3g}")
         return f"{', '.join(parts)} on {self.puzzles} puzzles"
 
     def as_dict(self) -> dict[str, Any]:
@@ -197,46 +378,51 @@ class Quality:
             "holdout_puzzles": self.puzzles,
             "puzzles_lost": self.lost,
             "puzzles_gained": self.gained,
+            "largest_flip_margin": round(self.sure_flip, 6),
+            "largest_cell_error": round(self.cell_error, 6),
+            "largest_error_where_answers_agree": round(self.agreeing_error, 6),
+            "largest_q_halt_flip": round(self.q_sure_flip, 6),
+            "largest_q_halt_error": round(self.q_error, 6),
+            "largest_q_halt_error_where_signs_agree": round(self.q_agreeing_error, 6),
         }
+
+    def completed(self, left: int, unsolved: int) -> Quality:
+        """The best this measurement can become once ``left`` more puzzles are measured: each agrees
+        with FP32 on every cell, q_halt sign and halting step, and every one of them FP32 does not
+        solve (``unsolved``) is gained. A check this fails, every completion fails (each check's
+        value only improves toward this bound). Argmax agreement's margin, from the spread of the
+        per-puzzle rates, has no such bound: it is infinite here, so that check never fails clearly."""
+        n = self.puzzles + left
+
+        def grown(pct: float) -> float:
+            return (pct * self.puzzles + 100.0 * left) / max(n, 1)
+
+        return replace(
+            self,
+            puzzles=n,
+            agreement=grown(self.agreement),
+            q_halt_agreement=grown(self.q_halt_agreement),
+            steps_agreement=None if self.steps_agreement is None else grown(self.steps_agreement),
+            gained=self.gained + (unsolved if self.fp32_exact is not None else 0),
+            agreement_margin=math.inf,
+        )
+
+    def one_more(self) -> Quality:
+        """This measurement with one more of each failure than seen: a puzzle lost, a q_halt sign and
+        a halting step moved. A screen's estimate (it sees only part of the holdout, the rest counted
+        as FP32 answered it, so its estimate leans toward passing) must pass with these to spare."""
+        step = 100.0 / max(self.puzzles, 1)
+        return replace(
+            self,
+            lost=self.lost + (1 if self.fp32_exact is not None else 0),
+            q_halt_agreement=max(0.0, self.q_halt_agreement - step),
+            steps_agreement=None if self.steps_agreement is None else max(0.0, self.steps_agreement - step),
+        )
 
 
 def quality(reference: Outputs, candidate: Outputs, labels: np.ndarray | None) -> Quality:
     """``candidate`` against ``reference`` (FP32) on the same puzzles (``labels`` [N, S] or None)."""
-    from hrm_deploy.metrics import solved_rows
-
-    n = len(candidate)
-    agree = candidate.logits.argmax(-1) == reference.logits.argmax(-1)  # [N, S]
-    per_puzzle = 100.0 * (1.0 - agree.reshape(n, -1).mean(1))  # % of each puzzle's cells flipped
-    cells = agree.size
-    spread = float(per_puzzle.std()) / math.sqrt(n) if n > 1 else 100.0
-    margin = Z * spread + 100.0 / max(cells, 1)  # plus one cell more than seen
-    q_agree = (reference.q_halt >= 0) == (candidate.q_halt >= 0)
-    steps = None
-    if reference.steps is not None and candidate.steps is not None:
-        steps = 100.0 * float((reference.steps == candidate.steps).mean())
-    common: dict[str, Any] = {
-        "puzzles": n,
-        "agreement": 100.0 * float(agree.mean()),
-        "q_halt_agreement": 100.0 * float(q_agree.mean()),
-        "steps_agreement": steps,
-        "nonfinite": int(candidate.nonfinite.sum()),
-        "agreement_margin": margin,
-    }
-    if labels is None:
-        return Quality(**common)
-    base, ours = (
-        np.asarray(solved_rows(reference.logits, labels), bool),
-        np.asarray(solved_rows(candidate.logits, labels), bool),
-    )
-    solved = agree[base]
-    return Quality(
-        **common,
-        fp32_exact=100.0 * float(base.mean()),
-        exact=100.0 * float(ours.mean()),
-        lost=int((base & ~ours).sum()),
-        gained=int((~base & ours).sum()),
-        solved_agreement=100.0 * float(solved.mean()) if solved.size else None,
-    )
+    return Comparison.of(reference, candidate, labels).quality()
 
 
 # ----------------------------------------------------------------------------------------------- the rule
@@ -250,6 +436,7 @@ class Check:
     limit: float
     margin: float = 0.0
     at_least: bool = True
+    digits: str = ".2f"  # how its value and limit are written
 
     @property
     def passes(self) -> bool:
@@ -263,7 +450,7 @@ class Check:
 
     def words(self) -> str:
         sign = ">=" if self.at_least else "<="
-        return f"{self.name} {self.value:.2f} (needs {sign} {self.limit:g})"
+        return f"{self.name} {self.value:{self.digits}} (needs {sign} {self.limit:g})"
 
 
 def verify_view(quality: Quality, thresholds: Thresholds) -> list[Check]:
@@ -295,7 +482,27 @@ def verify_view(quality: Quality, thresholds: Thresholds) -> list[Check]:
                 _discordance_margin(moved, n),
             )
         )
-    return checks
+    return checks + cell_checks(quality, thresholds)
+
+
+def cell_checks(quality: Quality, thresholds: Thresholds) -> list[Check]:
+    """Verify's cell judgement (:mod:`hrm_deploy.agreement`: its flip bounds and band) of the
+    measured fractions of the scale: no answer flipped where FP32 was sure (its top-1 minus top-2
+    margin over :func:`~hrm_deploy.agreement.flip_margin`), no cell beyond
+    :data:`~hrm_deploy.agreement.CELL_BAND` x the closeness threshold, no agreeing cell beyond
+    closeness; the same of q_halt. Each is a maximum: one row decides it, no margin."""
+    from hrm_deploy.agreement import CELL_BAND, flip_margin, q_halt_flip
+
+    logits, q_halt = thresholds.max_logits_rel_error, thresholds.max_q_halt_rel_error
+    limits = (
+        ("FP32's margin at a flipped answer", quality.sure_flip, flip_margin(thresholds)),
+        ("a cell's logit error", quality.cell_error, CELL_BAND * logits),
+        ("a logit error where the answers agree", quality.agreeing_error, logits),
+        ("FP32's abs(q_halt) at a flipped sign", quality.q_sure_flip, q_halt_flip(thresholds)),
+        ("a q_halt error", quality.q_error, CELL_BAND * q_halt),
+        ("a q_halt error where the signs agree", quality.q_agreeing_error, q_halt),
+    )
+    return [Check(f"{name} (of the scale)", value, limit, 0.0, False, ".3g") for name, value, limit in limits]
 
 
 @dataclass(frozen=True)
@@ -326,6 +533,15 @@ class Rule:
     def within(self, quality: Quality) -> bool:
         return not self.failures(quality)
 
+    def certainly_fails(self, best: Quality, final: bool) -> bool:
+        """Whether a measurement whose best completion is ``best`` (:meth:`Quality.completed`) fails
+        however the puzzles not yet run turn out: ``final``, where the measured values decide (the
+        holdout can grow no more), outside the rule; else outside it clearly (a check failing by more
+        than its margin: more puzzles would not be measured)."""
+        if final:
+            return not self.within(best)
+        return any(not check.passes and check.clear for check in self.checks(best))
+
     def settled(self, quality: Quality) -> bool:
         """Whether more puzzles could change the verdict: False while no check fails clearly and
         some check is within its margin of its limit."""
@@ -337,7 +553,8 @@ class Rule:
         t = self.thresholds
         return (
             f"<= {self.budget:g} points lost, >= {100 * t.min_argmax_agreement:g} % argmax agreement, "
-            f">= {100 * t.min_q_halt_sign_agreement:g} % q_halt signs and halting steps, no non-finite output"
+            f">= {100 * t.min_q_halt_sign_agreement:g} % q_halt signs and halting steps, no non-finite output, "
+            "no answer or q_halt sign flipped where FP32 was sure, no cell beyond verify's band"
         )
 
 

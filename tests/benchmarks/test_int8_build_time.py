@@ -42,6 +42,10 @@ def test_the_tiny_cpu_row_has_its_ratio_times_weights_and_accuracy_record(tmp_pa
     assert abs(row["ratio"] - seconds / fp32) <= 0.005 / fp32 + 0.0005 * seconds / fp32**2 + 0.006
     assert row["weights"]["checkpoint"].endswith("sudoku-tiny.pt") and len(row["weights"]["sha256"]) == 64
     assert row["accuracy"]["cost"]["fp32_puzzle_runs"] == row["fp32_pass_puzzles"]  # FP32 once per puzzle
+    work = row["work"]  # the work counted, whatever the load: puzzle runs per held-out puzzle
+    runs = work["calibration_puzzles"] + work["fp32_puzzle_runs"] + work["candidate_puzzle_runs"]
+    assert work["puzzle_runs_per_holdout_puzzle"] == pytest.approx(runs / row["fp32_pass_puzzles"], abs=1e-3)
+    assert sum(work["candidate_puzzle_runs_by_kind"].values()) == work["candidate_puzzle_runs"]
     assert report["machine"]["cpus"] >= 1 and "load_average" in report["machine"]
 
 

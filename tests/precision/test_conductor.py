@@ -21,7 +21,7 @@ import hrm_deploy.precision.sensitivity as sensitivity
 from hrm_deploy.data.examples import Examples
 from hrm_deploy.errors import ConfigError
 from hrm_deploy.precision.calibrate import QuantPlan
-from hrm_deploy.precision.holdout import Holdout
+from hrm_deploy.precision.holdout import CHUNK, Holdout
 from hrm_deploy.precision.rule import Outputs, Rule
 from hrm_deploy.progress import Stages
 
@@ -73,7 +73,7 @@ def _run(harm):
             kept = set(json.loads(path.read_text()))
             answers[harm(kept, examples.puzzle_identifiers), 0] = 0
         heads = {
-            "logits": np.eye(10, dtype=np.float32)[answers],
+            "logits": 0.9 + 0.1 * np.eye(10, dtype=np.float32)[answers],  # unsure: flips verify excuses
             "q_halt_logits": np.ones(len(answers), np.float32),
             "q_continue_logits": np.zeros(len(answers), np.float32),
         }
@@ -114,8 +114,9 @@ def _lost_by(weight: int, ids: np.ndarray) -> np.ndarray:
 
 
 def test_the_published_graph_is_the_one_certified_last_and_its_float_set_is_recorded(tmp_path, monkeypatch):
-    """mm0 and mm1 each lose 10 % of the puzzles when quantized: the fallback keeps both float,
-    screening on the puzzles all-quantized lost, and publishes the file it certified."""
+    """mm0 and mm1 each lose 10 % of the puzzles when quantized: the all-quantized graph stops once
+    its failure is certain, the fallback screens the puzzles it ran, keeps both float, and publishes
+    the file it certified."""
 
     def harm(kept, ids):
         return np.any([_lost_by(w, ids) for w in (0, 1) if f"mm{w}" not in kept], axis=0) if len(kept) < 2 else ids < 0
@@ -125,29 +126,44 @@ def test_the_published_graph_is_the_one_certified_last_and_its_float_set_is_reco
     record = verdict.record
     assert record["kept_float_nodes"] == ["mm0", "mm1"] and [k["weight"] for k in record["kept_float"]] == ["W0", "W1"]
     assert record["measured"]["loss_points"] == 0.0 and record["measured"]["holdout_puzzles"] == PUZZLES
-    # all quantized, 20 of the first 100 puzzles lost: a clear failure, stopped before the whole holdout
-    assert record["all_quantized"]["puzzles_lost"] == 20 and record["all_quantized"]["holdout_puzzles"] == 100
-    # screens run the puzzles all-quantized differed on, and those it never ran: not the holdout
-    assert record["fallback"]["screened_puzzles"] == 20 + 200 and record["fallback"]["screens_stand_for"] == 300
+    # all quantized: 4 of the first 16 puzzles lost (0, 1, 10, 11) is over the budget of 300 whatever
+    # the rest does (FP32 solves every puzzle: none can be gained): stopped there
+    assert record["all_quantized"]["puzzles_lost"] == 4 and record["all_quantized"]["holdout_puzzles"] == 16
+    assert "failure certain after 16 of 300" in record["all_quantized_decided"]["why"]
+    # mm0 float alone passes its screen of those 16 (1 and 11 lost, 3 with one to spare) but not the
+    # holdout (31 lost by puzzle 31: certain there); the front widens to its 32, mm0 and mm1 pass
+    assert record["fallback"]["screened_puzzles"] == 32 and record["fallback"]["screens_stand_for"] == 300
+    assert record["fallback"]["certifications"] == 3
     assert ran["fp32.onnx"] == PUZZLES  # FP32 once per puzzle
     assert ran[verdict.path.name] == PUZZLES  # its certification ran only the puzzles its screen had not
+    cost = record["cost"]
+    assert cost["candidate_puzzle_runs_by_kind"] == {
+        "all_quantized": 16,
+        "screens": 16 + 32,
+        "certifications": 16 + 268,
+    }
+    assert cost["candidate_puzzle_runs"] == sum(cost["candidate_puzzle_runs_by_kind"].values())
+    assert cost["candidate_graphs_written"] == len(written) == 3
     assert sorted(p.name for p in verdict.path.parent.iterdir()) == [verdict.path.name]  # the others removed
     assert written[0] == ()  # the all-quantized candidate first
 
 
 def test_a_certification_that_refutes_the_screens_moves_the_search_up(tmp_path, monkeypatch):
-    """With mm0 float and mm1 quantized the graph loses puzzles all-quantized never lost (the screen
-    cannot see them): its certification fails, and the search keeps mm1 float too."""
+    """With mm0 float and mm1 quantized the graph loses puzzles the all-quantized graph never ran
+    (its failure was certain first: the screen cannot see them): its certification fails, the front
+    widens to what it ran, and the search keeps mm1 float too."""
 
     def harm(kept, ids):
         if "mm0" not in kept:
             return _lost_by(0, ids)
         if "mm1" not in kept:
-            return (ids % 7 == 3) & (ids % 10 > 1) & (ids < 100)  # puzzles all-quantized ran and kept
+            return (ids % 7 == 3) & (ids % 10 > 1) & (ids >= 100)  # puzzles past all-quantized's 32
         return ids < 0
 
     verdict, _, _ = _conduct(tmp_path, monkeypatch, harm)
     assert verdict.kept == ("mm0", "mm1") and verdict.record["fallback"]["certifications"] == 3
+    assert verdict.record["all_quantized"]["holdout_puzzles"] == 32  # 0, 10, 20, 30 lost
+    assert verdict.record["fallback"]["screened_puzzles"] == 136  # 108, 115, 122, 129 lost by 136
 
 
 def test_outside_the_rule_nothing_is_published_and_the_line_gives_both_measurements(tmp_path, monkeypatch):
@@ -157,7 +173,8 @@ def test_outside_the_rule_nothing_is_published_and_the_line_gives_both_measureme
     with pytest.raises(ConfigError) as info:
         _conduct(tmp_path, monkeypatch, harm)
     message = str(info.value)
-    assert "\n" not in message and message.count("50 puzzles lost") == 2 and "nothing was written" in message
+    # both measurements: all quantized (certain after 8 puzzles: 0..4 lost) and the last screen's
+    assert "\n" not in message and message.count(" 5 puzzles lost") == 2 and "nothing was written" in message
     assert "--accuracy-budget" in message and not list((tmp_path / "work").iterdir())
 
 
@@ -181,6 +198,31 @@ def test_a_non_finite_output_fails_the_rule(tmp_path, monkeypatch):
     verdict, _, _ = _conduct(tmp_path, monkeypatch, harm, run=run)
     assert verdict.kept == ("mm0", "mm1", "mm2") and verdict.record["all_quantized"]["nonfinite_values"] > 0
     assert verdict.record["measured"]["nonfinite_values"] == 0
+
+
+def test_an_answer_flipped_where_fp32_was_sure_keeps_its_weight_float(tmp_path, monkeypatch):
+    """One cell of one puzzle flipped where FP32 was sure (the toy's FP32 margin there raised to the
+    whole scale) fails the rule as it fails verify, though no puzzle is lost beyond the budget: the
+    fallback keeps float the weight that made it."""
+
+    def harm(kept, ids):
+        return ids < 0  # no answer lost
+
+    clean, _ = _run(harm)
+
+    def run(path, examples):
+        out = clean(path, examples)
+        logits = out.logits.copy()
+        sure = examples.puzzle_identifiers == 5
+        logits[sure, 1] = 0.0
+        logits[sure, 1, examples.labels[sure, 1]] = 1.0  # FP32 sure of puzzle 5's cell 1
+        if path.name != "fp32.onnx" and "mm3" not in json.loads(path.read_text()):
+            logits[sure, 1] = logits[sure, 1, ::-1]  # its answer flipped, far from the others
+        return Outputs.of({"logits": logits, "q_halt_logits": out.q_halt, "q_continue_logits": out.q_halt})
+
+    verdict, _, _ = _conduct(tmp_path, monkeypatch, harm, run=run)
+    assert verdict.record["all_quantized"]["largest_flip_margin"] == 1.0
+    assert verdict.kept == ("mm0", "mm1", "mm2", "mm3") and verdict.record["measured"]["largest_flip_margin"] == 0.0
 
 
 def test_the_same_inputs_give_the_same_verdict(tmp_path, monkeypatch):
@@ -221,8 +263,9 @@ def test_the_progress_line_says_what_is_left_as_the_holdout_grows(tmp_path):
     candidate = tmp_path / "c.onnx"
     Candidates().write((), candidate)
     holdout.measure(candidate, 100)
-    assert "100 puzzles (up to 300 if undecided), 68 FP32 and 100 candidate runs left" in lines[0]
-    assert lines[-1].endswith("0 FP32 and 0 candidate runs left, about 0 s left")
+    fp32_left = 100 - CHUNK  # after FP32's first run call (the candidate runs once FP32's are known)
+    assert f"100 puzzles (up to 300 if undecided), {fp32_left} FP32 and up to 100 candidate runs left" in lines[0]
+    assert lines[-1].endswith("0 FP32 and up to 0 candidate runs left, about 0 s left at most")
     said = len(lines)
     holdout.measure(candidate, 200)
-    assert "200 puzzles (up to 300 if undecided), 68 FP32 and 100 candidate runs left" in lines[said]
+    assert f"200 puzzles (up to 300 if undecided), {fp32_left} FP32 and up to 100 candidate runs left" in lines[said]

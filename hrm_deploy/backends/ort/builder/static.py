@@ -9,10 +9,11 @@
   (``MatMulIntegerToFloat``). The scale of every activation is a constant, so each puzzle's answer
   is the same whatever its batch-mates.
 * :class:`StaticCandidates` hands the precision conductor (:func:`hrm_deploy.precision.conductor.conduct`)
-  the graphs it measures: the Q/DQ graph is quantized once, and each candidate is it with the
-  chosen MatMuls put back on float (:func:`~hrm_deploy.backends.ort.builder.fallback.float_probe`,
-  a graph edit of seconds), then finished as the build publishes it (ORT's offline optimization,
-  the checked fusions, the metadata): the graph measured is the graph written.
+  the graphs it measures: the Q/DQ graph is quantized once (ORT's quantizer takes about a minute on
+  a Sudoku-size model's 16-step unroll), and each candidate is it with the chosen MatMuls put back
+  on float (:func:`~hrm_deploy.precision.fallback.keep_float`, a graph edit of a fraction of a
+  second), then finished as the build publishes it (ORT's offline optimization, the checked
+  fusions, the metadata): the graph measured is the graph written.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from onnx import ModelProto, TensorProto
+    from onnx import ModelProto
 
     from hrm_deploy.precision.job import QuantJob
 
@@ -47,7 +48,6 @@ class StaticCandidates:
     name: str = "static INT8"
     facts: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict)
     _qdq: ModelProto | None = None
-    _weights: dict[str, TensorProto] = field(default_factory=dict)
 
     def qdq(self) -> ModelProto:
         """The all-INT8 Q/DQ graph (quantized once per build)."""
@@ -60,16 +60,15 @@ class StaticCandidates:
             quantize_int8(self.job, path, activations=self.activations)
             self._qdq = onnx.load(str(path))
             path.unlink()
-            self._weights = {t.name: t for t in self.job.model.graph.initializer}
         return self._qdq
 
     def write(self, exclude: tuple[str, ...], out: Path) -> None:
         import onnx
 
-        from hrm_deploy.backends.ort.builder.fallback import float_probe
+        from hrm_deploy.precision.fallback import keep_float
 
         qdq = self.qdq()
-        graph = float_probe(qdq, self._weights, set(exclude)) if exclude else qdq
+        graph = keep_float(qdq, self.job.model, exclude) if exclude else qdq
         staged = out.with_name(out.name + ".qdq.onnx")
         onnx.save(graph, str(staged))
         del graph
