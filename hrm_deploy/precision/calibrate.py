@@ -93,7 +93,10 @@ def plan_nodes(model: ModelProto, config: QuantConfig, extra_exclude: tuple[str,
         else:
             plan.quantize.append(node.name)
     if not plan.quantize:
-        raise ConfigError("no MatMul/Gemm with a weight is left to quantize; loosen --exclude")
+        raise ConfigError(
+            "no MatMul/Gemm with a constant weight is left to quantize in this graph (the heads are kept "
+            "float); build it in a float precision (--fp16, --bf16 or --fp32) instead"
+        )
     return plan
 
 

@@ -21,7 +21,7 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?!\w)")  # --calib
 # flags of other programs that a message tells the user to pass to them
 OTHER_PROGRAMS = {"--model-repository": "tritonserver"}
 # a message whose flag is being reworded where it lives (the precision stage): flag -> its file
-BEING_REWORDED = {"--exclude": "precision/calibrate.py"}
+BEING_REWORDED: dict[str, str] = {}
 # build-engine's own flags beside the common fields: the precision's short forms, output and display
 COMMAND_ONLY = {"--fp16", "--bf16", "--int8", "--fp8", "--nvfp4", "--fp32", "--out", "--output", "--quiet", "--help"}
 

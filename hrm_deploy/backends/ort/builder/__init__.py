@@ -7,7 +7,6 @@
 - :mod:`.cpu`: the build itself (fusions, quantization, the load check, manifest; static INT8 through the
   precision conductor);
 - :mod:`.fusion`: graph rewrites ORT fuses into its contrib kernels;
-- :mod:`.static`: static INT8's candidates (calibrated activations), handed to the precision conductor;
-- :mod:`.fallback`: a candidate: the one Q/DQ graph with chosen MatMuls back on float;
+- :mod:`.static`: static INT8's candidates (calibrated activations; a candidate keeping MatMuls float is the one Q/DQ graph edited, :func:`hrm_deploy.precision.fallback.keep_float`), handed to the precision conductor;
 - :mod:`.isa`: the integer GEMM (U8S8 or S8S8) the CPU's ISA calls for.
 """
