@@ -396,6 +396,9 @@ def load_checkpoint(path: str | os.PathLike, **overrides: Any):
     master weights, computing in ``config.forward_dtype`` (float32 unless overridden).
     The loaded file's description is on ``model.checkpoint_info``.
     """
+    # the precision a run trained in (upstream's and the Sudoku-size preset's bfloat16) is a run option,
+    # not part of the model: inference, export and references compute in float32 unless asked otherwise
+    overrides = {"forward_dtype": "float32", **{k: v for k, v in overrides.items() if v is not None}}
     contents = read_checkpoint(path, **overrides)
     return model_from_contents(contents), contents.config
 

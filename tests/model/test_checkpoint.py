@@ -143,3 +143,26 @@ def test_trm_like_checkpoint_is_named(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"Tiny Recursive Model.*all_config.yaml \(absent\)"):
         load_checkpoint(tmp_path / "step_5")
+
+
+def test_a_checkpoint_trained_in_bfloat16_loads_and_exports_in_float32(tmp_path):
+    """The Sudoku-size preset trains in bfloat16 (upstream's setting) and records it in its config:
+    `export run/last.pt` must work as written, computing in float32 (precision is chosen per target),
+    while the checkpoint itself still says how it was trained (a resume keeps bfloat16)."""
+    import torch
+
+    from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
+    from hrm_deploy.model.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+    from hrm_deploy.model.config import HRMConfig
+    from hrm_deploy.model.hrm import build_model
+    from tests.conftest import TINY
+
+    ckpt = save_checkpoint(
+        tmp_path / "last.pt", build_model(HRMConfig(**{**TINY, "forward_dtype": "bfloat16"}), seed=0)
+    )
+    assert read_checkpoint(ckpt).config.forward_dtype == "bfloat16"
+    model, config = load_checkpoint(ckpt)
+    assert config.forward_dtype == "float32" and model.inner.compute_dtype == torch.float32
+    assert load_checkpoint(ckpt, forward_dtype="bfloat16")[0].inner.compute_dtype == torch.bfloat16
+    result = export_onnx(ckpt, tmp_path / "m.onnx", ExportConfig(mode="step", max_batch=2), quiet=True)
+    assert result.parity is not None and (tmp_path / "m.onnx").is_file()
