@@ -73,11 +73,12 @@ def weights(checkpoint: str) -> dict[str, Any]:
 
     record: dict[str, Any] = {"checkpoint": checkpoint, "sha256": sha256_file(checkpoint)}
     try:
-        extra = read_checkpoint(checkpoint).extra
+        contents = read_checkpoint(checkpoint)
     except Exception as exc:  # noqa: BLE001 - an upstream step_N holds no record of ours
         return {**record, "record": f"not ours to read ({type(exc).__name__})"}
-    record["trained_steps"] = extra.get("step") or extra.get("steps")
-    record["dataset"] = extra.get("dataset")
+    record["trained_steps"] = contents.step
+    record["dataset"] = contents.extra.get("dataset") or contents.train_config.get("data_path")
+    record["forward_dtype"] = contents.config.forward_dtype  # the precision it trained in
     return record
 
 

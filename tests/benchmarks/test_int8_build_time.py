@@ -41,6 +41,7 @@ def test_the_tiny_cpu_row_has_its_ratio_times_weights_and_accuracy_record(tmp_pa
     seconds, fp32 = row["seconds"], row["fp32_pass_seconds"]
     assert abs(row["ratio"] - seconds / fp32) <= 0.005 / fp32 + 0.0005 * seconds / fp32**2 + 0.006
     assert row["weights"]["checkpoint"].endswith("sudoku-tiny.pt") and len(row["weights"]["sha256"]) == 64
+    assert row["weights"]["trained_steps"] and row["weights"]["forward_dtype"] == "float32"
     assert row["accuracy"]["cost"]["fp32_puzzle_runs"] == row["fp32_pass_puzzles"]  # FP32 once per puzzle
     work = row["work"]  # the work counted, whatever the load: puzzle runs per held-out puzzle
     runs = work["calibration_puzzles"] + work["fp32_puzzle_runs"] + work["candidate_puzzle_runs"]
