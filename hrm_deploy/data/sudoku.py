@@ -174,6 +174,7 @@ def _make_group(job: tuple[SudokuSpec, int, int]) -> tuple[list[np.ndarray], lis
 def generate_sudoku(spec: SudokuSpec, output: str | None = None, progress=None) -> dict[str, Split]:
     """Generate train/test splits (and write them to ``output`` in upstream's format if given),
     in ``spec.workers`` processes."""
+    import gc
     from concurrent.futures import ProcessPoolExecutor
 
     from hrm_deploy.system import check_threads, die_with_parent, usable_cores
@@ -185,7 +186,13 @@ def generate_sudoku(spec: SudokuSpec, output: str | None = None, progress=None) 
     workers = min(spec.workers or usable_cores(), max(1, (spec.train + spec.test) // 64))
     splits = {}
     # Workers die with this process (kill -9 included): never orphaned, never deadlocked on a dead pipe.
-    pool = ProcessPoolExecutor(workers, initializer=die_with_parent) if workers > 1 else None
+    pool = None
+    if workers > 1:
+        # The workers are forked: every object this process holds is copied into them, and a copy the
+        # child's garbage collector frees can hang it (an ONNX Runtime session's destructor waits on
+        # its thread pool, whose threads the child does not have). Frozen objects are never collected.
+        gc.freeze()
+        pool = ProcessPoolExecutor(workers, initializer=die_with_parent)
     try:
         for split_id, (name, count) in enumerate((("train", spec.train), ("test", spec.test))):
             jobs = [(spec, split_id, i) for i in range(count)]
@@ -200,6 +207,7 @@ def generate_sudoku(spec: SudokuSpec, output: str | None = None, progress=None) 
     finally:
         if pool:  # on Ctrl-C / SIGTERM: drop the queued chunks, wait only for the running ones
             pool.shutdown(cancel_futures=True)
+            gc.unfreeze()
     if output:
         save_dataset(output, splits, ["<blank>"])
     return splits

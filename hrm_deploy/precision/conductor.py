@@ -373,6 +373,7 @@ def _fallback(search: _Search, first: Quality, first_decided: Decision) -> Verdi
     search_k = Search(len(weights))
     last, screens = first, 0  # the last measurement: a screen's, or a certification's
     certified = first  # the last measurement on the whole holdout (the refusal's)
+    last_k = certified_k = 0  # the layers kept float in those two
     stopped = ""
     while True:
         k = search_k.next()
@@ -382,7 +383,7 @@ def _fallback(search: _Search, first: Quality, first_decided: Decision) -> Verdi
                 search.file(k, exclude(order[:k])), f"{k} of {len(weights)} weights kept float"
             )
             search_k.record(k, passes, near=rule.within(found))
-            last = found
+            last, last_k = found, k
             continue
         if k is not None:
             stopped = f" (the fallback search stopped after {MAX_SCREENS} screens)"
@@ -392,7 +393,7 @@ def _fallback(search: _Search, first: Quality, first_decided: Decision) -> Verdi
         if chosen is None or search.certifications >= MAX_CERTIFICATIONS:
             break
         last, decided = search.certify(search.files[chosen], f"{chosen} of {len(weights)} weights kept float")
-        certified = last
+        certified, certified_k = last, chosen
         if rule.within(last) and last.puzzles >= search.holdout.size:
             search.drop(chosen)
             kept = order[:chosen]
@@ -420,5 +421,5 @@ def _fallback(search: _Search, first: Quality, first_decided: Decision) -> Verdi
     search.drop(None)
     # both measurements: all quantized, and the last mix on the whole holdout (a screen's when none was
     # certified: no mix passed its screen)
-    final = certified if certified is not first else last
-    raise ConfigError(refusal(search.candidates.name, first, final, search_k.most(), rule) + stopped)
+    final, final_k = (certified, certified_k) if certified is not first else (last, last_k)
+    raise ConfigError(refusal(search.candidates.name, first, final, final_k, rule, search_k.most()) + stopped)

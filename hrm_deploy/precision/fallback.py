@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 # The search's bounds: screens (an answer of k weights needs about 2 log2(k) + 1) and certifications
 # on the whole holdout (the all-quantized graph's and the choices')
 MAX_SCREENS = 12
-MAX_CERTIFICATIONS = 3
+MAX_CERTIFICATIONS = 4
 
 
 def weight_groups(model: ModelProto, quantized: set[str] | list[str]) -> dict[str, list[str]]:

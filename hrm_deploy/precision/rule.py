@@ -568,12 +568,18 @@ def accuracy_line(name: str, quality: Quality, rule: Rule, fallback: bool) -> st
     )
 
 
-def refusal(what: str, first: Quality, final: Quality, kept: int, rule: Rule) -> str:
-    """The one line of a build refused by the rule after its fallback: both measurements and the
-    options."""
-    failing = "; ".join(rule.failures(final)) or "not settled within the rule"
+def refusal(what: str, first: Quality, final: Quality, kept: int, rule: Rule, tried: int | None = None) -> str:
+    """The one line of a build refused by the rule after its fallback: both measurements (``final``:
+    the last mix measured, with ``kept`` layers float; ``tried``: the most any screen kept) and the
+    options that can help (a larger budget only where the points lost are what fails)."""
+    failures = rule.failures(final)
+    failing = "; ".join(failures) or "not settled within the rule"
+    more = f" (screens tried up to {tried} layers float)" if tried is not None and tried > kept else ""
+    options = "build a float precision (--fp16, --bf16 or --fp32)"
+    if any("points lost" in line for line in failures):
+        options = "pass a larger --accuracy-budget, or " + options
     return (
         f"{what} is outside the accuracy rule ({rule.describe()}) even with {kept} layers kept float: "
-        f"{final.describe()} ({failing}; all quantized: {first.describe()}); nothing was written. Pass a larger "
-        "--accuracy-budget, or build a float precision (--fp16, --bf16 or --fp32)"
+        f"{final.describe()} ({failing}; all quantized: {first.describe()}); nothing was written{more}. "
+        f"{options[0].upper()}{options[1:]}"
     )

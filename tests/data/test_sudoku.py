@@ -86,3 +86,55 @@ def test_rating_by_solver_effort_bounds_the_search():
         assert count_solutions(grid)[1] >= 60
     with pytest.raises(ConfigError, match="rating"):
         SudokuSpec(rating=(10, 5))
+
+
+_FORKED_COLLECTION = r"""
+import gc
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+import hrm_deploy.system as system
+from hrm_deploy.data.sudoku import SudokuSpec, generate_sudoku
+
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])
+graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 64])])
+options = ort.SessionOptions()
+options.intra_op_num_threads = 2
+session = ort.InferenceSession(helper.make_model(graph).SerializeToString(), options, providers=["CPUExecutionProvider"])
+session.run(None, {"x": np.ones((256, 64), np.float32)})  # its thread pool started
+time.sleep(1.0)  # ... and its threads past spinning, asleep on their condition variable
+holder = [session]
+holder.append(holder)  # garbage that only the collector frees
+del session, holder
+gc.disable()  # ... and not this process's collector before the workers fork
+
+original = system.die_with_parent
+
+
+def collecting_worker():
+    original()
+    gc.collect()  # a worker's collector runs over what it inherited
+
+
+system.die_with_parent = collecting_worker
+splits = generate_sudoku(SudokuSpec(train=256, test=0, blanks=(3, 6), workers=2))
+print(len(splits["train"].inputs))
+"""
+
+
+def test_forked_workers_never_collect_what_the_parent_held(tmp_path):
+    """A session the parent holds only through a cycle, collected in a forked generator worker, hung
+    it (its destructor waits for threads the child does not have): the parent's objects are frozen
+    before the workers fork, so the workers finish."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "fork.py"
+    script.write_text(_FORKED_COLLECTION)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "256"
