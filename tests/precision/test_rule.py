@@ -117,6 +117,23 @@ def test_an_answer_flipped_where_fp32_was_sure_fails_the_rule_as_it_fails_verify
     assert Comparison.from_rows({k: v[5:10] for k, v in rows.items()}, 81).quality().sure_flip == 1.0
 
 
+def test_a_garbage_position_fails_the_rule_without_labels_and_where_its_answer_agrees():
+    """One position wrong on every puzzle: answered confidently wrong (no labels; 80 of 81 cells agree,
+    98.8 % over the 98 % the INT8 row asks) fails on FP32's margin where it flipped; a position whose
+    answer still agrees but whose logits are far off (5x the scale) fails on the cell error."""
+    answers = np.ones((64, 81), np.int64)
+    sure = _outputs(answers, sure=True)
+    wrong = answers.copy()
+    wrong[:, 40] = 7
+    found = Comparison.of(sure, _outputs(wrong, sure=True), None).quality()
+    assert 98.0 < found.agreement < 99.0 and found.sure_flip == 1.0 and not INT8.within(found)
+    far = _outputs(answers, sure=True)
+    far.logits[:, 40, :] *= 5.0  # the same argmax, every value 5x FP32's
+    found = Comparison.of(sure, far, None).quality()
+    assert found.agreement == 100.0 and found.cell_error > 2 * 0.6 and not INT8.within(found)
+    assert any(line.startswith("a cell's logit error") for line in INT8.failures(found))
+
+
 def _examples(count: int) -> Examples:
     rng = np.random.default_rng(0)
     labels = rng.integers(1, 10, (count, 4))
