@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.artifacts import find_reference, is_checkpoint, recorded_overrides
+from hrm_deploy.artifacts import find_reference, is_checkpoint, recorded_data, recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 
 
@@ -92,8 +92,11 @@ def _regenerate(spec: dict[str, Any], quiet: bool = False) -> Path:
                 raise ConfigError(
                     f"the checkpoint's dataset spec names generator {generator!r}, which this version cannot regenerate"
                 )
-        if not folder.exists():
+        try:
             os.replace(work / "data", folder)  # atomic: a half-written cache folder is never seen
+        except OSError:
+            if not _ready(folder):  # not another process that made the same data first
+                raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     logging.getLogger(__name__).info(
@@ -139,17 +142,24 @@ def provenance_data(
     flag: str,
     splits: dict[str, int | None] | None = None,
     overrides: dict[str, Any] | None = None,
+    recorded: dict[str, Any] | None = None,
 ) -> DataChoice:
     """The dataset a checkpoint was trained on (see the module doc); ``flag`` names the option
     the user would otherwise pass, for the announcement and the error. ``splits``: what the command
     reads (e.g. ``{"train": 128}`` to calibrate), so a regenerated dataset makes only that.
     ``overrides``: the config fields an artifact was exported with (``recorded_overrides``), which
-    the checkpoint alone cannot tell (e.g. an upstream one without its dataset.json: seq_len)."""
-    from hrm_deploy.model.checkpoint import _find_dataset_json, read_checkpoint
-
-    contents = read_checkpoint(checkpoint, **(overrides or {}))
+    the checkpoint alone cannot tell (e.g. an upstream one without its dataset.json: seq_len).
+    ``recorded``: what an export's manifest recorded of the checkpoint's data
+    (:func:`~hrm_deploy.artifacts.recorded_data`): a dataset spec there spares reading the
+    checkpoint (and importing torch); a data path is resolved beside the checkpoint, read for it."""
     name = Path(checkpoint).name
-    spec = contents.extra.get("dataset")
+    where: Path | None = None
+    if recorded is None or not recorded.get("dataset"):
+        from hrm_deploy.model.checkpoint import read_checkpoint
+
+        contents = read_checkpoint(checkpoint, **(overrides or {}))
+        recorded, where = contents.data_record(), contents.path.parent
+    spec = recorded.get("dataset")
     if isinstance(spec, dict) and spec.get("generator"):
         made = _only_needed(spec, splits)
         folder = _regenerate(made)
@@ -159,12 +169,11 @@ def provenance_data(
             f"no {flag} given: using {name}'s own dataset, regenerated from its provenance "
             f"({_describe(spec)}{part}) in {folder}",
         )
-    data_path = contents.train_config.get("data_path")
-    paths = contents.train_config.get("data_paths")  # a list in some upstream configs (TRM)
-    if not data_path and isinstance(paths, list) and paths:
-        data_path = paths[0]
-    if data_path:
-        meta = _find_dataset_json(str(data_path), contents.path.parent)
+    data_path = recorded.get("data_path")
+    if data_path and where is not None:
+        from hrm_deploy.model.checkpoint import _find_dataset_json
+
+        meta = _find_dataset_json(str(data_path), where)
         if meta is not None:
             folder = meta.parent.parent
             return DataChoice(folder, f"no {flag} given: using the dataset {name} was trained on ({folder})")
@@ -189,7 +198,11 @@ def default_data(
     if Path(artifact).is_file():
         check_artifact(artifact)
     try:
-        checkpoint = checkpoint_of(artifact)
+        recorded = None
+        if is_checkpoint(artifact):
+            checkpoint = Path(artifact)
+        else:
+            checkpoint, recorded = recorded_data(artifact)
         if overrides is None:
             overrides = {} if is_checkpoint(artifact) else recorded_overrides(artifact)
     except ArtifactError:
@@ -201,7 +214,7 @@ def default_data(
             f"no {flag} given and the checkpoint {Path(artifact).name} came from is unknown (no "
             f"manifest names it, or it changed); pass {flag} DATASET_DIR"
         ) from None
-    return provenance_data(checkpoint, flag, splits, overrides)
+    return provenance_data(checkpoint, flag, splits, overrides, recorded)
 
 
 HELDOUT_SEED_OFFSET = 1_000_003  # a seed stream the checkpoint's own dataset never used

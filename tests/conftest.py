@@ -343,6 +343,59 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# -- parallel runs: README's command runs the suite on pytest-xdist workers (pyproject's addopts) ------
+# Tests are handed out by group: a module's tests go to one worker (its module-scoped fixtures are
+# made once), except in the modules of SPREAD (independent cases: any worker takes any one), and
+# every test under tests/scale/ goes to one worker (one local Ray cluster at a time: those tests
+# check the machine for Ray processes left behind).
+SPREAD = {"tests/export/test_export_grid.py"}
+ONE_WORKER_FOLDERS = {"tests/scale/": "ray"}
+# The groups that take longest (CI's --durations), handed out first so that no worker is left
+# running one of them alone at the end; the rest go by test count, most first (xdist's order).
+FIRST = (
+    "tests/engines/test_quantized_builds.py",
+    "ray",
+    "tests/backends/test_trm_runners.py",
+    "tests/serve/test_serve_inflight.py",
+    "tests/precision/test_nvfp4.py",
+    "tests/backends/torch/test_fallback_runner.py",
+    "tests/backends/torch/test_torch_engine.py",
+    "tests/serve/test_serve.py",
+    "tests/backends/torch/test_torch_loop.py",
+    "tests/serve/test_triton_inflight.py",
+    "tests/backends/ort/test_cpu_static.py",
+    "tests/arc/test_adapt_ddp.py",
+)
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group of the test ``nodeid`` (``path::name[params]``): its worker runs the whole group."""
+    path = nodeid.split("::")[0]
+    for folder, group in ONE_WORKER_FOLDERS.items():
+        if path.startswith(folder):
+            return group
+    return nodeid if path in SPREAD else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with :func:`xdist_group` as the scope, the groups of FIRST first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            for group in FIRST:  # xdist hands out the work queue's first group next
+                if group in self.workqueue:
+                    self.workqueue.move_to_end(group, last=False)
+                    break
+            super()._assign_work_unit(node)
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.gpu`` tests skip without a CUDA GPU and ``@pytest.mark.jetson`` tests off a
     Jetson, each saying where to run them (the probes run only when such a test is collected)."""

@@ -59,8 +59,24 @@ class CheckpointContents:
     extra: dict[str, Any] = field(default_factory=dict)  # optimizer states etc. (ours only)
 
     def describe(self) -> dict[str, Any]:
-        described = {"path": str(self.path), "kind": self.kind, "prefix": self.prefix, "step": self.step}
+        described: dict[str, Any] = {"path": str(self.path), "kind": self.kind, "prefix": self.prefix}
+        described.update(step=self.step, data=self.data_record())
         return {**described, **({"overrides": self.extra["overrides"]} if self.extra.get("overrides") else {})}
+
+    def data_record(self) -> dict[str, Any]:
+        """What the file records of the data it was trained on: our trainer's dataset spec
+        (``dataset``: regenerable; None without one) and the data path (``data_path``: ours, or
+        upstream's ``all_config.yaml``, the first of a list in some TRM configs; None without one).
+        An export's manifest keeps it, so commands on the export need not read the checkpoint."""
+        spec = self.extra.get("dataset")
+        path = self.train_config.get("data_path")
+        paths = self.train_config.get("data_paths")
+        if not path and isinstance(paths, list) and paths:
+            path = paths[0]
+        return {
+            "dataset": spec if isinstance(spec, dict) and spec.get("generator") else None,
+            "data_path": str(path) if path else None,
+        }
 
 
 # --------------------------------------------------------------------------------- reading
