@@ -24,12 +24,13 @@ per held-out puzzle: what the build did, whatever the machine's load. The weight
 named with their sha256; the machine's CPU, ISA flags and load average go into the JSON: compare
 rows from one machine only.
 
-    nice python benchmarks/int8_build_time.py                                  # both bundled rows
+    nice python benchmarks/int8_build_time.py --repeat 3            # both bundled rows, median of 3
     nice python benchmarks/int8_build_time.py --checkpoint /work/trained/run-full/last.pt \\
         --rows checkpoint-cpu,checkpoint-trt
     python benchmarks/int8_build_time.py --tiny        # smoke: the tiny bundled model, its cpu row
 
-Writes benchmarks/results/int8_build_time.json (``--out``).
+Writes benchmarks/results/int8_build_time.json (``--out``), keeping the rows it did not run (each
+with the machine record it was measured on).
 """
 
 from __future__ import annotations
@@ -200,6 +201,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", help="a checkpoint (ours or upstream step_N) for the checkpoint-* rows")
     parser.add_argument("--data", help="calibration data of the checkpoint rows (default: its own dataset)")
     parser.add_argument("--tiny", action="store_true", help="smoke run: the tiny bundled model, its cpu row")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="builds per row (fresh caches each); the row is the median ratio's"
+    )
     parser.add_argument("--work", default="/tmp/hrm-int8-build-time")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "int8_build_time.json"))
     args = parser.parse_args()
@@ -216,9 +220,22 @@ def main() -> None:
     for name in rows:
         checkpoint = args.checkpoint if name.startswith("checkpoint") else None
         data = args.data if checkpoint else None
-        report["rows"].append(run_row(name, work / name, checkpoint, data, args.tiny))
+        runs = []
+        for index in range(max(1, args.repeat)):
+            runs.append(run_row(name, work / name / str(index), checkpoint, data, args.tiny))
+            runs[-1]["machine"] = machine()  # each build's own load average
+        runs.sort(key=lambda run: run.get("ratio") or 0.0)
+        row = runs[len(runs) // 2]  # the median build (the upper one of an even count)
+        if len(runs) > 1:
+            row["repeats"] = [{"seconds": run["seconds"], "ratio": run.get("ratio")} for run in runs]
+        report["rows"].append(row)
     report["machine"]["load_average_end"] = os.getloadavg()
     out = Path(args.out)
+    if out.is_file() and not args.tiny:  # rows not run this time are kept, each with its machine record
+        before = json.loads(out.read_text())
+        ran = {row["row"] for row in report["rows"]}
+        kept = [{"machine": before.get("machine"), **r} for r in before.get("rows", []) if r.get("row") not in ran]
+        report["rows"] = sorted(report["rows"] + kept, key=lambda r: ROWS.index(r["row"]))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     for row in report["rows"]:

@@ -345,23 +345,22 @@ def _has_cuda() -> bool:
 
 # -- parallel runs: README's command runs the suite on pytest-xdist workers (pyproject's addopts) ------
 # Tests are handed out by group: a module's tests go to one worker (its module-scoped fixtures are
-# made once), except in the modules of SPREAD (independent cases: any worker takes any one), and
-# every test under tests/scale/ goes to one worker (one local Ray cluster at a time: those tests
-# check the machine for Ray processes left behind).
+# made once), except in the modules of SPREAD (independent cases: any worker takes any one); the
+# tests of a folder in ONE_WORKER_FOLDERS go to one worker: tests/scale/ (one local Ray cluster at
+# a time: those tests check the machine for Ray processes left behind) and tests/backends/torch/
+# (its session's AOTInductor engines, the costliest fixture, compiled once).
 SPREAD = {"tests/export/test_export_grid.py"}
-ONE_WORKER_FOLDERS = {"tests/scale/": "ray"}
+ONE_WORKER_FOLDERS = {"tests/scale/": "ray", "tests/backends/torch/": "torch-engines"}
 # The groups that take longest (CI's --durations), handed out first so that no worker is left
 # running one of them alone at the end; the rest go by test count, most first (xdist's order).
 FIRST = (
     "tests/engines/test_quantized_builds.py",
+    "torch-engines",
     "ray",
     "tests/backends/test_trm_runners.py",
     "tests/serve/test_serve_inflight.py",
     "tests/precision/test_nvfp4.py",
-    "tests/backends/torch/test_fallback_runner.py",
-    "tests/backends/torch/test_torch_engine.py",
     "tests/serve/test_serve.py",
-    "tests/backends/torch/test_torch_loop.py",
     "tests/serve/test_triton_inflight.py",
     "tests/backends/ort/test_cpu_static.py",
     "tests/arc/test_adapt_ddp.py",
