@@ -90,7 +90,8 @@ def weights(checkpoint: str) -> dict[str, Any]:
 def fp32_pass(export: Path, data: str, puzzles: int, calibration: dict[str, Any]) -> float:
     """Seconds of one FP32 pass of ``export`` over the ``puzzles`` held-out puzzles its verdict used,
     on ONNX Runtime CPU as the build runs FP32 (the same runner and run calls): the ratio's
-    denominator (the median of :data:`FP32_PASSES` passes where a pass is short). A holdout that is the calibration set (a costly model) starts with its puzzles."""
+    denominator (the median of :data:`FP32_PASSES` passes where a pass is short). A holdout that is
+    the calibration set (a costly model) starts with its puzzles."""
     import numpy as np
 
     from hrm_deploy.data.examples import Examples, load_examples

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hrm_deploy.artifacts import find_reference, is_checkpoint, recorded_data, recorded_overrides
+from hrm_deploy.artifacts import is_checkpoint, recorded_data, recorded_overrides
 from hrm_deploy.errors import ArtifactError, ConfigError
 
 
@@ -39,10 +39,16 @@ def cache_dir() -> Path:
 def checkpoint_of(artifact: str | Path) -> Path:
     """The checkpoint behind an artifact: itself, or (ONNX graphs, engines of every kind the
     suffix table knows) its manifests' parent chain."""
+    return _source_of(artifact)[0]
+
+
+def _source_of(artifact: str | Path) -> tuple[Path, dict[str, Any] | None]:
+    """:func:`checkpoint_of`, and what the chain's export recorded of the checkpoint's training data
+    (:func:`~hrm_deploy.artifacts.recorded_data`; None for a checkpoint itself or an older export)."""
     path = Path(artifact)
-    if not is_checkpoint(path):
-        return find_reference(path)
-    return path
+    if is_checkpoint(path):
+        return path, None
+    return recorded_data(path)
 
 
 def _folder(spec: dict[str, Any]) -> Path:
@@ -198,11 +204,7 @@ def default_data(
     if Path(artifact).is_file():
         check_artifact(artifact)
     try:
-        recorded = None
-        if is_checkpoint(artifact):
-            checkpoint = Path(artifact)
-        else:
-            checkpoint, recorded = recorded_data(artifact)
+        checkpoint, recorded = _source_of(artifact)
         if overrides is None:
             overrides = {} if is_checkpoint(artifact) else recorded_overrides(artifact)
     except ArtifactError:
@@ -228,8 +230,8 @@ def heldout_data(artifact: str | Path, samples: int = 512) -> DataChoice | None:
     from hrm_deploy.model.checkpoint import read_checkpoint
 
     try:
-        checkpoint = checkpoint_of(artifact)
-        spec = read_checkpoint(checkpoint).extra.get("dataset")
+        checkpoint, recorded = _source_of(artifact)
+        spec = (recorded or {}).get("dataset") or read_checkpoint(checkpoint).extra.get("dataset")
     except (ArtifactError, CheckpointError, ConfigError):
         return None
     if not isinstance(spec, dict) or spec.get("generator") not in ("sudoku", "maze"):
@@ -320,7 +322,7 @@ def checked_reference(artifacts: list[Path], given: str | Path | None) -> Refere
     if given is not None:
         checkpoint = Path(given)
     elif artifacts:
-        checkpoint = artifacts[0] if is_checkpoint(artifacts[0]) else find_reference(artifacts[0])
+        checkpoint = checkpoint_of(artifacts[0])
     else:
         raise ConfigError("no reference checkpoint: pass --reference CKPT")
     recorded = [recorded_overrides(a) for a in artifacts if not is_checkpoint(a)]
