@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -269,3 +270,37 @@ def test_the_progress_line_says_what_is_left_as_the_holdout_grows(tmp_path):
     said = len(lines)
     holdout.measure(candidate, 200)
     assert f"200 puzzles (up to 300 if undecided), {fp32_left} FP32 and up to 100 candidate runs left" in lines[said]
+
+
+@pytest.mark.parametrize("wrong", ["nan", "confident wrong answer", "garbage position"])
+def test_a_candidate_wrong_whatever_is_kept_float_is_refused_after_every_certification(tmp_path, monkeypatch, wrong):
+    """The fallback certifies up to MAX_CERTIFICATIONS mixes: each more one is a chance to publish,
+    never a looser rule. A candidate wrong whatever the fallback keeps float (a NaN; one puzzle's
+    answer flipped where FP32 was sure; one position confidently wrong on every puzzle) is refused
+    after all of them, and nothing is written."""
+
+    def harm(kept, ids):
+        return ids < 0  # no answer lost by the toy's own harm
+
+    clean, _ = _run(harm)
+
+    def run(path, examples):
+        out = clean(path, examples)
+        logits = out.logits.copy()
+        sure = examples.puzzle_identifiers == 5
+        logits[sure, 1] = 0.0
+        logits[sure, 1, examples.labels[sure, 1]] = 1.0  # FP32 sure of puzzle 5's cell 1
+        if path.name != "fp32.onnx":
+            if wrong == "nan":
+                logits[0, 0, 0] = np.nan
+            elif wrong == "confident wrong answer":
+                logits[sure, 1] = logits[sure, 1, ::-1]
+            else:  # position 2 of every puzzle: a confident answer FP32 never gives
+                logits[:, 2] = 0.0
+                logits[:, 2, 0] = 5.0
+        return Outputs.of({"logits": logits, "q_halt_logits": out.q_halt, "q_continue_logits": out.q_halt})
+
+    with pytest.raises(ConfigError, match="outside the accuracy rule") as info:
+        _conduct(tmp_path, monkeypatch, harm, run=run)
+    kept = int(re.search(r"even with (\d+) layers kept float", str(info.value)).group(1))
+    assert kept >= 1 and "nothing was written" in str(info.value) and not list((tmp_path / "work").iterdir())
