@@ -15,9 +15,10 @@ A row records the wall time of the build (calibration included), its stage timin
 record (screens, certifications, the puzzle runs of FP32 and of candidates by kind, the candidate
 graphs written), then times one FP32 pass over as many held-out puzzles as the verdict used, in this
 process, the way the build runs FP32 (:meth:`hrm_deploy.precision.holdout.Holdout.reference`: the
-same runner, the same run calls), and gives the ratio of the two (goal: <= 3), and the same of the
-build's stages alone (without the process start, imports and parse: seconds that do not grow with
-the model, which dominate a small one). A TensorRT row also gives the engine compile's seconds (the
+same runner, its streams and the same run calls), and gives the ratio of the two (goal: <= 3), the
+same of the build's stages alone (without the process start, imports and parse: seconds that do not
+grow with the model, which dominate a small one), and the ratio of CPU seconds (the build's, every
+thread and child process, over the pass's: the work in FP32 passes' worth, whatever the cores). A TensorRT row also gives the engine compile's seconds (the
 TensorRT-RTX build, in its child process: the same for an FP16 build of the graph, no part of the
 verdict) and the ratio without them. ``work`` counts the puzzle runs (calibration, FP32, candidates)
 per held-out puzzle: what the build did, whatever the machine's load. The weights a row used are
@@ -60,15 +61,24 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu_description(), "isa": isa_flags(), "cpus": os.cpu_count(), "load_average": os.getloadavg()}
 
 
-def hrm(*args: str, cwd: Path) -> float:
-    """Run ``hrm-deploy ARGS`` in ``cwd``; returns its wall seconds (a failure stops the benchmark)."""
-    start = time.perf_counter()
+def children_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's finished children and theirs."""
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def hrm(*args: str, cwd: Path) -> tuple[float, float]:
+    """Run ``hrm-deploy ARGS`` in ``cwd``; returns its wall seconds and CPU seconds (a failure
+    stops the benchmark)."""
+    start, cpu = time.perf_counter(), children_cpu_seconds()
     done = subprocess.run([sys.executable, "-m", "hrm_deploy", *args], cwd=cwd, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, children_cpu_seconds() - cpu
     (cwd / f"{args[0]}.log").write_text(done.stderr)
     if done.returncode:
         raise SystemExit(f"hrm-deploy {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return seconds
+    return seconds, cpu
 
 
 def weights(checkpoint: str) -> dict[str, Any]:
@@ -87,11 +97,11 @@ def weights(checkpoint: str) -> dict[str, Any]:
     return record
 
 
-def fp32_pass(export: Path, data: str, puzzles: int, calibration: dict[str, Any]) -> float:
-    """Seconds of one FP32 pass of ``export`` over the ``puzzles`` held-out puzzles its verdict used,
-    on ONNX Runtime CPU as the build runs FP32 (the same runner and run calls): the ratio's
-    denominator (the median of :data:`FP32_PASSES` passes where a pass is short). A holdout that is
-    the calibration set (a costly model) starts with its puzzles."""
+def fp32_pass(export: Path, data: str, puzzles: int, calibration: dict[str, Any]) -> tuple[float, float, int]:
+    """Wall and CPU seconds of one FP32 pass of ``export`` over the ``puzzles`` held-out puzzles its
+    verdict used, on ONNX Runtime CPU as the build runs FP32 (the same runner, streams and run calls),
+    and the streams: the ratio's denominator (the median of :data:`FP32_PASSES` passes where a pass is
+    short). A holdout that is the calibration set (a costly model) starts with its puzzles."""
     import numpy as np
 
     from hrm_deploy.data.examples import Examples, load_examples
@@ -111,13 +121,14 @@ def fp32_pass(export: Path, data: str, puzzles: int, calibration: dict[str, Any]
     with GraphRunner(graph_metadata(load_onnx(export)), table_of=export) as runner:
         runner(export, load_examples(data, 1, split="test"))  # the session's start, not timed
         for _ in range(FP32_PASSES):
-            holdout = Holdout(export, examples, runner, puzzles, puzzles)
-            start = time.perf_counter()
+            holdout = Holdout(export, examples, runner, puzzles, puzzles, streams=runner.streams)
+            start, cpu = time.perf_counter(), time.process_time()
             holdout.reference(puzzles)
-            passes.append(time.perf_counter() - start)
-            if passes[-1] > STEADY_PASS_SECONDS:
+            passes.append((time.perf_counter() - start, time.process_time() - cpu))
+            if passes[-1][0] > STEADY_PASS_SECONDS:
                 break
-    return sorted(passes)[len(passes) // 2]
+    wall, cpu = sorted(passes)[len(passes) // 2]
+    return wall, cpu, runner.streams
 
 
 def built_row(
@@ -125,12 +136,14 @@ def built_row(
     work: Path,
     export: Path,
     manifest: Path,
-    seconds: float,
+    timed: tuple[float, float],
     used: dict[str, Any],
     engine: Path | None = None,
 ) -> dict[str, Any]:
     """A row from a finished build: its record, the work it did, and the ratio to one FP32 pass over
-    its holdout (``engine``: a TensorRT row's engine manifest, whose compile is given apart)."""
+    its holdout (``engine``: a TensorRT row's engine manifest, whose compile is given apart).
+    ``timed``: the build's wall and CPU seconds."""
+    seconds, cpu_seconds = timed
     record = json.loads(manifest.read_text())
     report = record.get("recipe") or record.get("report") or {}
     accuracy = report.get("accuracy") or {}
@@ -156,14 +169,20 @@ def built_row(
         }
         total = calibrated + int(cost.get("fp32_puzzle_runs") or 0) + int(cost.get("candidate_puzzle_runs") or 0)
         runs["puzzle_runs_per_holdout_puzzle"] = round(total / puzzles, 3)
-        fp32 = fp32_pass(export, calibration["data"], puzzles, calibration)
+        fp32, fp32_cpu, streams = fp32_pass(export, calibration["data"], puzzles, calibration)
         stages = sum((record.get("timings") or {}).values())
         row.update(
             work=runs,
             fp32_pass_seconds=round(fp32, 3),
             fp32_pass_puzzles=puzzles,
+            fp32_pass_streams=streams,
             ratio=round(seconds / fp32, 2),
             goal_ratio=GOAL_RATIO,
+            # the same in CPU seconds (every thread and child process): the work the build does in
+            # FP32 passes' worth, whatever the cores and their streams
+            cpu_seconds=round(cpu_seconds, 2),
+            fp32_pass_cpu_seconds=round(fp32_cpu, 3),
+            cpu_ratio=round(cpu_seconds / fp32_cpu, 2),
             # the build's stages alone (calibration included; the process start, imports and the
             # export's parse not): what the ratio is once a model's work dwarfs a process start
             stage_seconds=round(stages, 1),
@@ -194,15 +213,15 @@ def run_row(name: str, work: Path, checkpoint: str | None, data: str | None, tin
     used = weights(checkpoint or bundled_checkpoint("sudoku-tiny" if tiny else "sudoku-small"))
     extra = ["--calib-data", data] if data else []
     if name.endswith("cpu"):
-        seconds = hrm(
+        timed = hrm(
             "build-engine", "model.onnx", "--int8", "--target", "cpu", "-o", "model.int8.cpu.onnx", *extra, cwd=work
         )
-        return built_row(name, work, export, work / "model.int8.cpu.onnx.manifest.json", seconds, used)
-    seconds = hrm("build-engine", "model.onnx", "--int8", "-o", "model.int8.engine", *extra, cwd=work)
+        return built_row(name, work, export, work / "model.int8.cpu.onnx.manifest.json", timed, used)
+    timed = hrm("build-engine", "model.onnx", "--int8", "-o", "model.int8.engine", *extra, cwd=work)
     precision = sorted(work.glob("*.int8.onnx.manifest.json"))  # the precision stage's graph (unroll or step)
     step = sorted(work.glob("*.step.onnx"))
     engine = work / "model.int8.engine.manifest.json"
-    return built_row(name, work, step[0] if step else export, precision[0], seconds, used, engine)
+    return built_row(name, work, step[0] if step else export, precision[0], timed, used, engine)
 
 
 def main() -> None:
@@ -257,8 +276,8 @@ def main() -> None:
             )
         print(
             f"{row['row']}: {row['seconds']} s, {row.get('ratio')} x one FP32 pass over its holdout (goal {GOAL_RATIO})"
-            f"{compile_words}; {(row.get('work') or {}).get('puzzle_runs_per_holdout_puzzle')} puzzle runs per "
-            "held-out puzzle"
+            f"{compile_words}; {row.get('cpu_ratio')} x its CPU seconds; "
+            f"{(row.get('work') or {}).get('puzzle_runs_per_holdout_puzzle')} puzzle runs per held-out puzzle"
         )
     print(f"wrote {out}")
 

@@ -12,7 +12,8 @@ Rank  Rooms (first package level below ``hrm_deploy``)
 0     base: the package itself (``hrm_deploy/__init__``: lazy exports only), ``errors``, ``io``,
       ``manifest``, ``registry`` (the backend table, plain data), ``contract`` (the step / unrolled
       graphs' I/O names and shapes, the carry, the halting function type), ``artifacts``,
-      ``onnx_runtime``, ``system``, ``progress``, ``metrics``, ``agreement`` (a candidate's outputs judged
+      ``onnx_runtime``, ``streams`` (independent ORT calls side by side, results in order), ``system``,
+      ``progress``, ``metrics``, ``agreement`` (a candidate's outputs judged
       cell by cell against a reference's), ``puzzle_table`` (external puzzle-embedding
       tables), ``sources`` (where a checkpoint or dataset comes from: paths, run folders, the Hub), ``jetpack`` (the JetPack
       lines) -- used by everything, import only base
@@ -51,6 +52,7 @@ RANKS: dict[str, int] = {
     "contract": 0,
     "artifacts": 0,
     "onnx_runtime": 0,
+    "streams": 0,
     "system": 0,
     "progress": 0,
     "metrics": 0,

@@ -99,9 +99,11 @@ class GraphRunner:
     a holdout run chunk by chunk starts each session once. ``meta``: the graphs' ``hrm_deploy.*``
     metadata (mode, steps; every candidate of a build shares the FP32 graph's); ``table_of``: the
     FP32 export whose puzzle table a staged candidate reads (``--puzzle-emb external``);
-    ``threads``: ONNX Runtime's intra-op threads (outputs measured bit-identical at 1, 2 and 3
-    threads on the bundled model's FP32 and cpu INT8 graphs); ``fp4``: candidates may hold FP4
-    (NVFP4), run through their CPU simulation."""
+    ``threads``: the cores it may use (None: every usable core), as :attr:`streams`: that many
+    calls at once on single-thread sessions (:mod:`hrm_deploy.streams`; outputs measured
+    bit-identical at 1, 2 and 3 threads and from concurrent callers on the bundled model's FP32 and
+    cpu INT8 graphs); ``fp4``: candidates may hold FP4 (NVFP4), run through their CPU simulation.
+    Calls from several threads at once are safe."""
 
     KEEP = 2  # sessions kept (least recently used dropped): the FP32 graph's and the current candidate's
 
@@ -112,12 +114,23 @@ class GraphRunner:
         threads: int | None = None,
         fp4: bool = False,
     ):
+        import threading
         from collections import OrderedDict
 
-        self.meta, self.table_of, self.threads, self.fp4 = meta, table_of, threads, fp4
+        from hrm_deploy.streams import stream_count
+
+        self.meta, self.table_of, self.fp4 = meta, table_of, fp4
+        self.streams = stream_count(threads)
+        # one stream: the session has the threads asked for; several: each call has one thread
+        self.threads = threads if self.streams == 1 else 1
         self._sessions: OrderedDict[tuple[str, int, int, int], Any] = OrderedDict()
+        self._lock = threading.Lock()  # concurrent calls open a graph's session once
 
     def _session(self, path: Path) -> Any:
+        with self._lock:
+            return self._open(path)
+
+    def _open(self, path: Path) -> Any:
         from hrm_deploy.manifest import check_artifact
         from hrm_deploy.onnx_runtime import ort_session
         from hrm_deploy.precision.nvfp4 import cpu_runnable
@@ -158,18 +171,22 @@ class GraphRunner:
         from hrm_deploy.contract import HEADS, STEPS_USED
         from hrm_deploy.export.metadata import graph_metadata
         from hrm_deploy.onnx_runtime import load_onnx, run_stepwise
+        from hrm_deploy.streams import in_order
 
         path = Path(path)
         meta = self.meta or graph_metadata(load_onnx(path))
         session = self._session(path)
         names = [*HEADS, STEPS_USED] if meta["mode"] == "loop" else list(HEADS)
-        parts = []
-        for start in range(0, len(examples), batch):
+
+        def one(start: int) -> Outputs:
             feeds = {k: np.asarray(v, np.int32) for k, v in examples.feeds(start, start + batch).items()}
             if meta["mode"] == "step":
-                parts.append(Outputs.of(run_stepwise(session, feeds, None, int(meta["steps"]))))
-            else:
-                parts.append(Outputs.of(dict(zip(names, session.run(names, feeds)))))
+                return Outputs.of(run_stepwise(session, feeds, None, int(meta["steps"])))
+            return Outputs.of(dict(zip(names, session.run(names, feeds))))
+
+        starts = range(0, len(examples), batch)
+        # several batches: as streams; one (a holdout's chunk, itself run as a stream): here
+        parts = list(in_order(one, starts, self.streams if len(starts) > 1 else 1))
         joined = parts[0]
         for part in parts[1:]:
             joined = joined.join(part)

@@ -79,12 +79,14 @@ class Candidates(Protocol):
 class Check:
     """What a checked build measures against: the ``rule``, the dataset whose ``test`` split is the
     holdout (``data``: the calibration data), the holdout's size (``samples`` None: by the model's
-    cost), and how graphs run (``run``)."""
+    cost), how graphs run (``run``) and how many runs may go at once (``streams``: ``run`` is
+    called from that many threads; the verdict does not depend on it)."""
 
     rule: Rule
     data: str
     run: Run
     samples: int | None = None
+    streams: int = 1
 
 
 @dataclass
@@ -100,7 +102,7 @@ class Verdict:
     kept_weights: list[str] = field(default_factory=list)
 
 
-def make_holdout(job: QuantJob, data: str, samples: int | None, run: Run) -> Holdout:
+def make_holdout(job: QuantJob, data: str, samples: int | None, run: Run, streams: int = 1) -> Holdout:
     """The holdout a quantized build of ``job`` is measured on: the calibration set itself (FP32's
     outputs from the calibration pass where it ran, ``job.reference``) when the job shares it, then
     the dataset's ``test`` split to grow into; else ``samples`` (None: by the model's cost) puzzles
@@ -115,7 +117,7 @@ def make_holdout(job: QuantJob, data: str, samples: int | None, run: Run) -> Hol
     if not job.share_holdout:
         count = samples or holdout_size(job.meta)
         cap = growth_cap(count)
-        return Holdout(job.source, holdout_examples(data, job.examples, cap), run, count, cap)
+        return Holdout(job.source, holdout_examples(data, job.examples, cap), run, count, cap, streams=streams)
     count = len(job.examples)
     cap = growth_cap(count)
     pool = job.examples
@@ -131,7 +133,7 @@ def make_holdout(job: QuantJob, data: str, samples: int | None, run: Run) -> Hol
             job.examples.source,
             "",
         )
-    return Holdout(job.source, pool, run, count, cap, known=job.reference)
+    return Holdout(job.source, pool, run, count, cap, known=job.reference, streams=streams)
 
 
 def _holdout_words(job: QuantJob, holdout: Holdout) -> str:
@@ -292,7 +294,7 @@ def conduct(job: QuantJob, candidates: Candidates, check: Check | None, work: Pa
         path = work / "candidate-0.onnx"
         candidates.write((), path)
         return Verdict(path, (), {"checked": False, "why": "--no-accuracy-check: not measured against FP32"})
-    holdout = make_holdout(job, check.data, check.samples, check.run)
+    holdout = make_holdout(job, check.data, check.samples, check.run, check.streams)
     fp32_cost = job.fp32_seconds_per_puzzle
     log.info(estimate_line(candidates.name, holdout, fp32_cost))
     started = time.perf_counter()

@@ -143,7 +143,7 @@ def _write_qdq(
     candidates = RowCandidates(job, config.precision)
     with GraphRunner(job.meta, table_of=src, fp4=config.precision == "nvfp4") as runner:
         rule = Rule.of(config.precision, config.accuracy_budget)
-        check = Check(rule, data, runner, config.holdout_samples) if config.accuracy_check else None
+        check = Check(rule, data, runner, config.holdout_samples, runner.streams) if config.accuracy_check else None
         verdict = conduct(job, candidates, check, work, stages)
     plan = candidates.plans[verdict.kept]
     report: dict[str, Any] = {

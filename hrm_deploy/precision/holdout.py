@@ -129,6 +129,7 @@ class Holdout:
     cap: int
     known: Outputs | None = None
     tally: Tally = field(default_factory=Tally)
+    streams: int = 1  # chunks run at once (:mod:`hrm_deploy.streams`); what is kept never depends on it
     target: int = 0  # the puzzles the measurement under way stands for (FP32 runs up to them)
     _planned: int = 0  # the candidate's puzzle runs that measurement may need
     _done: int = 0  # and those done so far
@@ -145,16 +146,26 @@ class Holdout:
         self._itself = _Rows(("fp32", 0, 0, 0), len(self.pool))
 
     # ------------------------------------------------------------------------------------------- FP32
-    def _fp32_runs(self, rows: np.ndarray) -> None:
-        """FP32 on the pool's puzzles ``rows`` (the next unknown ones), chunk by chunk, kept."""
+    def _chunks(self, path: Path, rows: np.ndarray) -> Iterator[tuple[np.ndarray, Outputs, float]]:
+        """The graph at ``path`` on the pool's puzzles ``rows``, :data:`CHUNK` at a time on
+        :attr:`streams` streams: each chunk, its outputs and the seconds the caller waited for them
+        (what the chunk cost the build), in order (:func:`~hrm_deploy.streams.in_order`)."""
         import time
 
-        for start in range(0, len(rows), CHUNK):
-            chunk = rows[start : start + CHUNK]
-            began = time.perf_counter()
-            out = self.run(self.fp32, _pick(self.pool, chunk))
+        from hrm_deploy.streams import in_order
+
+        chunks = [rows[start : start + CHUNK] for start in range(0, len(rows), CHUNK)]
+        last = time.perf_counter()
+        for chunk, out in in_order(lambda c: (c, self.run(path, _pick(self.pool, c))), chunks, self.streams):
+            now = time.perf_counter()
+            yield chunk, out, now - last
+            last = time.perf_counter()  # the consumer's own work between chunks is not the run's
+
+    def _fp32_runs(self, rows: np.ndarray) -> None:
+        """FP32 on the pool's puzzles ``rows`` (the next unknown ones), chunk by chunk, kept."""
+        for chunk, out, seconds in self._chunks(self.fp32, rows):
             self.known = out if self.known is None else Outputs.concat([self.known, out])
-            self.tally.add(True, len(chunk), time.perf_counter() - began)
+            self.tally.add(True, len(chunk), seconds)
 
     def reference(self, count: int) -> Outputs:
         """FP32's outputs on the first ``count`` puzzles (computing only those not yet known)."""
@@ -218,16 +229,12 @@ class Holdout:
         """Run the candidate on the puzzles of ``wanted`` (pool indices, in that order) it has not run,
         chunk by chunk, each chunk counted in the tally (and so on the progress line); yields after
         each chunk (the caller may stop there)."""
-        import time
-
         missing = wanted[~rows.ran[wanted]]
         self._planned, self._done = len(missing), 0
-        for start in range(0, len(missing), CHUNK):
-            chunk = missing[start : start + CHUNK]
+        if len(missing):
+            self.reference(int(missing.max()) + 1)  # FP32 first: its runs are not mixed into the candidate's
+        for chunk, out, seconds in self._chunks(path, missing):
             reference = self.reference(int(chunk.max()) + 1).take(chunk)
-            began = time.perf_counter()
-            out = self.run(path, _pick(self.pool, chunk))
-            seconds = time.perf_counter() - began
             rows.store(chunk, Comparison.of(reference, out, self._labels(chunk)))
             self._done += len(chunk)
             self.tally.add(False, len(chunk), seconds)

@@ -40,6 +40,8 @@ def test_the_tiny_cpu_row_has_its_ratio_times_weights_and_accuracy_record(tmp_pa
     # under a second), the ratio from the unrounded values: within what that rounding can move it
     seconds, fp32 = row["seconds"], row["fp32_pass_seconds"]
     assert abs(row["ratio"] - seconds / fp32) <= 0.005 / fp32 + 0.0005 * seconds / fp32**2 + 0.006
+    assert row["fp32_pass_streams"] >= 1 and row["cpu_seconds"] > 0 and row["fp32_pass_cpu_seconds"] > 0
+    assert row["cpu_ratio"] == pytest.approx(row["cpu_seconds"] / row["fp32_pass_cpu_seconds"], rel=0.01)
     assert row["weights"]["checkpoint"].endswith("sudoku-tiny.pt") and len(row["weights"]["sha256"]) == 64
     assert row["weights"]["trained_steps"] and row["weights"]["forward_dtype"] == "float32"
     assert row["accuracy"]["cost"]["fp32_puzzle_runs"] == row["fp32_pass_puzzles"]  # FP32 once per puzzle

@@ -83,8 +83,9 @@ def _run(harm):
     return run, ran
 
 
-def _conduct(tmp_path, monkeypatch, harm, caplog=None, fp32_cost=None, run=None):
-    """Conduct the toy build: ranking mm0 first, then mm1, ...; returns (verdict, files run, written)."""
+def _conduct(tmp_path, monkeypatch, harm, caplog=None, fp32_cost=None, run=None, streams=1):
+    """Conduct the toy build: ranking mm0 first, then mm1, ...; returns (verdict, files run, written).
+    ``streams``: the runs that may go at once."""
     rng = np.random.default_rng(0)
     labels = rng.integers(1, 10, (PUZZLES, 4))
     pool = Examples(labels.astype(np.int32), np.arange(PUZZLES, dtype=np.int32), labels, "pool", "")
@@ -99,13 +100,14 @@ def _conduct(tmp_path, monkeypatch, harm, caplog=None, fp32_cost=None, run=None)
         share_holdout=False,
         fp32_seconds_per_puzzle=fp32_cost,
     )
-    monkeypatch.setattr(conductor, "make_holdout", lambda *a: Holdout(tmp_path / "fp32.onnx", pool, run, 300, 300))
+    holdout = Holdout(tmp_path / "fp32.onnx", pool, run, 300, 300, streams=streams)
+    monkeypatch.setattr(conductor, "make_holdout", lambda *a: holdout)
     ranking = {f"W{i}": float(WEIGHTS - i) for i in range(WEIGHTS)}
     monkeypatch.setattr(sensitivity, "local_errors", lambda *a: ranking)
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     candidates = Candidates()
-    check = conductor.Check(Rule.of("int8"), "data", run)
+    check = conductor.Check(Rule.of("int8"), "data", run, streams=streams)
     verdict = conductor.conduct(job, candidates, check, work, Stages(quiet=caplog is None))  # type: ignore[arg-type]
     return verdict, ran, candidates.written
 
@@ -236,6 +238,33 @@ def test_the_same_inputs_give_the_same_verdict(tmp_path, monkeypatch):
         verdicts.append(_conduct(tmp_path / name, monkeypatch, harm)[0])
     first, second = ({k: v for k, v in v.record.items() if k != "cost"} for v in verdicts)
     assert first == second and verdicts[0].path.read_bytes() == verdicts[1].path.read_bytes()
+
+
+def test_the_verdict_and_its_counts_do_not_depend_on_the_streams(tmp_path, monkeypatch):
+    """The same build measured one run at a time and four at once, the runs finishing out of order:
+    the same record (puzzles run by kind, screens, certifications, the front), the same float set
+    and the same published bytes; only the seconds differ."""
+    import random
+    import time
+
+    def harm(kept, ids):
+        return (_lost_by(0, ids) if "mm0" not in kept else ids < 0) | (_lost_by(1, ids) & ("mm1" not in kept))
+
+    shuffle = random.Random(0)
+    plain, _ = _run(harm)
+
+    def late(path: Path, examples: Examples) -> Outputs:  # later calls often finish first
+        time.sleep(shuffle.random() / 500)
+        return plain(path, examples)
+
+    made = []
+    for streams in (1, 4):
+        (tmp_path / str(streams)).mkdir()
+        verdict = _conduct(tmp_path / str(streams), monkeypatch, harm, run=late, streams=streams)[0]
+        cost = {k: v for k, v in verdict.record["cost"].items() if not k.endswith("seconds")}
+        made.append(({k: v for k, v in verdict.record.items() if k != "cost"}, cost, verdict.path.read_bytes()))
+    assert made[0] == made[1]
+    assert made[0][0]["kept_float_nodes"] == ["mm0", "mm1"] and made[0][1]["screens"] >= 2
 
 
 def test_the_cost_is_estimated_before_measuring(tmp_path, monkeypatch, caplog):

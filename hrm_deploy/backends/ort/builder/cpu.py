@@ -277,11 +277,11 @@ def _static_int8(
     candidates = StaticCandidates(job, activations["activations"], finish, staging)
     with GraphRunner(job.meta, table_of=src, threads=options.threads) as runner:
         rule = Rule.of("int8", config.accuracy_budget)
-        check = Check(rule, data, runner, config.holdout_samples) if config.accuracy_check else None
+        check = Check(rule, data, runner, config.holdout_samples, runner.streams) if config.accuracy_check else None
         verdict = conduct(job, candidates, check, staging, stages)
     record = dict(verdict.record)
     if check is not None:
-        record["measured_with_threads"] = options.threads or f"default ({os.cpu_count()} cores)"
+        record["measured_with"] = {"streams": runner.streams, "threads_per_stream": runner.threads or "ORT's default"}
     recipe = {"calibration": job.report, "activations": activations, "accuracy": record}
     return verdict.path, candidates.facts[verdict.kept], recipe
 

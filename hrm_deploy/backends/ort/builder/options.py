@@ -23,7 +23,8 @@ ACTIVATIONS = ("auto", "uint8", "int8")
 
 @dataclass(frozen=True)
 class CpuOptions(BuildOptions):
-    """``threads``: ONNX Runtime intra-op threads (None: one per core); ``fuse``: attention and
+    """``threads``: ONNX Runtime intra-op threads (None: one per core), and the streams the build's
+    accuracy check measures on (:mod:`hrm_deploy.streams`); ``fuse``: attention and
     RMSNorm into ORT's fused CPU kernels; ``int8_recipe``: the INT8 recipe (None: static);
     ``activations``: static INT8's activation type (auto: this CPU's ISA decides, ``isa.py``)."""
 
@@ -32,7 +33,10 @@ class CpuOptions(BuildOptions):
     declines: ClassVar[str] = "the cpu target runs any batch and has no builder to tune"
 
     threads: int | None = option(
-        None, "--threads", "cpu target: ONNX Runtime intra-op threads (default: one per core)."
+        None,
+        "--threads",
+        "cpu target: ONNX Runtime intra-op threads (default: one per core); the build's accuracy check runs as many "
+        "single-thread streams.",
     )
     fuse: bool = option(
         True,
