@@ -3,9 +3,10 @@
 A quantized build measures a small model on small batches (8 puzzles), where ONNX Runtime's
 intra-op threads gain little: on the bundled model (300 puzzles, 2-core machine) one session at 2
 threads took 2.0 to 3.7 s, one single-thread session called from two threads at once 1.5 s, the
-outputs bit-identical. So the build's measurements run their batches as *streams*: single-thread
-sessions (``ort_session(threads=1)``) called from up to ``streams`` threads at once (ONNX
-Runtime's ``run`` is thread-safe; the GIL is released while it runs). Calibration keeps one
+outputs bit-identical. So the build's measurements run their batches as *streams*: sessions of one
+thread (of a few on a machine with more cores than :data:`MAX_STREAMS`) called from up to
+``streams`` threads at once (ONNX Runtime's ``run`` is thread-safe; the GIL is released while it
+runs). Calibration keeps one
 session at ORT's threads: its batches of 32 gained nothing from streams.
 
 :func:`in_order` gives the results in the order the work was handed out, and a consumer that stops
@@ -26,10 +27,20 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+# Streams at most: each holds its own chunk's activations (an ARC-size model's attention is ~0.2 GB
+# per chunk of 8), so a many-core machine runs a few streams of several threads, not one per core.
+MAX_STREAMS = 4
+
+
 def stream_count(threads: int | None = None) -> int:
-    """How many streams a measurement runs: ``threads`` when the user gave them (``--threads``),
-    else one per usable core."""
-    return max(1, threads or usable_cores())
+    """How many streams a measurement runs on ``threads`` cores (the user's ``--threads``; None:
+    every usable core): one per core, at most :data:`MAX_STREAMS`."""
+    return max(1, min(MAX_STREAMS, threads or usable_cores()))
+
+
+def threads_per_stream(threads: int | None = None) -> int:
+    """ONNX Runtime intra-op threads of each stream's session: the cores shared among the streams."""
+    return max(1, (threads or usable_cores()) // stream_count(threads))
 
 
 def in_order(work: Callable[[T], R], items: Iterable[T], streams: int) -> Iterator[R]:

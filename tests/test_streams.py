@@ -74,10 +74,13 @@ def test_a_failure_surfaces_at_its_place_after_the_results_before_it():
     assert not [t for t in threading.enumerate() if t.name.startswith("hrm-stream")]
 
 
-def test_the_streams_are_the_threads_asked_for_or_one_per_core():
+def test_the_streams_are_one_per_core_up_to_four_sharing_the_cores_beyond():
+    from hrm_deploy.streams import threads_per_stream
     from hrm_deploy.system import usable_cores
 
-    assert stream_count(3) == 3 and stream_count(None) == usable_cores() >= 1
+    assert (stream_count(3), threads_per_stream(3)) == (3, 1)
+    assert (stream_count(16), threads_per_stream(16)) == (4, 4)
+    assert stream_count(None) == min(4, usable_cores()) >= 1 and threads_per_stream(None) >= 1
 
 
 def test_a_graph_runners_concurrent_calls_give_the_same_bits_as_one_at_a_time(tiny_onnx):

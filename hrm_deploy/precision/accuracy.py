@@ -100,7 +100,7 @@ class GraphRunner:
     metadata (mode, steps; every candidate of a build shares the FP32 graph's); ``table_of``: the
     FP32 export whose puzzle table a staged candidate reads (``--puzzle-emb external``);
     ``threads``: the cores it may use (None: every usable core), as :attr:`streams`: that many
-    calls at once on single-thread sessions (:mod:`hrm_deploy.streams`; outputs measured
+    calls at once (at most four) on sessions of :attr:`threads` threads each (:mod:`hrm_deploy.streams`; outputs measured
     bit-identical at 1, 2 and 3 threads and from concurrent callers on the bundled model's FP32 and
     cpu INT8 graphs); ``fp4``: candidates may hold FP4 (NVFP4), run through their CPU simulation.
     Calls from several threads at once are safe."""
@@ -117,12 +117,12 @@ class GraphRunner:
         import threading
         from collections import OrderedDict
 
-        from hrm_deploy.streams import stream_count
+        from hrm_deploy.streams import stream_count, threads_per_stream
 
         self.meta, self.table_of, self.fp4 = meta, table_of, fp4
         self.streams = stream_count(threads)
-        # one stream: the session has the threads asked for; several: each call has one thread
-        self.threads = threads if self.streams == 1 else 1
+        # one stream: the session has the threads asked for; several: the cores shared among them
+        self.threads = threads if self.streams == 1 else threads_per_stream(threads)
         self._sessions: OrderedDict[tuple[str, int, int, int], Any] = OrderedDict()
         self._lock = threading.Lock()  # concurrent calls open a graph's session once
 
