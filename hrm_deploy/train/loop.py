@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ from hrm_deploy.train.optim import PuzzleEmbeddingSignSGD
 from hrm_deploy.train.sampler import EpochSampler, to_batch
 from hrm_deploy.train.setup import Start, load_splits, set_up
 from hrm_deploy.train.sinks import MetricSinks
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "OPTIMIZERS",
@@ -289,8 +292,18 @@ def _train(
         bar.stop()
         sinks.close()
     if stop.signal is None and position >= config.steps:
-        with display.Stages(quiet=not (progress and dist_info.main)).stage("final evaluation on the test split"):
-            last_metrics["eval"] = _evaluate_on_main(run.eval_model(), test_split, None, dist_info)  # full, at the end
+        # the trained state is kept before the final evaluation, which runs the whole test split
+        # (minutes on a Sudoku-size model on CPU): a signal or a kill during it loses no training
+        kept = ckpt.save(ckpt.last, position, carry, last_metrics)
+        try:
+            with display.Stages(quiet=not (progress and dist_info.main)).stage("final evaluation on the test split"):
+                last_metrics["eval"] = _evaluate_on_main(run.eval_model(), test_split, None, dist_info)  # full
+        except KeyboardInterrupt:
+            if dist_info.main:
+                log.warning(
+                    "the final evaluation was interrupted; the trained weights (step %d) are in %s", position, kept
+                )
+            raise
         last_metrics["timing"] = {"data_s": data_time, "compute_s": compute_time}
         if dist_info.main:
             append_line(out / "metrics.jsonl", json.dumps({"final": last_metrics}))

@@ -122,6 +122,27 @@ def test_periodic_checkpoint_by_default(micro_data, tmp_path, monkeypatch):
     assert saves.count(tmp_path / "run" / "last.pt") >= 3  # periodic ones plus the final one
 
 
+def test_an_interrupted_final_evaluation_keeps_the_trained_weights(micro_data, tmp_path, monkeypatch, caplog):
+    """Ctrl-C during the final evaluation (the whole test split: minutes at full size on CPU) leaves
+    last.pt at the last step, resumable, although no periodic checkpoint was due."""
+    import hrm_deploy.train.loop as loop
+    from hrm_deploy.model.checkpoint import read_checkpoint
+
+    real = loop.evaluate
+
+    def interrupted(model, split, samples):
+        if samples is None:  # the final evaluation (the periodic ones take eval_samples)
+            raise KeyboardInterrupt
+        return real(model, split, samples)
+
+    monkeypatch.setattr(loop, "evaluate", interrupted)
+    with pytest.raises(KeyboardInterrupt), caplog.at_level("WARNING", logger="hrm_deploy.train.loop"):
+        train(MICRO, _cfg(micro_data, tmp_path / "run", checkpoint_minutes=0), progress=False)
+    kept = read_checkpoint(tmp_path / "run" / "last.pt")
+    assert kept.step == 6 and "optimizer" in kept.extra
+    assert "trained weights (step 6) are in" in caplog.text and "last.pt" in caplog.text
+
+
 def test_nan_loss_stops_keeping_the_last_good_checkpoint(micro_data, tmp_path, monkeypatch):
     import hrm_deploy.train.loop as loop
 
