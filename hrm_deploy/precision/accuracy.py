@@ -100,10 +100,11 @@ class GraphRunner:
     metadata (mode, steps; every candidate of a build shares the FP32 graph's); ``table_of``: the
     FP32 export whose puzzle table a staged candidate reads (``--puzzle-emb external``);
     ``threads``: the cores it may use (None: every usable core), as :attr:`streams`: that many
-    calls at once (at most four) on sessions of :attr:`threads` threads each (:mod:`hrm_deploy.streams`; outputs measured
-    bit-identical at 1, 2 and 3 threads and from concurrent callers on the bundled model's FP32 and
-    cpu INT8 graphs); ``fp4``: candidates may hold FP4 (NVFP4), run through their CPU simulation.
-    Calls from several threads at once are safe."""
+    calls at once (at most four) on sessions of :attr:`threads` threads each
+    (:mod:`hrm_deploy.streams`; outputs measured bit-identical at 1, 2 and 3 threads and from
+    concurrent callers on the bundled model's FP32 and cpu INT8 graphs); ``fp4``: candidates may
+    hold FP4 (NVFP4), run through their CPU simulation. Calls from several threads at once are
+    safe."""
 
     KEEP = 2  # sessions kept (least recently used dropped): the FP32 graph's and the current candidate's
 
