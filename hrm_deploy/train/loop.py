@@ -73,9 +73,12 @@ def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> 
 
 
 @torch.inference_mode()
-def evaluate(model: HRMACT, split: Split, samples: int | None = None, batch: int = 256) -> dict[str, float]:
+def evaluate(
+    model: HRMACT, split: Split, samples: int | None = None, batch: int = 256, advance: Any = None
+) -> dict[str, float]:
     """Exact and token accuracy (:func:`hrm_deploy.metrics.summary`) of the fixed-step unroll
-    (upstream's eval) on a subset."""
+    (upstream's eval) on a subset (``samples`` None: all of ``split``). ``advance(n)`` is called
+    with the puzzles of each batch done (a :func:`hrm_deploy.progress.progress` tracker)."""
     from hrm_deploy.export.unroll import unroll
 
     was_training = model.training
@@ -90,6 +93,8 @@ def evaluate(model: HRMACT, split: Split, samples: int | None = None, batch: int
         rows = row_scores(logits.argmax(-1), b["labels"])  # scored on the device: [B] each
         solved.append(rows[0].cpu().numpy())
         token_fraction.append(rows[1].cpu().numpy())
+        if advance is not None:
+            advance(len(rows[0]))
     model.train(was_training)
     return summary(np.concatenate(solved), np.concatenate(token_fraction))
 
@@ -295,9 +300,11 @@ def _train(
         # the trained state is kept before the final evaluation, which runs the whole test split
         # (minutes on a Sudoku-size model on CPU): a signal or a kill during it loses no training
         kept = ckpt.save(ckpt.last, position, carry, last_metrics)
-        try:
-            with display.Stages(quiet=not (progress and dist_info.main)).stage("final evaluation on the test split"):
-                last_metrics["eval"] = _evaluate_on_main(run.eval_model(), test_split, None, dist_info)  # full
+        try:  # the whole test split, with its progress and what is left
+            with display.progress(
+                len(test_split), "final evaluation on the test split", not (progress and dist_info.main), unit="puzzles"
+            ) as advance:
+                last_metrics["eval"] = _evaluate_on_main(run.eval_model(), test_split, None, dist_info, advance)
         except KeyboardInterrupt:
             if dist_info.main:
                 log.warning(
@@ -318,8 +325,10 @@ def _train(
     return result
 
 
-def _evaluate_on_main(model: HRMACT, split: Split, samples: int | None, dist_info: Distributed) -> dict[str, float]:
+def _evaluate_on_main(
+    model: HRMACT, split: Split, samples: int | None, dist_info: Distributed, advance: Any = None
+) -> dict[str, float]:
     """Rank 0 evaluates; the others wait for it."""
-    result = evaluate(model, split, samples) if dist_info.main else {}
+    result = evaluate(model, split, samples, advance=advance) if dist_info.main else {}
     barrier(dist_info)
     return result

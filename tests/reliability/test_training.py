@@ -130,10 +130,10 @@ def test_an_interrupted_final_evaluation_keeps_the_trained_weights(micro_data, t
 
     real = loop.evaluate
 
-    def interrupted(model, split, samples):
+    def interrupted(model, split, samples, **kw):
         if samples is None:  # the final evaluation (the periodic ones take eval_samples)
             raise KeyboardInterrupt
-        return real(model, split, samples)
+        return real(model, split, samples, **kw)
 
     monkeypatch.setattr(loop, "evaluate", interrupted)
     with pytest.raises(KeyboardInterrupt), caplog.at_level("WARNING", logger="hrm_deploy.train.loop"):
@@ -141,6 +141,32 @@ def test_an_interrupted_final_evaluation_keeps_the_trained_weights(micro_data, t
     kept = read_checkpoint(tmp_path / "run" / "last.pt")
     assert kept.step == 6 and "optimizer" in kept.extra
     assert "trained weights (step 6) are in" in caplog.text and "last.pt" in caplog.text
+
+
+def test_the_final_evaluation_counts_its_puzzles_toward_the_whole_test_split(micro_data, tmp_path, monkeypatch):
+    """The final evaluation reports progress over the whole test split (puzzles done of all, and so
+    what is left), every puzzle counted once."""
+    import contextlib
+
+    import hrm_deploy.train.loop as loop
+
+    real, counted = loop.display.progress, {}
+
+    @contextlib.contextmanager
+    def recording(total, label, quiet=False, **kw):
+        counted[label] = [total, 0]
+        with real(total, label, quiet, **kw) as tracker:
+
+            def advance(n: int = 1) -> None:
+                counted[label][1] += n
+                tracker(n)
+
+            advance.note = tracker.note  # type: ignore[attr-defined]
+            yield advance
+
+    monkeypatch.setattr(loop.display, "progress", recording)
+    train(MICRO, _cfg(micro_data, tmp_path / "run", eval_samples=4), progress=False)
+    assert counted["final evaluation on the test split"] == [8, 8]  # the micro data's 8 test puzzles
 
 
 def test_nan_loss_stops_keeping_the_last_good_checkpoint(micro_data, tmp_path, monkeypatch):
