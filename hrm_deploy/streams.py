@@ -1,8 +1,9 @@
 """Independent ONNX Runtime calls run side by side, their results taken in submission order.
 
 A quantized build measures a small model on small batches (8 puzzles), where ONNX Runtime's
-intra-op threads gain little: on the bundled model (300 puzzles, 2-core machine) one session at 2
-threads took 2.0 to 3.7 s, one single-thread session called from two threads at once 1.5 s, the
+intra-op threads gain little: on the bundled model (300 puzzles in chunks of 8, 2-core machine,
+``benchmarks/ort_streams.py``) one session at 2 threads took 2.1 to 4.2 s a pass (median 2.6), one
+at 1 thread 3.1 s, one single-thread session called from two threads at once 1.6 to 1.7 s, the
 outputs bit-identical. So the build's measurements run their batches as *streams*: sessions of one
 thread (of a few on a machine with more cores than :data:`MAX_STREAMS`) called from up to
 ``streams`` threads at once (ONNX Runtime's ``run`` is thread-safe; the GIL is released while it
