@@ -2,9 +2,10 @@
 
 A quantized build measures a small model on small batches (8 puzzles), where ONNX Runtime's
 intra-op threads gain little: on the bundled model (300 puzzles in chunks of 8, 2-core machine,
-``benchmarks/ort_streams.py``) one session at 2 threads took 2.1 to 4.2 s a pass (median 2.6), one
-at 1 thread 3.1 s, one single-thread session called from two threads at once 1.6 to 1.7 s, the
-outputs bit-identical. So the build's measurements run their batches as *streams*: sessions of one
+``benchmarks/ort_streams.py``) one session at 2 threads took 2.0 to 3.8 s a pass (median 2.3), one
+at 1 thread 3.1 s, one single-thread session called from two threads at once 1.5 to 1.7 s, the
+outputs bit-identical. (In batches of 64 one session does as well as streams: the gain is the
+small batches'.) So the build's measurements run their batches as *streams*: sessions of one
 thread (of a few on a machine with more cores than :data:`MAX_STREAMS`) called from up to
 ``streams`` threads at once (ONNX Runtime's ``run`` is thread-safe; the GIL is released while it
 runs). Calibration keeps one

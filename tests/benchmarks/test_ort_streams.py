@@ -30,3 +30,4 @@ def test_the_three_arms_are_timed_and_give_the_same_bits(tmp_path):
     assert set(report["median_seconds"]) == {"one_session", "one_thread", "streams"}
     assert all(v > 0 for v in report["median_seconds"].values()) and report["puzzles"] > 0
     assert report["outputs_bit_identical"] is True and report["streams"] >= 1
+    assert set(report["by_batch_ms_per_puzzle"]) == {"8", "64", "256"}
