@@ -8,8 +8,8 @@ outputs bit-identical. (In batches of 64 one session does as well as streams: th
 small batches'.) So the build's measurements run their batches as *streams*: sessions of one
 thread (of a few on a machine with more cores than :data:`MAX_STREAMS`) called from up to
 ``streams`` threads at once (ONNX Runtime's ``run`` is thread-safe; the GIL is released while it
-runs). Calibration keeps one
-session at ORT's threads: its batches of 32 gained nothing from streams.
+runs). Calibration keeps one session at ORT's threads: its batches of 32 gained nothing from
+streams.
 
 :func:`in_order` gives the results in the order the work was handed out, and a consumer that stops
 early discards what ran ahead of it: what is computed and kept never depends on the number of
@@ -27,7 +27,6 @@ from hrm_deploy.system import usable_cores
 
 T = TypeVar("T")
 R = TypeVar("R")
-
 
 # Streams at most: each holds its own chunk's activations (an ARC-size model's attention is ~0.2 GB
 # per chunk of 8), so a many-core machine runs a few streams of several threads, not one per core.
