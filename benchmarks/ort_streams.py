@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -70,8 +69,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ort_streams.json"))
     args = parser.parse_args()
 
-    from hrm_deploy.backends.ort.builder.isa import isa_flags
-    from hrm_deploy.bench.profile import cpu_description
+    from int8_build_time import machine  # the same machine record as the build-time rows
+
     from hrm_deploy.data.examples import load_examples
     from hrm_deploy.export.metadata import graph_metadata
     from hrm_deploy.export.onnx_export import ExportConfig, export_onnx
@@ -120,12 +119,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     by_batch = {str(b): by_batch_ms(export, examples, names, b, runner.streams, args.passes) for b in batches}
     report = {
-        "machine": {
-            "cpu": cpu_description(),
-            "isa": isa_flags(),
-            "cpus": os.cpu_count(),
-            "load_average": os.getloadavg(),
-        },
+        "machine": machine(),
         "model": args.model,
         "puzzles": len(examples),
         "chunk": CHUNK,

@@ -112,6 +112,29 @@ def _conduct(tmp_path, monkeypatch, harm, caplog=None, fp32_cost=None, run=None,
     return verdict, ran, candidates.written
 
 
+def _no_harm(kept, ids):  # no answer lost by the toy's own harm
+    return ids < 0
+
+
+def _sure_of_puzzle_5(spoil):
+    """A run where FP32 answers every puzzle right and is sure of puzzle 5's cell 1 (its margin
+    there the whole scale); ``spoil(path, logits, sure)`` edits each candidate's logits in place
+    (``sure``: the rows of puzzle 5)."""
+    clean, _ = _run(_no_harm)
+
+    def run(path: Path, examples: Examples) -> Outputs:
+        out = clean(path, examples)
+        logits = out.logits.copy()
+        sure = examples.puzzle_identifiers == 5
+        logits[sure, 1] = 0.0
+        logits[sure, 1, examples.labels[sure, 1]] = 1.0  # FP32 sure of puzzle 5's cell 1
+        if path.name != "fp32.onnx":
+            spoil(path, logits, sure)
+        return Outputs.of({"logits": logits, "q_halt_logits": out.q_halt, "q_continue_logits": out.q_halt})
+
+    return run
+
+
 def _lost_by(weight: int, ids: np.ndarray) -> np.ndarray:
     return ids % 10 == weight  # 10 % of the puzzles per harmful weight
 
@@ -208,22 +231,11 @@ def test_an_answer_flipped_where_fp32_was_sure_keeps_its_weight_float(tmp_path, 
     whole scale) fails the rule as it fails verify, though no puzzle is lost beyond the budget: the
     fallback keeps float the weight that made it."""
 
-    def harm(kept, ids):
-        return ids < 0  # no answer lost
-
-    clean, _ = _run(harm)
-
-    def run(path, examples):
-        out = clean(path, examples)
-        logits = out.logits.copy()
-        sure = examples.puzzle_identifiers == 5
-        logits[sure, 1] = 0.0
-        logits[sure, 1, examples.labels[sure, 1]] = 1.0  # FP32 sure of puzzle 5's cell 1
-        if path.name != "fp32.onnx" and "mm3" not in json.loads(path.read_text()):
+    def spoil(path, logits, sure):
+        if "mm3" not in json.loads(path.read_text()):
             logits[sure, 1] = logits[sure, 1, ::-1]  # its answer flipped, far from the others
-        return Outputs.of({"logits": logits, "q_halt_logits": out.q_halt, "q_continue_logits": out.q_halt})
 
-    verdict, _, _ = _conduct(tmp_path, monkeypatch, harm, run=run)
+    verdict, _, _ = _conduct(tmp_path, monkeypatch, _no_harm, run=_sure_of_puzzle_5(spoil))
     assert verdict.record["all_quantized"]["largest_flip_margin"] == 1.0
     assert verdict.kept == ("mm0", "mm1", "mm2", "mm3") and verdict.record["measured"]["largest_flip_margin"] == 0.0
 
@@ -308,28 +320,16 @@ def test_a_candidate_wrong_whatever_is_kept_float_is_refused_after_every_certifi
     answer flipped where FP32 was sure; one position confidently wrong on every puzzle) is refused
     after all of them, and nothing is written."""
 
-    def harm(kept, ids):
-        return ids < 0  # no answer lost by the toy's own harm
-
-    clean, _ = _run(harm)
-
-    def run(path, examples):
-        out = clean(path, examples)
-        logits = out.logits.copy()
-        sure = examples.puzzle_identifiers == 5
-        logits[sure, 1] = 0.0
-        logits[sure, 1, examples.labels[sure, 1]] = 1.0  # FP32 sure of puzzle 5's cell 1
-        if path.name != "fp32.onnx":
-            if wrong == "nan":
-                logits[0, 0, 0] = np.nan
-            elif wrong == "confident wrong answer":
-                logits[sure, 1] = logits[sure, 1, ::-1]
-            else:  # position 2 of every puzzle: a confident answer FP32 never gives
-                logits[:, 2] = 0.0
-                logits[:, 2, 0] = 5.0
-        return Outputs.of({"logits": logits, "q_halt_logits": out.q_halt, "q_continue_logits": out.q_halt})
+    def spoil(path, logits, sure):
+        if wrong == "nan":
+            logits[0, 0, 0] = np.nan
+        elif wrong == "confident wrong answer":
+            logits[sure, 1] = logits[sure, 1, ::-1]
+        else:  # position 2 of every puzzle: a confident answer FP32 never gives
+            logits[:, 2] = 0.0
+            logits[:, 2, 0] = 5.0
 
     with pytest.raises(ConfigError, match="outside the accuracy rule") as info:
-        _conduct(tmp_path, monkeypatch, harm, run=run)
+        _conduct(tmp_path, monkeypatch, _no_harm, run=_sure_of_puzzle_5(spoil))
     kept = int(re.search(r"even with (\d+) layers kept float", str(info.value)).group(1))
     assert kept >= 1 and "nothing was written" in str(info.value) and not list((tmp_path / "work").iterdir())
