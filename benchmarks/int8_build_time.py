@@ -18,7 +18,11 @@ process, the way the build runs FP32 (:meth:`hrm_deploy.precision.holdout.Holdou
 same runner, its streams and the same run calls), and gives the ratio of the two (goal: <= 3), the
 same of the build's stages alone (without the process start, imports and parse: seconds that do not
 grow with the model, which dominate a small one), and the ratio of CPU seconds (the build's, every
-thread and child process, over the pass's: the work in FP32 passes' worth, whatever the cores). A TensorRT row also gives the engine compile's seconds (the
+thread and child process, over the pass's: the work in FP32 passes' worth, whatever the cores), the
+least ratio any scheduling of that work could reach on this machine's cores (its CPU seconds spread
+over every core all the time), and, where calibration ran on puzzles apart from the holdout, the
+ratio to one FP32 pass over those puzzles and the holdout together (the goal's "(calibration
+included)" read as part of the pass). A TensorRT row also gives the engine compile's seconds (the
 TensorRT-RTX build, in its child process: the same for an FP16 build of the graph, no part of the
 verdict) and the ratio without them. ``work`` counts the puzzle runs (calibration, FP32, candidates)
 per held-out puzzle: what the build did, whatever the machine's load. The weights a row used are
@@ -97,11 +101,15 @@ def weights(checkpoint: str) -> dict[str, Any]:
     return record
 
 
-def fp32_pass(export: Path, data: str, puzzles: int, calibration: dict[str, Any]) -> tuple[float, float, int]:
+def fp32_pass(
+    export: Path, data: str, puzzles: int, calibration: dict[str, Any], calibrated: int = 0
+) -> tuple[float, float, int]:
     """Wall and CPU seconds of one FP32 pass of ``export`` over the ``puzzles`` held-out puzzles its
     verdict used, on ONNX Runtime CPU as the build runs FP32 (the same runner, streams and run calls),
     and the streams: the ratio's denominator (the median of :data:`FP32_PASSES` passes where a pass is
-    short). A holdout that is the calibration set (a costly model) starts with its puzzles."""
+    short). A holdout that is the calibration set (a costly model) starts with its puzzles;
+    ``calibrated`` > 0 adds the calibration puzzles apart from the holdout (the first ``calibrated``
+    of the train split, as calibration takes them) in front of it."""
     import numpy as np
 
     from hrm_deploy.data.examples import Examples, load_examples
@@ -111,12 +119,15 @@ def fp32_pass(export: Path, data: str, puzzles: int, calibration: dict[str, Any]
     from hrm_deploy.precision.holdout import Holdout
 
     shared = min(puzzles, int(calibration["samples"])) if calibration.get("holdout") else 0
-    parts = [load_examples(data, shared)] if shared else []
+    parts = [load_examples(data, calibrated)] if calibrated else []
+    if shared:
+        parts.append(load_examples(data, shared))
     if puzzles > shared:
         parts.append(load_examples(data, puzzles - shared, split="test"))
     examples = Examples(
         np.concatenate([p.inputs for p in parts]), np.concatenate([p.puzzle_identifiers for p in parts]), None, data, ""
     )
+    puzzles += calibrated
     passes = []
     with GraphRunner(graph_metadata(load_onnx(export)), table_of=export) as runner:
         runner(export, load_examples(data, 1, split="test"))  # the session's start, not timed
@@ -189,6 +200,17 @@ def built_row(
             ratio_of_stages=round(stages / fp32, 2),
             ratio_to_fp32_inside_build=round(seconds / cost["fp32_seconds"], 2) if cost.get("fp32_seconds") else None,
         )
+        # the build's CPU seconds spread over every core all the time: the least its wall time could
+        # be however its work were scheduled, in FP32 passes
+        cores = len(os.sched_getaffinity(0))
+        row["ratio_if_every_core_were_busy"] = round(cpu_seconds / cores / fp32, 2)
+        apart = 0 if calibration.get("holdout") else calibrated
+        if apart:  # the other reading of the goal: its pass over the calibration puzzles too
+            with_calibration = fp32_pass(export, calibration["data"], puzzles, calibration, apart)[0]
+            row.update(
+                fp32_pass_with_calibration_puzzles_seconds=round(with_calibration, 3),
+                ratio_with_calibration_puzzles_in_the_pass=round(seconds / with_calibration, 2),
+            )
         if engine is not None:
             compile_seconds = float(sum((json.loads(engine.read_text()).get("timings") or {}).values()))
             row.update(

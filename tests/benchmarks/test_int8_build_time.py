@@ -42,6 +42,12 @@ def test_the_tiny_cpu_row_has_its_ratio_times_weights_and_accuracy_record(tmp_pa
     assert abs(row["ratio"] - seconds / fp32) <= 0.005 / fp32 + 0.0005 * seconds / fp32**2 + 0.006
     assert row["fp32_pass_streams"] >= 1 and row["cpu_seconds"] > 0 and row["fp32_pass_cpu_seconds"] > 0
     assert row["cpu_ratio"] == pytest.approx(row["cpu_seconds"] / row["fp32_pass_cpu_seconds"], rel=0.01)
+    # the least ratio any scheduling could reach: the CPU seconds over every core, never above the ratio
+    floor = row["ratio_if_every_core_were_busy"]
+    assert 0 < floor <= row["ratio"] + 0.05 and floor * fp32 <= row["cpu_seconds"] + 0.01
+    # calibrated apart from the holdout: the pass over both is longer, its ratio smaller
+    assert row["fp32_pass_with_calibration_puzzles_seconds"] > fp32
+    assert row["ratio_with_calibration_puzzles_in_the_pass"] < row["ratio"]
     assert row["weights"]["checkpoint"].endswith("sudoku-tiny.pt") and len(row["weights"]["sha256"]) == 64
     assert row["weights"]["trained_steps"] and row["weights"]["forward_dtype"] == "float32"
     assert row["accuracy"]["cost"]["fp32_puzzle_runs"] == row["fp32_pass_puzzles"]  # FP32 once per puzzle
