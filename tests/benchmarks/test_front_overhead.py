@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks import run_benchmark
 
 
 @pytest.mark.slow
 def test_a_smoke_run_measures_direct_and_through_the_front(tmp_path):
     out = tmp_path / "front.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "front_overhead.py"), "--requests", "20", "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    run_benchmark("front_overhead", "--requests", "20", "--out", str(out), timeout=120)
     result = json.loads(out.read_text())
     assert result["requests"] == 20 and result["front_us"]["p50"] > 0 and result["direct_us"]["p50"] > 0

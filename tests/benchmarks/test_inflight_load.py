@@ -4,20 +4,14 @@ smoke run on CPU measures both modes with answers equal to a lone run's."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.benchmarks import run_benchmark
 from tests.device_check_helpers import load_benchmark
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "inflight_load.py"
 
 
 def _load():
@@ -76,10 +70,8 @@ def test_the_dynamic_batcher_sends_full_batches_at_once_and_partial_ones_after_t
 
 def _smoke(tmp_path, *extra):
     out = tmp_path / "load.json"
-    command = [sys.executable, str(SCRIPT), "--smoke", "--duration", "0.3", "--puzzles", "32", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([*command, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    args = ["--smoke", "--duration", "0.3", "--puzzles", "32", "--out", str(out), *extra]
+    done = run_benchmark("inflight_load", *args, cwd=tmp_path)
     return json.loads(out.read_text()), done.stdout
 
 

@@ -5,28 +5,16 @@ the agreements over all cells and over solved cells beside exact accuracy."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks import run_benchmark
 
 
 def _run(script: str, tmp_path: Path) -> dict:
     out = tmp_path / f"{script}.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = ["--tiny", "--work", str(tmp_path / "work"), "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_benchmark(script, "--tiny", "--work", str(tmp_path / "work"), "--out", str(out))
     return json.loads(out.read_text())
 
 

@@ -4,28 +4,16 @@ outputs compared bit for bit."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks import run_benchmark
 
 
 @pytest.mark.slow
 def test_the_three_arms_are_timed_and_give_the_same_bits(tmp_path):
     out = tmp_path / "ort_streams.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "ort_streams.py"), "--model", "sudoku-tiny", "--passes", "1"]
-        + ["--out", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_benchmark("ort_streams", "--model", "sudoku-tiny", "--passes", "1", "--out", str(out))
     report = json.loads(out.read_text())
     assert set(report["median_seconds"]) == {"one_session", "one_thread", "streams"}
     assert all(v > 0 for v in report["median_seconds"].values()) and report["puzzles"] > 0

@@ -4,29 +4,17 @@ builder the engine stage's worker runs, and its compile is timed against the FP3
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks import run_benchmark
 
 
 @pytest.mark.slow
 def test_each_arm_reaches_the_worker_builder_and_is_timed(tmp_path):
     pytest.importorskip("tensorrt_rtx", reason="pip install 'hrm-deploy[rtx]'")
     out = tmp_path / "rtx_compile.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "rtx_compile.py"), "--model", "sudoku-tiny", "--rounds", "1"]
-        + ["--arms", "default,all", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_benchmark("rtx_compile", "--model", "sudoku-tiny", "--rounds", "1", "--arms", "default,all", "--out", str(out))
     report = json.loads(out.read_text())
     arms = report["arms"]
     assert set(arms) == {"default", "all"} and report["fp32_pass_seconds"] > 0
