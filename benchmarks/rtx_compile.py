@@ -20,7 +20,7 @@ applies the arm, times it and records the settings the builder saw. Arms:
 The arms alternate over ``--rounds`` rounds; each gives the compile's seconds (the wrapped call) and
 the engine stage's (its manifest), the median over rounds, and the compile in FP32 passes.
 
-    nice python benchmarks/rtx_compile.py --rounds 3      # the bundled model
+    nice python benchmarks/rtx_compile.py                 # the bundled model, 3 rounds
     python benchmarks/rtx_compile.py --model sudoku-tiny --rounds 1 --arms default,all   # smoke
 
 Writes benchmarks/results/rtx_compile.json (``--out``).
@@ -64,6 +64,7 @@ if os.environ.get("HRM_RTX_ARM"):
         _arm(config, os.environ["HRM_RTX_ARM"])
         start = time.perf_counter()
         plan = _compile(self, network, config)
+        seconds = time.perf_counter() - start
         with open(os.environ["HRM_RTX_TIMES"], "a") as out:
             settings = {  # what the builder compiled with: the arm's change seen on the config
                 "builder_optimization_level": config.builder_optimization_level,
@@ -74,7 +75,6 @@ if os.environ.get("HRM_RTX_ARM"):
                 "compute_capability": str(config.get_compute_capability(0)).rsplit(".", 1)[-1],
                 "profiling_verbosity": str(config.profiling_verbosity).rsplit(".", 1)[-1],
             }
-            seconds = time.perf_counter() - start
             out.write(json.dumps({"arm": os.environ["HRM_RTX_ARM"], "seconds": seconds, "settings": settings}) + "\\n")
         return plan
 
@@ -95,7 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="sudoku-small", help="a bundled model (sudoku-small, sudoku-tiny)")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated: {', '.join(ARMS)}")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rtx_compile.json"))
     args = parser.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -111,7 +111,7 @@ def main() -> None:
         recipe = record.get("recipe") or record["report"]
         puzzles = int(recipe["accuracy"]["measured"]["holdout_puzzles"])
 
-        # this VM's pass swings between two speeds from one minute to the next (1.6 or 2.8 s on the
+        # this VM's pass swings between two speeds from one minute to the next (1.6 or 2.7-2.8 s on the
         # bundled model, its CPU seconds with it): timed before and after the arms (each the median
         # of three), their mean kept
         def one_pass() -> float:
