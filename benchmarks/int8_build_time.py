@@ -73,11 +73,11 @@ def children_cpu_seconds() -> float:
     return used.ru_utime + used.ru_stime
 
 
-def hrm(*args: str, cwd: Path) -> tuple[float, float]:
-    """Run ``hrm-deploy ARGS`` in ``cwd``; returns its wall seconds and CPU seconds (a failure
-    stops the benchmark)."""
+def hrm(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Run ``hrm-deploy ARGS`` in ``cwd`` (``env``: its environment, None: this one's); returns its
+    wall seconds and CPU seconds (a failure stops the benchmark)."""
     start, cpu = time.perf_counter(), children_cpu_seconds()
-    done = subprocess.run([sys.executable, "-m", "hrm_deploy", *args], cwd=cwd, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "hrm_deploy", *args], cwd=cwd, env=env, capture_output=True, text=True)
     seconds, cpu = time.perf_counter() - start, children_cpu_seconds() - cpu
     (cwd / f"{args[0]}.log").write_text(done.stderr)
     if done.returncode:

@@ -121,20 +121,14 @@ def main() -> None:
         site = work / "site"
         site.mkdir()
         (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-        times, env = work / "times.jsonl", dict(os.environ)
-        paths = [str(site), str(ROOT), env.get("PYTHONPATH", "")]
+        times = work / "times.jsonl"
+        paths = os.pathsep.join(p for p in (str(site), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
         rows: dict[str, dict[str, list[float]]] = {arm: {"compile": [], "stage": []} for arm in arms}
         settings: dict[str, Any] = {}
         for round_ in range(max(1, args.rounds)):
             for arm in arms if round_ % 2 == 0 else arms[::-1]:  # alternating: drift spreads over arms
-                os.environ.update(
-                    HRM_RTX_ARM=arm, HRM_RTX_TIMES=str(times), PYTHONPATH=os.pathsep.join(p for p in paths if p)
-                )
-                try:
-                    hrm("build-engine", "model.int8.onnx", "--int8", "-o", f"{arm}.engine", cwd=work)
-                finally:
-                    os.environ.clear()
-                    os.environ.update(env)
+                env = {**os.environ, "HRM_RTX_ARM": arm, "HRM_RTX_TIMES": str(times), "PYTHONPATH": paths}
+                hrm("build-engine", "model.int8.onnx", "--int8", "-o", f"{arm}.engine", cwd=work, env=env)
                 stage = json.loads((work / f"{arm}.engine.manifest.json").read_text())["timings"]
                 rows[arm]["stage"].append(float(sum(stage.values())))
                 compiled = [json.loads(line) for line in times.read_text().splitlines()]

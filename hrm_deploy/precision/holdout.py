@@ -231,10 +231,11 @@ class Holdout:
         each chunk (the caller may stop there)."""
         missing = wanted[~rows.ran[wanted]]
         self._planned, self._done = len(missing), 0
+        if not len(missing):
+            return
         # FP32 first, on every puzzle this runs: its runs are not mixed into the candidate's
-        fp32 = self.reference(int(missing.max()) + 1) if len(missing) else None
+        fp32 = self.reference(int(missing.max()) + 1)
         for chunk, out, seconds in self._chunks(path, missing):
-            assert fp32 is not None
             rows.store(chunk, Comparison.of(fp32.take(chunk), out, self._labels(chunk)))
             self._done += len(chunk)
             self.tally.add(False, len(chunk), seconds)

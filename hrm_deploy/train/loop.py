@@ -74,7 +74,7 @@ def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> 
 
 @torch.inference_mode()
 def evaluate(
-    model: HRMACT, split: Split, samples: int | None = None, batch: int = 256, advance: Any = None
+    model: HRMACT, split: Split, samples: int | None = None, batch: int = 256, advance: display.Tracker | None = None
 ) -> dict[str, float]:
     """Exact and token accuracy (:func:`hrm_deploy.metrics.summary`) of the fixed-step unroll
     (upstream's eval) on a subset (``samples`` None: all of ``split``). ``advance(n)`` is called
@@ -326,7 +326,7 @@ def _train(
 
 
 def _evaluate_on_main(
-    model: HRMACT, split: Split, samples: int | None, dist_info: Distributed, advance: Any = None
+    model: HRMACT, split: Split, samples: int | None, dist_info: Distributed, advance: display.Tracker | None = None
 ) -> dict[str, float]:
     """Rank 0 evaluates; the others wait for it."""
     result = evaluate(model, split, samples, advance=advance) if dist_info.main else {}
